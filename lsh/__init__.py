@@ -1,0 +1,1 @@
+"""Locality-sensitive hash families and fixed-capacity hash tables (numba kernels)."""

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Install what is missing into .venv, then run the whole test suite:
+# the unit tests, then the MPI tests at 1, 2 and 3 ranks (3 gives uneven shards).
+# Exits non-zero on any failure; each MPI run is under a timeout so a hang fails.
+set -uo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/_venv.sh"
+cd "$ROOT"
+
+MPI_TIMEOUT="${DSLIDE_MPI_TIMEOUT:-300}"
+export NUMBA_NUM_THREADS="${NUMBA_NUM_THREADS:-2}"
+export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 MKL_NUM_THREADS=1
+status=0
+
+echo "== unit tests"
+"$PY" -m pytest tests/unit -q "$@" || status=1
+
+if [ -z "$MPIEXEC" ]; then
+    echo "== MPI tests: no mpiexec found beside $PY or on PATH" >&2
+    exit 1
+fi
+for np in 1 2 3; do
+    echo "== MPI tests, $np rank(s)"
+    # python -m mpi4py turns an uncaught exception on one rank into MPI_Abort for all.
+    NUMBA_NUM_THREADS=1 timeout --kill-after=10 "$MPI_TIMEOUT" \
+        "$MPIEXEC" -n "$np" "$PY" -m mpi4py -m pytest tests/mpi -q -p no:cacheprovider "$@"
+    rc=$?
+    if [ $rc -ne 0 ]; then
+        [ $rc -eq 124 ] && echo "MPI tests at $np ranks timed out after ${MPI_TIMEOUT}s" >&2
+        status=1
+    fi
+done
+
+if [ $status -eq 0 ]; then echo "== all tests passed"; else echo "== some tests FAILED" >&2; fi
+exit $status
