@@ -4,9 +4,10 @@ The definitions follow pyxclib (``xclib.evaluation.xc_metrics``), the reference
 implementation behind the Extreme Classification Repository tables:
 
 * every point counts in the mean, including points with no true label, which
-  contribute 0 (pyxclib's default, ``remove_invalid=False``). On data sets with
-  label-less test points this lowers every score a little; it is what the
-  published tables use;
+  contribute 0 (pyxclib's default, ``Metrics(remove_invalid=False)``, and what its
+  ``precision``/``ndcg`` functions always do). On test sets with label-less
+  points this lowers every score a little; drop those rows from both Y and pred
+  beforehand to get the other convention;
 * a label is relevant when its entry in ``Y`` is non-zero (pyxclib would weight
   a hit by the stored value; for 0/1 label matrices the two agree);
 * PSP@k and PSnDCG@k are ratios of sums over the whole data set (see
@@ -26,8 +27,9 @@ Predictions come in three forms, all reduced first to a top-k index array
 Score ties are broken by the lower label index, so results never depend on sort
 internals. Everything is vectorised over points (no Python loop per point): true
 labels are looked up with one ``searchsorted`` over the row-major keys
-``i * L + j`` of ``Y``, and sparse top-k is one lexicographic sort of the stored
-entries. With top-k input the cost is O(n k log nnz(Y)).
+``i * L + j`` of ``Y`` (O(n k log nnz(Y))); top-k from scores is a row-wise
+partition (dense scores, or sparse rows padded to a common width), falling back
+to one stable sort of all stored entries when sparse rows are very uneven.
 """
 
 from __future__ import annotations
@@ -47,6 +49,9 @@ __all__ = [
 # Dense top-k works on row blocks of about this many scores, to bound the
 # temporaries (partition copy, masks, tie ranks) to a few tens of MB.
 _DENSE_BLOCK = 1 << 21
+# Sparse top-k pads rows into a dense block when that block is at most this many
+# times nnz (plus one slot per row); otherwise it sorts all stored entries once.
+_PAD_MAX_RATIO = 4
 
 
 # ----------------------------------------------------------------------------
@@ -100,14 +105,16 @@ def _topk_from_indices(pred: np.ndarray, n: int, L: int, k: int) -> np.ndarray:
             f"top-k prediction array must have shape (n_points, k') with n_points = {n} "
             f"and k' >= k = {k}, got {pred.shape}"
         )
-    top = np.ascontiguousarray(pred[:, :k], dtype=np.int64)
-    bad = (top < -1) | (top >= L)
+    head = pred[:, :k]
+    # Checked before the cast so huge unsigned values cannot wrap onto -1.
+    bad = (head < -1) | (head >= L)
     if bad.any():
         i, r = np.argwhere(bad)[0]
         raise ValueError(
-            f"predicted label pred[{i}, {r}] = {top[i, r]} is out of range: "
+            f"predicted label pred[{i}, {r}] = {head[i, r]} is out of range: "
             f"valid labels are 0..{L - 1}, or -1 for no prediction"
         )
+    top = np.ascontiguousarray(head, dtype=np.int64)
     # A repeated label would be counted as several hits and inflate P@k.
     s = np.sort(top, axis=1)
     dup = (s[:, 1:] == s[:, :-1]) & (s[:, 1:] >= 0)
@@ -149,8 +156,11 @@ def _topk_block(B: np.ndarray, ke: int) -> np.ndarray:
 
 def _check_no_nan(values: np.ndarray, where) -> None:
     if np.isnan(values).any():
-        raise ValueError(f"score matrix has NaN at {where(np.flatnonzero(np.isnan(values.ravel()))[0])}; "
-                         f"scores must be comparable (use -inf for 'never predict')")
+        first = np.flatnonzero(np.isnan(values.ravel()))[0]
+        raise ValueError(
+            f"score matrix has NaN at {where(first)}; scores must be comparable "
+            f"(use -inf for 'never predict')"
+        )
 
 
 def _topk_from_dense(S: np.ndarray, n: int, L: int, k: int) -> np.ndarray:
@@ -187,7 +197,7 @@ def _topk_rows_sparse(indptr, indices, data, n: int, k: int) -> np.ndarray:
     width = int(counts.max())
     row = np.repeat(np.arange(n, dtype=np.int64), counts)
     pos = np.arange(nnz, dtype=np.int64) - np.repeat(indptr[:-1].astype(np.int64), counts)
-    if n * width <= 4 * nnz + n:
+    if n * width <= _PAD_MAX_RATIO * nnz + n:
         # Rows of similar length (the usual top-K prediction matrix): pad them
         # into a dense [n, width] block and partition each row, O(nnz) instead of
         # a global O(nnz log nnz) sort. Padding is -inf placed after the real

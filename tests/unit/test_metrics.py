@@ -327,8 +327,11 @@ def test_random_dense_scores_with_ties(seed):
     check_against_reference(Y, S, ranked, k, w)
 
 
+@pytest.mark.parametrize("path", ["padded", "sorted"])
 @pytest.mark.parametrize("seed", range(12))
-def test_random_sparse_scores_with_ties(seed):
+def test_random_sparse_scores_with_ties(seed, path, monkeypatch):
+    if path == "sorted":
+        monkeypatch.setattr(m, "_PAD_MAX_RATIO", -1)  # never pad: one global sort
     rng = np.random.default_rng(100 + seed)
     n, L, k = 25, 11, 5
     Y = random_labels(rng, n, L)
@@ -337,6 +340,7 @@ def test_random_sparse_scores_with_ties(seed):
         mask[0] = True  # one full row among short ones: the global-sort path
     r, c = np.nonzero(mask)
     vals = rng.integers(-2, 3, r.size).astype(np.float64)  # stored zeros and negatives too
+    vals[rng.random(r.size) < 0.1] = -np.inf  # stored -inf is still a candidate
     P = sp.csr_matrix((vals, (r, c)), shape=(n, L))
     if seed % 4 == 1:
         # Non-canonical input: every row's entries reversed, and row r[0] given a
@@ -372,7 +376,7 @@ def test_sparse_paths_agree():
     W = L + 2000
     long_row = sp.csr_matrix((np.ones(W), (np.zeros(W, int), np.arange(W))), shape=(1, W))
     both = sp.vstack([sp.hstack([P, sp.csr_matrix((n, 2000))]), long_row]).tocsr()
-    assert (n + 1) * W > 4 * both.nnz + n + 1
+    assert (n + 1) * W > m._PAD_MAX_RATIO * both.nnz + n + 1
     assert m._topk(both, n + 1, W, k)[:n].tolist() == padded.tolist() == ref_rank_sparse(P, k)
 
 
