@@ -1,0 +1,252 @@
+"""The MPI layer: the only module that imports mpi4py.
+
+`Comm` wraps an mpi4py communicator, or stands in for one when there is a
+single process (`Comm()`), with the same interface, so every layer runs
+without MPI. Every call uses mpi4py's uppercase buffer methods on numpy
+arrays and returns at once when there is one rank.
+
+Forward exchanges are defined next to their backward partners (as in
+Megatron-LM's tensor-parallel layers):
+
+    forward                               backward
+    allgather_columns   [B, n_r] -> [B, n]   reduce_scatter_columns [B, n] -> [B, n_r]
+    allgather_sparse    CSR_r    -> CSR      reduce_scatter_sparse  vals   -> vals_r
+    allreduce_logsumexp (max, sumexp)        (none: with the global statistics the
+                                              softmax gradient p - y is local)
+
+Byte accounting. `bytes_sent[kind]` counts, for this rank, the payload it
+must receive from the others under the bandwidth-optimal algorithms, which
+equals what it sends under ring algorithms on average over the ranks:
+    allgather of total T with own part T_r:        T - T_r
+    reduce-scatter with own part T_r:              (P - 1) * T_r
+    all-reduce of S bytes (ring):                  2 (P - 1) / P * S
+    all-gather of small results (evaluation):      T - T_r
+A data-parallel step all-reduces every gradient: 2 (P - 1) / P * model bytes.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections import defaultdict
+
+import numpy as np
+
+_LAUNCHER_VARS = ("PMI_SIZE", "PMI_RANK", "OMPI_COMM_WORLD_SIZE", "MPI_LOCALNRANKS", "PMIX_RANK", "HYDRA_CONTROL_FD")
+
+
+def launched_by_mpi() -> bool:
+    """True when this process was started by an MPI launcher (or mpi4py is loaded)."""
+    return "mpi4py.MPI" in sys.modules or any(v in os.environ for v in _LAUNCHER_VARS)
+
+
+def allreduce_bytes(nbytes: int, world: int) -> int:
+    """Bytes per rank of a ring all-reduce of `nbytes`: 2 (P - 1) / P * nbytes."""
+    return (2 * (world - 1) * int(nbytes)) // world
+
+
+def _lse_merge(inbuf, outbuf, datatype):
+    """MPI user op: merge per-sample (max, sum of exp(z - max)) pairs."""
+    a = np.frombuffer(inbuf, dtype=np.float64).reshape(-1, 2)
+    b = np.frombuffer(outbuf, dtype=np.float64).reshape(-1, 2)
+    m = np.maximum(a[:, 0], b[:, 0])
+    finite = np.isfinite(m)
+    safe = np.where(finite, m, 0.0)
+    with np.errstate(invalid="ignore", over="ignore"):
+        s = np.where(finite, a[:, 1] * np.exp(a[:, 0] - safe) + b[:, 1] * np.exp(b[:, 0] - safe), 0.0)
+    b[:, 0] = m
+    b[:, 1] = s
+
+
+class Comm:
+    """A communicator: an mpi4py Intracomm, or None for one process without MPI."""
+
+    def __init__(self, mpi_comm=None):
+        self._mpi = mpi_comm
+        self.rank = 0 if mpi_comm is None else mpi_comm.Get_rank()
+        self.size = 1 if mpi_comm is None else mpi_comm.Get_size()
+        self.bytes_sent: dict[str, int] = defaultdict(int)
+        self._lse_op = None
+        self._pair_type = None
+
+    @classmethod
+    def world(cls) -> "Comm":
+        """COMM_WORLD when started under an MPI launcher, else the single-process stand-in."""
+        if not launched_by_mpi():
+            return cls(None)
+        from mpi4py import MPI
+
+        return cls(MPI.COMM_WORLD)
+
+    # -- bookkeeping ---------------------------------------------------------------
+
+    def _count(self, kind: str, nbytes: int) -> None:
+        self.bytes_sent[kind] += int(nbytes)
+
+    def total_bytes(self) -> int:
+        return int(sum(self.bytes_sent.values()))
+
+    def reset_bytes(self) -> None:
+        self.bytes_sent.clear()
+
+    # -- forward: all-gather of column slices; backward: reduce-scatter -------------
+
+    def allgather_columns(self, local: np.ndarray, bounds: np.ndarray, kind: str = "allgather") -> np.ndarray:
+        """Y = [Y_0 ... Y_{P-1}]: concatenate column slices [B, n_r] into [B, n].
+
+        bounds: int64 [P + 1], rank r's columns are [bounds[r], bounds[r + 1]).
+        Backward partner: `reduce_scatter_columns`.
+        """
+        if self.size == 1:
+            return local
+        B = local.shape[0]
+        n = int(bounds[-1])
+        counts = np.diff(bounds) * B
+        send = np.ascontiguousarray(local.T)
+        recv = np.empty((n, B), dtype=local.dtype)
+        self._mpi.Allgatherv(send, [recv, (counts, bounds[:-1] * B)])
+        self._count(kind, (n - local.shape[1]) * B * local.itemsize)
+        return np.ascontiguousarray(recv.T)
+
+    def reduce_scatter_columns(self, partial: np.ndarray, bounds: np.ndarray, kind: str = "reduce_scatter") -> np.ndarray:
+        """dY_r = sum over ranks of partial[:, bounds[r]:bounds[r+1]]: [B, n] -> [B, n_r].
+
+        Backward partner of `allgather_columns`: each rank holds a partial sum
+        of the gradient for all n columns and keeps the total of its own.
+        """
+        if self.size == 1:
+            return partial
+        from mpi4py import MPI
+
+        B = partial.shape[0]
+        counts = np.diff(bounds) * B
+        mine = int(bounds[self.rank + 1] - bounds[self.rank])
+        send = np.ascontiguousarray(partial.T)
+        recv = np.empty((mine, B), dtype=partial.dtype)
+        self._mpi.Reduce_scatter(send, recv, recvcounts=counts, op=MPI.SUM)
+        self._count(kind, (self.size - 1) * mine * B * partial.itemsize)
+        return np.ascontiguousarray(recv.T)
+
+    # -- forward: all-gather of sparse rows; backward: reduce-scatter of their values --
+
+    def allgather_sparse(self, counts: np.ndarray, ids: np.ndarray, vals: np.ndarray, kind: str = "allgather_sparse"):
+        """Gather each rank's sparse rows (per-sample counts [B], ids, vals).
+
+        Returns (all_counts int32 [P, B], all_ids, all_vals) in rank-major order:
+        rank 0's entries for samples 0..B-1, then rank 1's, and so on.
+        Backward partner: `reduce_scatter_sparse` over the same layout.
+        """
+        if self.size == 1:
+            return counts.reshape(1, -1).astype(np.int32), ids, vals
+        B = counts.shape[0]
+        all_counts = np.empty((self.size, B), dtype=np.int32)
+        self._mpi.Allgather(np.ascontiguousarray(counts, dtype=np.int32), all_counts)
+        totals = all_counts.sum(axis=1).astype(np.int64)
+        displs = np.concatenate(([0], np.cumsum(totals)[:-1]))
+        all_ids = np.empty(int(totals.sum()), dtype=ids.dtype)
+        all_vals = np.empty(int(totals.sum()), dtype=vals.dtype)
+        self._mpi.Allgatherv(np.ascontiguousarray(ids), [all_ids, (totals, displs)])
+        self._mpi.Allgatherv(np.ascontiguousarray(vals), [all_vals, (totals, displs)])
+        others = int(totals.sum() - totals[self.rank])
+        self._count(kind, (self.size - 1) * B * 4 + others * (ids.itemsize + vals.itemsize))
+        return all_counts, all_ids, all_vals
+
+    def reduce_scatter_sparse(self, partial: np.ndarray, totals: np.ndarray, kind: str = "reduce_scatter_sparse") -> np.ndarray:
+        """Sum the ranks' partial gradients of gathered sparse values; keep your own.
+
+        partial: [sum(totals)] values in the rank-major layout of `allgather_sparse`;
+        totals: int64 [P], the number of entries each rank contributed.
+        Returns this rank's [totals[rank]] summed values, in the order it sent them.
+        """
+        if self.size == 1:
+            return partial
+        from mpi4py import MPI
+
+        recv = np.empty(int(totals[self.rank]), dtype=partial.dtype)
+        self._mpi.Reduce_scatter(np.ascontiguousarray(partial), recv, recvcounts=np.asarray(totals), op=MPI.SUM)
+        self._count(kind, (self.size - 1) * recv.nbytes)
+        return recv
+
+    # -- the softmax normaliser across ranks ---------------------------------------
+
+    def allreduce_logsumexp(self, mx: np.ndarray, sumexp: np.ndarray, kind: str = "softmax_stats"):
+        """Per sample, merge (m_r, s_r = sum_j exp(z_j - m_r)) over ranks into (M, S).
+
+        M = max_r m_r, S = sum_r s_r exp(m_r - M): one all-reduce of B pairs
+        (float64). Backward: none, dz = p - y is local once M and S are known.
+        """
+        if self.size == 1:
+            return mx.astype(np.float64), sumexp.astype(np.float64)
+        from mpi4py import MPI
+
+        if self._lse_op is None:
+            self._lse_op = MPI.Op.Create(_lse_merge, commute=True)
+            self._pair_type = MPI.DOUBLE.Create_contiguous(2).Commit()
+        buf = np.empty((mx.shape[0], 2), dtype=np.float64)
+        buf[:, 0] = mx
+        buf[:, 1] = sumexp
+        out = np.empty_like(buf)
+        self._mpi.Allreduce([buf, mx.shape[0], self._pair_type], [out, mx.shape[0], self._pair_type], op=self._lse_op)
+        self._count(kind, allreduce_bytes(buf.nbytes, self.size))
+        return out[:, 0].copy(), out[:, 1].copy()
+
+    # -- small collectives -----------------------------------------------------------
+
+    def allreduce_sum(self, arr: np.ndarray, kind: str = "metrics") -> np.ndarray:
+        """Element-wise sum over ranks (a new array)."""
+        arr = np.ascontiguousarray(arr)
+        if self.size == 1:
+            return arr.copy()
+        from mpi4py import MPI
+
+        out = np.empty_like(arr)
+        self._mpi.Allreduce(arr, out, op=MPI.SUM)
+        self._count(kind, allreduce_bytes(arr.nbytes, self.size))
+        return out
+
+    def allreduce_sum_inplace(self, arr: np.ndarray, kind: str = "gradients") -> None:
+        """In-place element-wise sum over ranks of a contiguous array (data-parallel gradients)."""
+        if self.size == 1:
+            return
+        from mpi4py import MPI
+
+        self._mpi.Allreduce(MPI.IN_PLACE, arr, op=MPI.SUM)
+        self._count(kind, allreduce_bytes(arr.nbytes, self.size))
+
+    def allreduce_max(self, value: float) -> float:
+        if self.size == 1:
+            return value
+        from mpi4py import MPI
+
+        return self._mpi.allreduce(value, op=MPI.MAX)
+
+    def allgather_rows(self, local: np.ndarray, kind: str = "evaluation") -> np.ndarray:
+        """Stack every rank's equally shaped array: [...] -> [P, ...]."""
+        local = np.ascontiguousarray(local)
+        if self.size == 1:
+            return local[None]
+        out = np.empty((self.size,) + local.shape, dtype=local.dtype)
+        self._mpi.Allgather(local, out)
+        self._count(kind, (self.size - 1) * local.nbytes)
+        return out
+
+    def allgather_object(self, obj):
+        """Every rank's small Python object, as a list (setup and error reports only)."""
+        if self.size == 1:
+            return [obj]
+        return self._mpi.allgather(obj)
+
+    def bcast_object(self, obj, root: int = 0):
+        if self.size == 1:
+            return obj
+        return self._mpi.bcast(obj, root=root)
+
+    def barrier(self) -> None:
+        if self.size > 1:
+            self._mpi.Barrier()
+
+    def abort(self, code: int = 1) -> None:
+        """End every rank at once (after an error on this one)."""
+        if self.size > 1:
+            self._mpi.Abort(code)
+        raise SystemExit(code)

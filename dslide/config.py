@@ -1,0 +1,230 @@
+"""The configuration: one frozen dataclass, validated on construction.
+
+Every field has a default that trains well on ordinary extreme-classification
+data; a user changes only what differs. Layer sizes default from the data:
+the input width is the number of features and the output width the number
+of labels, so `hidden` lists only the hidden layers.
+
+Kernels never read the configuration: they get plain values as arguments
+(numba freezes globals at compile time).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+FAMILIES = ("dwta", "srp", "wta")
+POLICIES = ("fifo", "reservoir")
+SELECT_MODES = ("topk", "threshold", "union")
+LAYER_KINDS = ("auto", "dense", "lsh")
+INPUT_NORMS = ("l2", "none")
+DTYPES = ("float32", "float64")
+PARALLEL = ("model", "data")
+
+
+def _choice(name: str, value: Any, valid: tuple) -> None:
+    if value not in valid:
+        raise ValueError(f"{name} = {value!r} is not valid; choose one of {', '.join(map(repr, valid))}")
+
+
+def _int_range(name: str, value: Any, lo: int, hi: int | None = None) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{name} = {value!r} must be an integer")
+    if value < lo or (hi is not None and value > hi):
+        bound = f">= {lo}" if hi is None else f"in [{lo}, {hi}]"
+        raise ValueError(f"{name} = {value} must be {bound}")
+
+
+def _float_range(name: str, value: Any, lo: float, hi: float, lo_open=False, hi_open=False) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{name} = {value!r} must be a number")
+    bad = value < lo or value > hi or (lo_open and value == lo) or (hi_open and value == hi)
+    if bad:
+        lb = "(" if lo_open else "["
+        hb = ")" if hi_open else "]"
+        raise ValueError(f"{name} = {value} must be in {lb}{lo}, {hi}{hb}")
+
+
+@dataclass(frozen=True)
+class LSHConfig:
+    """Hashing and active-set settings of an LSH-sparse layer.
+
+    Active set per sample, per rank: its true labels (output layer, training),
+    then the LSH candidates (`select`: the top `max_active` by how many of the L
+    tables returned them, those returned by >= `threshold` tables, or the union),
+    capped at `max_active`, then random neurons up to `min_active`. The two
+    bounds are for the whole layer; each rank takes its share.
+
+    Tables are rehashed (changed neurons re-inserted) every `rehash_every` steps
+    and rebuilt from scratch every `rebuild_every` steps; both periods grow by
+    the factor `growth` after each use, as weights settle (SLIDE, Chen et al. 2020).
+    """
+
+    family: str = "dwta"
+    K: int = 6
+    L: int = 50
+    bin_size: int = 8
+    range_pow: int = 0
+    capacity: int = 64
+    policy: str = "fifo"
+    select: str = "topk"
+    threshold: int = 2
+    min_active: int = 1024
+    max_active: int = 4096
+    rehash_every: int = 20
+    rebuild_every: int = 500
+    growth: float = 1.1
+
+    def __post_init__(self):
+        _choice("lsh.family", self.family, FAMILIES)
+        _int_range("lsh.K", self.K, 1, 32)
+        _int_range("lsh.L", self.L, 1, 1024)
+        _int_range("lsh.bin_size", self.bin_size, 2, 1 << 16)
+        if self.bin_size & (self.bin_size - 1):
+            raise ValueError(f"lsh.bin_size = {self.bin_size} must be a power of two (it is packed into code bits)")
+        _int_range("lsh.range_pow", self.range_pow, 0, 24)
+        _int_range("lsh.capacity", self.capacity, 1, 1 << 16)
+        _choice("lsh.policy", self.policy, POLICIES)
+        _choice("lsh.select", self.select, SELECT_MODES)
+        _int_range("lsh.threshold", self.threshold, 1, self.L)
+        _int_range("lsh.min_active", self.min_active, 0)
+        _int_range("lsh.max_active", self.max_active, 1)
+        if self.min_active > self.max_active:
+            raise ValueError(f"lsh.min_active ({self.min_active}) must be <= lsh.max_active ({self.max_active})")
+        _int_range("lsh.rehash_every", self.rehash_every, 1)
+        _int_range("lsh.rebuild_every", self.rebuild_every, 1)
+        _float_range("lsh.growth", self.growth, 1.0, 10.0)
+
+
+@dataclass(frozen=True)
+class Config:
+    """Everything a run needs besides its data.
+
+    hidden: widths of the hidden layers (ReLU); the output layer (softmax) has
+        one neuron per label.
+    kinds: per layer, hidden ones then the output: "dense" (every neuron, BLAS),
+        "lsh" (LSH-selected active neurons) or "auto" (by cost: LSH when the
+        layer is wider than `auto_lsh_width`). Empty: dense hidden layers and
+        an "auto" output. The first layer reads the raw sparse features and is
+        always dense.
+    lsh: settings of every LSH layer; `lsh_layers` may give one per layer
+        (None keeps `lsh`).
+    exact: every neuron of every layer active, no LSH (the reference path).
+    parallel: "model" splits every layer's neurons over the ranks (dslide);
+        "data" gives every rank the whole model and all-reduces gradients
+        (the baseline of Horovod and PyTorch DDP).
+    """
+
+    hidden: tuple[int, ...] = (128,)
+    kinds: tuple[str, ...] = ()
+    lsh: LSHConfig = field(default_factory=LSHConfig)
+    lsh_layers: tuple[LSHConfig | None, ...] = ()
+    auto_lsh_width: int = 32768
+    exact: bool = False
+
+    epochs: float = 10.0
+    batch_size: int = 256
+    lr: float = 1e-3
+    beta1: float = 0.9
+    beta2: float = 0.999
+    eps: float = 1e-8
+    dropout: float = 0.0
+    input_norm: str = "l2"
+    seed: int = 0
+    threads: int = 0
+    dtype: str = "float32"
+    parallel: str = "model"
+
+    eval_every: int = 0
+    eval_points: int = 2000
+    log_every: int = 50
+    checkpoint_every: int = 0
+
+    def __post_init__(self):
+        hidden = tuple(self.hidden) if not isinstance(self.hidden, int) else (self.hidden,)
+        object.__setattr__(self, "hidden", hidden)
+        object.__setattr__(self, "kinds", tuple(self.kinds))
+        if isinstance(self.lsh, dict):
+            object.__setattr__(self, "lsh", LSHConfig(**self.lsh))
+        object.__setattr__(
+            self, "lsh_layers", tuple(LSHConfig(**x) if isinstance(x, dict) else x for x in self.lsh_layers)
+        )
+        for i, h in enumerate(self.hidden):
+            _int_range(f"hidden[{i}]", h, 1)
+        n_layers = len(self.hidden) + 1
+        if self.kinds and len(self.kinds) != n_layers:
+            raise ValueError(
+                f"kinds has {len(self.kinds)} entries but the network has {n_layers} layers "
+                f"({len(self.hidden)} hidden + output); give one per layer or none"
+            )
+        for i, k in enumerate(self.kinds):
+            _choice(f"kinds[{i}]", k, LAYER_KINDS)
+        if self.kinds and self.kinds[0] == "lsh":
+            raise ValueError("kinds[0] = 'lsh' is not supported: the first layer reads the raw sparse "
+                             "features and is always dense; valid: 'dense', 'auto'")
+        if self.lsh_layers and len(self.lsh_layers) != n_layers:
+            raise ValueError(f"lsh_layers has {len(self.lsh_layers)} entries; give one per layer ({n_layers}) or none")
+        _int_range("auto_lsh_width", self.auto_lsh_width, 1)
+        _float_range("epochs", self.epochs, 0.0, 1e6, lo_open=True)
+        _int_range("batch_size", self.batch_size, 1)
+        _float_range("lr", self.lr, 0.0, 10.0, lo_open=True)
+        _float_range("beta1", self.beta1, 0.0, 1.0, hi_open=True)
+        _float_range("beta2", self.beta2, 0.0, 1.0, hi_open=True)
+        _float_range("eps", self.eps, 0.0, 1.0, lo_open=True)
+        _float_range("dropout", self.dropout, 0.0, 1.0, hi_open=True)
+        _choice("input_norm", self.input_norm, INPUT_NORMS)
+        _int_range("seed", self.seed, 0, 2**63 - 1)
+        _int_range("threads", self.threads, 0, 1024)
+        _choice("dtype", self.dtype, DTYPES)
+        _choice("parallel", self.parallel, PARALLEL)
+        _int_range("eval_every", self.eval_every, 0)
+        _int_range("eval_points", self.eval_points, 1)
+        _int_range("log_every", self.log_every, 1)
+        _int_range("checkpoint_every", self.checkpoint_every, 0)
+
+    # -- per-layer views ------------------------------------------------------------
+
+    def layer_kind(self, index: int, width: int) -> str:
+        """'dense' or 'lsh' for layer `index` (0-based; the output is last) of `width` neurons."""
+        kind = self.kinds[index] if self.kinds else ("auto" if index == len(self.hidden) else "dense")
+        if self.exact or index == 0:
+            return "dense"
+        if kind == "auto":
+            return "lsh" if width > self.auto_lsh_width else "dense"
+        return kind
+
+    def layer_lsh(self, index: int) -> LSHConfig:
+        if self.lsh_layers and self.lsh_layers[index] is not None:
+            return self.lsh_layers[index]
+        return self.lsh
+
+    # -- construction from flat dictionaries (TOML files, --set) -------------------
+
+    def replace(self, **changes) -> "Config":
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict) -> "Config":
+        """A Config from a dict such as a parsed TOML file; unknown keys are errors with a suggestion."""
+        known = {f.name for f in fields(cls)}
+        lsh_known = {f.name for f in fields(LSHConfig)}
+        for k, v in values.items():
+            if k not in known:
+                raise ValueError(_unknown(k, known))
+            if k == "lsh" and isinstance(v, dict):
+                for kk in v:
+                    if kk not in lsh_known:
+                        raise ValueError(_unknown(f"lsh.{kk}", {f"lsh.{x}" for x in lsh_known}))
+        return cls(**values)
+
+
+def _unknown(key: str, known: set[str]) -> str:
+    close = difflib.get_close_matches(key, sorted(known), n=1)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    return f"unknown configuration key {key!r}{hint} (valid keys: {', '.join(sorted(known))})"

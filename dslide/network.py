@@ -1,0 +1,548 @@
+"""The network: fully connected layers split column-wise over ranks.
+
+With P ranks, layer l of n_l neurons is split into contiguous column slices
+(`dslide.sharding`); rank r holds W_r, b_r, their Adam moments and, for an
+LSH layer, hash tables over its own neurons only. One training step:
+
+    forward   x_0 = X (sparse features, the same batch on every rank)
+              z_r = x_{l-1} W_r + b_r          each rank its own slice
+              x_l = allgather(relu(z_r))       dense: [B, n_l]; LSH: (id, value) pairs
+              output: p = softmax over the active neurons of all ranks, its
+              normaliser from one all-reduce of per-sample (max, sum exp)
+    backward  dz_r = p - y on the rank's own active neurons
+              dx_{l-1} = reduce_scatter(sum_r dz_r W_r^T)   each rank keeps its slice
+              W_r, b_r <- Adam on the rows that received gradient (lazy)
+
+Weights of neuron j of layer l depend only on (seed, l, j), so the model is
+the same whatever P is; a dense layer's exact computation on P ranks equals
+the 1-rank one up to float rounding of the cross-rank sums.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from dslide import kernels as K
+from dslide import rng
+from dslide.comm import Comm
+from dslide.config import Config, LSHConfig
+from dslide.sharding import scaled_count, shard_bounds
+
+
+@dataclass
+class Batch:
+    """One mini-batch, identical on every rank.
+
+    X: CSR (indptr int64 [B+1], indices int32, data float) of the features;
+    Y: CSR (indptr int64 [B+1], indices int32) of the global label ids;
+    sample_ids: int64 [B], the samples' indices in the data set (they key the
+    random streams, so draws do not depend on batching across ranks);
+    step: the global step number (1-based) of this batch.
+    """
+
+    X: tuple
+    Y: tuple
+    sample_ids: np.ndarray
+    step: int
+
+    @property
+    def size(self) -> int:
+        return self.sample_ids.shape[0]
+
+
+class CSRInput:
+    """The raw sparse features of a batch (no gradient flows into them)."""
+
+    def __init__(self, indptr, indices, data):
+        self.indptr, self.indices, self.data = indptr, indices, data
+
+
+class DenseAct:
+    """Full activations a [B, n] replicated on every rank, after an all-gather.
+
+    `scatter` is the backward partner: the ranks' partial gradients of `a`
+    are summed and each rank keeps its own columns.
+    """
+
+    def __init__(self, a, bounds, mask=None):
+        self.a, self.bounds, self.mask = a, bounds, mask
+
+    def scatter(self, comm: Comm, partial):
+        if self.mask is not None:
+            partial *= self.mask
+        return comm.reduce_scatter_columns(partial, self.bounds)
+
+
+class SparseAct:
+    """Gathered sparse activations: sample-major CSR over global neuron ids.
+
+    `perm[e]` is the rank-major position (the order of the all-gather) of the
+    sample-major entry e; `totals[r]` how many entries rank r contributed.
+    """
+
+    def __init__(self, all_counts, all_ids, all_vals, n):
+        P, B = all_counts.shape
+        self.totals = all_counts.sum(axis=1).astype(np.int64)
+        self.n = n
+        # rank-major: rank r's entries of sample i start at rank_start[r] + cum[r, i]
+        cum = np.zeros((P, B + 1), dtype=np.int64)
+        np.cumsum(all_counts, axis=1, out=cum[:, 1:])
+        rank_start = np.concatenate(([0], np.cumsum(self.totals)[:-1]))
+        per_sample = all_counts.sum(axis=0)
+        self.indptr = np.zeros(B + 1, dtype=np.int64)
+        np.cumsum(per_sample, out=self.indptr[1:])
+        # order samples first, ranks second
+        src = (rank_start[:, None] + cum[:, :-1]).T.reshape(-1)
+        lens = all_counts.T.reshape(-1).astype(np.int64)
+        starts = np.repeat(src - np.concatenate(([0], np.cumsum(lens)[:-1])), lens)
+        self.perm = starts + np.arange(int(lens.sum()), dtype=np.int64)
+        self.indices = all_ids[self.perm]
+        self.data = all_vals[self.perm]
+
+    def dense(self, dtype):
+        B = self.indptr.shape[0] - 1
+        out = np.zeros((B, self.n), dtype=dtype)
+        rows = np.repeat(np.arange(B), np.diff(self.indptr))
+        out[rows, self.indices] = self.data
+        return out
+
+    def take(self, dense_grad):
+        """Values of a dense [B, n] gradient at this activation's entries (sample-major)."""
+        rows = np.repeat(np.arange(self.indptr.shape[0] - 1), np.diff(self.indptr))
+        return dense_grad[rows, self.indices]
+
+    def scatter(self, comm: Comm, partial_vals):
+        rank_major = np.empty_like(partial_vals)
+        rank_major[self.perm] = partial_vals
+        return comm.reduce_scatter_sparse(rank_major, self.totals)
+
+
+class _Adam:
+    """Adam moments of one parameter array."""
+
+    def __init__(self, shape, dtype):
+        self.m = np.zeros(shape, dtype=dtype)
+        self.v = np.zeros(shape, dtype=dtype)
+
+
+def _entries_of_csr(indptr):
+    """int32 [nnz]: the row (sample) of every stored entry of a CSR matrix."""
+    return np.repeat(np.arange(indptr.shape[0] - 1, dtype=np.int32), np.diff(indptr))
+
+
+class Layer:
+    """Common state of a layer slice: sizes, shard, parameters, optimiser."""
+
+    kind = "?"
+
+    def __init__(self, index, d_in, n, is_output, comm: Comm, config: Config, dtype):
+        self.index, self.d_in, self.n, self.is_output = index, d_in, n, is_output
+        self.comm, self.config, self.dtype = comm, config, np.dtype(dtype)
+        self.bounds = shard_bounds(n, comm.size)
+        self.lo, self.hi = int(self.bounds[comm.rank]), int(self.bounds[comm.rank + 1])
+        self.n_local = self.hi - self.lo
+        self.scale = np.sqrt(6.0 / (d_in + n))  # Glorot uniform
+        self.init_key = rng.stream_key(config.seed, rng.INIT, index)
+
+    def adam_factors(self, step):
+        c = self.config
+        return K.adam_factors(c.lr, c.beta1, c.beta2, c.eps, step)
+
+
+class DenseLayer(Layer):
+    """Every neuron computed: Y_r = act(X W_r + b_r), W = [W_0 ... W_{P-1}].
+
+    W_r float [d_in, n_r] input-major (rows are input features, so a sparse
+    input sums a few rows); b_r float [n_r]. Dense inputs go through BLAS.
+    Rank r owns columns [lo, hi) of the layer.
+    """
+
+    kind = "dense"
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.W = np.empty((self.d_in, self.n_local), dtype=self.dtype)
+        rng.init_input_major(self.init_key, self.lo, self.W, self.scale)
+        self.b = np.zeros(self.n_local, dtype=self.dtype)
+        self.opt_W = _Adam(self.W.shape, self.dtype)
+        self.opt_b = _Adam(self.b.shape, self.dtype)
+        self._count = np.zeros(self.d_in, dtype=np.int32)
+        self._gbuf = K.thread_scratch(self.n_local, self.dtype)
+        self._dirty = np.zeros(self.d_in, dtype=np.uint8)
+
+    # -- forward ---------------------------------------------------------------------
+
+    def logits(self, inp):
+        """z_r = x W_r + b_r: float [B, n_r]."""
+        if isinstance(inp, (CSRInput, SparseAct)):
+            B = inp.indptr.shape[0] - 1
+            z = np.empty((B, self.n_local), dtype=self.dtype)
+            K.csr_times_rows(inp.indptr, inp.indices, inp.data.astype(self.dtype, copy=False), self.W, self.b, z)
+            return z
+        z = inp.a @ self.W
+        z += self.b
+        return z
+
+    def forward(self, inp, batch: Batch, train: bool):
+        """Hidden: returns relu(z_r) [B, n_r]. Output: the partial loss (training) or z_r."""
+        self.inp = inp
+        z = self.logits(inp)
+        if not self.is_output:
+            np.maximum(z, 0, out=z)
+            self.out = z
+            return z
+        if not train:
+            return z
+        B = z.shape[0]
+        mx = np.empty(B)
+        se = np.empty(B)
+        K.dense_local_stats(z, mx, se)
+        gmax, gsum = self.comm.allreduce_logsumexp(mx, se)
+        self.dz = z  # reused in place: z is not needed after the softmax
+        ylo, yidx = batch.Y
+        loss = K.dense_softmax_xent(z, ylo, yidx, self.lo, self.hi, 1.0 / B, gmax, gsum, self.dz)
+        return loss / B
+
+    # -- backward --------------------------------------------------------------------
+
+    def backward(self, grad_local, step: int):
+        """Gradient wrt this slice's output [B, n_r] (None for the output layer,
+        which kept its own) -> partial gradient wrt the input (summed over
+        ranks by the input's `scatter`), or None for raw features."""
+        if self.is_output:
+            dz = self.dz
+        else:
+            dz = grad_local
+            dz *= self.out > 0
+        inp = self.inp
+        dx = None
+        if isinstance(inp, SparseAct):
+            dx = np.empty(inp.indices.shape[0], dtype=self.dtype)
+            K.rows_dot_csr(inp.indptr, inp.indices, self.W, dz, dx)
+        elif isinstance(inp, DenseAct):
+            dx = dz @ self.W.T
+        self.update(inp, dz, step)
+        self.inp = self.out = self.dz = None
+        return dx
+
+    def update(self, inp, dz, step):
+        lr_t, eps_t = self.adam_factors(step)
+        c = self.config
+        K.adam_dense(self.b, self.opt_b.m, self.opt_b.v, dz.sum(axis=0), c.beta1, c.beta2, lr_t, eps_t)
+        if isinstance(inp, DenseAct):
+            G = inp.a.T @ dz
+            K.adam_dense(self.W, self.opt_W.m, self.opt_W.v, G, c.beta1, c.beta2, lr_t, eps_t)
+            return
+        # sparse input: only the rows of features present in the batch get gradient
+        order = np.empty(inp.indices.shape[0], dtype=np.int64)
+        touched, start = K.group_by_row(inp.indices, self.d_in, self._count, order)
+        samples = _entries_of_csr(inp.indptr)
+        empty = np.empty(0, dtype=self.dtype)
+        K.rows_grad_adam(touched, start, order, samples, inp.data.astype(self.dtype, copy=False), dz,
+                         self.W, self.opt_W.m, self.opt_W.v, empty, empty, empty,
+                         c.beta1, c.beta2, lr_t, eps_t, self._gbuf, self._dirty)
+
+    # -- views for checks, checkpoints and inference ---------------------------------
+
+    def neuron_major(self):
+        """W_r^T as float [n_r, d_in] (a view)."""
+        return self.W.T
+
+
+class LSHLayer(Layer):
+    """Only LSH-selected neurons computed: z[i, a] = W[j] . x_i + b[j], j in active(i).
+
+    W_r float [n_r, d_in] neuron-major (each neuron's weight vector is
+    contiguous: it is what the hash tables index and what a dot product
+    reads). Rank r queries its own tables over its own neurons [lo, hi).
+    """
+
+    kind = "lsh"
+
+    def __init__(self, *args, lsh_config: LSHConfig):
+        super().__init__(*args)
+        import lsh
+
+        self.lc = lsh_config
+        self.W = np.empty((self.n_local, self.d_in), dtype=self.dtype)
+        rng.init_neuron_major(self.init_key, self.lo, self.W, self.scale)
+        self.b = np.zeros(self.n_local, dtype=self.dtype)
+        self.opt_W = _Adam(self.W.shape, self.dtype)
+        self.opt_b = _Adam(self.b.shape, self.dtype)
+        lc = lsh_config
+        self.max_active = min(scaled_count(lc.max_active, self.n_local, self.n), self.n_local)
+        self.min_active = min(scaled_count(lc.min_active, self.n_local, self.n), self.max_active) if lc.min_active else 0
+        params = {"bin_size": lc.bin_size} if lc.family == "dwta" else {}
+        # Hash functions derive from the seed and the layer only, never from the rank.
+        self.family = lsh.make_family(lc.family, self.d_in, lc.K, lc.L, int(rng.stream_key(self.config.seed, 7, self.index) >> np.uint64(1)), **params)
+        self.range_pow = lc.range_pow or self.auto_range_pow(self.n_local, lc.capacity, self.family.code_bits)
+        self.tables = lsh.HashTables(self.family, self.range_pow, lc.capacity, policy=lc.policy,
+                                     seed=int(rng.stream_key(self.config.seed, 8, self.index, self.lo) >> np.uint64(1)))
+        self.tables.build(self.W)
+        self.neg_key = rng.stream_key(self.config.seed, rng.NEGATIVES, self.index, self.lo)
+        self._mark = K.thread_scratch(self.n_local, np.uint8)
+        self._count = np.zeros(self.n_local, dtype=np.int32)
+        self._gbuf = K.thread_scratch(self.d_in, self.dtype)
+        self.dirty = np.zeros(self.n_local, dtype=np.uint8)
+        self.rehash_period = float(lc.rehash_every)
+        self.rebuild_period = float(lc.rebuild_every)
+        self.next_rehash = lc.rehash_every
+        self.next_rebuild = lc.rebuild_every
+
+    @staticmethod
+    def auto_range_pow(n_local: int, capacity: int, code_bits: int) -> int:
+        """Buckets for about 4 neurons each on average, within the code's bits."""
+        want = int(np.ceil(np.log2(max(n_local / 4.0, 2.0))))
+        return int(min(max(want, 1), code_bits, 24))
+
+    # -- active sets -------------------------------------------------------------------
+
+    def candidates(self, x):
+        lc = self.lc
+        if lc.select == "topk":
+            return self.tables.query(x, mode="topk", m=self.max_active)
+        if lc.select == "threshold":
+            return self.tables.query(x, mode="threshold", t=lc.threshold)
+        return self.tables.query(x, mode="union")
+
+    def select(self, x, batch: Batch, with_labels: bool):
+        q_ptr, q_ids, _ = self.candidates(x)
+        B = x.shape[0]
+        if with_labels:
+            lab_ptr, lab_ids = batch.Y
+        else:
+            lab_ptr, lab_ids = np.zeros(B + 1, dtype=np.int64), np.empty(0, dtype=np.int32)
+        ids = np.empty((B, self.max_active), dtype=np.int32)
+        cnt = np.empty(B, dtype=np.int32)
+        target = np.zeros((B, self.max_active), dtype=self.dtype)
+        K.select_active(q_ptr, q_ids, lab_ptr, lab_ids, self.lo, self.hi, self.min_active, self.max_active,
+                        self.n_local, self.neg_key, batch.step, batch.sample_ids, self._mark, ids, cnt, target)
+        return ids, cnt, target
+
+    # -- forward / backward ----------------------------------------------------------------
+
+    def forward(self, x, batch: Batch, train: bool):
+        """x float [B, d_in] dense. Hidden: (cnt, global ids, values) of the active
+        outputs. Output: the partial loss (training) or (ids, cnt, z)."""
+        self.x = x
+        ids, cnt, target = self.select(x, batch, with_labels=self.is_output and train)
+        z = np.zeros(ids.shape, dtype=self.dtype)
+        K.active_forward(x, self.W, self.b, ids, cnt, z)
+        self.ids, self.cnt = ids, cnt
+        if not self.is_output:
+            K.relu_active(z, cnt)
+            self.z = z
+            mask = np.arange(ids.shape[1])[None, :] < cnt[:, None]
+            return cnt, (ids[mask] + self.lo).astype(np.int32), z[mask]
+        if not train:
+            return ids, cnt, z
+        B = x.shape[0]
+        mx = np.empty(B)
+        se = np.empty(B)
+        K.softmax_local_stats(z, cnt, mx, se)
+        gmax, gsum = self.comm.allreduce_logsumexp(mx, se)
+        self.dz = np.zeros_like(z)
+        loss = K.softmax_xent_grad(z, cnt, target, batch.Y[0], gmax, gsum, 1.0 / B, self.dz)
+        return loss / B
+
+    def backward(self, grad_vals, step: int):
+        """grad_vals: for a hidden layer, the gradient of its own active outputs in
+        the order `forward` returned them (None for the output layer). Returns
+        the partial gradient wrt the dense input, float [B, d_in]."""
+        if self.is_output:
+            dz = self.dz
+        else:
+            dz = np.zeros_like(self.z)
+            mask = np.arange(dz.shape[1])[None, :] < self.cnt[:, None]
+            dz[mask] = grad_vals
+            K.relu_backward_active(dz, self.z, self.cnt)
+        dx = np.empty_like(self.x)
+        K.active_backward_input(self.W, self.ids, self.cnt, dz, dx)
+        self.update(dz, step)
+        self.x = self.z = self.dz = None
+        return dx
+
+    def update(self, dz, step):
+        c = self.config
+        lr_t, eps_t = self.adam_factors(step)
+        mask = np.arange(dz.shape[1])[None, :] < self.cnt[:, None]
+        rows = self.ids[mask]
+        samples = np.nonzero(mask)[0].astype(np.int32)
+        coefs = dz[mask]
+        order = np.empty(rows.shape[0], dtype=np.int64)
+        touched, start = K.group_by_row(rows, self.n_local, self._count, order)
+        K.rows_grad_adam(touched, start, order, samples, coefs, self.x, self.W, self.opt_W.m, self.opt_W.v,
+                         self.b, self.opt_b.m, self.opt_b.v, c.beta1, c.beta2, lr_t, eps_t, self._gbuf, self.dirty)
+
+    # -- LSH upkeep --------------------------------------------------------------------------
+
+    def maintain(self, step: int) -> str | None:
+        """Rehash changed neurons or rebuild the tables when their time has come."""
+        g = self.lc.growth
+        if step >= self.next_rebuild:
+            self.tables.build(self.W)
+            self.dirty[:] = 0
+            self.rebuild_period *= g
+            self.next_rebuild = step + max(1, int(round(self.rebuild_period)))
+            self.next_rehash = step + max(1, int(round(self.rehash_period)))
+            return "rebuild"
+        if step >= self.next_rehash:
+            changed = np.flatnonzero(self.dirty).astype(np.int32)
+            if changed.size:
+                self.tables.update(changed, self.W[changed])
+            self.dirty[:] = 0
+            self.rehash_period *= g
+            self.next_rehash = step + max(1, int(round(self.rehash_period)))
+            return "rehash"
+        return None
+
+    def neuron_major(self):
+        return self.W
+
+
+class Network:
+    """The layers of one rank, and one training step over a batch."""
+
+    def __init__(self, config: Config, n_features: int, n_labels: int, comm: Comm | None = None):
+        self.config = config
+        self.comm = comm or Comm()
+        self.dtype = np.dtype(config.dtype)
+        widths = [n_features, *config.hidden, n_labels]
+        for i, w in enumerate(widths[1:]):
+            if w < self.comm.size:
+                raise ValueError(f"layer {i} has {w} neurons, fewer than the {self.comm.size} ranks; "
+                                 f"every rank needs at least one neuron of every layer")
+        self.layers: list[Layer] = []
+        for i in range(len(widths) - 1):
+            args = (i, widths[i], widths[i + 1], i == len(widths) - 2, self.comm, config, self.dtype)
+            if config.layer_kind(i, widths[i + 1]) == "lsh":
+                self.layers.append(LSHLayer(*args, lsh_config=config.layer_lsh(i)))
+            else:
+                self.layers.append(DenseLayer(*args))
+        self.n_features, self.n_labels = n_features, n_labels
+        self.step = 0
+
+    # -- training ---------------------------------------------------------------------------
+
+    def train_step(self, batch: Batch) -> float:
+        """Forward, backward and update on one batch; returns this rank's partial loss
+        (the batch's mean loss is the sum of the partial losses over ranks)."""
+        self.step = batch.step
+        acts = []
+        act = CSRInput(*batch.X)
+        for layer in self.layers[:-1]:
+            act = self._forward_hidden(layer, act, batch, train=True)
+            acts.append(act)
+        out = self.layers[-1]
+        loss = out.forward(self._input_for(out, act), batch, train=True)
+        grad = out.backward(None, batch.step)
+        for layer, act in zip(reversed(self.layers[:-1]), reversed(acts)):
+            grad = self._grad_for(act, grad, self.layers[layer.index + 1])
+            grad = layer.backward(act.scatter(self.comm, grad), batch.step)
+        for layer in self.layers:
+            if isinstance(layer, LSHLayer):
+                layer.maintain(batch.step)
+        return float(loss)
+
+    def _input_for(self, layer, act):
+        """What a layer reads: LSH layers read dense vectors (sparse activations are expanded)."""
+        if isinstance(layer, LSHLayer) and isinstance(act, SparseAct):
+            return act.dense(self.dtype)
+        if isinstance(layer, LSHLayer) and isinstance(act, DenseAct):
+            return act.a
+        return act
+
+    def _grad_for(self, act, grad, consumer):
+        """The consumer's input gradient in the representation `act.scatter` expects."""
+        if isinstance(act, SparseAct) and isinstance(consumer, LSHLayer):
+            return act.take(grad)
+        return grad
+
+    def _forward_hidden(self, layer, act, batch, train):
+        c = self.config
+        if isinstance(layer, DenseLayer):
+            local = layer.forward(act, batch, train)
+            full = self.comm.allgather_columns(local, layer.bounds)
+            mask = None
+            if train and c.dropout > 0:
+                mask = np.empty_like(full)
+                K.dropout_mask(rng.stream_key(c.seed, rng.DROPOUT, layer.index, batch.step), batch.sample_ids,
+                               full.shape[1], c.dropout, mask)
+                full = full * mask
+            return DenseAct(full, layer.bounds, mask)
+        counts, ids, vals = layer.forward(self._input_for(layer, act), batch, train)
+        return SparseAct(*self.comm.allgather_sparse(counts, ids, vals), layer.n)
+
+    # -- inference ----------------------------------------------------------------------------
+
+    def hidden(self, batch: Batch):
+        """The last hidden representation of a batch (inference: no dropout, no labels)."""
+        act = CSRInput(*batch.X)
+        for layer in self.layers[:-1]:
+            act = self._forward_hidden(layer, act, batch, train=False)
+        return act
+
+    def local_topk(self, batch: Batch, k: int, exact: bool):
+        """This rank's best k output neurons per sample: (scores [B, k], global ids int64 [B, k]).
+
+        exact: every neuron of the slice scored (blocked matrix products);
+        otherwise an LSH layer scores only the neurons its tables retrieve.
+        Missing entries (fewer than k candidates) have score -inf and id -1.
+        """
+        out = self.layers[-1]
+        x = self._input_for(out, self.hidden(batch))
+        B = batch.size
+        if exact or isinstance(out, DenseLayer):
+            if isinstance(x, DenseAct):
+                x = x.a
+            if isinstance(x, SparseAct):
+                x = x.dense(self.dtype)
+            return _blocked_topk(x, out.neuron_major(), out.b, k, out.lo)
+        ids, cnt, z = out.forward(x, batch, train=False)
+        scores = np.full((B, k), -np.inf, dtype=np.float64)
+        gids = np.full((B, k), -1, dtype=np.int64)
+        for i in range(B):  # B rows of at most max_active: cheap next to the products above
+            c = cnt[i]
+            kk = min(k, c)
+            if kk == 0:
+                continue
+            part = np.argpartition(-z[i, :c], kk - 1)[:kk]
+            part = part[np.lexsort((ids[i, part], -z[i, part]))]
+            scores[i, :kk] = z[i, part]
+            gids[i, :kk] = ids[i, part] + out.lo
+        return scores, gids
+
+
+def _blocked_topk(x, Wn, b, k, lo, block=8192):
+    """Top k of x @ Wn^T + b per row, over column blocks; (scores float64 [B, k], ids int64 [B, k]).
+
+    x float [B, d] dense; Wn float [n, d] neuron-major. Ties go to the lower id.
+    """
+    B = x.shape[0]
+    n = Wn.shape[0]
+    best_s = np.full((B, k), -np.inf)
+    best_i = np.full((B, k), -1, dtype=np.int64)
+    for c0 in range(0, n, block):
+        c1 = min(n, c0 + block)
+        s = x @ Wn[c0:c1].T
+        s += b[c0:c1]
+        kk = min(k, c1 - c0)
+        part = np.argpartition(-s, kk - 1, axis=1)[:, :kk]
+        cand_s = np.concatenate([best_s, np.take_along_axis(s, part, axis=1).astype(np.float64)], axis=1)
+        cand_i = np.concatenate([best_i, part + c0 + lo], axis=1)
+        order = np.lexsort((cand_i, -cand_s), axis=1)[:, :k]
+        best_s = np.take_along_axis(cand_s, order, axis=1)
+        best_i = np.take_along_axis(cand_i, order, axis=1)
+    return best_s, best_i
+
+
+def merge_topk(all_scores, all_ids, k):
+    """Merge per-rank candidates [P, B, k] into the global top k per sample (ties: lower id)."""
+    P, B, kk = all_scores.shape
+    s = all_scores.transpose(1, 0, 2).reshape(B, P * kk)
+    i = all_ids.transpose(1, 0, 2).reshape(B, P * kk)
+    # -inf candidates (missing) sort last; lexsort's last key is primary
+    order = np.lexsort((np.where(i < 0, np.iinfo(np.int64).max, i), -s), axis=1)[:, :k]
+    return np.take_along_axis(s, order, axis=1), np.take_along_axis(i, order, axis=1)

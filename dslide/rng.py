@@ -1,0 +1,90 @@
+"""Counter-based random numbers: every draw is a pure function of its coordinates.
+
+A draw is `uniform(key, counter)`, where `key` mixes the seed with what the
+draw is for (layer, step, sample, ...). Nothing depends on the thread that
+computes it or on how many ranks share the work, which is what lets neuron
+j of a layer start with the same weights whatever the number of ranks, and
+lets a resumed run draw exactly what the uninterrupted one would have.
+
+The mixer is SplitMix64's finaliser (Steele, Lea, Flood 2014), applied to a
+64-bit combination of the inputs; it passes BigCrush as a counter-based
+generator, which is plenty for initialisation, dropout and negative sampling.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_M1 = np.uint64(0xBF58476D1CE4E5B9)
+_M2 = np.uint64(0x94D049BB133111EB)
+_S30 = np.uint64(30)
+_S27 = np.uint64(27)
+_S31 = np.uint64(31)
+_S11 = np.uint64(11)
+_INV53 = 1.0 / 9007199254740992.0  # 2**-53
+
+# Purposes: the second word of a key, so streams for different uses never meet.
+INIT, DROPOUT, NEGATIVES, SHUFFLE, EVAL = 1, 2, 3, 4, 5
+
+
+@njit(cache=True, inline="always")
+def mix64(x):
+    """SplitMix64 finaliser of a uint64."""
+    z = x + _GOLDEN
+    z = (z ^ (z >> _S30)) * _M1
+    z = (z ^ (z >> _S27)) * _M2
+    return z ^ (z >> _S31)
+
+
+@njit(cache=True, inline="always")
+def key(a, b):
+    """Combine two integers into a 64-bit stream key (order matters)."""
+    return mix64(mix64(np.uint64(a)) ^ np.uint64(b))
+
+
+@njit(cache=True, inline="always")
+def uniform(k, counter):
+    """A float64 in [0, 1) for stream key k at position counter."""
+    return float(mix64(k ^ mix64(np.uint64(counter))) >> _S11) * _INV53
+
+
+@njit(cache=True, inline="always")
+def randbelow(k, counter, n):
+    """An integer in [0, n) for stream key k at position counter (n < 2**53)."""
+    return np.int64(uniform(k, counter) * n)
+
+
+def stream_key(seed: int, *words: int) -> np.uint64:
+    """The key of the stream for (seed, *words), as the kernels compute it."""
+    k = np.uint64(seed & 0xFFFFFFFFFFFFFFFF)
+    for w in words:
+        k = key(k, w & 0xFFFFFFFFFFFFFFFF)
+    return np.uint64(k)
+
+
+@njit(parallel=True)
+def init_neuron_major(k, start, W, scale):
+    """W[j - start, f] = U(-scale, scale) drawn at (key k, neuron j, input f).
+
+    W: float [n_local, d_in], neuron-major; rows are neurons start..start+n_local-1.
+    """
+    n, d = W.shape
+    for r in prange(n):
+        kj = key(k, start + r)
+        for f in range(d):
+            W[r, f] = (2.0 * uniform(kj, f) - 1.0) * scale
+
+
+@njit(parallel=True)
+def init_input_major(k, start, W, scale):
+    """W[f, j - start] = U(-scale, scale) drawn at (key k, neuron j, input f).
+
+    W: float [d_in, n_local], input-major; the same numbers as
+    `init_neuron_major` would give, transposed.
+    """
+    d, n = W.shape
+    for f in prange(d):
+        for r in range(n):
+            W[f, r] = (2.0 * uniform(key(k, start + r), f) - 1.0) * scale

@@ -1,0 +1,149 @@
+"""The one-rank network against independent references.
+
+Gradients are read off the optimiser: after the first Adam step from zero
+moments, m = (1 - beta1) g exactly, so g = m / (1 - beta1) for every row
+that received gradient and m = 0 for the others (lazy rows).
+"""
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+from dslide import kernels as K
+from dslide.config import Config, LSHConfig
+from dslide.network import Batch, DenseLayer, LSHLayer, Network
+from dslide.train import _csr_parts, make_batch
+
+
+def _tiny_problem(seed=0, n=24, F=12, L=7, density=0.35):
+    rs = np.random.default_rng(seed)
+    X = sp.random(n, F, density=density, format="csr", random_state=seed, dtype=np.float64)
+    X.data = rs.uniform(0.2, 1.5, X.nnz)
+    Y = (rs.random((n, L)) < 0.3).astype(np.float32)
+    Y[np.arange(n), rs.integers(0, L, n)] = 1.0  # at least one label each
+    Y[0] = 0.0  # and one point without labels
+    return X, sp.csr_matrix(Y)
+
+
+def _batch(X, Y, step=1):
+    return make_batch(_csr_parts(X), _csr_parts(Y, np.float32), np.arange(X.shape[0]), step)
+
+
+def _params_dense(net):
+    """[(W [d_in, n], b [n])] of every layer, input-major, copied."""
+    out = []
+    for layer in net.layers:
+        W = layer.W.T if isinstance(layer, LSHLayer) else layer.W
+        out.append((W.copy(), layer.b.copy()))
+    return out
+
+
+def _grads(net, beta1):
+    out = []
+    for layer in net.layers:
+        gW = layer.opt_W.m / (1.0 - beta1)
+        gb = layer.opt_b.m / (1.0 - beta1)
+        out.append((gW.T if isinstance(layer, LSHLayer) else gW, gb))
+    return out
+
+
+def _ref_loss(params, X, Y):
+    """Mean softmax cross-entropy with labels spread evenly, in plain numpy float64."""
+    a = X.toarray()
+    for W, b in params[:-1]:
+        a = np.maximum(a @ W + b, 0.0)
+    W, b = params[-1]
+    z = a @ W + b
+    m = z.max(axis=1, keepdims=True)
+    lse = (m + np.log(np.exp(z - m).sum(axis=1, keepdims=True))).ravel()
+    Yd = Y.toarray().astype(np.float64)
+    cnt = Yd.sum(axis=1, keepdims=True)
+    w = np.divide(Yd, cnt, out=np.zeros_like(Yd), where=cnt > 0)
+    return float(np.mean((w * (lse[:, None] - z)).sum(axis=1)))
+
+
+def test_exact_gradients_match_central_finite_differences():
+    X, Y = _tiny_problem()
+    cfg = Config(hidden=(6, 5), exact=True, dtype="float64", input_norm="none", seed=3)
+    net = Network(cfg, X.shape[1], Y.shape[1])
+    params = _params_dense(net)
+    loss = net.train_step(_batch(X, Y))
+    assert loss == pytest.approx(_ref_loss(params, X, Y), rel=1e-12)
+    grads = _grads(net, cfg.beta1)
+    h = 1e-6
+    for li, (W, b) in enumerate(params):
+        for arr, g in ((W, grads[li][0]), (b, grads[li][1])):
+            fd = np.empty_like(arr)
+            for idx in np.ndindex(arr.shape):
+                old = arr[idx]
+                arr[idx] = old + h
+                up = _ref_loss(params, X, Y)
+                arr[idx] = old - h
+                down = _ref_loss(params, X, Y)
+                arr[idx] = old
+                fd[idx] = (up - down) / (2 * h)
+            np.testing.assert_allclose(g, fd, rtol=1e-5, atol=1e-8, err_msg=f"layer {li}")
+    # the first layer is lazy: features absent from the batch get no gradient
+    absent = np.asarray(X.sum(axis=0)).ravel() == 0
+    if absent.any():
+        assert not net.layers[0].opt_W.m[absent].any()
+
+
+def test_adam_step_matches_numpy_reference_with_lazy_rows():
+    rs = np.random.default_rng(1)
+    R, d = 9, 4
+    W = rs.normal(size=(R, d))
+    M = rs.normal(size=(R, d)) * 0.1
+    V = rs.random((R, d)) * 0.01
+    rows = np.array([2, 5, 2, 7], dtype=np.int32)  # row 2 receives two contributions
+    samples = np.array([0, 1, 1, 0], dtype=np.int32)
+    coefs = rs.normal(size=4)
+    X = rs.normal(size=(2, d))
+    b1, b2, lr, eps, t = 0.9, 0.999, 0.01, 1e-8, 5
+
+    G = np.zeros((R, d))
+    for r, s, c in zip(rows, samples, coefs):
+        G[r] += c * X[s]
+    m_ref = b1 * M + (1 - b1) * G
+    v_ref = b2 * V + (1 - b2) * G * G
+    w_ref = W - lr * (m_ref / (1 - b1**t)) / (np.sqrt(v_ref / (1 - b2**t)) + eps)
+    lazy = np.setdiff1d(np.arange(R), rows)
+    m_ref[lazy], v_ref[lazy], w_ref[lazy] = M[lazy], V[lazy], W[lazy]
+
+    count = np.zeros(R, dtype=np.int32)
+    order = np.empty(rows.size, dtype=np.int64)
+    touched, start = K.group_by_row(rows, R, count, order)
+    assert sorted(touched.tolist()) == [2, 5, 7] and not count.any()
+    lr_t, eps_t = K.adam_factors(lr, b1, b2, eps, t)
+    W2, M2, V2 = W.copy(), M.copy(), V.copy()
+    empty = np.empty(0)
+    dirty = np.zeros(R, dtype=np.uint8)
+    K.rows_grad_adam(touched, start, order, samples, coefs, X, W2, M2, V2, empty, empty, empty,
+                     b1, b2, lr_t, eps_t, K.thread_scratch(d, np.float64), dirty)
+    np.testing.assert_allclose(M2, m_ref, rtol=1e-12, atol=1e-15)
+    np.testing.assert_allclose(V2, v_ref, rtol=1e-12, atol=1e-15)
+    np.testing.assert_allclose(W2, w_ref, rtol=1e-12, atol=1e-15)
+    assert dirty.nonzero()[0].tolist() == [2, 5, 7]
+
+    # the dense kernel is the same update on every element
+    Wd, Md, Vd = W.copy(), M.copy(), V.copy()
+    K.adam_dense(Wd, Md, Vd, G, b1, b2, lr_t, eps_t)
+    m_all = b1 * M + (1 - b1) * G
+    v_all = b2 * V + (1 - b2) * G * G
+    np.testing.assert_allclose(Wd, W - lr * (m_all / (1 - b1**t)) / (np.sqrt(v_all / (1 - b2**t)) + eps), rtol=1e-12)
+
+
+def test_init_does_not_depend_on_layout():
+    """Neuron j's weights depend on (seed, layer, j) only: input- and neuron-major agree."""
+    from dslide import rng
+
+    k = rng.stream_key(5, rng.INIT, 1)
+    A = np.empty((7, 11))
+    rng.init_input_major(k, 3, A, 0.5)
+    Bn = np.empty((11, 7))
+    rng.init_neuron_major(k, 3, Bn, 0.5)
+    np.testing.assert_array_equal(A, Bn.T)
+    assert np.abs(A).max() <= 0.5 and A.std() > 0.2
+    C = np.empty((7, 4))
+    rng.init_input_major(k, 6, C, 0.5)  # columns 6.. of a different slice
+    np.testing.assert_array_equal(C[:, :4], A[:, 3:7])
