@@ -546,3 +546,18 @@ def merge_topk(all_scores, all_ids, k):
     # -inf candidates (missing) sort last; lexsort's last key is primary
     order = np.lexsort((np.where(i < 0, np.iinfo(np.int64).max, i), -s), axis=1)[:, :k]
     return np.take_along_axis(s, order, axis=1), np.take_along_axis(i, order, axis=1)
+
+
+def full_parameters(net: Network) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Every layer's whole (W [d_in, n] input-major, b [n]), gathered from all ranks.
+
+    For checks and checkpoint conversion: it moves the whole model, never use
+    it in a training step.
+    """
+    out = []
+    for layer in net.layers:
+        W = layer.W.T if isinstance(layer, LSHLayer) else layer.W
+        W_full = net.comm.allgather_columns(np.ascontiguousarray(W), layer.bounds, kind="checks")
+        b_full = net.comm.allgather_columns(layer.b[None, :], layer.bounds, kind="checks")[0]
+        out.append((W_full, b_full))
+    return out
