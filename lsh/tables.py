@@ -1,0 +1,564 @@
+"""Fixed-capacity LSH tables as flat arrays, with build / update / query kernels.
+
+Storage (L tables, NB = 2**range_pow buckets, capacity C):
+
+    buckets     int32 [L, NB, C]  item ids; bucket (l, b) holds buckets[l, b, :fill[l, b]]
+    fill        int32 [L, NB]     entries held, <= C
+    item_codes  int32 [m, L]      bucket each item was last offered to in table l, -1 if never
+                                  (stored table-major [L, m]; `item_codes` is its transposed view)
+    FIFO:       head     int32 [L, NB]  slot of the oldest entry of a full bucket
+    reservoir:  offered  int32 [L, NB]  live items offered to the bucket (offers - removals)
+                c1, c2   int32 [L, NB]  uncompensated removals from inside / outside the sample
+                rng      uint64 [L]     per-table splitmix64 state, from (seed, table)
+
+An id appears at most once per table, so the count of an id over a query's L
+buckets is <= L.
+
+Policies for a bucket that is full when an item is offered:
+- "fifo": the oldest entry is overwritten. A full bucket is a ring (entries in
+  age order from slot `head`); a bucket that is not full always has head == 0
+  and its entries in age order in slots [0, fill). So at any time a bucket
+  holds the last C items offered to it that have not been removed, and a
+  removal keeps the others' relative age.
+- "reservoir": random pairing (Gemulla, Lehner & Haas 2006), which is
+  Vitter's algorithm R when nothing was removed: the n-th live item offered to
+  a full bucket replaces a uniform slot with probability C/n. A removal of a
+  sampled item frees its slot (c1 += 1), of an unsampled one just counts
+  (c2 += 1); the next offers pay those back (kept with probability
+  c1/(c1+c2)). The bucket then stays a uniform sample of min(C, n) of its n
+  live items through any mix of offers and removals.
+
+Determinism: codes are computed per row, tables are filled one table per
+thread in id order, and each table draws from its own random stream, so
+every array - and every query result - is the same for any thread count.
+"""
+
+from __future__ import annotations
+
+import numbers
+
+import numba
+import numpy as np
+from numba import njit, prange
+
+from ._common import HashFamily, check_int, check_seed
+
+#: Refuse tables whose arrays would exceed this many bytes (override with max_bytes=).
+MAX_TABLE_BYTES = 8 << 30
+
+POLICIES = ("fifo", "reservoir")
+MODES = ("union", "topk", "threshold")
+_FIFO, _RESERVOIR = 0, 1
+_UNION, _TOPK, _THRESHOLD = 0, 1, 2
+
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_MIX1 = np.uint64(0xBF58476D1CE4E5B9)
+_MIX2 = np.uint64(0x94D049BB133111EB)
+_INV53 = 1.0 / 9007199254740992.0  # 2**-53
+
+
+# ----------------------------------------------------------------------------
+# Serial per-bucket kernels (one table's 2-D slices)
+# ----------------------------------------------------------------------------
+
+@njit(cache=True)
+def _rand_below(rng, l, n):
+    """Uniform int in [0, n) from table l's splitmix64 stream rng[l] (advanced in place)."""
+    s = rng[l] + _GOLDEN
+    rng[l] = s
+    z = (s ^ (s >> np.uint64(30))) * _MIX1
+    z = (z ^ (z >> np.uint64(27))) * _MIX2
+    z = z ^ (z >> np.uint64(31))
+    r = np.int64(np.float64(z >> np.uint64(11)) * _INV53 * n)
+    return min(r, n - 1)
+
+
+@njit(cache=True)
+def _reverse(row, lo, hi):
+    hi -= 1
+    while lo < hi:
+        t = row[lo]
+        row[lo] = row[hi]
+        row[hi] = t
+        lo += 1
+        hi -= 1
+
+
+@njit(cache=True)
+def fifo_insert(bk, fill, head, b, item):
+    """Offer `item` to bucket b of one table (bk int32 [NB, C]; fill, head int32 [NB]).
+    Returns the evicted id or -1."""
+    C = bk.shape[1]
+    f = fill[b]
+    if f < C:
+        bk[b, f] = item
+        fill[b] = f + 1
+        return -1
+    h = head[b]
+    old = bk[b, h]
+    bk[b, h] = item
+    head[b] = h + 1 if h + 1 < C else 0
+    return old
+
+
+@njit(cache=True)
+def fifo_remove(bk, fill, head, b, item):
+    """Remove `item` from bucket b if present (True then), keeping the others' age order."""
+    C = bk.shape[1]
+    f = fill[b]
+    row = bk[b]
+    i = -1
+    for s in range(f):
+        if row[s] == item:
+            i = s
+            break
+    if i < 0:
+        return False
+    h = head[b]
+    if h != 0:
+        # Full ring: rotate left by h (three reversals) so age order starts at slot 0,
+        # restoring the "not full => head == 0" invariant after the removal.
+        _reverse(row, 0, h)
+        _reverse(row, h, C)
+        _reverse(row, 0, C)
+        head[b] = 0
+        i = i - h if i >= h else i + C - h
+    for s in range(i, f - 1):
+        row[s] = row[s + 1]
+    fill[b] = f - 1
+    return True
+
+
+@njit(cache=True)
+def reservoir_insert(bk, fill, offered, c1, c2, rng, l, b, item):
+    """Offer `item` to bucket b of table l (random pairing / algorithm R). Returns the evicted id or -1
+    (or `item` itself when it is not kept)."""
+    C = bk.shape[1]
+    n = offered[b] + 1
+    offered[b] = n
+    d = c1[b] + c2[b]
+    if d == 0:
+        f = fill[b]
+        if f < C:
+            bk[b, f] = item
+            fill[b] = f + 1
+            return -1
+        r = _rand_below(rng, l, n)
+        if r < C:
+            old = bk[b, r]
+            bk[b, r] = item
+            return old
+        return item
+    if _rand_below(rng, l, d) < c1[b]:
+        f = fill[b]
+        bk[b, f] = item
+        fill[b] = f + 1
+        c1[b] -= 1
+        return -1
+    c2[b] -= 1
+    return item
+
+
+@njit(cache=True)
+def reservoir_remove(bk, fill, offered, c1, c2, b, item):
+    """Remove live `item` (previously offered to bucket b) from the bucket's population."""
+    f = fill[b]
+    row = bk[b]
+    offered[b] -= 1
+    for s in range(f):
+        if row[s] == item:
+            row[s] = row[f - 1]
+            fill[b] = f - 1
+            c1[b] += 1
+            return True
+    c2[b] += 1
+    return False
+
+
+# ----------------------------------------------------------------------------
+# Parallel kernels (over tables for writes, over queries for reads)
+# ----------------------------------------------------------------------------
+
+@njit(parallel=True)
+def insert_all(codes_lm, buckets, fill, head, offered, c1, c2, rng, policy):
+    """Clear and fill every table with items 0..m-1 in id order.
+
+    codes_lm int32 [L, m]: item i's bucket in table l. buckets int32 [L, NB, C];
+    fill, head / offered, c1, c2 int32 [L, NB] (the arrays of the other policy
+    may be [L, 1] placeholders); rng uint64 [L]; policy 0 = FIFO, 1 = reservoir.
+    One thread per table: no races, and the result is thread-count independent.
+    """
+    L, m = codes_lm.shape
+    for l in prange(L):
+        bk = buckets[l]
+        fl = fill[l]
+        cl = codes_lm[l]
+        fl[:] = 0
+        if policy == _FIFO:
+            hd = head[l]
+            hd[:] = 0
+            for i in range(m):
+                fifo_insert(bk, fl, hd, cl[i], i)
+        else:
+            of = offered[l]
+            d1 = c1[l]
+            d2 = c2[l]
+            of[:] = 0
+            d1[:] = 0
+            d2[:] = 0
+            for i in range(m):
+                reservoir_insert(bk, fl, of, d1, d2, rng, l, cl[i], i)
+
+
+@njit(parallel=True)
+def update_items(ids, new_codes, item_codes_lm, buckets, fill, head, offered, c1, c2, rng, policy):
+    """Re-insert items `ids` (int64 [r]) at their new codes new_codes int32 [r, L].
+
+    Per table, in the order of `ids`: an item whose code is unchanged is left
+    alone (it has already been offered to that bucket); otherwise it leaves its
+    old bucket (FIFO: removed if still there; reservoir: removed from the
+    bucket's population) and is offered to the new one as a fresh arrival.
+    item_codes_lm int32 [L, m] is updated. One thread per table.
+    """
+    L = item_codes_lm.shape[0]
+    r = ids.shape[0]
+    for l in prange(L):
+        for j in range(r):
+            i = ids[j]
+            new = new_codes[j, l]
+            old = item_codes_lm[l, i]
+            if old == new:
+                continue
+            if policy == _FIFO:
+                if old >= 0:
+                    fifo_remove(buckets[l], fill[l], head[l], old, i)
+                fifo_insert(buckets[l], fill[l], head[l], new, i)
+            else:
+                if old >= 0:
+                    reservoir_remove(buckets[l], fill[l], offered[l], c1[l], c2[l], old, i)
+                reservoir_insert(buckets[l], fill[l], offered[l], c1[l], c2[l], rng, l, new, i)
+            item_codes_lm[l, i] = new
+
+
+@njit(cache=True)
+def query_bounds(codes, fill, n_items):
+    """bound int64 [n+1]: prefix sums of min(n_items, ids in query q's L buckets),
+    an upper bound of each query's output; and the largest single bound."""
+    n, L = codes.shape
+    bound = np.empty(n + 1, np.int64)
+    bound[0] = 0
+    max_len = 0
+    for q in range(n):
+        s = 0
+        for l in range(L):
+            s += fill[l, codes[q, l]]
+        s = min(s, n_items)
+        max_len = max(max_len, s)
+        bound[q + 1] = bound[q] + s
+    return bound, max_len
+
+
+@njit(cache=True)
+def query_range(q_lo, q_hi, codes, buckets, fill, n_items, mode, top_m, t, bound, max_len,
+                tmp_ids, tmp_cnt, sizes):
+    """Serial work of `query_kernel` for queries q_lo..q_hi-1: writes query q's
+    result to tmp_ids / tmp_cnt[bound[q]:bound[q] + sizes[q]]."""
+    L = codes.shape[1]
+    cnt = np.zeros(n_items, np.int32)
+    keys = np.empty(max_len, np.int64)
+    hist = np.empty(L + 1, np.int64)
+    for q in range(q_lo, q_hi):
+        start = bound[q]
+        nt = 0
+        for l in range(L):
+            b = codes[q, l]
+            f = fill[l, b]
+            for s in range(f):
+                i = buckets[l, b, s]
+                if cnt[i] == 0:
+                    tmp_ids[start + nt] = i
+                    nt += 1
+                cnt[i] += 1
+        if mode == _UNION:
+            srt = np.sort(tmp_ids[start:start + nt])
+            for j in range(nt):
+                i = srt[j]
+                tmp_ids[start + j] = i
+                tmp_cnt[start + j] = cnt[i]
+                cnt[i] = 0
+            sizes[q] = nt
+            continue
+        if mode == _THRESHOLD:
+            cmin = t
+        else:
+            # Smallest count c* such that at least top_m ids have count >= c*
+            # (1 when fewer ids were found): only those can make the top top_m.
+            hist[:] = 0
+            for j in range(nt):
+                hist[cnt[tmp_ids[start + j]]] += 1
+            cmin = 1
+            acc = 0
+            for cc in range(L, 0, -1):
+                acc += hist[cc]
+                if acc >= top_m:
+                    cmin = cc
+                    break
+        k = 0
+        for j in range(nt):
+            i = tmp_ids[start + j]
+            ci = cnt[i]
+            cnt[i] = 0
+            if ci >= cmin:
+                # One int64 key sorts by (count desc, id asc).
+                keys[k] = (np.int64(L - ci) << 32) | np.int64(i)
+                k += 1
+        srt = np.sort(keys[:k])
+        if mode == _TOPK and k > top_m:
+            k = top_m
+        for j in range(k):
+            key = srt[j]
+            tmp_ids[start + j] = np.int32(key & 0xFFFFFFFF)
+            tmp_cnt[start + j] = np.int32(L - (key >> 32))
+        sizes[q] = k
+
+
+@njit(cache=True)
+def compact_results(bound, sizes, tmp_ids, tmp_cnt):
+    n = sizes.shape[0]
+    indptr = np.empty(n + 1, np.int64)
+    indptr[0] = 0
+    for q in range(n):
+        indptr[q + 1] = indptr[q] + sizes[q]
+    ids = np.empty(indptr[n], np.int32)
+    counts = np.empty(indptr[n], np.int32)
+    for q in range(n):
+        ids[indptr[q]:indptr[q + 1]] = tmp_ids[bound[q]:bound[q] + sizes[q]]
+        counts[indptr[q]:indptr[q + 1]] = tmp_cnt[bound[q]:bound[q] + sizes[q]]
+    return indptr, ids, counts
+
+
+@njit(parallel=True)
+def query_kernel(codes, buckets, fill, n_items, mode, top_m, t, n_chunks):
+    """Candidates of each query from its L buckets.
+
+    codes int32 [n, L] (query q looks at bucket codes[q, l] of table l);
+    buckets int32 [L, NB, C], fill int32 [L, NB]. For each query, count[id] =
+    number of tables whose bucket holds id; keep
+      union:     every id with count >= 1, sorted by id ascending;
+      topk:      the top_m ids by (count desc, id asc), in that order;
+      threshold: ids with count >= t, by (count desc, id asc).
+    Returns (indptr int64 [n+1], ids int32 [nnz], counts int32 [nnz]).
+
+    Each of n_chunks query ranges runs on one thread with its own dense
+    counter int32 [n_items], reset only at the ids it touched (no O(n_items)
+    work per query). Results do not depend on n_chunks or the thread count.
+    """
+    n = codes.shape[0]
+    bound, max_len = query_bounds(codes, fill, n_items)
+    tmp_ids = np.empty(bound[n], np.int32)
+    tmp_cnt = np.empty(bound[n], np.int32)
+    sizes = np.zeros(n, np.int64)
+    for c in prange(n_chunks):
+        query_range(c * n // n_chunks, (c + 1) * n // n_chunks, codes, buckets, fill, n_items,
+                    mode, top_m, t, bound, max_len, tmp_ids, tmp_cnt, sizes)
+    return compact_results(bound, sizes, tmp_ids, tmp_cnt)
+
+
+# ----------------------------------------------------------------------------
+# The class
+# ----------------------------------------------------------------------------
+
+def _fmt_bytes(n: int) -> str:
+    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
+
+
+class HashTables:
+    """L fixed-capacity hash tables over item vectors (rows of W, neuron-major).
+
+    HashTables(family, range_pow, capacity, policy="fifo" | "reservoir", seed=0,
+               max_bytes=MAX_TABLE_BYTES)
+
+    family: a hash family (lsh.make_family(...)); range_pow: bucket index bits,
+    1..24 and <= family.code_bits; capacity: slots per bucket (>= 1); seed: the
+    reservoir's random streams (table l's stream derives from (seed, l)).
+
+    build(W [m, dim]) inserts ids 0..m-1; update(ids, W[ids]) moves changed items;
+    query(Q [n, dim], mode, m, t) -> (indptr, ids, counts) finds candidates.
+    See the module docstring for the storage layout and the policies.
+    """
+
+    def __init__(self, family: HashFamily, range_pow: int, capacity: int, policy: str = "fifo",
+                 seed: int = 0, max_bytes: int = MAX_TABLE_BYTES):
+        if not isinstance(family, HashFamily):
+            raise ValueError(f"family must be a hash family from lsh.make_family, got {type(family).__name__}")
+        self.family = family
+        self.L = family.L
+        self.range_pow = check_int("range_pow", range_pow, 1, min(24, family.code_bits))
+        self.capacity = check_int("capacity", capacity, 1, 2**31 - 1)
+        if policy not in POLICIES:
+            raise ValueError(f"policy {policy!r} is not one of {', '.join(POLICIES)}")
+        self.policy = policy
+        self.seed = check_seed(seed)
+        self.max_bytes = check_int("max_bytes", max_bytes, 1)
+        self.n_buckets = 1 << self.range_pow
+        L, NB, C = self.L, self.n_buckets, self.capacity
+        extra = 1 if policy == "fifo" else 3
+        need = L * NB * (4 * C + 4 + 4 * extra)
+        if need > self.max_bytes:
+            raise ValueError(
+                f"hash tables would take {_fmt_bytes(need)} (L={L} x 2**{self.range_pow} buckets x "
+                f"(capacity {C} + {1 + extra}) x 4 B), above the limit of {_fmt_bytes(self.max_bytes)}; "
+                f"lower range_pow or capacity, use fewer tables, or raise max_bytes")
+        # np.zeros maps zero pages lazily: untouched buckets cost no RAM.
+        self.buckets = np.zeros((L, NB, C), np.int32)
+        self.fill = np.zeros((L, NB), np.int32)
+        placeholder = np.zeros((L, 1), np.int32)
+        if policy == "fifo":
+            self.head = np.zeros((L, NB), np.int32)
+            self.offered = self.c1 = self.c2 = placeholder
+        else:
+            self.head = placeholder
+            self.offered = np.zeros((L, NB), np.int32)
+            self.c1 = np.zeros((L, NB), np.int32)
+            self.c2 = np.zeros((L, NB), np.int32)
+        self.rng = np.array([np.random.SeedSequence([self.seed, l]).generate_state(1, np.uint64)[0]
+                             for l in range(L)], dtype=np.uint64)
+        self._item_codes_lm = np.full((L, 0), -1, np.int32)
+
+    # -- properties --------------------------------------------------------
+    @property
+    def n_items(self) -> int:
+        return self._item_codes_lm.shape[1]
+
+    @property
+    def item_codes(self) -> np.ndarray:
+        """int32 [m, L]: bucket each item was last offered to per table, -1 if never.
+        A transposed view: each table's thread writes its own contiguous row."""
+        return self._item_codes_lm.T
+
+    @property
+    def memory_bytes(self) -> int:
+        arrays = {id(a): a for a in (self.buckets, self.fill, self.head, self.offered, self.c1,
+                                     self.c2, self.rng, self._item_codes_lm)}
+        return int(sum(a.nbytes for a in arrays.values()))
+
+    def bucket_sizes(self) -> dict:
+        """Fill statistics over all L * 2**range_pow buckets: mean, std, max,
+        empty / full fractions, histogram (int64 [capacity+1], buckets per fill)."""
+        hist = np.bincount(self.fill.ravel(), minlength=self.capacity + 1)
+        total = self.fill.size
+        f = self.fill.astype(np.float64)
+        return {"mean": float(f.mean()), "std": float(f.std()), "max": int(self.fill.max()),
+                "empty_fraction": hist[0] / total, "full_fraction": hist[self.capacity] / total,
+                "histogram": hist}
+
+    def __repr__(self) -> str:
+        return (f"HashTables({self.family!r}, range_pow={self.range_pow}, capacity={self.capacity}, "
+                f"policy={self.policy!r}, n_items={self.n_items}, {_fmt_bytes(self.memory_bytes)})")
+
+    # -- writing -----------------------------------------------------------
+    def hash(self, vectors) -> np.ndarray:
+        """Bucket codes int32 [n, L] of vectors [n, dim] at this table's range_pow."""
+        return self.family.hash(vectors, self.range_pow)
+
+    def build(self, vectors) -> None:
+        """Clear the tables, hash the m rows of `vectors` [m, dim] and insert ids 0..m-1
+        (parallel over rows for hashing, over tables for inserting). Reservoir
+        streams continue from where they were (not reset): a fresh HashTables
+        with the same seed repeats a build exactly."""
+        self.build_codes(self.hash(vectors))
+
+    def build_codes(self, codes) -> None:
+        """`build` from precomputed codes int32 [m, L] in [0, 2**range_pow)."""
+        codes = self._check_codes(codes, "codes")
+        m = codes.shape[0]
+        if m >= 2**31:
+            raise ValueError(f"{m} items: ids must fit in int32")
+        need = self.memory_bytes - self._item_codes_lm.nbytes + 4 * m * self.L
+        if need > self.max_bytes:
+            raise ValueError(f"{m} items would bring the tables to {_fmt_bytes(need)}, above "
+                             f"{_fmt_bytes(self.max_bytes)}; lower range_pow or capacity or L")
+        self._item_codes_lm = np.ascontiguousarray(codes.T)
+        insert_all(self._item_codes_lm, self.buckets, self.fill, self.head, self.offered,
+                   self.c1, self.c2, self.rng, POLICIES.index(self.policy))
+
+    def update(self, ids, vectors) -> None:
+        """Move items `ids` (int [r], each < n_items) to the buckets of their new
+        vectors [r, dim]. Per table: an item whose code is unchanged is left
+        alone (evicted or not); otherwise it leaves its old bucket and is
+        offered to the new one as the newest arrival. FIFO: removal keeps the
+        other entries' age order and frees a slot. Reservoir: see the module
+        docstring (random pairing keeps a uniform sample of the bucket's live
+        items). Repeated ids are processed in order (the last vector wins).
+        Parallel over tables."""
+        ids = self._check_ids(ids)
+        self.update_codes(ids, self.hash(vectors))
+
+    def update_codes(self, ids, codes) -> None:
+        """`update` from precomputed codes int32 [r, L]."""
+        ids = self._check_ids(ids)
+        codes = self._check_codes(codes, "codes")
+        if codes.shape[0] != ids.shape[0]:
+            raise ValueError(f"{ids.shape[0]} ids but {codes.shape[0]} rows of codes/vectors")
+        update_items(ids, codes, self._item_codes_lm, self.buckets, self.fill, self.head,
+                     self.offered, self.c1, self.c2, self.rng, POLICIES.index(self.policy))
+
+    def _check_ids(self, ids) -> np.ndarray:
+        ids = np.asarray(ids)
+        if ids.ndim != 1 or not (np.issubdtype(ids.dtype, np.integer) or ids.size == 0):
+            raise ValueError(f"ids must be a 1-D integer array, got shape {ids.shape} dtype {ids.dtype}")
+        ids = ids.astype(np.int64)
+        if ids.shape[0] and (ids.min() < 0 or ids.max() >= self.n_items):
+            raise ValueError(f"ids must lie in [0, n_items={self.n_items}), got "
+                             f"[{ids.min()}, {ids.max()}]; call build() to add items")
+        return ids
+
+    def _check_codes(self, codes, what: str) -> np.ndarray:
+        codes = np.asarray(codes)
+        if codes.ndim != 2 or codes.shape[1] != self.L or not (
+                np.issubdtype(codes.dtype, np.integer) or codes.size == 0):
+            raise ValueError(f"{what} must be an integer array [n, L={self.L}], got shape "
+                             f"{codes.shape} dtype {codes.dtype}")
+        codes = np.ascontiguousarray(codes, dtype=np.int32)
+        if codes.size and (codes.min() < 0 or codes.max() >= self.n_buckets):
+            raise ValueError(f"{what} must lie in [0, 2**range_pow={self.n_buckets}), got "
+                             f"[{codes.min()}, {codes.max()}]")
+        return codes
+
+    # -- reading -----------------------------------------------------------
+    def query(self, queries, mode: str = "union", m: int | None = None, t: int | None = None):
+        """Candidate items of each query [n, dim]: see `query_codes`."""
+        return self.query_codes(self.hash(queries), mode=mode, m=m, t=t)
+
+    def query_codes(self, codes, mode: str = "union", m: int | None = None, t: int | None = None):
+        """Candidates from precomputed codes int32 [n, L] (values in [0, 2**range_pow)).
+
+        Returns (indptr int64 [n+1], ids int32, counts int32): query q's ids are
+        ids[indptr[q]:indptr[q+1]], counts = number of its L buckets holding the id.
+        mode "union": all ids, by id ascending; "topk": the m ids of highest
+        count (ties: lower id), by (count desc, id asc); "threshold": ids with
+        count >= t, by (count desc, id asc). Deterministic and independent of
+        the thread count.
+        """
+        if mode not in MODES:
+            raise ValueError(f"mode {mode!r} is not one of {', '.join(MODES)}")
+        top_m, thr = 0, 0
+        if mode == "topk":
+            if m is None:
+                raise ValueError("mode 'topk' needs m (how many ids to keep per query), m >= 1")
+            top_m = check_int("m", m, 1, 2**31 - 1)
+        elif m is not None:
+            raise ValueError(f"m is only used by mode 'topk', not {mode!r}")
+        if mode == "threshold":
+            if t is None:
+                raise ValueError(f"mode 'threshold' needs t (minimum count), 1 <= t <= L={self.L}")
+            thr = check_int("t", t, 1, self.L)
+        elif t is not None:
+            raise ValueError(f"t is only used by mode 'threshold', not {mode!r}")
+        codes = self._check_codes(codes, "codes")
+        if self.n_items == 0:
+            raise ValueError("the tables are empty: call build(W) before querying")
+        n = codes.shape[0]
+        n_chunks = max(1, min(n, 4 * numba.get_num_threads()))
+        return query_kernel(codes, self.buckets, self.fill, self.n_items, MODES.index(mode),
+                            top_m, thr, n_chunks)
