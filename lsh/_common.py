@@ -205,7 +205,11 @@ class HashFamily:
                     f"{self.name}: full codes have {self.code_bits} bits, too many for int32 "
                     f"buckets; pass range_pow in [1, {MAX_RANGE_POW}]")
             return self.code_bits
-        return check_int("range_pow", range_pow, 1, min(self.code_bits, MAX_RANGE_POW))
+        rp = check_int("range_pow", range_pow, 1, MAX_RANGE_POW)
+        if rp > self.code_bits:
+            raise ValueError(f"range_pow ({rp}) exceeds the {self.code_bits} bits of a full "
+                             f"{self.name} code (K={self.K}); valid: 1..{self.code_bits}, or raise K")
+        return rp
 
     def hash(self, vectors, range_pow=None) -> np.ndarray:
         """Bucket codes int32 [n, L] in [0, 2**range_pow) of a dense batch [n, dim].

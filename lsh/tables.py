@@ -407,7 +407,7 @@ class HashTables:
         if need > self.max_bytes:
             raise ValueError(
                 f"hash tables would take {_fmt_bytes(need)} (L={L} x 2**{self.range_pow} buckets x "
-                f"(capacity {C} + {1 + extra}) x 4 B), above the limit of {_fmt_bytes(self.max_bytes)}; "
+                f"(capacity {C} + {1 + extra} counters) x 4 B), above the limit of {_fmt_bytes(self.max_bytes)}; "
                 f"lower range_pow or capacity, use fewer tables, or raise max_bytes")
         # np.zeros maps zero pages lazily: untouched buckets cost no RAM.
         self.buckets = np.zeros((L, NB, C), np.int32)
