@@ -62,8 +62,8 @@ import numpy.lib.format as npformat
 import scipy.sparse as sp
 from numba import njit
 
-__all__ = ["XMCData", "XMCFormatError", "XMCFormatWarning", "read_xmc", "write_xmc",
-           "cache_path", "CACHE_VERSION"]
+__all__ = ["XMCData", "XMCFormatError", "XMCFormatWarning", "XMCCacheWarning", "read_xmc",
+           "write_xmc", "cache_path", "CACHE_VERSION"]
 
 
 @dataclass
@@ -96,6 +96,10 @@ class XMCFormatError(ValueError):
 
 class XMCFormatWarning(UserWarning):
     """An XMC file read with ``strict=False`` disagrees with its own header."""
+
+
+class XMCCacheWarning(UserWarning):
+    """The binary cache beside an XMC file could not be read or written (the text was used)."""
 
 
 _CACHE_ALIGN = 64                 # cache arrays start at multiples of this file offset
@@ -643,7 +647,10 @@ def _parse_header(buf: np.ndarray, name: str) -> tuple[tuple[int, int, int], int
         got = repr(text[:80]) if text or buf.size else "an empty file"
         raise XMCFormatError(f"{name}:1: expected header 'n_points n_features n_labels' "
                              f"(three non-negative integers), got {got}")
-    return (int(fields[0]), int(fields[1]), int(fields[2])), body
+    counts = tuple(int(f) for f in fields)
+    if max(counts) >= 2 ** 62:  # the kernels take int64; no real data set comes near
+        raise XMCFormatError(f"{name}:1: header counts must be < 2**62, got {text!r}")
+    return counts, body
 
 
 def _parse_error(name: str, buf: np.ndarray, code: int, pos: int, aux: int,
@@ -862,7 +869,7 @@ def _save_cache(cpath: str, st: os.stat_result, arrays) -> None:
             os.unlink(tmp)
         except OSError:
             pass
-        warnings.warn(f"could not write the cache {cpath}: {e}", XMCFormatWarning, stacklevel=3)
+        warnings.warn(f"could not write the cache {cpath}: {e}", XMCCacheWarning, stacklevel=3)
 
 
 def read_xmc(path, *, strict: bool = True, cache: bool = True) -> XMCData:
@@ -905,7 +912,7 @@ def read_xmc(path, *, strict: bool = True, cache: bool = True) -> XMCData:
             arrays = _load_cache(cpath, st)
         except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as e:
             warnings.warn(f"ignoring the unreadable cache {cpath} ({type(e).__name__}: {e}); "
-                          "parsing the text and rewriting it", XMCFormatWarning, stacklevel=2)
+                          "parsing the text and rewriting it", XMCCacheWarning, stacklevel=2)
             arrays = None
         if arrays is not None:
             return _to_data(arrays, name, strict)
@@ -979,7 +986,7 @@ def write_xmc(path, X, Y) -> None:
     directory = os.path.dirname(path) or "."
     fd, tmp = tempfile.mkstemp(dir=directory, prefix=os.path.basename(path) + ".", suffix=".tmp")
     try:
-        umask = os.umask(0)
+        umask = os.umask(0)  # the only way to read it; restored at once (not thread-safe)
         os.umask(umask)
         os.fchmod(fd, 0o666 & ~umask)  # mkstemp makes 0600; give the file the usual mode
         with os.fdopen(fd, "wb") as raw:

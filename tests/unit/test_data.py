@@ -18,7 +18,8 @@ import pytest
 import scipy.sparse as sp
 
 from dslide import data as D
-from dslide.data import XMCData, XMCFormatError, XMCFormatWarning, cache_path, read_xmc, write_xmc
+from dslide.data import (XMCCacheWarning, XMCData, XMCFormatError, XMCFormatWarning, cache_path,
+                         read_xmc, write_xmc)
 
 FIXTURES = Path(__file__).resolve().parents[1] / "data"
 
@@ -270,6 +271,12 @@ def test_trailing_blank_lines_as_empty_points_the_header_needs(tmp_path):
     assert d.X.shape == (4, 10) and d.X.indptr.tolist() == [0, 1, 1, 1, 1]
 
 
+def test_header_counts_too_large(tmp_path):
+    p = tmp_path / "h.txt"
+    p.write_text("1 99999999999999999999 5\n0 1:1\n")
+    assert error_of(p) == f"{p}:1: header counts must be < 2**62, got '1 99999999999999999999 5'"
+
+
 @pytest.mark.parametrize("header", ["", "3 10", "3 10 5 1", "a 10 5", "-3 10 5", "3.0 10 5",
                                     "3,10,5", "+3 10 5"])
 def test_bad_header_names_line_1(tmp_path, header):
@@ -399,6 +406,22 @@ def test_round_trip_is_exact(tmp_path):
             assert np.array_equal(a.data.view(np.uint32), b.data.view(np.uint32))  # bitwise
     assert sorted(os.listdir(tmp_path)) == ["rt.txt", "rt.txt.dslcache.npz", "rt.txt.gz",
                                             "rt.txt.gz.dslcache.npz"]
+
+
+def test_round_trip_of_random_float32_bit_patterns(tmp_path):
+    # Every normal float32 is equally likely here, whatever its exponent.
+    rng = np.random.default_rng(13)
+    bits = rng.integers(0, 2 ** 32, 100_000, dtype=np.uint64).astype(np.uint32)
+    v = bits.view(np.float32)
+    v = v[np.isfinite(v) & (np.abs(v) >= np.float32(1.1754944e-38))]
+    n = v.size // 100 * 100
+    X = sp.csr_matrix(v[:n].reshape(-1, 100))
+    assert X.nnz == n
+    p = tmp_path / "bits.txt"
+    write_xmc(p, X, sp.csr_matrix((X.shape[0], 1), dtype=np.float32))
+    got = read_xmc(p, cache=False).X
+    assert np.array_equal(got.data.view(np.uint32), X.data.view(np.uint32))
+    assert np.array_equal(got.indices, X.indices)
 
 
 def test_writer_text_is_exact(tmp_path):
@@ -578,7 +601,7 @@ def test_corrupt_cache_is_survived_and_rewritten(tmp_path, damage):
         np.savez(c.open("wb"), **arrays)
     else:
         np.save(c.open("wb"), np.array([object()], dtype=object), allow_pickle=True)
-    with pytest.warns(XMCFormatWarning, match="ignoring the unreadable cache"):
+    with pytest.warns(XMCCacheWarning, match="ignoring the unreadable cache"):
         d = read_xmc(p)
     assert same(d, good)
     with warnings.catch_warnings():
