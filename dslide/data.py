@@ -35,15 +35,23 @@ In memory a data set is :class:`XMCData`: X csr float32 [n_points, n_features]
 and Y csr float32 [n_points, n_labels] (ones), both with sorted, unique column
 indices.
 
-Speed
-=====
-The file is read into one ``uint8`` array. A numba kernel counts the
+How it is done
+==============
+Reading: the file is read into one ``uint8`` array. A numba kernel counts the
 ``'\\n'``, ``':'`` and ``','`` bytes (upper bounds for points, non-zeros and
 labels), then a second kernel parses, validates and fills the CSR arrays in one
-pass. On the first invalid byte the kernel stops and returns an error code and
-a byte offset; Python turns those into ``file:line: what was expected, got 'token'``.
+pass, with its own decimal-to-float32 conversion (within 1 ulp of the nearest
+float32, exact but for float64 landing on a float32 rounding midpoint). On the
+first invalid byte the kernel stops and returns an error code and a byte
+offset; Python turns those into ``file:line: what was expected, got 'token'``.
 After a successful parse the arrays are saved beside the source in
-``<path>.dslcache.npz`` (see :func:`read_xmc`).
+``<path>.dslcache.npz`` and later memory-mapped from there (see :func:`read_xmc`).
+
+Writing: a numba kernel formats rows into a byte buffer, ~16 MB at a time, each
+value as the shortest decimal that this reader turns back into the same float32.
+
+About 24 M non-zeros/s parsing and 10 M/s writing on one core, a cache hit in
+~10 ms for 12.7 M non-zeros (scripts/bench_io.py).
 """
 
 from __future__ import annotations
@@ -55,6 +63,7 @@ import struct
 import tempfile
 import warnings
 import zipfile
+import zlib
 from dataclasses import dataclass
 
 import numpy as np
@@ -110,7 +119,6 @@ _MMAP_MIN_BYTES = 1 << 20         # smaller cache arrays are read, not mapped
 CACHE_VERSION = 2
 
 _GZIP_MAGIC = b"\x1f\x8b"
-_FLT_MAX = 3.4028234663852886e38
 _FLT_MIN_NORMAL = 1.1754943508222875e-38
 # Exact in float64 up to 1e22 (int -> float conversion is exact there).
 _POW10 = np.array([float(10 ** k) for k in range(23)], dtype=np.float64)
@@ -317,7 +325,6 @@ def _parse_body(buf, pos, n_features, n_labels,
         y_sorted = True
         prev_f = -1
         nonblank = False
-        first = True
         while True:
             while pos < n and (buf[pos] == 32 or buf[pos] == 9):
                 pos += 1
@@ -371,7 +378,7 @@ def _parse_body(buf, pos, n_features, n_labels,
                 if v <= prev_f:
                     x_sorted = False
                 prev_f = v
-            elif nd > 0 and first and tok == line_start and (c == 44 or _is_end(c)):
+            elif nd > 0 and tok == line_start and (c == 44 or _is_end(c)):
                 # The label field: l1,l2,... starting at the very beginning of the line.
                 prev_l = -1
                 while True:
@@ -404,11 +411,10 @@ def _parse_body(buf, pos, n_features, n_labels,
                     else:
                         break
             else:
-                code = _E_FIRST_TOKEN if (first and tok == line_start) else _E_FEATURE_TOKEN
+                code = _E_FIRST_TOKEN if tok == line_start else _E_FEATURE_TOKEN
                 err[0] = code
                 err[1] = tok
                 return code, row, last_nonblank, fp, lp
-            first = False
         if not x_sorted:
             seg = x_indices[row_f0:fp]
             order = np.argsort(seg, kind="mergesort")
@@ -601,8 +607,11 @@ def _read_bytes(path: str) -> tuple[np.ndarray, os.stat_result]:
         head = f.read(2)
         if head == _GZIP_MAGIC:
             f.seek(0)
-            with gzip.GzipFile(fileobj=f, mode="rb") as g:
-                return np.frombuffer(g.read(), dtype=np.uint8), st
+            try:
+                with gzip.GzipFile(fileobj=f, mode="rb") as g:
+                    return np.frombuffer(g.read(), dtype=np.uint8), st
+            except (EOFError, gzip.BadGzipFile, zlib.error) as e:
+                raise XMCFormatError(f"{path}: corrupt or truncated gzip data ({e})") from e
         f.seek(0)
         buf = np.empty(st.st_size, dtype=np.uint8)
         view = memoryview(buf)
@@ -689,7 +698,7 @@ def _csr(indptr, indices, data, shape) -> sp.csr_matrix:
 
 
 def _parse(path: str, name: str):
-    """Parse the file; return (header, arrays dict, stat)."""
+    """Parse the file: (dict of the arrays a cache holds, os.stat of the file as read)."""
     buf, st = _read_bytes(path)
     (h_points, n_features, n_labels), body = _parse_header(buf, name)
     n_nl, n_colon, n_comma = _count_bytes(buf, body)
@@ -811,7 +820,8 @@ def _load_cache(cpath: str, st: os.stat_result):
     if arrays["shape"].shape != (3,) or arrays["header_points"].shape != ():
         raise ValueError("bad shape / header_points")
     n_points, n_features, n_labels = (int(v) for v in arrays["shape"])
-    for p, i, n_cols in (("x_indptr", "x_indices", n_features), ("y_indptr", "y_indices", n_labels)):
+    for p, i, n_cols in (("x_indptr", "x_indices", n_features),
+                         ("y_indptr", "y_indices", n_labels)):
         ptr, idx = arrays[p], arrays[i]
         if (ptr.ndim != 1 or idx.ndim != 1 or ptr.size != n_points + 1 or ptr.dtype != idx.dtype
                 or idx.dtype.kind != "i" or ptr[0] != 0 or ptr[-1] != idx.size):
@@ -931,7 +941,8 @@ def read_xmc(path, *, strict: bool = True, cache: bool = True) -> XMCData:
 
 def _as_csr(M, what: str) -> sp.csr_matrix:
     if not sp.issparse(M):
-        raise ValueError(f"{what} must be a scipy.sparse matrix (csr preferred), got {type(M).__name__}")
+        raise ValueError(f"{what} must be a scipy.sparse matrix (csr preferred), "
+                         f"got {type(M).__name__}")
     M = sp.csr_matrix(M)
     if not M.has_canonical_format:
         M = M.copy()
@@ -965,7 +976,8 @@ def write_xmc(path, X, Y) -> None:
         x_data = X.data.astype(np.float32, copy=False)
     if not np.all(np.isfinite(x_data)):
         bad = x_data[~np.isfinite(x_data)][0]
-        raise ValueError(f"X holds {bad} (after conversion to float32): values must be finite float32")
+        raise ValueError(f"X holds {bad} (after conversion to float32): "
+                         "values must be finite float32")
     if Y.nnz and not np.all(Y.data != 0):
         Y = Y.copy()
         Y.eliminate_zeros()

@@ -75,7 +75,8 @@ def _unique_rows(rng, counts: np.ndarray, n_cols: int, draw) -> tuple[np.ndarray
         if not deficit.any():
             break
         more = np.repeat(np.arange(n, dtype=np.int64), deficit)
-        keys = sorted_unique(np.concatenate([keys, more * n_cols + rng.integers(0, n_cols, more.size)]))
+        extra = more * n_cols + rng.integers(0, n_cols, more.size)
+        keys = sorted_unique(np.concatenate([keys, extra]))
     return np.divmod(keys, n_cols)
 
 
@@ -242,7 +243,8 @@ def main(argv=None) -> int:
         path = os.path.join(workdir, "amazon_like.txt")
         r = {}
         for kind, label in COMMANDS.items():
-            r[label] = run_child(kind, path, args.repeat, *(("--src", src) if kind == "write" else ()))
+            extra = ("--src", src) if kind == "write" else ()
+            r[label] = run_child(kind, path, args.repeat, *extra)
         size_mb = os.path.getsize(path) / 1e6
         cache_mb = os.path.getsize(path + ".dslcache.npz") / 1e6
     finally:

@@ -243,6 +243,12 @@ def test_gzip_error_positions_refer_to_the_text(tmp_path):
     assert error_of(p) == f"{p}:3: expected 'feature:value', got '7:?'"
 
 
+def test_truncated_gzip(tmp_path):
+    p = tmp_path / "cut.txt.gz"
+    p.write_bytes(gzip.compress(b"2 10 5\n1 3:1\n0 1:1 7:2\n")[:-12])
+    assert error_of(p).startswith(f"{p}: corrupt or truncated gzip data (")
+
+
 def test_last_line_without_newline(tmp_path):
     # xmc_no_final_newline.txt: xmc_lf.txt minus its last '\n'.
     a = read_xmc(fixture(tmp_path, "xmc_no_final_newline.txt"))
@@ -314,7 +320,8 @@ def test_signed_tiny_and_extreme_values(tmp_path):
               "0.1000000000000000000000000001", "123456789012345678901234567890",
               "1" + "0" * 300 + "e-300", "0." + "0" * 300 + "15e300"]
     p = tmp_path / "v.txt"
-    p.write_text(f"1 {len(values)} 1\n0 " + " ".join(f"{i}:{v}" for i, v in enumerate(values)) + "\n")
+    tokens = " ".join(f"{i}:{v}" for i, v in enumerate(values))
+    p.write_text(f"1 {len(values)} 1\n0 {tokens}\n")
     got = read_xmc(p).X.toarray()[0]
     want = [float(np.float32(float(v))) for v in values]
     want[7] = want[8] = 0.0  # below the smallest normal float32: flushed, not denormal
@@ -478,7 +485,8 @@ def test_writer_rejects_bad_input(tmp_path):
 def test_writer_canonicalises_and_converts(tmp_path):
     # duplicates summed, unsorted indices sorted, coo accepted, float64 written as float32
     X = sp.coo_matrix((np.float64([1, 2, 0.1]), ([0, 0, 1], [2, 2, 0])), shape=(2, 3))
-    Y = sp.csr_matrix((np.float32([1, 1, 0]), [1, 0, 1], [0, 2, 3]), shape=(2, 2))  # unsorted; a stored 0
+    # unsorted label indices and a stored 0 (not a label)
+    Y = sp.csr_matrix((np.float32([1, 1, 0]), [1, 0, 1], [0, 2, 3]), shape=(2, 2))
     p = tmp_path / "c.txt"
     write_xmc(p, X, Y)
     assert p.read_text() == "2 3 2\n0,1 2:3\n 0:0.1\n"
