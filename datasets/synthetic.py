@@ -63,9 +63,9 @@ Calibration
   score labels by ``x @ C.T`` with ``C`` the mean L2-normalised train row of
   each label) reaches P@1 of about 0.82 and 0.83 (means over 10 and 5 seeds;
   0.81 and 0.84 at seed 0), far above predicting the most frequent label
-  (about 0.11 and 0.07). Global (random) co-labels hurt this classifier badly
+  (about 0.12 and 0.07). Global (random) co-labels hurt this classifier badly
   (a rare label seen once next to a popular one scores as high as the popular
-  one: P@1 drops to about 0.35 on ``small`` with ``cluster_prob = 0.9``), hence
+  one: P@1 drops to about 0.65 on ``small`` with ``cluster_prob = 0.9``), hence
   ``cluster_prob = 1``.
 * ``amazon-like``: matched to 512 real Amazon-670K test points
   (``tests/unit/test_synthetic.py`` checks it): about 64 non-zeros per point
