@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import numbers
 
+import numba
 import numpy as np
 from numba import njit
 
@@ -221,7 +222,9 @@ class HashFamily:
         """
         rp = self.check_range_pow(range_pow)
         X = as_batch(vectors, self.dim)
-        return self._hash_dense(X, rp)
+        # Dynamic scheduling of row blocks: a core shared with other work does not stall the rest.
+        with numba.parallel_chunksize(1):
+            return self._hash_dense(X, rp)
 
     def hash_values(self, vectors) -> np.ndarray:
         """The K*L individual hash values int32 [n, K*L] (after densification),

@@ -18,6 +18,7 @@ code_bits = K * value_bits. Requires dim >= 2 * K * L so bins hold >= 2 position
 
 from __future__ import annotations
 
+import numba
 import numpy as np
 from numba import njit, prange
 
@@ -172,6 +173,7 @@ class MinHash(HashFamily):
             present = np.asarray(data) != 0
             if present.shape != indices.shape:
                 raise ValueError(f"data has shape {present.shape}, indices {indices.shape}: they must match")
-        return minhash_hash_csr(indptr, indices, present, self.feat_bin, self.feat_off, self.mask,
-                                self.value_bits, self.K, self.L, self.probe_a, self.probe_b, rp,
-                                self.code_bits, self.red_a, self.red_b)
+        with numba.parallel_chunksize(1):
+            return minhash_hash_csr(indptr, indices, present, self.feat_bin, self.feat_off,
+                                    self.mask, self.value_bits, self.K, self.L, self.probe_a,
+                                    self.probe_b, rp, self.code_bits, self.red_a, self.red_b)

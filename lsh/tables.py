@@ -259,16 +259,61 @@ def query_bounds(codes, fill, n_items):
 
 
 @njit(cache=True)
-def query_range(q_lo, q_hi, codes, buckets, fill, n_items, mode, top_m, t, bound, max_len,
+def radix_sort_ids(a, b, n, n_bits, digit_hist):
+    """Sort the non-negative ids a[:n] ascending; returns the array (a or b) holding them.
+
+    a, b: int32 scratch [>= n] (both overwritten); n_bits: bits of the largest id;
+    digit_hist: int64 [2048]. LSD radix sort on 11-bit digits (2 passes for up
+    to 2**22 items), insertion sort below 48 elements.
+    """
+    if n < 48:
+        for j in range(1, n):
+            v = a[j]
+            k = j - 1
+            while k >= 0 and a[k] > v:
+                a[k + 1] = a[k]
+                k -= 1
+            a[k + 1] = v
+        return a
+    src = a
+    dst = b
+    shift = 0
+    while shift < n_bits:
+        digit_hist[:] = 0
+        for j in range(n):
+            digit_hist[(src[j] >> shift) & 2047] += 1
+        acc = 0
+        for d in range(2048):
+            c = digit_hist[d]
+            digit_hist[d] = acc
+            acc += c
+        for j in range(n):
+            v = src[j]
+            d = (v >> shift) & 2047
+            dst[digit_hist[d]] = v
+            digit_hist[d] += 1
+        t = src
+        src = dst
+        dst = t
+        shift += 11
+    return src
+
+
+@njit(cache=True)
+def query_range(q_lo, q_hi, codes, buckets, fill, cnt, id_bits, mode, top_m, t, bound, max_len,
                 tmp_ids, tmp_cnt, sizes):
     """Serial work of `query_kernel` for queries q_lo..q_hi-1: writes query q's
-    result to tmp_ids / tmp_cnt[bound[q]:bound[q] + sizes[q]]."""
+    result to tmp_ids / tmp_cnt[bound[q]:bound[q] + sizes[q]].
+
+    cnt: all-zero counter [n_items] (uint8/uint16/int32, wide enough for L),
+    left all-zero on return: only the ids a query touched are reset.
+    """
     L = codes.shape[1]
-    cnt = np.zeros(n_items, np.int32)
-    keys = np.empty(max_len, np.int64)
-    hist = np.empty(L + 1, np.int64)
+    buf_a = np.empty(max_len, np.int32)
+    buf_b = np.empty(max_len, np.int32)
+    digit_hist = np.empty(2048, np.int64)
+    pos = np.empty(L + 1, np.int64)
     for q in range(q_lo, q_hi):
-        start = bound[q]
         nt = 0
         for l in range(L):
             b = codes[q, l]
@@ -276,11 +321,12 @@ def query_range(q_lo, q_hi, codes, buckets, fill, n_items, mode, top_m, t, bound
             for s in range(f):
                 i = buckets[l, b, s]
                 if cnt[i] == 0:
-                    tmp_ids[start + nt] = i
+                    buf_a[nt] = i
                     nt += 1
                 cnt[i] += 1
+        start = bound[q]
         if mode == _UNION:
-            srt = np.sort(tmp_ids[start:start + nt])
+            srt = radix_sort_ids(buf_a, buf_b, nt, id_bits, digit_hist)
             for j in range(nt):
                 i = srt[j]
                 tmp_ids[start + j] = i
@@ -288,37 +334,47 @@ def query_range(q_lo, q_hi, codes, buckets, fill, n_items, mode, top_m, t, bound
                 cnt[i] = 0
             sizes[q] = nt
             continue
+        pos[:] = 0
+        for j in range(nt):
+            pos[cnt[buf_a[j]]] += 1
         if mode == _THRESHOLD:
             cmin = t
         else:
             # Smallest count c* such that at least top_m ids have count >= c*
             # (1 when fewer ids were found): only those can make the top top_m.
-            hist[:] = 0
-            for j in range(nt):
-                hist[cnt[tmp_ids[start + j]]] += 1
             cmin = 1
             acc = 0
             for cc in range(L, 0, -1):
-                acc += hist[cc]
+                acc += pos[cc]
                 if acc >= top_m:
                     cmin = cc
                     break
-        k = 0
+        # Drop (and reset) the ids below c* before sorting: fewer to sort.
+        kept = 0
         for j in range(nt):
-            i = tmp_ids[start + j]
-            ci = cnt[i]
+            i = buf_a[j]
+            if cnt[i] >= cmin:
+                buf_b[kept] = i
+                kept += 1
+            else:
+                cnt[i] = 0
+        srt = radix_sort_ids(buf_b, buf_a, kept, id_bits, digit_hist)
+        # (count desc, id asc): a stable counting sort by count of the id-sorted list.
+        acc = 0
+        for cc in range(L, cmin - 1, -1):
+            c = pos[cc]
+            pos[cc] = acc
+            acc += c
+        k = min(acc, top_m) if mode == _TOPK else acc
+        for j in range(kept):
+            i = srt[j]
+            c = cnt[i]
             cnt[i] = 0
-            if ci >= cmin:
-                # One int64 key sorts by (count desc, id asc).
-                keys[k] = (np.int64(L - ci) << 32) | np.int64(i)
-                k += 1
-        srt = np.sort(keys[:k])
-        if mode == _TOPK and k > top_m:
-            k = top_m
-        for j in range(k):
-            key = srt[j]
-            tmp_ids[start + j] = np.int32(key & 0xFFFFFFFF)
-            tmp_cnt[start + j] = np.int32(L - (key >> 32))
+            p = pos[c]
+            pos[c] = p + 1
+            if p < k:
+                tmp_ids[start + p] = i
+                tmp_cnt[start + p] = c
         sizes[q] = k
 
 
@@ -338,7 +394,7 @@ def compact_results(bound, sizes, tmp_ids, tmp_cnt):
 
 
 @njit(parallel=True)
-def query_kernel(codes, buckets, fill, n_items, mode, top_m, t, n_chunks):
+def query_kernel(codes, buckets, fill, counters, id_bits, mode, top_m, t):
     """Candidates of each query from its L buckets.
 
     codes int32 [n, L] (query q looks at bucket codes[q, l] of table l);
@@ -349,18 +405,21 @@ def query_kernel(codes, buckets, fill, n_items, mode, top_m, t, n_chunks):
       threshold: ids with count >= t, by (count desc, id asc).
     Returns (indptr int64 [n+1], ids int32 [nnz], counts int32 [nnz]).
 
-    Each of n_chunks query ranges runs on one thread with its own dense
-    counter int32 [n_items], reset only at the ids it touched (no O(n_items)
-    work per query). Results do not depend on n_chunks or the thread count.
+    counters: all-zero [n_chunks, n_items] (uint8 when L < 256: a small
+    counter array stays in cache); each of the n_chunks query ranges runs on
+    one thread with its own row, reset only at the ids it touched (no
+    O(n_items) work per query). id_bits: bit length of n_items - 1 (radix
+    sort passes). Results do not depend on n_chunks or the thread count.
     """
     n = codes.shape[0]
+    n_chunks, n_items = counters.shape
     bound, max_len = query_bounds(codes, fill, n_items)
     tmp_ids = np.empty(bound[n], np.int32)
     tmp_cnt = np.empty(bound[n], np.int32)
     sizes = np.zeros(n, np.int64)
     for c in prange(n_chunks):
-        query_range(c * n // n_chunks, (c + 1) * n // n_chunks, codes, buckets, fill, n_items,
-                    mode, top_m, t, bound, max_len, tmp_ids, tmp_cnt, sizes)
+        query_range(c * n // n_chunks, (c + 1) * n // n_chunks, codes, buckets, fill, counters[c],
+                    id_bits, mode, top_m, t, bound, max_len, tmp_ids, tmp_cnt, sizes)
     return compact_results(bound, sizes, tmp_ids, tmp_cnt)
 
 
@@ -479,8 +538,9 @@ class HashTables:
             raise ValueError(f"{m} items would bring the tables to {_fmt_bytes(need)}, above "
                              f"{_fmt_bytes(self.max_bytes)}; lower range_pow or capacity or L")
         self._item_codes_lm = np.ascontiguousarray(codes.T)
-        insert_all(self._item_codes_lm, self.buckets, self.fill, self.head, self.offered,
-                   self.c1, self.c2, self.rng, POLICIES.index(self.policy))
+        with numba.parallel_chunksize(1):  # dynamic: a slow (shared) core does not stall the rest
+            insert_all(self._item_codes_lm, self.buckets, self.fill, self.head, self.offered,
+                       self.c1, self.c2, self.rng, POLICIES.index(self.policy))
 
     def update(self, ids, vectors) -> None:
         """Move items `ids` (int [r], each < n_items) to the buckets of their new
@@ -500,8 +560,9 @@ class HashTables:
         codes = self._check_codes(codes, "codes")
         if codes.shape[0] != ids.shape[0]:
             raise ValueError(f"{ids.shape[0]} ids but {codes.shape[0]} rows of codes/vectors")
-        update_items(ids, codes, self._item_codes_lm, self.buckets, self.fill, self.head,
-                     self.offered, self.c1, self.c2, self.rng, POLICIES.index(self.policy))
+        with numba.parallel_chunksize(1):
+            update_items(ids, codes, self._item_codes_lm, self.buckets, self.fill, self.head,
+                         self.offered, self.c1, self.c2, self.rng, POLICIES.index(self.policy))
 
     def _check_ids(self, ids) -> np.ndarray:
         ids = np.asarray(ids)
@@ -559,6 +620,11 @@ class HashTables:
         if self.n_items == 0:
             raise ValueError("the tables are empty: call build(W) before querying")
         n = codes.shape[0]
+        # A few chunks per thread balance uneven queries; each chunk owns a counter row.
         n_chunks = max(1, min(n, 4 * numba.get_num_threads()))
-        return query_kernel(codes, self.buckets, self.fill, self.n_items, MODES.index(mode),
-                            top_m, thr, n_chunks)
+        cdtype = np.uint8 if self.L < 2**8 else np.uint16 if self.L < 2**16 else np.int32
+        counters = np.zeros((n_chunks, self.n_items), cdtype)
+        id_bits = max(1, (self.n_items - 1).bit_length())
+        with numba.parallel_chunksize(1):
+            return query_kernel(codes, self.buckets, self.fill, counters, id_bits,
+                                MODES.index(mode), top_m, thr)

@@ -255,6 +255,33 @@ def test_query_matches_python_reference(policy):
         assert got == reference_query(T, codes, mode, **kw), (mode, kw)
 
 
+@pytest.mark.parametrize("n,n_bits", [(0, 1), (1, 1), (47, 10), (48, 10), (500, 9), (5000, 20),
+                                      (3000, 23), (2000, 31)])
+def test_radix_sort_ids_matches_numpy(n, n_bits):
+    from lsh.tables import radix_sort_ids
+    rng = np.random.default_rng(n)
+    a = rng.integers(0, 2**n_bits, size=n + 5, dtype=np.int64).astype(np.int32)
+    expect = np.sort(a[:n])
+    b = np.empty_like(a)
+    out = radix_sort_ids(a, b, n, n_bits, np.empty(2048, np.int64))
+    np.testing.assert_array_equal(out[:n], expect)
+
+
+@pytest.mark.parametrize("policy", ["fifo", "reservoir"])
+def test_query_with_large_candidate_sets_matches_reference(policy):
+    """Hundreds of candidates per query: exercises the radix-sort and counting-sort paths."""
+    rng = np.random.default_rng(7)
+    T = make_tables(L=8, range_pow=2, capacity=60, policy=policy)
+    T.build_codes(rng.integers(0, 4, size=(3000, 8)))
+    codes = rng.integers(0, 4, size=(30, 8))
+    for mode, kw in [("union", {}), ("topk", {"m": 50}), ("topk", {"m": 400}), ("threshold", {"t": 2}),
+                     ("threshold", {"t": 3})]:
+        got = as_lists(*T.query_codes(codes, mode=mode, **kw))
+        assert got == reference_query(T, codes, mode, **kw), (mode, kw)
+        if mode == "union" or kw.get("m") == 400:
+            assert min(len(g) for g in got) > 48
+
+
 def test_query_results_do_not_depend_on_threads():
     rng = np.random.default_rng(6)
     fam = lsh.make_family("dwta", 32, 3, 8, seed=2, bin_size=4)
