@@ -336,7 +336,8 @@ def _value(token: str, a: _Attribute, is_label: bool, src: _Source, line: int) -
         token = _unquote(token, src, line)
     if a.nominal is not None:
         if token not in a.nominal:
-            raise src.error(line, f"expected one of {{{','.join(a.nominal)}}} for attribute {a.name!r}", token)
+            raise src.error(line, f"expected one of {{{','.join(a.nominal)}}} for attribute {a.name!r}",
+                            token)
         v = float(token)
     else:
         v = _number(token)

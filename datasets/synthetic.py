@@ -171,7 +171,8 @@ class Preset:
         for name in FIELDS:
             value = getattr(self, name)
             kind = _FIELD_KINDS[name]
-            ok = isinstance(value, (int, np.integer)) if kind is int else isinstance(value, (int, float, np.number))
+            number_types = (int, np.integer) if kind is int else (int, float, np.number)
+            ok = isinstance(value, number_types)
             if isinstance(value, bool) or not ok or (kind is float and not np.isfinite(value)):
                 raise ValueError(f"{name} ({value!r}) must be a finite {kind.__name__}")
         for name in ("n_features", "n_labels", "nnz_max", "labels_max", "cluster_size",
@@ -810,7 +811,8 @@ def main(argv=None) -> int:
         for item in args.set:
             name, sep, value = item.partition("=")
             if not sep or name not in FIELDS:
-                raise ValueError(f"--set {item!r}: expected FIELD=VALUE with FIELD one of {', '.join(FIELDS)}")
+                raise ValueError(f"--set {item!r}: expected FIELD=VALUE with FIELD one of "
+                                 f"{', '.join(FIELDS)}")
             try:
                 overrides[name] = _FIELD_KINDS[name](value)
             except ValueError:

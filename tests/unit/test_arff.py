@@ -151,7 +151,8 @@ def test_bad_arguments_and_label_files(tmp_path):
     with pytest.raises(XMCFormatError, match=r"n_labels=7 but the file declares only 6 attributes"):
         read_arff(path, 7)
     # The XML names a label the ARFF does not have.
-    with pytest.raises(XMCFormatError, match=r"label\(s\) 'Sports', 'Ball Games', 'News' of .* are not attributes"):
+    with pytest.raises(XMCFormatError,
+                       match=r"label\(s\) 'Sports', 'Ball Games', 'News' of .* are not attributes"):
         read_arff(path, labels_xml=DATA / "arff_labels_first.xml")
     broken = tmp_path / "broken.xml"
     broken.write_text("<labels><label name='a'></labels>")
