@@ -22,6 +22,11 @@ from numba import njit, prange
 from ._common import ROW_BLOCK, HashFamily, assemble_code
 
 
+#: Inputs below float32's smallest normal count as zero: denormal products
+#: would take slow microcode paths in the accumulation loops.
+TINY = np.float32(1.1754944e-38)
+
+
 @njit(cache=True)
 def srp_row_values(x, dims, signs, n_nz, vals):
     """SRP bits of one vector. x float32 [dim]; dims int32, signs float32 [N*n_nz]; vals int32 [N]."""
@@ -29,7 +34,9 @@ def srp_row_values(x, dims, signs, n_nz, vals):
         base = h * n_nz
         s = np.float32(0.0)
         for p in range(n_nz):
-            s += signs[base + p] * x[dims[base + p]]
+            v = x[dims[base + p]]
+            if abs(v) >= TINY:
+                s += signs[base + p] * v
         vals[h] = 1 if s >= 0 else 0
 
 
@@ -66,12 +73,13 @@ def srp_dense_row_values(x, proj_t, acc, vals):
     acc[h] = sum_d proj_t[d, h] * x[d] adds the same non-zero terms in the same
     (ascending dim) order as `srp_row_values` with sorted subsets, plus exact
     zeros, so the bits are identical; the inner loop over h has no reduction and
-    vectorises without fastmath. Zero inputs (most of a ReLU vector) are skipped.
+    vectorises without fastmath. Zero (and denormal) inputs, most of a ReLU
+    vector, are skipped.
     """
     acc[:] = 0.0
     for d in range(x.shape[0]):
         xd = x[d]
-        if xd != 0:
+        if abs(xd) >= TINY:
             row = proj_t[d]
             for h in range(acc.shape[0]):
                 acc[h] += row[h] * xd

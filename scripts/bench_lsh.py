@@ -36,17 +36,17 @@ import numpy as np  # noqa: E402
 
 import lsh  # noqa: E402
 
-# (family, K, L, range_pow, capacity, policy, mode, extra family params)
+# family,K,L,rp (range_pow),C (capacity)[,policy][,mode][,m|t][,family params]
 DEFAULT_SETTINGS = [
-    "dwta,K=6,L=50,rp=18,C=8,mode=union",                 # SLIDE's Amazon-670K setting
-    "dwta,K=6,L=50,rp=15,C=32,mode=union",
-    "dwta,K=6,L=50,rp=15,C=32,policy=reservoir,mode=union",
-    "dwta,K=6,L=50,rp=15,C=32,mode=topk,m=1000",
-    "dwta,K=6,L=50,rp=15,C=32,mode=threshold,t=2",
-    "dwta,K=5,L=50,rp=15,C=32,mode=union",
-    "dwta,K=8,L=100,rp=16,C=16,mode=union",
-    "srp,K=12,L=50,rp=12,C=256,mode=union",
-    "wta,K=6,L=50,rp=15,C=32,mode=union",
+    "dwta,K=6,L=50,rp=18,C=8,mode=union",                   # SLIDE's Amazon-670K hashing
+    "dwta,K=6,L=50,rp=18,C=8,policy=reservoir,mode=union",
+    "dwta,K=5,L=50,rp=15,C=64,mode=union",
+    "dwta,K=4,L=100,rp=12,C=256,mode=union",
+    "dwta,K=4,L=100,rp=12,C=256,mode=topk,m=2000",
+    "dwta,K=4,L=100,rp=12,C=256,mode=threshold,t=2",
+    "dwta,K=3,L=100,rp=9,C=1024,mode=topk,m=3000",
+    "wta,K=4,L=100,rp=12,C=256,mode=union",
+    "srp,K=10,L=50,rp=10,C=512,mode=union",
 ]
 
 
@@ -152,8 +152,9 @@ def main(argv=None):
     ap.add_argument("--dim", type=int, default=128)
     ap.add_argument("--queries", type=int, default=256)
     ap.add_argument("--clusters", type=int, default=4000)
-    ap.add_argument("--noise", type=float, default=0.09,
-                    help="per-coordinate noise sd around unit-norm centres (0.09: in-cluster cosine ~0.6)")
+    ap.add_argument("--noise", type=float, default=0.06,
+                    help="per-coordinate noise sd around unit-norm centres (0.06: item-centre cosine "
+                         "~0.83; 0.09: ~0.7, a harder layer)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--repeat", type=int, default=3, help="query timings: best of this many")
     ap.add_argument("--setting", action="append",
