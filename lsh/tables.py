@@ -35,8 +35,6 @@ every array - and every query result - is the same for any thread count.
 
 from __future__ import annotations
 
-import numbers
-
 import numba
 import numpy as np
 from numba import njit, prange
@@ -452,7 +450,10 @@ class HashTables:
             raise ValueError(f"family must be a hash family from lsh.make_family, got {type(family).__name__}")
         self.family = family
         self.L = family.L
-        self.range_pow = check_int("range_pow", range_pow, 1, min(24, family.code_bits))
+        self.range_pow = check_int("range_pow", range_pow, 1, 24)
+        if self.range_pow > family.code_bits:
+            raise ValueError(f"range_pow ({self.range_pow}) exceeds the {family.code_bits} bits of a "
+                             f"full {family.name} code (K={family.K}); valid: 1..{family.code_bits}")
         self.capacity = check_int("capacity", capacity, 1, 2**31 - 1)
         if policy not in POLICIES:
             raise ValueError(f"policy {policy!r} is not one of {', '.join(POLICIES)}")

@@ -346,7 +346,7 @@ def test_query_on_real_sparse_features(shared_data):
 
 def test_validation_errors():
     fam = lsh.make_family("dwta", 64, 6, 4, seed=0)  # code_bits 18
-    with pytest.raises(ValueError, match=r"range_pow \(19\)"):
+    with pytest.raises(ValueError, match=r"range_pow \(19\) exceeds the 18 bits of a full dwta code"):
         lsh.HashTables(fam, 19, 4)
     with pytest.raises(ValueError, match=r"range_pow \(0\)"):
         lsh.HashTables(fam, 0, 4)
