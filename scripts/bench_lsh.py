@@ -156,7 +156,7 @@ def main(argv=None):
                     help="per-coordinate noise sd around unit-norm centres (0.06: item-centre cosine "
                          "~0.83; 0.09: ~0.7, a harder layer)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--repeat", type=int, default=3, help="query timings: best of this many")
+    ap.add_argument("--repeat", type=int, default=5, help="query timings: best of this many")
     ap.add_argument("--setting", action="append",
                     help="family,K=..,L=..,rp=..,C=..[,policy=..][,mode=..][,m=..][,t=..][,param=..] "
                          "(repeatable; default: a built-in list)")
