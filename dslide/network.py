@@ -143,7 +143,12 @@ class Layer:
         self.bounds = shard_bounds(n, comm.size)
         self.lo, self.hi = int(self.bounds[comm.rank]), int(self.bounds[comm.rank + 1])
         self.n_local = self.hi - self.lo
-        self.scale = np.sqrt(6.0 / (d_in + n))  # Glorot uniform
+        # Glorot uniform, except for the first layer: it sums a few rows of W per
+        # sample and its inputs are L2-normalised rows (input_norm="l2"), so the
+        # pre-activation's scale is that of one weight whatever the number of
+        # features; Glorot's sqrt(6 / (n_features + n)) would leave it near zero
+        # and the network would learn only the label prior for epochs.
+        self.scale = 1.0 if index == 0 else np.sqrt(6.0 / (d_in + n))
         self.init_key = rng.stream_key(config.seed, rng.INIT, index)
 
     def adam_factors(self, step):
