@@ -113,6 +113,8 @@ class Config:
     lsh: settings of every LSH layer; `lsh_layers` may give one per layer
         (None keeps `lsh`).
     exact: every neuron of every layer active, no LSH (the reference path).
+    init_input_scale: the first hidden layer starts from U(-s, s); with
+        L2-normalised input rows this is the scale of its pre-activations.
     parallel: "model" splits every layer's neurons over the ranks (dslide);
         "data" gives every rank the whole model and all-reduces gradients
         (the baseline of Horovod and PyTorch DDP).
@@ -133,6 +135,7 @@ class Config:
     eps: float = 1e-8
     dropout: float = 0.0
     input_norm: str = "l2"
+    init_input_scale: float = 0.1
     seed: int = 0
     threads: int = 0
     dtype: str = "float32"
@@ -176,6 +179,7 @@ class Config:
         _float_range("eps", self.eps, 0.0, 1.0, lo_open=True)
         _float_range("dropout", self.dropout, 0.0, 1.0, hi_open=True)
         _choice("input_norm", self.input_norm, INPUT_NORMS)
+        _float_range("init_input_scale", self.init_input_scale, 0.0, 100.0, lo_open=True)
         _int_range("seed", self.seed, 0, 2**63 - 1)
         _int_range("threads", self.threads, 0, 1024)
         _choice("dtype", self.dtype, DTYPES)

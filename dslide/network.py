@@ -23,6 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import scipy.sparse as sp
 
 from dslide import kernels as K
 from dslide import rng
@@ -143,12 +144,15 @@ class Layer:
         self.bounds = shard_bounds(n, comm.size)
         self.lo, self.hi = int(self.bounds[comm.rank]), int(self.bounds[comm.rank + 1])
         self.n_local = self.hi - self.lo
-        # Glorot uniform, except for the first layer: it sums a few rows of W per
-        # sample and its inputs are L2-normalised rows (input_norm="l2"), so the
-        # pre-activation's scale is that of one weight whatever the number of
-        # features; Glorot's sqrt(6 / (n_features + n)) would leave it near zero
-        # and the network would learn only the label prior for epochs.
-        self.scale = 1.0 if index == 0 else np.sqrt(6.0 / (d_in + n))
+        # Glorot uniform, except for a first hidden layer: it sums a few rows of W
+        # per sample and its inputs are L2-normalised rows (input_norm="l2"), so
+        # the scale of its pre-activations is that of one weight whatever the
+        # number of features; Glorot's sqrt(6 / (n_features + n)) ties it to the
+        # feature count instead. Its scale is the `init_input_scale` setting.
+        if index == 0 and not is_output:
+            self.scale = config.init_input_scale
+        else:
+            self.scale = np.sqrt(6.0 / (d_in + n))
         self.init_key = rng.stream_key(config.seed, rng.INIT, index)
 
     def adam_factors(self, step):
@@ -502,8 +506,8 @@ class Network:
         if exact or isinstance(out, DenseLayer):
             if isinstance(x, DenseAct):
                 x = x.a
-            if isinstance(x, SparseAct):
-                x = x.dense(self.dtype)
+            elif isinstance(x, (SparseAct, CSRInput)):
+                x = sp.csr_matrix((x.data, x.indices, x.indptr), shape=(B, out.d_in))
             return _blocked_topk(x, out.neuron_major(), out.b, k, out.lo)
         ids, cnt, z = out.forward(x, batch, train=False)
         scores = np.full((B, k), -np.inf, dtype=np.float64)
@@ -523,7 +527,8 @@ class Network:
 def _blocked_topk(x, Wn, b, k, lo, block=8192):
     """Top k of x @ Wn^T + b per row, over column blocks; (scores float64 [B, k], ids int64 [B, k]).
 
-    x float [B, d] dense; Wn float [n, d] neuron-major. Ties go to the lower id.
+    x float [B, d] dense or a scipy CSR matrix; Wn float [n, d] neuron-major.
+    Ties go to the lower id.
     """
     B = x.shape[0]
     n = Wn.shape[0]
@@ -531,7 +536,7 @@ def _blocked_topk(x, Wn, b, k, lo, block=8192):
     best_i = np.full((B, k), -1, dtype=np.int64)
     for c0 in range(0, n, block):
         c1 = min(n, c0 + block)
-        s = x @ Wn[c0:c1].T
+        s = np.asarray(x @ Wn[c0:c1].T)
         s += b[c0:c1]
         kk = min(k, c1 - c0)
         part = np.argpartition(-s, kk - 1, axis=1)[:, :kk]

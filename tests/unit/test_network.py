@@ -15,11 +15,11 @@ from dslide.network import Batch, DenseLayer, LSHLayer, Network
 from dslide.train import _csr_parts, make_batch
 
 
-def _tiny_problem(seed=0, n=24, F=12, L=7, density=0.35):
+def _tiny_problem(seed=0, n=24, F=12, L=7, density=0.35, label_density=0.3):
     rs = np.random.default_rng(seed)
     X = sp.random(n, F, density=density, format="csr", random_state=seed, dtype=np.float64)
     X.data = rs.uniform(0.2, 1.5, X.nnz)
-    Y = (rs.random((n, L)) < 0.3).astype(np.float32)
+    Y = (rs.random((n, L)) < label_density).astype(np.float32)
     Y[np.arange(n), rs.integers(0, L, n)] = 1.0  # at least one label each
     Y[0] = 0.0  # and one point without labels
     return X, sp.csr_matrix(Y)
@@ -147,3 +147,74 @@ def test_init_does_not_depend_on_layout():
     C = np.empty((7, 4))
     rng.init_input_major(k, 6, C, 0.5)  # columns 6.. of a different slice
     np.testing.assert_array_equal(C[:, :4], A[:, 3:7])
+
+
+def _lsh_config(n_active_min, n_active_max, **kw):
+    return LSHConfig(family="dwta", K=2, L=4, bin_size=4, min_active=n_active_min, max_active=n_active_max, **kw)
+
+
+def test_lsh_layer_with_every_neuron_active_equals_exact_mode():
+    X, Y = _tiny_problem(n=30, L=9)
+    L = Y.shape[1]
+    exact = Config(hidden=(6,), exact=True, dtype="float64", input_norm="none", seed=4)
+    sparse = exact.replace(exact=False, kinds=("dense", "lsh"), lsh=_lsh_config(L, L))
+    net_e = Network(exact, X.shape[1], L)
+    net_s = Network(sparse, X.shape[1], L)
+    assert isinstance(net_s.layers[1], LSHLayer) and isinstance(net_e.layers[1], DenseLayer)
+    for (We, be), (Ws, bs) in zip(_params_dense(net_e), _params_dense(net_s)):
+        np.testing.assert_array_equal(We, Ws)
+    loss_e = net_e.train_step(_batch(X, Y))
+    loss_s = net_s.train_step(_batch(X, Y))
+    assert np.all(net_s.layers[1].cnt == L)
+    assert loss_s == pytest.approx(loss_e, rel=1e-12)
+    for (gWe, gbe), (gWs, gbs) in zip(_grads(net_e, exact.beta1), _grads(net_s, exact.beta1)):
+        np.testing.assert_allclose(gWs, gWe, rtol=1e-10, atol=1e-14)
+        np.testing.assert_allclose(gbs, gbe, rtol=1e-10, atol=1e-14)
+
+
+def test_sparse_gradient_is_the_restricted_softmax_gradient_and_zero_elsewhere():
+    X, Y = _tiny_problem(n=40, L=300, density=0.4, label_density=0.008)
+    cfg = Config(hidden=(8,), kinds=("dense", "lsh"), dtype="float64", input_norm="none", seed=2,
+                 lsh=_lsh_config(6, 10))
+    net = Network(cfg, X.shape[1], Y.shape[1])
+    params = _params_dense(net)
+    loss = net.train_step(_batch(X, Y))
+    out = net.layers[1]
+    active = [out.ids[i, : out.cnt[i]] for i in range(X.shape[0])]
+    labels = [Y.indices[Y.indptr[i]:Y.indptr[i + 1]] for i in range(X.shape[0])]
+    for i, (a, y) in enumerate(zip(active, labels)):
+        assert 6 <= a.size <= 10 and len(set(a.tolist())) == a.size
+        assert set(y.tolist()) <= set(a.tolist()), "true labels are always active"
+
+    # numpy reference: softmax over each sample's active set only
+    (W0, b0), (W1, b1) = params
+    A0 = X.toarray()
+    z0 = A0 @ W0 + b0
+    h = np.maximum(z0, 0)
+    n = X.shape[0]
+    gW1, gb1, dh = np.zeros_like(W1), np.zeros_like(b1), np.zeros_like(h)
+    ref_loss = 0.0
+    for i in range(n):
+        a = active[i]
+        if labels[i].size == 0:
+            continue
+        z = h[i] @ W1[:, a] + b1[a]
+        p = np.exp(z - z.max())
+        p /= p.sum()
+        t = np.isin(a, labels[i]) / labels[i].size
+        ref_loss += -(t * np.log(p)).sum() / n
+        dz = (p - t) / n
+        gW1[:, a] += np.outer(h[i], dz)
+        gb1[a] += dz
+        dh[i] = W1[:, a] @ dz
+    dz0 = dh * (z0 > 0)
+    gW0 = A0.T @ dz0
+    gb0 = dz0.sum(axis=0)
+    assert loss == pytest.approx(ref_loss, rel=1e-10)
+    (g0, gb0_s), (g1, gb1_s) = _grads(net, cfg.beta1)
+    np.testing.assert_allclose(g1, gW1, rtol=1e-9, atol=1e-13)
+    np.testing.assert_allclose(gb1_s, gb1, rtol=1e-9, atol=1e-13)
+    np.testing.assert_allclose(g0, gW0, rtol=1e-9, atol=1e-13)
+    np.testing.assert_allclose(gb0_s, gb0, rtol=1e-9, atol=1e-13)
+    never = np.setdiff1d(np.arange(Y.shape[1]), np.concatenate(active))
+    assert never.size > 0 and not g1[:, never].any(), "inactive neurons get no gradient"
