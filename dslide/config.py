@@ -52,11 +52,14 @@ def _float_range(name: str, value: Any, lo: float, hi: float, lo_open=False, hi_
 class LSHConfig:
     """Hashing and active-set settings of an LSH-sparse layer.
 
-    Active set per sample, per rank: its true labels (output layer, training),
-    then the LSH candidates (`select`: the top `max_active` by how many of the L
-    tables returned them, those returned by >= `threshold` tables, or the union),
-    capped at `max_active`, then random neurons up to `min_active`. The two
-    bounds are for the whole layer; each rank takes its share.
+    Active set of a sample: its own neurons, i.e. its true labels (output
+    layer, training) then its LSH candidates (`select`: the top `max_active`
+    by how many of the L tables returned them, those returned by >=
+    `threshold` tables, or the union), at most `max_active` in all; plus
+    `min_active` random neurons drawn afresh each step and shared by the
+    whole batch (so every sample has at least `min_active`, and they cost one
+    BLAS product). Both counts are for the whole layer; each rank takes its
+    share of them.
 
     Tables are rehashed (changed neurons re-inserted) every `rehash_every` steps
     and rebuilt from scratch every `rebuild_every` steps; both periods grow by
@@ -92,8 +95,6 @@ class LSHConfig:
         _int_range("lsh.threshold", self.threshold, 1, self.L)
         _int_range("lsh.min_active", self.min_active, 0)
         _int_range("lsh.max_active", self.max_active, 1)
-        if self.min_active > self.max_active:
-            raise ValueError(f"lsh.min_active ({self.min_active}) must be <= lsh.max_active ({self.max_active})")
         _int_range("lsh.rehash_every", self.rehash_every, 1)
         _int_range("lsh.rebuild_every", self.rebuild_every, 1)
         _float_range("lsh.growth", self.growth, 1.0, 10.0)

@@ -141,54 +141,77 @@ def relu_active(z, cnt):
 
 # ----------------------------------------------------------------------------
 # softmax cross-entropy, split over ranks
+#
+# An LSH layer's logits come in two blocks: z [B, A] over each sample's own
+# active neurons (cnt[i] of them) and zR [B, R] over the shared random
+# neurons every sample of the batch scores (R may be 0).
 # ----------------------------------------------------------------------------
 
 
 @njit(parallel=True)
-def softmax_local_stats(z, cnt, mx, sumexp):
-    """Per sample: mx[i] = max_a z[i, a], sumexp[i] = sum_a exp(z[i, a] - mx[i]) (float64).
+def softmax_local_stats(z, cnt, zR, mx, sumexp):
+    """Per sample: mx[i] = max of its logits here, sumexp[i] = sum exp(z - mx[i]) (float64).
 
     A sample with no active neuron here gets (-inf, 0), the identity of the merge.
     """
+    R = zR.shape[1]
     for i in prange(z.shape[0]):
         m = -np.inf
         for a in range(cnt[i]):
             if z[i, a] > m:
                 m = z[i, a]
+        for a in range(R):
+            if zR[i, a] > m:
+                m = zR[i, a]
         s = 0.0
         for a in range(cnt[i]):
             t = z[i, a] - m
+            if t > EXP_FLOOR:
+                s += np.exp(t)
+        for a in range(R):
+            t = zR[i, a] - m
             if t > EXP_FLOOR:
                 s += np.exp(t)
         mx[i] = m
         sumexp[i] = s
 
 
-@njit(parallel=True)
-def softmax_xent_grad(z, cnt, target, lab_ptr, gmax, gsum, scale, dz):
-    """dz = scale * (p - target) with p = exp(z - M) / S from the global (M, S).
+@njit(inline="always")
+def _xent_entry(zv, y, gmax, gsum, logS, labelled, scale):
+    """(dz, loss) of one logit: dz = scale (p - y), loss = -y log p."""
+    t = zv - gmax
+    p = np.exp(t) / gsum if t > EXP_FLOOR and labelled else 0.0
+    if p < TINY:
+        p = 0.0
+    loss = y * (logS - t) if y != 0.0 else 0.0
+    return scale * (p - y), loss
 
-    z float [B, A]; target float [B, A] (each sample's label weights, summing
-    to 1 over all ranks); lab_ptr int64 [B+1] of the batch's labels (a sample
-    without labels has zero loss and zero gradient); gmax, gsum float64 [B].
-    Returns the partial loss
-    sum_i sum_a -target[i, a] * log p[i, a] over this rank's neurons.
+
+@njit(parallel=True)
+def softmax_xent_grad(z, cnt, zC, targetC, lab_ptr, gmax, gsum, scale, dz, dzC):
+    """dz = scale * (p - y) over both blocks, p = exp(z - M) / S from the global (M, S).
+
+    z [B, A] holds each sample's own candidates (never labels, target 0); zC
+    [B, C] the shared block with targetC [B, C], each sample's label weights
+    (1/|labels|, summing to 1 over all ranks); lab_ptr int64 [B+1] of the
+    batch's labels (a sample without labels has zero loss and zero gradient);
+    gmax, gsum float64 [B]. Returns the partial loss sum -y log p over this
+    rank's neurons.
     """
     B = z.shape[0]
+    C = zC.shape[1]
     part = np.zeros(B)
     for i in prange(B):
         logS = np.log(gsum[i]) if gsum[i] > 0.0 else 0.0
         labelled = lab_ptr[i + 1] > lab_ptr[i]
         acc = 0.0
         for a in range(cnt[i]):
-            t = z[i, a] - gmax[i]
-            p = np.exp(t) / gsum[i] if t > EXP_FLOOR and labelled else 0.0
-            if p < TINY:
-                p = 0.0
-            y = target[i, a]
-            if y != 0.0:
-                acc += y * (logS - t)
-            dz[i, a] = scale * (p - y)
+            g, l = _xent_entry(z[i, a], 0.0, gmax[i], gsum[i], logS, labelled, scale)
+            dz[i, a] = g
+        for a in range(C):
+            g, l = _xent_entry(zC[i, a], targetC[i, a], gmax[i], gsum[i], logS, labelled, scale)
+            dzC[i, a] = g
+            acc += l
         part[i] = acc
     return part.sum()
 
@@ -318,68 +341,69 @@ def rows_grad_adam(touched, start, order, samples, coefs, V, W, M, Vm, bias, bM,
 # ----------------------------------------------------------------------------
 
 
+@njit(cache=True)
+def shared_sample(k, n, size):
+    """`size` distinct integers of [0, n), sorted, from stream k (Floyd's algorithm, O(size log size))."""
+    size = min(size, n)
+    chosen = np.empty(size, dtype=np.int32)
+    seen = set()
+    c = 0
+    for j in range(n - size, n):
+        t = rng.randbelow(k, j, j + 1)
+        v = t if t not in seen else j
+        seen.add(v)
+        chosen[c] = v
+        c += 1
+    chosen.sort()
+    return chosen
+
+
 @njit(parallel=True)
-def select_active(q_ptr, q_ids, lab_ptr, lab_ids, lo, hi, min_active, max_active,
-                  n_local, k_neg, step, sample_ids, mark, ids, cnt, target):
-    """Build each sample's active set over this rank's neurons [lo, hi).
-
-    Order of precedence: the sample's true labels owned here (training only,
-    lab_ptr/lab_ids are CSR over global label ids), then the LSH candidates
-    (q_ptr/q_ids, local ids, best first), capped at max_active; then random
-    neurons until min_active. Random draws come from stream k_neg at
-    (step, global sample id), so they are the same whatever thread runs them.
-
-    mark uint8 [threads, n_local] all zero (scratch, zero again on return);
-    outputs ids int32 [B, max_active], cnt int32 [B], target float [B, max_active]
-    (1 / |labels of the sample| on label neurons, else 0).
+def select_active(q_ptr, q_ids, max_active, shared_pos, ids, cnt):
+    """Each sample's own active neurons: its LSH candidates (q_ptr/q_ids, local
+    ids, best first) that are not in the shared block (shared_pos[j] >= 0),
+    at most max_active. Outputs ids int32 [B, max_active], cnt int32 [B].
     """
     B = q_ptr.shape[0] - 1
     for i in prange(B):
-        mk = mark[get_thread_id()]
         c = 0
-        n_lab = lab_ptr[i + 1] - lab_ptr[i]
-        w = 1.0 / n_lab if n_lab > 0 else 0.0
-        for e in range(lab_ptr[i], lab_ptr[i + 1]):
-            g = lab_ids[e]
-            if lo <= g < hi and c < max_active:
-                j = g - lo
-                if mk[j] == 0:
-                    mk[j] = 1
-                    ids[i, c] = j
-                    target[i, c] = w
-                    c += 1
         for e in range(q_ptr[i], q_ptr[i + 1]):
             if c >= max_active:
                 break
             j = q_ids[e]
-            if mk[j] == 0:
-                mk[j] = 1
+            if shared_pos[j] < 0:
                 ids[i, c] = j
-                target[i, c] = 0.0
                 c += 1
-        need = min(min_active, n_local)
-        if c < need:
-            ks = rng.key(rng.key(k_neg, step), sample_ids[i])
-            tries = 0
-            while c < need and tries < 4 * need:
-                j = rng.randbelow(ks, tries, n_local)
-                tries += 1
-                if mk[j] == 0:
-                    mk[j] = 1
-                    ids[i, c] = j
-                    target[i, c] = 0.0
-                    c += 1
-            j = rng.randbelow(ks, tries, n_local)
-            while c < need:  # dense corner: sweep from a random start
-                if mk[j] == 0:
-                    mk[j] = 1
-                    ids[i, c] = j
-                    target[i, c] = 0.0
-                    c += 1
-                j = j + 1 if j + 1 < n_local else 0
         cnt[i] = c
-        for a in range(c):
-            mk[ids[i, a]] = 0
+
+
+@njit(parallel=True)
+def shared_targets(lab_ptr, lab_ids, lo, hi, shared_pos, target):
+    """target[i, shared_pos[g - lo]] = 1 / |labels of i| for each label g of sample i owned here.
+
+    Every owned label of the batch is in the shared block. target float [B, C], zeroed.
+    """
+    for i in prange(lab_ptr.shape[0] - 1):
+        n_lab = lab_ptr[i + 1] - lab_ptr[i]
+        if n_lab == 0:
+            continue
+        w = 1.0 / n_lab
+        for e in range(lab_ptr[i], lab_ptr[i + 1]):
+            g = lab_ids[e]
+            if lo <= g < hi:
+                target[i, shared_pos[g - lo]] = w
+
+
+@njit(parallel=True, fastmath=True)
+def adam_rows(rows, G, gb, W, M, Vm, bias, bM, bV, b1, b2, lr_t, eps_t, dirty):
+    """Adam on rows `rows` of W (and bias) with their gradients G [len(rows), d], gb [len(rows)]."""
+    d = W.shape[1]
+    for t in prange(rows.shape[0]):
+        r = rows[t]
+        for k in range(d):
+            W[r, k], M[r, k], Vm[r, k] = _adam_elem(W[r, k], M[r, k], Vm[r, k], G[t, k], b1, b2, lr_t, eps_t)
+        bias[r], bM[r], bV[r] = _adam_elem(bias[r], bM[r], bV[r], gb[t], b1, b2, lr_t, eps_t)
+        dirty[r] = 1
 
 
 def thread_scratch(n: int, dtype) -> np.ndarray:

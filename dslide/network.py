@@ -20,6 +20,8 @@ the 1-rank one up to float rounding of the cross-rank sums.
 
 from __future__ import annotations
 
+import time
+from collections import defaultdict
 from dataclasses import dataclass
 
 import numpy as np
@@ -261,11 +263,24 @@ class DenseLayer(Layer):
 
 
 class LSHLayer(Layer):
-    """Only LSH-selected neurons computed: z[i, a] = W[j] . x_i + b[j], j in active(i).
+    """Only selected neurons computed: z[i, j] = W[j] . x_i + b[j] for j in active(i).
 
     W_r float [n_r, d_in] neuron-major (each neuron's weight vector is
     contiguous: it is what the hash tables index and what a dot product
     reads). Rank r queries its own tables over its own neurons [lo, hi).
+
+    In training, a sample's active set on rank r has two parts:
+    - the shared block C, scored for every sample of the batch with one BLAS
+      product x W[C]^T: in the output layer, every label of the batch owned
+      here (each sample's own labels are its positives, the other samples'
+      labels its negatives: for those columns the gradient is the full
+      softmax gradient, so frequent labels are held down exactly as often as
+      they are pushed up), then the rank's share of `min_active` neurons drawn
+      uniformly afresh each step, which stand for all the other neurons of the
+      slice: in the softmax each counts (n_r - |labels|) / |random| times
+      (log-Q correction of sampled softmax, Jean et al. 2015);
+    - its own LSH candidates not in C (hard negatives), at most `max_active`.
+    At inference only the LSH candidates are scored.
     """
 
     kind = "lsh"
@@ -282,16 +297,16 @@ class LSHLayer(Layer):
         self.opt_b = _Adam(self.b.shape, self.dtype)
         lc = lsh_config
         self.max_active = min(scaled_count(lc.max_active, self.n_local, self.n), self.n_local)
-        self.min_active = min(scaled_count(lc.min_active, self.n_local, self.n), self.max_active) if lc.min_active else 0
+        self.n_random = min(scaled_count(lc.min_active, self.n_local, self.n), self.n_local) if lc.min_active else 0
         params = {"bin_size": lc.bin_size} if lc.family == "dwta" else {}
         # Hash functions derive from the seed and the layer only, never from the rank.
-        self.family = lsh.make_family(lc.family, self.d_in, lc.K, lc.L, int(rng.stream_key(self.config.seed, 7, self.index) >> np.uint64(1)), **params)
+        self.family = lsh.make_family(lc.family, self.d_in, lc.K, lc.L, _seed31(self.config.seed, 7, self.index), **params)
         self.range_pow = lc.range_pow or self.auto_range_pow(self.n_local, lc.capacity, self.family.code_bits)
         self.tables = lsh.HashTables(self.family, self.range_pow, lc.capacity, policy=lc.policy,
-                                     seed=int(rng.stream_key(self.config.seed, 8, self.index, self.lo) >> np.uint64(1)))
+                                     seed=_seed31(self.config.seed, 8, self.index, self.lo))
         self.tables.build(self.W)
         self.neg_key = rng.stream_key(self.config.seed, rng.NEGATIVES, self.index, self.lo)
-        self._mark = K.thread_scratch(self.n_local, np.uint8)
+        self._shared_pos = np.full(self.n_local, -1, dtype=np.int32)
         self._count = np.zeros(self.n_local, dtype=np.int32)
         self._gbuf = K.thread_scratch(self.d_in, self.dtype)
         self.dirty = np.zeros(self.n_local, dtype=np.uint8)
@@ -299,61 +314,103 @@ class LSHLayer(Layer):
         self.rebuild_period = float(lc.rebuild_every)
         self.next_rehash = lc.rehash_every
         self.next_rebuild = lc.rebuild_every
+        self.query_time = 0.0
 
     @staticmethod
     def auto_range_pow(n_local: int, capacity: int, code_bits: int) -> int:
-        """Buckets for about 4 neurons each on average, within the code's bits."""
-        want = int(np.ceil(np.log2(max(n_local / 4.0, 2.0))))
+        """Buckets for about `capacity / 4` neurons each on average, within the code's bits."""
+        want = int(np.ceil(np.log2(max(4.0 * n_local / capacity, 2.0))))
         return int(min(max(want, 1), code_bits, 24))
 
     # -- active sets -------------------------------------------------------------------
 
     def candidates(self, x):
         lc = self.lc
+        t0 = time.perf_counter()
         if lc.select == "topk":
-            return self.tables.query(x, mode="topk", m=self.max_active)
-        if lc.select == "threshold":
-            return self.tables.query(x, mode="threshold", t=lc.threshold)
-        return self.tables.query(x, mode="union")
-
-    def select(self, x, batch: Batch, with_labels: bool):
-        q_ptr, q_ids, _ = self.candidates(x)
-        B = x.shape[0]
-        if with_labels:
-            lab_ptr, lab_ids = batch.Y
+            out = self.tables.query(x, mode="topk", m=self.max_active)
+        elif lc.select == "threshold":
+            out = self.tables.query(x, mode="threshold", t=lc.threshold)
         else:
-            lab_ptr, lab_ids = np.zeros(B + 1, dtype=np.int64), np.empty(0, dtype=np.int32)
+            out = self.tables.query(x, mode="union")
+        self.query_time += time.perf_counter() - t0
+        return out
+
+    def shared_block(self, batch: Batch, train: bool):
+        """(C, correction) of a step: the shared neurons (sorted local ids of the
+        batch's labels here, then random ones) and what each adds to its logit."""
+        if not train:
+            return np.empty(0, dtype=np.int32), np.empty(0, dtype=self.dtype)
+        if self.is_output:
+            g = batch.Y[1]
+            labels = np.unique(g[(g >= self.lo) & (g < self.hi)]).astype(np.int32) - self.lo
+        else:
+            labels = np.empty(0, dtype=np.int32)
+        corr = np.zeros(labels.shape[0], dtype=self.dtype)
+        if self.n_random == 0:
+            return labels, corr
+        drawn = K.shared_sample(rng.stream_key(self.neg_key, batch.step), self.n_local, self.n_random)
+        rand = np.setdiff1d(drawn, labels, assume_unique=True).astype(np.int32)
+        if rand.shape[0] == 0:
+            return labels, corr
+        weight = 1.0
+        if self.is_output:  # the random neurons stand for every neuron of the slice not in `labels`
+            weight = (self.n_local - labels.shape[0]) / rand.shape[0]
+        C = np.concatenate([labels, rand])
+        corr = np.concatenate([corr, np.full(rand.shape[0], np.log(weight), dtype=self.dtype)])
+        return C, corr
+
+    def select(self, x, batch: Batch, train: bool):
+        """(C, correction, ids, cnt) of a batch: see the class docstring."""
+        B = x.shape[0]
+        C, corr = self.shared_block(batch, train)
+        q_ptr, q_ids, _ = self.candidates(x)
         ids = np.empty((B, self.max_active), dtype=np.int32)
         cnt = np.empty(B, dtype=np.int32)
-        target = np.zeros((B, self.max_active), dtype=self.dtype)
-        K.select_active(q_ptr, q_ids, lab_ptr, lab_ids, self.lo, self.hi, self.min_active, self.max_active,
-                        self.n_local, self.neg_key, batch.step, batch.sample_ids, self._mark, ids, cnt, target)
-        return ids, cnt, target
+        self._shared_pos[C] = np.arange(C.shape[0], dtype=np.int32)
+        K.select_active(q_ptr, q_ids, self.max_active, self._shared_pos, ids, cnt)
+        self._shared_pos[C] = -1
+        return C, corr, ids, cnt
 
     # -- forward / backward ----------------------------------------------------------------
 
     def forward(self, x, batch: Batch, train: bool):
-        """x float [B, d_in] dense. Hidden: (cnt, global ids, values) of the active
-        outputs. Output: the partial loss (training) or (ids, cnt, z)."""
+        """x float [B, d_in] dense. Hidden: (per-sample counts, global ids, values) of
+        the active outputs. Output: the partial loss (training) or (ids, cnt, z)."""
         self.x = x
-        ids, cnt, target = self.select(x, batch, with_labels=self.is_output and train)
+        C, corr, ids, cnt = self.select(x, batch, train)
         z = np.zeros(ids.shape, dtype=self.dtype)
         K.active_forward(x, self.W, self.b, ids, cnt, z)
-        self.ids, self.cnt = ids, cnt
+        self.WC = self.W[C]  # a copy: the backward pass needs the weights before the update
+        zC = x @ self.WC.T
+        zC += self.b[C]
+        self.C, self.ids, self.cnt = C, ids, cnt
         if not self.is_output:
             K.relu_active(z, cnt)
-            self.z = z
-            mask = np.arange(ids.shape[1])[None, :] < cnt[:, None]
-            return cnt, (ids[mask] + self.lo).astype(np.int32), z[mask]
+            np.maximum(zC, 0, out=zC)
+            self.z, self.zC = z, zC
+            own = np.arange(ids.shape[1])[None, :] < cnt[:, None]
+            counts = cnt + C.shape[0]
+            gids = np.concatenate([ids, np.broadcast_to(C, (x.shape[0], C.shape[0]))], axis=1)
+            vals = np.concatenate([z, zC], axis=1)
+            keep = np.concatenate([own, np.ones(zC.shape, dtype=bool)], axis=1)
+            self._keep = keep
+            return counts.astype(np.int32), (gids[keep] + self.lo).astype(np.int32), vals[keep]
         if not train:
             return ids, cnt, z
         B = x.shape[0]
+        zC += corr
+        targetC = np.zeros(zC.shape, dtype=self.dtype)
+        self._shared_pos[C] = np.arange(C.shape[0], dtype=np.int32)
+        K.shared_targets(batch.Y[0], batch.Y[1], self.lo, self.hi, self._shared_pos, targetC)
+        self._shared_pos[C] = -1
         mx = np.empty(B)
         se = np.empty(B)
-        K.softmax_local_stats(z, cnt, mx, se)
+        K.softmax_local_stats(z, cnt, zC, mx, se)
         gmax, gsum = self.comm.allreduce_logsumexp(mx, se)
         self.dz = np.zeros_like(z)
-        loss = K.softmax_xent_grad(z, cnt, target, batch.Y[0], gmax, gsum, 1.0 / B, self.dz)
+        self.dzC = np.empty_like(zC)
+        loss = K.softmax_xent_grad(z, cnt, zC, targetC, batch.Y[0], gmax, gsum, 1.0 / B, self.dz, self.dzC)
         return loss / B
 
     def backward(self, grad_vals, step: int):
@@ -361,19 +418,23 @@ class LSHLayer(Layer):
         the order `forward` returned them (None for the output layer). Returns
         the partial gradient wrt the dense input, float [B, d_in]."""
         if self.is_output:
-            dz = self.dz
+            dz, dzC = self.dz, self.dzC
         else:
-            dz = np.zeros_like(self.z)
-            mask = np.arange(dz.shape[1])[None, :] < self.cnt[:, None]
-            dz[mask] = grad_vals
+            full = np.zeros(self._keep.shape, dtype=self.dtype)
+            full[self._keep] = grad_vals
+            A = self.z.shape[1]
+            dz, dzC = np.ascontiguousarray(full[:, :A]), np.ascontiguousarray(full[:, A:])
             K.relu_backward_active(dz, self.z, self.cnt)
+            dzC *= self.zC > 0
         dx = np.empty_like(self.x)
         K.active_backward_input(self.W, self.ids, self.cnt, dz, dx)
-        self.update(dz, step)
-        self.x = self.z = self.dz = None
+        if self.C.shape[0]:
+            dx += dzC @ self.WC
+        self.update(dz, dzC, step)
+        self.x = self.z = self.zC = self.dz = self.dzC = self.WC = None
         return dx
 
-    def update(self, dz, step):
+    def update(self, dz, dzC, step):
         c = self.config
         lr_t, eps_t = self.adam_factors(step)
         mask = np.arange(dz.shape[1])[None, :] < self.cnt[:, None]
@@ -384,6 +445,11 @@ class LSHLayer(Layer):
         touched, start = K.group_by_row(rows, self.n_local, self._count, order)
         K.rows_grad_adam(touched, start, order, samples, coefs, self.x, self.W, self.opt_W.m, self.opt_W.v,
                          self.b, self.opt_b.m, self.opt_b.v, c.beta1, c.beta2, lr_t, eps_t, self._gbuf, self.dirty)
+        if self.C.shape[0]:
+            # C and every sample's own neurons are disjoint, so no row gets two steps
+            G = dzC.T @ self.x
+            K.adam_rows(self.C, G, dzC.sum(axis=0), self.W, self.opt_W.m, self.opt_W.v,
+                        self.b, self.opt_b.m, self.opt_b.v, c.beta1, c.beta2, lr_t, eps_t, self.dirty)
 
     # -- LSH upkeep --------------------------------------------------------------------------
 
@@ -411,6 +477,11 @@ class LSHLayer(Layer):
         return self.W
 
 
+def _seed31(*words) -> int:
+    """A non-negative 63-bit seed for the lsh package from (seed, *words)."""
+    return int(rng.stream_key(*words) >> np.uint64(1))
+
+
 class Network:
     """The layers of one rank, and one training step over a batch."""
 
@@ -432,6 +503,7 @@ class Network:
                 self.layers.append(DenseLayer(*args))
         self.n_features, self.n_labels = n_features, n_labels
         self.step = 0
+        self.timers = defaultdict(float)  # seconds per phase, for benchmarks
 
     # -- training ---------------------------------------------------------------------------
 
@@ -439,6 +511,7 @@ class Network:
         """Forward, backward and update on one batch; returns this rank's partial loss
         (the batch's mean loss is the sum of the partial losses over ranks)."""
         self.step = batch.step
+        t0 = time.perf_counter()
         acts = []
         act = CSRInput(*batch.X)
         for layer in self.layers[:-1]:
@@ -446,13 +519,24 @@ class Network:
             acts.append(act)
         out = self.layers[-1]
         loss = out.forward(self._input_for(out, act), batch, train=True)
+        t1 = time.perf_counter()
         grad = out.backward(None, batch.step)
         for layer, act in zip(reversed(self.layers[:-1]), reversed(acts)):
             grad = self._grad_for(act, grad, self.layers[layer.index + 1])
             grad = layer.backward(act.scatter(self.comm, grad), batch.step)
+        t2 = time.perf_counter()
         for layer in self.layers:
             if isinstance(layer, LSHLayer):
                 layer.maintain(batch.step)
+        t3 = time.perf_counter()
+        tm = self.timers
+        tm["forward"] += t1 - t0
+        tm["backward"] += t2 - t1
+        tm["lsh_upkeep"] += t3 - t2
+        for layer in self.layers:
+            if isinstance(layer, LSHLayer):
+                tm["lsh_query"] += layer.query_time
+                layer.query_time = 0.0
         return float(loss)
 
     def _input_for(self, layer, act):
@@ -509,7 +593,7 @@ class Network:
             elif isinstance(x, (SparseAct, CSRInput)):
                 x = sp.csr_matrix((x.data, x.indices, x.indptr), shape=(B, out.d_in))
             return _blocked_topk(x, out.neuron_major(), out.b, k, out.lo)
-        ids, cnt, z = out.forward(x, batch, train=False)
+        ids, cnt, z = out.forward(x, batch, train=False)  # no labels, no shared random set
         scores = np.full((B, k), -np.inf, dtype=np.float64)
         gids = np.full((B, k), -1, dtype=np.int64)
         for i in range(B):  # B rows of at most max_active: cheap next to the products above

@@ -58,7 +58,7 @@ def randbelow(k, counter, n):
 
 def stream_key(seed: int, *words: int) -> np.uint64:
     """The key of the stream for (seed, *words), as the kernels compute it."""
-    k = np.uint64(seed & 0xFFFFFFFFFFFFFFFF)
+    k = np.uint64(int(seed) & 0xFFFFFFFFFFFFFFFF)
     for w in words:
         k = np.uint64(key(k, np.uint64(w & 0xFFFFFFFFFFFFFFFF)))
     return np.uint64(k)

@@ -165,7 +165,7 @@ def test_lsh_layer_with_every_neuron_active_equals_exact_mode():
         np.testing.assert_array_equal(We, Ws)
     loss_e = net_e.train_step(_batch(X, Y))
     loss_s = net_s.train_step(_batch(X, Y))
-    assert np.all(net_s.layers[1].cnt == L)
+    assert net_s.layers[1].C.size == L and not net_s.layers[1].cnt.any()  # all in the shared block
     assert loss_s == pytest.approx(loss_e, rel=1e-12)
     for (gWe, gbe), (gWs, gbs) in zip(_grads(net_e, exact.beta1), _grads(net_s, exact.beta1)):
         np.testing.assert_allclose(gWs, gWe, rtol=1e-10, atol=1e-14)
@@ -173,18 +173,25 @@ def test_lsh_layer_with_every_neuron_active_equals_exact_mode():
 
 
 def test_sparse_gradient_is_the_restricted_softmax_gradient_and_zero_elsewhere():
+    """Active set of sample i: the shared block (all labels of the batch, then random
+    neurons whose logits carry the log-Q correction) and its own LSH candidates."""
     X, Y = _tiny_problem(n=40, L=300, density=0.4, label_density=0.008)
+    n_out = Y.shape[1]
     cfg = Config(hidden=(8,), kinds=("dense", "lsh"), dtype="float64", input_norm="none", seed=2,
                  lsh=_lsh_config(6, 10))
-    net = Network(cfg, X.shape[1], Y.shape[1])
+    net = Network(cfg, X.shape[1], n_out)
     params = _params_dense(net)
     loss = net.train_step(_batch(X, Y))
     out = net.layers[1]
-    active = [out.ids[i, : out.cnt[i]] for i in range(X.shape[0])]
+    U = np.unique(Y.indices)
+    assert np.array_equal(out.C[: U.size], U), "the batch's labels lead the shared block"
+    rand = out.C[U.size:]
+    assert 0 < rand.size <= 6 and not np.isin(rand, U).any()
+    corr = np.log((n_out - U.size) / rand.size)
+    own = [out.ids[i, : out.cnt[i]] for i in range(X.shape[0])]
+    assert max(o.size for o in own) > 0 and all(o.size <= 10 for o in own)
+    assert all(not np.isin(o, out.C).any() for o in own), "own candidates are disjoint from the shared block"
     labels = [Y.indices[Y.indptr[i]:Y.indptr[i + 1]] for i in range(X.shape[0])]
-    for i, (a, y) in enumerate(zip(active, labels)):
-        assert 6 <= a.size <= 10 and len(set(a.tolist())) == a.size
-        assert set(y.tolist()) <= set(a.tolist()), "true labels are always active"
 
     # numpy reference: softmax over each sample's active set only
     (W0, b0), (W1, b1) = params
@@ -194,11 +201,14 @@ def test_sparse_gradient_is_the_restricted_softmax_gradient_and_zero_elsewhere()
     n = X.shape[0]
     gW1, gb1, dh = np.zeros_like(W1), np.zeros_like(b1), np.zeros_like(h)
     ref_loss = 0.0
+    active = []
     for i in range(n):
-        a = active[i]
+        a = np.concatenate([U, rand, own[i]])
+        active.append(a)
         if labels[i].size == 0:
             continue
-        z = h[i] @ W1[:, a] + b1[a]
+        shift = np.concatenate([np.zeros(U.size), np.full(rand.size, corr), np.zeros(own[i].size)])
+        z = h[i] @ W1[:, a] + b1[a] + shift
         p = np.exp(z - z.max())
         p /= p.sum()
         t = np.isin(a, labels[i]) / labels[i].size
@@ -216,5 +226,5 @@ def test_sparse_gradient_is_the_restricted_softmax_gradient_and_zero_elsewhere()
     np.testing.assert_allclose(gb1_s, gb1, rtol=1e-9, atol=1e-13)
     np.testing.assert_allclose(g0, gW0, rtol=1e-9, atol=1e-13)
     np.testing.assert_allclose(gb0_s, gb0, rtol=1e-9, atol=1e-13)
-    never = np.setdiff1d(np.arange(Y.shape[1]), np.concatenate(active))
+    never = np.setdiff1d(np.arange(n_out), np.concatenate(active))
     assert never.size > 0 and not g1[:, never].any(), "inactive neurons get no gradient"
