@@ -140,80 +140,46 @@ def relu_active(z, cnt):
 
 
 # ----------------------------------------------------------------------------
-# softmax cross-entropy, split over ranks
-#
-# An LSH layer's logits come in two blocks: z [B, A] over each sample's own
-# active neurons (cnt[i] of them) and zR [B, R] over the shared random
-# neurons every sample of the batch scores (R may be 0).
+# softmax cross-entropy, split over ranks (the exponentials are numpy's SIMD
+# np.exp; these kernels are the fused passes around them)
 # ----------------------------------------------------------------------------
 
 
-@njit(parallel=True)
-def softmax_local_stats(z, cnt, zR, mx, sumexp):
-    """Per sample: mx[i] = max of its logits here, sumexp[i] = sum exp(z - mx[i]) (float64).
-
-    A sample with no active neuron here gets (-inf, 0), the identity of the merge.
-    """
-    R = zR.shape[1]
+@njit(parallel=True, fastmath=True)
+def shift_rows(z, m):
+    """In place: z[i, :] -= m[i] (m float64 [B]; rows of -inf stay -inf)."""
     for i in prange(z.shape[0]):
-        m = -np.inf
-        for a in range(cnt[i]):
-            if z[i, a] > m:
-                m = z[i, a]
-        for a in range(R):
-            if zR[i, a] > m:
-                m = zR[i, a]
-        s = 0.0
-        for a in range(cnt[i]):
-            t = z[i, a] - m
-            if t > EXP_FLOOR:
-                s += np.exp(t)
-        for a in range(R):
-            t = zR[i, a] - m
-            if t > EXP_FLOOR:
-                s += np.exp(t)
-        mx[i] = m
-        sumexp[i] = s
-
-
-@njit(inline="always")
-def _xent_entry(zv, y, gmax, gsum, logS, labelled, scale):
-    """(dz, loss) of one logit: dz = scale (p - y), loss = -y log p."""
-    t = zv - gmax
-    p = np.exp(t) / gsum if t > EXP_FLOOR and labelled else 0.0
-    if p < TINY:
-        p = 0.0
-    loss = y * (logS - t) if y != 0.0 else 0.0
-    return scale * (p - y), loss
+        mi = z.dtype.type(m[i])
+        for a in range(z.shape[1]):
+            z[i, a] -= mi
 
 
 @njit(parallel=True)
-def softmax_xent_grad(z, cnt, zC, targetC, lab_ptr, gmax, gsum, scale, dz, dzC):
-    """dz = scale * (p - y) over both blocks, p = exp(z - M) / S from the global (M, S).
+def flush_sum_rows(e, out):
+    """In place: e[i, a] = 0 where e < TINY (no subnormal leaves); out[i] += sum_a e[i, a] (float64)."""
+    tiny = e.dtype.type(TINY)
+    zero = e.dtype.type(0.0)
+    for i in prange(e.shape[0]):
+        s = 0.0
+        for a in range(e.shape[1]):
+            v = e[i, a]
+            if v < tiny:
+                v = zero
+                e[i, a] = zero
+            s += v
+        out[i] += s
 
-    z [B, A] holds each sample's own candidates (never labels, target 0); zC
-    [B, C] the shared block with targetC [B, C], each sample's label weights
-    (1/|labels|, summing to 1 over all ranks); lab_ptr int64 [B+1] of the
-    batch's labels (a sample without labels has zero loss and zero gradient);
-    gmax, gsum float64 [B]. Returns the partial loss sum -y log p over this
-    rank's neurons.
-    """
-    B = z.shape[0]
-    C = zC.shape[1]
-    part = np.zeros(B)
-    for i in prange(B):
-        logS = np.log(gsum[i]) if gsum[i] > 0.0 else 0.0
-        labelled = lab_ptr[i + 1] > lab_ptr[i]
-        acc = 0.0
-        for a in range(cnt[i]):
-            g, l = _xent_entry(z[i, a], 0.0, gmax[i], gsum[i], logS, labelled, scale)
-            dz[i, a] = g
-        for a in range(C):
-            g, l = _xent_entry(zC[i, a], targetC[i, a], gmax[i], gsum[i], logS, labelled, scale)
-            dzC[i, a] = g
-            acc += l
-        part[i] = acc
-    return part.sum()
+
+@njit(parallel=True)
+def scale_flush_rows(e, scale):
+    """In place: e[i, :] *= scale[i], flushing results below TINY to zero."""
+    tiny = e.dtype.type(TINY)
+    zero = e.dtype.type(0.0)
+    for i in prange(e.shape[0]):
+        c = e.dtype.type(scale[i])
+        for a in range(e.shape[1]):
+            v = e[i, a] * c
+            e[i, a] = v if v >= tiny else zero
 
 
 @njit(parallel=True)
@@ -231,38 +197,38 @@ def relu_backward_active(dz, z, cnt):
 
 
 @njit(cache=True, inline="always")
-def _adam_elem(w, m, v, g, b1, b2, lr_t, eps_t):
-    """One Adam update of a scalar; returns (w, m, v).
+def _adam_elem(w, m, v, g, hp):
+    """One Adam update of a scalar; returns (w, m, v). hp from `adam_params`.
 
     m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g^2;
     w -= lr_t m / (sqrt(v) + eps_t), with lr_t = lr sqrt(1 - b2^t) / (1 - b1^t) and
     eps_t = eps sqrt(1 - b2^t): algebraically w -= lr m_hat / (sqrt(v_hat) + eps).
+    Everything stays in the arrays' float type (a float64 constant would
+    promote the whole update and stop it vectorising well).
     """
-    m = b1 * m + (1.0 - b1) * g
-    v = b2 * v + (1.0 - b2) * g * g
-    if abs(m) < TINY:
-        m = 0.0
-    if v < TINY:
-        v = 0.0
-    w = w - lr_t * m / (np.sqrt(v) + eps_t)
-    return w, m, v
+    m = hp[0] * m + hp[1] * g
+    v = hp[2] * v + hp[3] * g * g
+    m = m if abs(m) >= hp[6] else hp[7]
+    v = v if v >= hp[6] else hp[7]
+    return w - hp[4] * m / (np.sqrt(v) + hp[5]), m, v
 
 
-def adam_factors(lr: float, b1: float, b2: float, eps: float, t: int) -> tuple[float, float]:
-    """(lr_t, eps_t) of step t >= 1, for `_adam_elem`."""
+def adam_params(lr: float, b1: float, b2: float, eps: float, t: int, dtype) -> np.ndarray:
+    """Adam's constants at step t >= 1 as an array of `dtype` for the kernels:
+    [b1, 1 - b1, b2, 1 - b2, lr_t, eps_t, TINY, 0]."""
     c2 = np.sqrt(1.0 - b2**t)
-    return lr * c2 / (1.0 - b1**t), eps * c2
+    return np.array([b1, 1.0 - b1, b2, 1.0 - b2, lr * c2 / (1.0 - b1**t), eps * c2, TINY, 0.0], dtype=dtype)
 
 
 @njit(parallel=True, fastmath=True)
-def adam_dense(W, M, V, G, b1, b2, lr_t, eps_t):
+def adam_dense(W, M, V, G, hp):
     """Adam on every element of W (flat views of the same size)."""
     w = W.reshape(-1)
     m = M.reshape(-1)
     v = V.reshape(-1)
     g = G.reshape(-1)
     for e in prange(w.shape[0]):
-        w[e], m[e], v[e] = _adam_elem(w[e], m[e], v[e], g[e], b1, b2, lr_t, eps_t)
+        w[e], m[e], v[e] = _adam_elem(w[e], m[e], v[e], g[e], hp)
 
 
 @njit(cache=True)
@@ -299,8 +265,7 @@ def group_by_row(rows, n_rows, count, order):
 
 
 @njit(parallel=True, fastmath=True)
-def rows_grad_adam(touched, start, order, samples, coefs, V, W, M, Vm, bias, bM, bV,
-                   b1, b2, lr_t, eps_t, gbuf, dirty):
+def rows_grad_adam(touched, start, order, samples, coefs, V, W, M, Vm, bias, bM, bV, hp, gbuf, dirty):
     """Lazy Adam on the rows of W that received gradient.
 
     The gradient of row r is g_r = sum_{e: rows[e] = r} coefs[e] * V[samples[e], :]
@@ -311,7 +276,7 @@ def rows_grad_adam(touched, start, order, samples, coefs, V, W, M, Vm, bias, bM,
 
     touched int32 [T], start int64 [T+1], order int64 [E] from `group_by_row`;
     samples int32 [E]; coefs float [E]; V float [B, d]; W, M, Vm float [R, d];
-    bias, bM, bV float [R] or empty; gbuf float [threads, d] scratch;
+    bias, bM, bV float [R] or empty; hp from `adam_params`; gbuf float [threads, d] scratch;
     dirty uint8 [R] set to 1 for every updated row.
     """
     d = W.shape[1]
@@ -330,9 +295,9 @@ def rows_grad_adam(touched, start, order, samples, coefs, V, W, M, Vm, bias, bM,
             for k in range(d):
                 g[k] += c * V[s, k]
         for k in range(d):
-            W[r, k], M[r, k], Vm[r, k] = _adam_elem(W[r, k], M[r, k], Vm[r, k], g[k], b1, b2, lr_t, eps_t)
+            W[r, k], M[r, k], Vm[r, k] = _adam_elem(W[r, k], M[r, k], Vm[r, k], g[k], hp)
         if has_bias:
-            bias[r], bM[r], bV[r] = _adam_elem(bias[r], bM[r], bV[r], gb, b1, b2, lr_t, eps_t)
+            bias[r], bM[r], bV[r] = _adam_elem(bias[r], bM[r], bV[r], gb, hp)
         dirty[r] = 1
 
 
@@ -377,32 +342,15 @@ def select_active(q_ptr, q_ids, max_active, shared_pos, ids, cnt):
         cnt[i] = c
 
 
-@njit(parallel=True)
-def shared_targets(lab_ptr, lab_ids, lo, hi, shared_pos, target):
-    """target[i, shared_pos[g - lo]] = 1 / |labels of i| for each label g of sample i owned here.
-
-    Every owned label of the batch is in the shared block. target float [B, C], zeroed.
-    """
-    for i in prange(lab_ptr.shape[0] - 1):
-        n_lab = lab_ptr[i + 1] - lab_ptr[i]
-        if n_lab == 0:
-            continue
-        w = 1.0 / n_lab
-        for e in range(lab_ptr[i], lab_ptr[i + 1]):
-            g = lab_ids[e]
-            if lo <= g < hi:
-                target[i, shared_pos[g - lo]] = w
-
-
 @njit(parallel=True, fastmath=True)
-def adam_rows(rows, G, gb, W, M, Vm, bias, bM, bV, b1, b2, lr_t, eps_t, dirty):
+def adam_rows(rows, G, gb, W, M, Vm, bias, bM, bV, hp, dirty):
     """Adam on rows `rows` of W (and bias) with their gradients G [len(rows), d], gb [len(rows)]."""
     d = W.shape[1]
     for t in prange(rows.shape[0]):
         r = rows[t]
         for k in range(d):
-            W[r, k], M[r, k], Vm[r, k] = _adam_elem(W[r, k], M[r, k], Vm[r, k], G[t, k], b1, b2, lr_t, eps_t)
-        bias[r], bM[r], bV[r] = _adam_elem(bias[r], bM[r], bV[r], gb[t], b1, b2, lr_t, eps_t)
+            W[r, k], M[r, k], Vm[r, k] = _adam_elem(W[r, k], M[r, k], Vm[r, k], G[t, k], hp)
+        bias[r], bM[r], bV[r] = _adam_elem(bias[r], bM[r], bV[r], gb[t], hp)
         dirty[r] = 1
 
 
@@ -424,51 +372,3 @@ def dropout_mask(k, sample_ids, n, rate, out):
         ks = rng.key(k, sample_ids[i])
         for j in range(n):
             out[i, j] = keep if rng.uniform(ks, j) >= rate else 0.0
-
-
-@njit(parallel=True)
-def dense_softmax_xent(z, lab_ptr, lab_ids, lo, hi, dz_scale, gmax, gsum, dz):
-    """Full softmax over a rank's column slice z [B, n] (all neurons active).
-
-    dz = scale * (p - y) where y spreads 1/|labels| over the sample's labels
-    in [lo, hi); dz may be z itself (overwritten). Returns the partial loss
-    sum_i sum_{y in [lo, hi)} -w_i log p_iy over this rank's labels.
-    """
-    B, n = z.shape
-    part = np.zeros(B)
-    for i in prange(B):
-        logS = np.log(gsum[i]) if gsum[i] > 0.0 else 0.0
-        n_lab = lab_ptr[i + 1] - lab_ptr[i]
-        w = 1.0 / n_lab if n_lab > 0 else 0.0
-        acc = 0.0
-        for e in range(lab_ptr[i], lab_ptr[i + 1]):  # before dz may overwrite z
-            g = lab_ids[e]
-            if lo <= g < hi:
-                acc += w * (logS - (z[i, g - lo] - gmax[i]))
-        for a in range(n):
-            t = z[i, a] - gmax[i]
-            p = np.exp(t) / gsum[i] if t > EXP_FLOOR and n_lab > 0 else 0.0
-            dz[i, a] = dz_scale * (p if p >= TINY else 0.0)
-        for e in range(lab_ptr[i], lab_ptr[i + 1]):
-            g = lab_ids[e]
-            if lo <= g < hi:
-                dz[i, g - lo] -= dz_scale * w
-        part[i] = acc
-    return part.sum()
-
-
-@njit(parallel=True)
-def dense_local_stats(z, mx, sumexp):
-    """Per row of z [B, n]: max and sum of exp(z - max) (float64)."""
-    for i in prange(z.shape[0]):
-        m = -np.inf
-        for a in range(z.shape[1]):
-            if z[i, a] > m:
-                m = z[i, a]
-        s = 0.0
-        for a in range(z.shape[1]):
-            t = z[i, a] - m
-            if t > EXP_FLOOR:
-                s += np.exp(t)
-        mx[i] = m
-        sumexp[i] = s

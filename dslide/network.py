@@ -135,6 +135,52 @@ def _entries_of_csr(indptr):
     return np.repeat(np.arange(indptr.shape[0] - 1, dtype=np.int32), np.diff(indptr))
 
 
+def label_targets(Y, lo: int, hi: int):
+    """The batch's labels owned by columns [lo, hi): (rows int64, local cols int64, weights float64).
+
+    Each sample's labels share its unit of target mass: weight 1 / |labels|.
+    """
+    yp, yi = Y
+    per = np.diff(yp)
+    rows = np.repeat(np.arange(per.shape[0]), per)
+    w = 1.0 / per[rows]
+    sel = (yi >= lo) & (yi < hi)
+    return rows[sel], yi[sel].astype(np.int64) - lo, w[sel]
+
+
+def softmax_xent(comm: Comm, blocks, target_block: int, targets, lab_ptr) -> float:
+    """Softmax cross-entropy over logits split into blocks here and over ranks.
+
+    blocks: float arrays [B, *] of this rank's logits for each sample (-inf
+    where a slot is unused); targets (rows, cols, weights) index blocks[target_block].
+    The normaliser of sample i is S_i = sum over all blocks of all ranks of
+    exp(z - M_i), from one all-reduce of per-sample (max, sum). In place, every
+    block becomes dz = (p - y) / B; a sample without labels gets dz = 0.
+    Returns this rank's share of the batch's mean loss, -sum y log p / B.
+    """
+    B = lab_ptr.shape[0] - 1
+    m = np.full(B, -np.inf)
+    for z in blocks:
+        if z.shape[1]:
+            np.maximum(m, z.max(axis=1), out=m)
+    rows, cols, w = targets
+    y_logit = blocks[target_block][rows, cols].astype(np.float64)
+    m_safe = np.where(np.isfinite(m), m, 0.0)
+    se = np.zeros(B)
+    for z in blocks:
+        K.shift_rows(z, m_safe)
+        np.exp(z, out=z)
+        K.flush_sum_rows(z, se)
+    gmax, gsum = comm.allreduce_logsumexp(m, se)
+    ok = (np.diff(lab_ptr) > 0) & (gsum > 0)
+    scale = np.zeros(B)
+    scale[ok] = np.exp(m_safe[ok] - gmax[ok]) / gsum[ok] / B
+    for z in blocks:
+        K.scale_flush_rows(z, scale)
+    np.subtract.at(blocks[target_block], (rows, cols), (w / B).astype(blocks[target_block].dtype))
+    return float(np.sum(w * (np.log(gsum[rows]) + gmax[rows] - y_logit))) / B
+
+
 class Layer:
     """Common state of a layer slice: sizes, shard, parameters, optimiser."""
 
@@ -157,9 +203,9 @@ class Layer:
             self.scale = np.sqrt(6.0 / (d_in + n))
         self.init_key = rng.stream_key(config.seed, rng.INIT, index)
 
-    def adam_factors(self, step):
+    def adam_params(self, step):
         c = self.config
-        return K.adam_factors(c.lr, c.beta1, c.beta2, c.eps, step)
+        return K.adam_params(c.lr, c.beta1, c.beta2, c.eps, step, self.dtype)
 
 
 class DenseLayer(Layer):
@@ -206,15 +252,8 @@ class DenseLayer(Layer):
             return z
         if not train:
             return z
-        B = z.shape[0]
-        mx = np.empty(B)
-        se = np.empty(B)
-        K.dense_local_stats(z, mx, se)
-        gmax, gsum = self.comm.allreduce_logsumexp(mx, se)
-        self.dz = z  # reused in place: z is not needed after the softmax
-        ylo, yidx = batch.Y
-        loss = K.dense_softmax_xent(z, ylo, yidx, self.lo, self.hi, 1.0 / B, gmax, gsum, self.dz)
-        return loss / B
+        self.dz = z  # overwritten in place: z is not needed after the softmax
+        return softmax_xent(self.comm, [z], 0, label_targets(batch.Y, self.lo, self.hi), batch.Y[0])
 
     # -- backward --------------------------------------------------------------------
 
@@ -239,12 +278,11 @@ class DenseLayer(Layer):
         return dx
 
     def update(self, inp, dz, step):
-        lr_t, eps_t = self.adam_factors(step)
-        c = self.config
-        K.adam_dense(self.b, self.opt_b.m, self.opt_b.v, dz.sum(axis=0), c.beta1, c.beta2, lr_t, eps_t)
+        hp = self.adam_params(step)
+        K.adam_dense(self.b, self.opt_b.m, self.opt_b.v, dz.sum(axis=0), hp)
         if isinstance(inp, DenseAct):
             G = inp.a.T @ dz
-            K.adam_dense(self.W, self.opt_W.m, self.opt_W.v, G, c.beta1, c.beta2, lr_t, eps_t)
+            K.adam_dense(self.W, self.opt_W.m, self.opt_W.v, G, hp)
             return
         # sparse input: only the rows of features present in the batch get gradient
         order = np.empty(inp.indices.shape[0], dtype=np.int64)
@@ -252,8 +290,7 @@ class DenseLayer(Layer):
         samples = _entries_of_csr(inp.indptr)
         empty = np.empty(0, dtype=self.dtype)
         K.rows_grad_adam(touched, start, order, samples, inp.data.astype(self.dtype, copy=False), dz,
-                         self.W, self.opt_W.m, self.opt_W.v, empty, empty, empty,
-                         c.beta1, c.beta2, lr_t, eps_t, self._gbuf, self._dirty)
+                         self.W, self.opt_W.m, self.opt_W.v, empty, empty, empty, hp, self._gbuf, self._dirty)
 
     # -- views for checks, checkpoints and inference ---------------------------------
 
@@ -398,20 +435,15 @@ class LSHLayer(Layer):
             return counts.astype(np.int32), (gids[keep] + self.lo).astype(np.int32), vals[keep]
         if not train:
             return ids, cnt, z
-        B = x.shape[0]
         zC += corr
-        targetC = np.zeros(zC.shape, dtype=self.dtype)
+        z[np.arange(z.shape[1])[None, :] >= cnt[:, None]] = -np.inf
+        rows, cols, w = label_targets(batch.Y, self.lo, self.hi)
         self._shared_pos[C] = np.arange(C.shape[0], dtype=np.int32)
-        K.shared_targets(batch.Y[0], batch.Y[1], self.lo, self.hi, self._shared_pos, targetC)
+        cols = self._shared_pos[cols].astype(np.int64)  # every label of the batch is in C
         self._shared_pos[C] = -1
-        mx = np.empty(B)
-        se = np.empty(B)
-        K.softmax_local_stats(z, cnt, zC, mx, se)
-        gmax, gsum = self.comm.allreduce_logsumexp(mx, se)
-        self.dz = np.zeros_like(z)
-        self.dzC = np.empty_like(zC)
-        loss = K.softmax_xent_grad(z, cnt, zC, targetC, batch.Y[0], gmax, gsum, 1.0 / B, self.dz, self.dzC)
-        return loss / B
+        loss = softmax_xent(self.comm, [z, zC], 1, (rows, cols, w), batch.Y[0])
+        self.dz, self.dzC = z, zC
+        return loss
 
     def backward(self, grad_vals, step: int):
         """grad_vals: for a hidden layer, the gradient of its own active outputs in
@@ -435,8 +467,7 @@ class LSHLayer(Layer):
         return dx
 
     def update(self, dz, dzC, step):
-        c = self.config
-        lr_t, eps_t = self.adam_factors(step)
+        hp = self.adam_params(step)
         mask = np.arange(dz.shape[1])[None, :] < self.cnt[:, None]
         rows = self.ids[mask]
         samples = np.nonzero(mask)[0].astype(np.int32)
@@ -444,12 +475,12 @@ class LSHLayer(Layer):
         order = np.empty(rows.shape[0], dtype=np.int64)
         touched, start = K.group_by_row(rows, self.n_local, self._count, order)
         K.rows_grad_adam(touched, start, order, samples, coefs, self.x, self.W, self.opt_W.m, self.opt_W.v,
-                         self.b, self.opt_b.m, self.opt_b.v, c.beta1, c.beta2, lr_t, eps_t, self._gbuf, self.dirty)
+                         self.b, self.opt_b.m, self.opt_b.v, hp, self._gbuf, self.dirty)
         if self.C.shape[0]:
             # C and every sample's own neurons are disjoint, so no row gets two steps
             G = dzC.T @ self.x
             K.adam_rows(self.C, G, dzC.sum(axis=0), self.W, self.opt_W.m, self.opt_W.v,
-                        self.b, self.opt_b.m, self.opt_b.v, c.beta1, c.beta2, lr_t, eps_t, self.dirty)
+                        self.b, self.opt_b.m, self.opt_b.v, hp, self.dirty)
 
     # -- LSH upkeep --------------------------------------------------------------------------
 

@@ -114,12 +114,12 @@ def test_adam_step_matches_numpy_reference_with_lazy_rows():
     order = np.empty(rows.size, dtype=np.int64)
     touched, start = K.group_by_row(rows, R, count, order)
     assert sorted(touched.tolist()) == [2, 5, 7] and not count.any()
-    lr_t, eps_t = K.adam_factors(lr, b1, b2, eps, t)
+    hp = K.adam_params(lr, b1, b2, eps, t, np.float64)
     W2, M2, V2 = W.copy(), M.copy(), V.copy()
     empty = np.empty(0)
     dirty = np.zeros(R, dtype=np.uint8)
     K.rows_grad_adam(touched, start, order, samples, coefs, X, W2, M2, V2, empty, empty, empty,
-                     b1, b2, lr_t, eps_t, K.thread_scratch(d, np.float64), dirty)
+                     hp, K.thread_scratch(d, np.float64), dirty)
     np.testing.assert_allclose(M2, m_ref, rtol=1e-12, atol=1e-15)
     np.testing.assert_allclose(V2, v_ref, rtol=1e-12, atol=1e-15)
     np.testing.assert_allclose(W2, w_ref, rtol=1e-12, atol=1e-15)
@@ -127,7 +127,7 @@ def test_adam_step_matches_numpy_reference_with_lazy_rows():
 
     # the dense kernel is the same update on every element
     Wd, Md, Vd = W.copy(), M.copy(), V.copy()
-    K.adam_dense(Wd, Md, Vd, G, b1, b2, lr_t, eps_t)
+    K.adam_dense(Wd, Md, Vd, G, hp)
     m_all = b1 * M + (1 - b1) * G
     v_all = b2 * V + (1 - b2) * G * G
     np.testing.assert_allclose(Wd, W - lr * (m_all / (1 - b1**t)) / (np.sqrt(v_all / (1 - b2**t)) + eps), rtol=1e-12)
