@@ -306,6 +306,23 @@ def rows_grad_adam(touched, start, order, samples, coefs, V, W, M, Vm, bias, bM,
 # ----------------------------------------------------------------------------
 
 
+@njit(parallel=True, fastmath=True)
+def rows_grad(touched, start, order, samples, coefs, V, G):
+    """G[r, :] = sum_{e: rows[e] = r} coefs[e] * V[samples[e], :] for the touched rows
+    (the gradient `rows_grad_adam` applies, written out densely; other rows untouched)."""
+    d = G.shape[1]
+    for t in prange(touched.shape[0]):
+        r = touched[t]
+        for k in range(d):
+            G[r, k] = 0.0
+        for q in range(start[t], start[t + 1]):
+            e = order[q]
+            c = coefs[e]
+            s = samples[e]
+            for k in range(d):
+                G[r, k] += c * V[s, k]
+
+
 @njit(cache=True)
 def shared_sample(k, n, size):
     """`size` distinct integers of [0, n), sorted, from stream k (Floyd's algorithm, O(size log size))."""

@@ -42,17 +42,24 @@ class Batch:
     Y: CSR (indptr int64 [B+1], indices int32) of the global label ids;
     sample_ids: int64 [B], the samples' indices in the data set (they key the
     random streams, so draws do not depend on batching across ranks);
-    step: the global step number (1-based) of this batch.
+    step: the global step number (1-based) of this batch;
+    n_global: the size of the whole batch the loss is averaged over (larger
+    than B when data-parallel ranks each take a slice of it; 0 means B).
     """
 
     X: tuple
     Y: tuple
     sample_ids: np.ndarray
     step: int
+    n_global: int = 0
 
     @property
     def size(self) -> int:
         return self.sample_ids.shape[0]
+
+    @property
+    def mean_over(self) -> int:
+        return self.n_global or self.size
 
 
 class CSRInput:
@@ -148,17 +155,19 @@ def label_targets(Y, lo: int, hi: int):
     return rows[sel], yi[sel].astype(np.int64) - lo, w[sel]
 
 
-def softmax_xent(comm: Comm, blocks, target_block: int, targets, lab_ptr) -> float:
+def softmax_xent(comm: Comm, blocks, target_block: int, targets, lab_ptr, mean_over: int) -> float:
     """Softmax cross-entropy over logits split into blocks here and over ranks.
 
     blocks: float arrays [B, *] of this rank's logits for each sample (-inf
     where a slot is unused); targets (rows, cols, weights) index blocks[target_block].
     The normaliser of sample i is S_i = sum over all blocks of all ranks of
     exp(z - M_i), from one all-reduce of per-sample (max, sum). In place, every
-    block becomes dz = (p - y) / B; a sample without labels gets dz = 0.
-    Returns this rank's share of the batch's mean loss, -sum y log p / B.
+    block becomes dz = (p - y) / N (N = mean_over, the whole batch's size); a
+    sample without labels gets dz = 0. Returns this rank's share of the
+    batch's mean loss, -sum y log p / N.
     """
     B = lab_ptr.shape[0] - 1
+    N = mean_over
     m = np.full(B, -np.inf)
     for z in blocks:
         if z.shape[1]:
@@ -174,11 +183,11 @@ def softmax_xent(comm: Comm, blocks, target_block: int, targets, lab_ptr) -> flo
     gmax, gsum = comm.allreduce_logsumexp(m, se)
     ok = (np.diff(lab_ptr) > 0) & (gsum > 0)
     scale = np.zeros(B)
-    scale[ok] = np.exp(m_safe[ok] - gmax[ok]) / gsum[ok] / B
+    scale[ok] = np.exp(m_safe[ok] - gmax[ok]) / gsum[ok] / N
     for z in blocks:
         K.scale_flush_rows(z, scale)
-    np.subtract.at(blocks[target_block], (rows, cols), (w / B).astype(blocks[target_block].dtype))
-    return float(np.sum(w * (np.log(gsum[rows]) + gmax[rows] - y_logit))) / B
+    np.subtract.at(blocks[target_block], (rows, cols), (w / N).astype(blocks[target_block].dtype))
+    return float(np.sum(w * (np.log(gsum[rows]) + gmax[rows] - y_logit))) / N
 
 
 class Layer:
@@ -186,9 +195,11 @@ class Layer:
 
     kind = "?"
 
-    def __init__(self, index, d_in, n, is_output, comm: Comm, config: Config, dtype):
+    def __init__(self, index, d_in, n, is_output, comm: Comm, config: Config, dtype, grad_comm=None):
         self.index, self.d_in, self.n, self.is_output = index, d_in, n, is_output
         self.comm, self.config, self.dtype = comm, config, np.dtype(dtype)
+        # data parallel: every rank holds the whole layer and gradients are summed over grad_comm
+        self.grad_comm = grad_comm
         self.bounds = shard_bounds(n, comm.size)
         self.lo, self.hi = int(self.bounds[comm.rank]), int(self.bounds[comm.rank + 1])
         self.n_local = self.hi - self.lo
@@ -206,6 +217,26 @@ class Layer:
     def adam_params(self, step):
         c = self.config
         return K.adam_params(c.lr, c.beta1, c.beta2, c.eps, step, self.dtype)
+
+    # -- state (checkpoints) ---------------------------------------------------------
+
+    #: axis of the neuron (column) index in each parameter array, for resharding
+    column_axis = {"W": 1, "b": 0}
+
+    def state(self) -> dict:
+        """This slice's arrays by name (views, not copies)."""
+        return {"W": self.W, "b": self.b, "W.m": self.opt_W.m, "W.v": self.opt_W.v,
+                "b.m": self.opt_b.m, "b.v": self.opt_b.v}
+
+    def load_state(self, arrays: dict) -> None:
+        for name, arr in self.state().items():
+            if name not in arrays:
+                raise ValueError(f"layer {self.index}: checkpoint lacks {name!r}")
+            new = np.asarray(arrays[name])
+            if new.shape != arr.shape:
+                raise ValueError(f"layer {self.index}: checkpoint's {name!r} has shape {new.shape}, "
+                                 f"this network's slice needs {arr.shape}")
+            arr[...] = new
 
 
 class DenseLayer(Layer):
@@ -253,7 +284,7 @@ class DenseLayer(Layer):
         if not train:
             return z
         self.dz = z  # overwritten in place: z is not needed after the softmax
-        return softmax_xent(self.comm, [z], 0, label_targets(batch.Y, self.lo, self.hi), batch.Y[0])
+        return softmax_xent(self.comm, [z], 0, label_targets(batch.Y, self.lo, self.hi), batch.Y[0], batch.mean_over)
 
     # -- backward --------------------------------------------------------------------
 
@@ -279,17 +310,30 @@ class DenseLayer(Layer):
 
     def update(self, inp, dz, step):
         hp = self.adam_params(step)
-        K.adam_dense(self.b, self.opt_b.m, self.opt_b.v, dz.sum(axis=0), hp)
+        gb = dz.sum(axis=0)
+        if self.grad_comm is not None:
+            self.grad_comm.allreduce_sum_inplace(gb)
+        K.adam_dense(self.b, self.opt_b.m, self.opt_b.v, gb, hp)
         if isinstance(inp, DenseAct):
             G = inp.a.T @ dz
+            if self.grad_comm is not None:
+                self.grad_comm.allreduce_sum_inplace(G)
             K.adam_dense(self.W, self.opt_W.m, self.opt_W.v, G, hp)
             return
         # sparse input: only the rows of features present in the batch get gradient
         order = np.empty(inp.indices.shape[0], dtype=np.int64)
         touched, start = K.group_by_row(inp.indices, self.d_in, self._count, order)
         samples = _entries_of_csr(inp.indptr)
+        data = inp.data.astype(self.dtype, copy=False)
+        if self.grad_comm is not None:
+            # data parallel, as DDP does it: the whole dense gradient is all-reduced
+            G = np.zeros_like(self.W)
+            K.rows_grad(touched, start, order, samples, data, dz, G)
+            self.grad_comm.allreduce_sum_inplace(G)
+            K.adam_dense(self.W, self.opt_W.m, self.opt_W.v, G, hp)
+            return
         empty = np.empty(0, dtype=self.dtype)
-        K.rows_grad_adam(touched, start, order, samples, inp.data.astype(self.dtype, copy=False), dz,
+        K.rows_grad_adam(touched, start, order, samples, data, dz,
                          self.W, self.opt_W.m, self.opt_W.v, empty, empty, empty, hp, self._gbuf, self._dirty)
 
     # -- views for checks, checkpoints and inference ---------------------------------
@@ -441,7 +485,7 @@ class LSHLayer(Layer):
         self._shared_pos[C] = np.arange(C.shape[0], dtype=np.int32)
         cols = self._shared_pos[cols].astype(np.int64)  # every label of the batch is in C
         self._shared_pos[C] = -1
-        loss = softmax_xent(self.comm, [z, zC], 1, (rows, cols, w), batch.Y[0])
+        loss = softmax_xent(self.comm, [z, zC], 1, (rows, cols, w), batch.Y[0], batch.mean_over)
         self.dz, self.dzC = z, zC
         return loss
 
@@ -507,6 +551,30 @@ class LSHLayer(Layer):
     def neuron_major(self):
         return self.W
 
+    column_axis = {"W": 0, "b": 0}
+
+    def state(self) -> dict:
+        out = super().state()
+        out["dirty"] = self.dirty
+        out["schedule"] = np.array([self.rehash_period, self.rebuild_period, self.next_rehash, self.next_rebuild])
+        out.update({f"tables.{k}": v for k, v in self.tables.state_arrays().items()})
+        return out
+
+    def load_state(self, arrays: dict, tables: bool = True) -> None:
+        """Restore a slice; without `tables` (a resharded checkpoint) the tables are rebuilt."""
+        base = {k: v for k, v in arrays.items() if k in ("W", "b", "W.m", "W.v", "b.m", "b.v")}
+        Layer.load_state(self, base)
+        if "schedule" in arrays:
+            rp, bp, nr, nb = np.asarray(arrays["schedule"], dtype=np.float64)
+            self.rehash_period, self.rebuild_period = float(rp), float(bp)
+            self.next_rehash, self.next_rebuild = int(nr), int(nb)
+        if tables:
+            self.dirty[...] = np.asarray(arrays["dirty"])
+            self.tables.load_state_arrays({k[len("tables."):]: v for k, v in arrays.items() if k.startswith("tables.")})
+        else:
+            self.dirty[...] = 0
+            self.tables.build(self.W)
+
 
 def _seed31(*words) -> int:
     """A non-negative 63-bit seed for the lsh package from (seed, *words)."""
@@ -518,7 +586,15 @@ class Network:
 
     def __init__(self, config: Config, n_features: int, n_labels: int, comm: Comm | None = None):
         self.config = config
-        self.comm = comm or Comm()
+        self.world = comm or Comm()
+        if config.parallel == "data":
+            # every rank the whole model, a slice of each batch, gradients all-reduced
+            if any(config.layer_kind(i, w) == "lsh" for i, w in enumerate([*config.hidden, n_labels])):
+                raise ValueError("parallel = 'data' all-reduces dense gradients and needs dense layers; "
+                                 "set exact = true (or kinds to 'dense'), or use parallel = 'model'")
+            self.comm, grad_comm = Comm(), (self.world if self.world.size > 1 else None)
+        else:
+            self.comm, grad_comm = self.world, None
         self.dtype = np.dtype(config.dtype)
         widths = [n_features, *config.hidden, n_labels]
         for i, w in enumerate(widths[1:]):
@@ -527,14 +603,24 @@ class Network:
                                  f"every rank needs at least one neuron of every layer")
         self.layers: list[Layer] = []
         for i in range(len(widths) - 1):
-            args = (i, widths[i], widths[i + 1], i == len(widths) - 2, self.comm, config, self.dtype)
+            args = (i, widths[i], widths[i + 1], i == len(widths) - 2, self.comm, config, self.dtype, grad_comm)
             if config.layer_kind(i, widths[i + 1]) == "lsh":
                 self.layers.append(LSHLayer(*args, lsh_config=config.layer_lsh(i)))
             else:
                 self.layers.append(DenseLayer(*args))
         self.n_features, self.n_labels = n_features, n_labels
+        self.widths = widths
         self.step = 0
         self.timers = defaultdict(float)  # seconds per phase, for benchmarks
+
+    @property
+    def n_params(self) -> int:
+        """Parameters of the whole model (all ranks): sum of d_in * n + n over layers."""
+        return sum(d * n + n for d, n in zip(self.widths[:-1], self.widths[1:]))
+
+    def describe(self) -> list[dict]:
+        """The shape of the network: one dict per layer (what a checkpoint must match)."""
+        return [{"index": l.index, "kind": l.kind, "d_in": l.d_in, "n": l.n} for l in self.layers]
 
     # -- training ---------------------------------------------------------------------------
 

@@ -3,11 +3,13 @@
 Every rank runs the same loop over the same batches (the order comes from
 the seed and the epoch); the network's layers are split over the ranks.
 With one process and no MPI launcher the same code runs on a stand-in
-communicator.
+communicator. In data-parallel mode (`parallel = "data"`) every rank holds
+the whole model and takes its own slice of each batch instead.
 """
 
 from __future__ import annotations
 
+import resource
 import time
 from dataclasses import dataclass, field
 
@@ -17,10 +19,14 @@ import scipy.sparse as sp
 from threadpoolctl import threadpool_limits
 
 from dslide import kernels as K
-from dslide.comm import Comm
+from dslide.comm import Comm, allreduce_bytes
 from dslide.config import Config
 from dslide.data import XMCData
 from dslide.network import Batch, LSHLayer, Network, merge_topk
+from dslide.sharding import shard_range
+
+#: byte counters that belong to training steps (the rest: evaluation, logging, checks)
+STEP_KINDS = ("allgather", "reduce_scatter", "allgather_sparse", "reduce_scatter_sparse", "softmax_stats", "gradients")
 
 
 @dataclass
@@ -59,13 +65,13 @@ def _csr_parts(M: sp.csr_matrix, dtype=None):
     return indptr, indices, data
 
 
-def make_batch(X_parts, Y_parts, rows: np.ndarray, step: int) -> Batch:
+def make_batch(X_parts, Y_parts, rows: np.ndarray, step: int, n_global: int = 0) -> Batch:
     xp, xi, xd = K.gather_rows(*X_parts, rows)
     if Y_parts is None:
         yp, yi = np.zeros(rows.shape[0] + 1, dtype=np.int64), np.empty(0, dtype=np.int32)
     else:
         yp, yi, _ = K.gather_rows(*Y_parts, rows)
-    return Batch((xp, xi, xd), (yp, yi), rows.astype(np.int64), step)
+    return Batch((xp, xi, xd), (yp, yi), rows.astype(np.int64), step, n_global)
 
 
 def epoch_order(seed: int, epoch: int, n: int) -> np.ndarray:
@@ -73,9 +79,23 @@ def epoch_order(seed: int, epoch: int, n: int) -> np.ndarray:
     return np.random.default_rng([seed, 0x5EED, epoch]).permutation(n)
 
 
+def batch_rows(config: Config, n: int, step: int) -> np.ndarray:
+    """Data rows of global step `step` (1-based): a function of (seed, step) only, so a
+    resumed run reads exactly the batches the uninterrupted one would have."""
+    B = config.batch_size
+    steps_per_epoch = max(1, -(-n // B))
+    epoch, pos = divmod(step - 1, steps_per_epoch)
+    return epoch_order(config.seed, epoch, n)[pos * B:(pos + 1) * B]
+
+
+def total_steps(config: Config, n: int) -> int:
+    steps_per_epoch = max(1, -(-n // config.batch_size))
+    return max(1, int(round(config.epochs * steps_per_epoch)))
+
+
 def _threads(config: Config) -> int:
     n = numba.config.NUMBA_NUM_THREADS
-    return min(config.threads, n) if config.threads else numba.get_num_threads()
+    return min(config.threads, n) if config.threads else n
 
 
 def _blas_threads(net: Network, threads: int) -> int:
@@ -90,75 +110,116 @@ def _blas_threads(net: Network, threads: int) -> int:
     return 1 if any(isinstance(layer, LSHLayer) for layer in net.layers) else threads
 
 
+def peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def build_network(train_shape: tuple[int, int], config: Config, comm: Comm | None = None) -> Model:
+    """A fresh model for data of (n_features, n_labels) on `comm` (default: the MPI world)."""
+    comm = comm or Comm.world()
+    numba.set_num_threads(_threads(config))
+    net = Network(config, train_shape[0], train_shape[1], comm)
+    return Model(net, config, comm)
+
+
 def fit(train: XMCData, config: Config | None = None, test: XMCData | None = None, *,
-        comm: Comm | None = None, callback=None, verbose: bool = False) -> tuple[Model, list]:
+        comm: Comm | None = None, model: Model | None = None, callback=None,
+        verbose: bool = False, stop_at: int | None = None) -> tuple[Model, list]:
     """Train a network on `train`; returns (model, history).
 
     history: a list of dicts, one per logging point: step, epoch, samples,
-    wall_s (training time, evaluation excluded), loss (mean over the last
-    steps), and p@1/p@3/p@5 at evaluation points (every `eval_every` steps
-    and at the end, on the first `eval_points` test points).
-    callback(model, record) is called at each logging point (progress bars).
+    wall_s (training time, evaluation excluded), loss (mean over the steps
+    since the last point), bytes_per_step, and p@1/p@3/p@5 at evaluation
+    points (every `eval_every` steps and at the end, on the first
+    `eval_points` test points).
+    model: continue training this model (restored from a checkpoint: it
+    resumes after `model.network.step`).
+    callback(event, model, info): "step" after every step (info: the step),
+    "log" at each logging point (info: the record); it may return "stop".
+    stop_at: end after this global step (the rest of the schedule is kept).
     """
-    config = config or Config()
-    comm = comm or Comm.world()
+    config = config or (model.config if model else Config())
+    if model is None:
+        model = build_network((train.n_features, train.n_labels), config, comm)
+    net = model.network
+    if (train.n_features, train.n_labels) != (net.n_features, net.n_labels):
+        raise ValueError(f"the data has {train.n_features} features and {train.n_labels} labels, "
+                         f"the model {net.n_features} and {net.n_labels}")
     threads = _threads(config)
     numba.set_num_threads(threads)
-    dtype = np.dtype(config.dtype)
-    net = Network(config, train.n_features, train.n_labels, comm)
     with threadpool_limits(_blas_threads(net, threads), user_api="blas"):
-        return _fit(net, train, config, test, comm, callback, verbose, threads)
+        return _fit(model, train, test, callback, verbose, threads, stop_at)
 
 
-def _fit(net, train, config, test, comm, callback, verbose, threads):
-    dtype = net.dtype
-    model = Model(net, config, comm)
-    X = normalise_inputs(train.X, config.input_norm, dtype)
+def _fit(model, train, test, callback, verbose, threads, stop_at):
+    net, config, comm = model.network, model.config, model.comm
+    X = normalise_inputs(train.X, config.input_norm, net.dtype)
     X_parts = _csr_parts(X)
     Y_parts = _csr_parts(sp.csr_matrix(train.Y), np.float32)
     n = X.shape[0]
-    B = config.batch_size
-    steps_per_epoch = max(1, -(-n // B))
-    total_steps = max(1, int(round(config.epochs * steps_per_epoch)))
+    last = total_steps(config, n)
+    if stop_at is not None:
+        last = min(last, stop_at)
     eval_set = None
     if test is not None:
         m = min(config.eval_points, test.n_points)
         eval_set = XMCData(test.X[:m], test.Y[:m])
+    data_parallel = config.parallel == "data"
 
     history = model.history
-    loss_acc, loss_n, step = 0.0, 0, 0
-    train_time = 0.0
+    loss_acc, loss_n = 0.0, 0
+    train_time = sum(r.get("wall_s_delta", 0.0) for r in history)
+    steps_done = 0
+    bytes0 = _step_bytes(comm)
     t0 = time.perf_counter()
-    for step in range(1, total_steps + 1):
-        epoch, pos = divmod(step - 1, steps_per_epoch)
-        if pos == 0:
-            order = epoch_order(config.seed, epoch, n)
-        rows = order[pos * B:(pos + 1) * B]
-        batch = make_batch(X_parts, Y_parts, rows, step)
+    for step in range(net.step + 1, last + 1):
+        rows = batch_rows(config, n, step)
+        n_global = rows.shape[0]
+        if data_parallel and comm.size > 1:
+            lo, hi = shard_range(n_global, comm.rank, comm.size) if n_global >= comm.size else (0, n_global)
+            rows = rows[lo:hi]
+        batch = make_batch(X_parts, Y_parts, rows, step, n_global)
         loss_acc += net.train_step(batch)
         loss_n += 1
-        last = step == total_steps
-        do_eval = eval_set is not None and (last or (config.eval_every and step % config.eval_every == 0))
-        if last or do_eval or step % config.log_every == 0:
-            train_time += time.perf_counter() - t0
+        steps_done += 1
+        stop = callback is not None and callback("step", model, step) == "stop"
+        is_last = step == last or stop
+        do_eval = eval_set is not None and (is_last or (config.eval_every and step % config.eval_every == 0))
+        if is_last or do_eval or step % config.log_every == 0:
+            dt = time.perf_counter() - t0
+            train_time += dt
             loss = float(comm.allreduce_sum(np.array([loss_acc]))[0]) / loss_n
-            record = {"step": step, "epoch": step / steps_per_epoch, "samples": min(step * B, total_steps * B),
-                      "wall_s": train_time, "loss": loss}
-            loss_acc, loss_n = 0.0, 0
+            sent = _step_bytes(comm) - bytes0
+            record = {"step": step, "epoch": step / max(1, -(-n // config.batch_size)),
+                      "samples": step * config.batch_size, "wall_s": train_time, "wall_s_delta": dt,
+                      "loss": loss, "bytes_per_step": sent / max(1, steps_done),
+                      "peak_rss_mb": peak_rss_mb()}
+            loss_acc, loss_n, steps_done, bytes0 = 0.0, 0, 0, _step_bytes(comm)
             if do_eval:
                 with threadpool_limits(threads, user_api="blas"):
                     record.update(evaluate(model, eval_set, k=5, exact=True))
             history.append(record)
             if verbose and comm.rank == 0:
-                print(_format_record(record), flush=True)
-            if callback is not None:
-                callback(model, record)
+                print(format_record(record), flush=True)
+            if callback is not None and callback("log", model, record) == "stop":
+                stop = True
             t0 = time.perf_counter()
+        if stop:
+            break
     return model, history
 
 
-def _format_record(r: dict) -> str:
-    s = f"step {r['step']:6d}  epoch {r['epoch']:6.2f}  {r['wall_s']:7.1f}s  loss {r['loss']:.4f}"
+def _step_bytes(comm: Comm) -> int:
+    return sum(comm.bytes_sent.get(k, 0) for k in STEP_KINDS)
+
+
+def data_parallel_bytes(net: Network, world: int) -> int:
+    """Bytes per rank per step that a data-parallel all-reduce of every gradient sends."""
+    return allreduce_bytes(net.n_params * net.dtype.itemsize, world)
+
+
+def format_record(r: dict) -> str:
+    s = f"step {r['step']:7d}  epoch {r['epoch']:6.2f}  {r['wall_s']:7.1f}s  loss {r['loss']:.4f}"
     if "p@1" in r:
         s += f"  P@1 {r['p@1']:.4f}  P@3 {r['p@3']:.4f}  P@5 {r['p@5']:.4f}"
     return s
@@ -183,9 +244,8 @@ def predict_topk_scores(model: Model, X: sp.csr_matrix, k: int, exact: bool = Tr
         rows = np.arange(s, min(n, s + batch_size))
         batch = make_batch(parts, None, rows, net.step)
         ls, li = net.local_topk(batch, k, exact)
-        all_s = model.comm.allgather_rows(ls)
-        all_i = model.comm.allgather_rows(li)
-        ms, mi = merge_topk(all_s, all_i, k)
+        # the layers' communicator: a stand-in in data-parallel mode, where every rank has it all
+        ms, mi = merge_topk(net.comm.allgather_rows(ls), net.comm.allgather_rows(li), k)
         scores[rows], ids[rows] = ms, mi
     return ids, scores
 

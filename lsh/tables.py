@@ -512,6 +512,24 @@ class HashTables:
                 "empty_fraction": hist[0] / total, "full_fraction": hist[self.capacity] / total,
                 "histogram": hist}
 
+    _STATE = ("buckets", "fill", "head", "offered", "c1", "c2", "rng", "_item_codes_lm")
+
+    def state_arrays(self) -> dict:
+        """Every array of the tables' state (for checkpoints): name -> array."""
+        return {name.lstrip("_"): getattr(self, name) for name in self._STATE}
+
+    def load_state_arrays(self, arrays) -> None:
+        """Restore `state_arrays()` output; shapes must match these tables' settings."""
+        for name in self._STATE:
+            key = name.lstrip("_")
+            if key not in arrays:
+                raise ValueError(f"hash table state lacks {key!r}")
+            new = np.asarray(arrays[key])
+            old = getattr(self, name)
+            if name != "_item_codes_lm" and new.shape != old.shape:
+                raise ValueError(f"hash table state {key!r} has shape {new.shape}, these tables need {old.shape}")
+            setattr(self, name, np.ascontiguousarray(new, dtype=old.dtype))
+
     def __repr__(self) -> str:
         return (f"HashTables({self.family!r}, range_pow={self.range_pow}, capacity={self.capacity}, "
                 f"policy={self.policy!r}, n_items={self.n_items}, {_fmt_bytes(self.memory_bytes)})")

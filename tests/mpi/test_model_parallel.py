@@ -61,3 +61,37 @@ def test_each_rank_holds_only_its_slice():
     sizes = world.allgather_object([layer.W.shape[1] for layer in net.layers])
     assert [sum(s[i] for s in sizes) for i in range(2)] == [9, 13]
     assert max(s[1] for s in sizes) - min(s[1] for s in sizes) <= 1
+
+
+def test_data_parallel_p_ranks_equal_one_rank():
+    """parallel = "data": each rank the whole model and a slice of every batch; the
+    all-reduced gradients make every rank's model equal the 1-rank run's."""
+    X, Y = _data()
+    cfg = Config(hidden=(7,), exact=True, batch_size=32, input_norm="none", seed=5, lr=1e-2, parallel="data")
+    world = Comm(MPI.COMM_WORLD)
+    net_p, loss_p = _train_dp(cfg, X, Y, world, steps=5)
+    net_1, loss_1 = _train_dp(cfg, X, Y, Comm(), steps=5)
+    np.testing.assert_allclose(loss_p, loss_1, rtol=1e-5)
+    for lp, l1 in zip(net_p.layers, net_1.layers):
+        assert np.abs(lp.W - l1.W).max() <= 1e-5
+        assert np.abs(lp.b - l1.b).max() <= 1e-5
+    if world.size > 1:
+        W = world.allgather_object(net_p.layers[0].W.copy())
+        assert all(np.array_equal(W[0], w) for w in W), "every rank holds the same whole model"
+        expected = 2 * (world.size - 1) * net_p.n_params * 4 // world.size * 5
+        assert world.bytes_sent["gradients"] == pytest.approx(expected, rel=1e-3)
+
+
+def _train_dp(cfg, X, Y, comm, steps):
+    from dslide.sharding import shard_range
+    from dslide.train import batch_rows
+
+    net = Network(cfg, X.shape[1], Y.shape[1], comm)
+    xp, yp = _csr_parts(X), _csr_parts(Y, np.float32)
+    losses = []
+    for step in range(1, steps + 1):
+        rows = batch_rows(cfg, X.shape[0], step)
+        lo, hi = shard_range(rows.size, comm.rank, comm.size)
+        part = net.train_step(make_batch(xp, yp, rows[lo:hi], step, rows.size))
+        losses.append(float(comm.allreduce_sum(np.array([part]))[0]))
+    return net, losses
