@@ -131,7 +131,8 @@ def fit(train: XMCData, config: Config | None = None, test: XMCData | None = Non
     wall_s (training time, evaluation excluded), loss (mean over the steps
     since the last point), bytes_per_step, and p@1/p@3/p@5 at evaluation
     points (every `eval_every` steps and at the end, on the first
-    `eval_points` test points).
+    `eval_points` test points). The record covering the first step of this
+    call has warmup_s, that step's time (numba compiles the kernels there).
     model: continue training this model (restored from a checkpoint: it
     resumes after `model.network.step`).
     callback(event, model, info): "step" after every step (info: the step),
@@ -170,16 +171,23 @@ def _fit(model, train, test, callback, verbose, threads, stop_at):
     loss_acc, loss_n = 0.0, 0
     train_time = sum(r.get("wall_s_delta", 0.0) for r in history)
     steps_done = 0
+    warmup = None  # the first step of a process compiles the kernels: timed apart
     bytes0 = _step_bytes(comm)
     t0 = time.perf_counter()
-    for step in range(net.step + 1, last + 1):
+    first_step = net.step + 1
+    for step in range(first_step, last + 1):
         rows = batch_rows(config, n, step)
         n_global = rows.shape[0]
         if data_parallel and comm.size > 1:
             lo, hi = shard_range(n_global, comm.rank, comm.size) if n_global >= comm.size else (0, n_global)
             rows = rows[lo:hi]
         batch = make_batch(X_parts, Y_parts, rows, step, n_global)
-        loss_acc += net.train_step(batch)
+        if warmup is None:
+            tw = time.perf_counter()
+            loss_acc += net.train_step(batch)
+            warmup = time.perf_counter() - tw
+        else:
+            loss_acc += net.train_step(batch)
         loss_n += 1
         steps_done += 1
         stop = callback is not None and callback("step", model, step) == "stop"
@@ -194,6 +202,8 @@ def _fit(model, train, test, callback, verbose, threads, stop_at):
                       "samples": step * config.batch_size, "wall_s": train_time, "wall_s_delta": dt,
                       "loss": loss, "bytes_per_step": sent / max(1, steps_done),
                       "peak_rss_mb": peak_rss_mb()}
+            if steps_done and record["step"] - steps_done + 1 == first_step:
+                record["warmup_s"] = warmup
             loss_acc, loss_n, steps_done, bytes0 = 0.0, 0, 0, _step_bytes(comm)
             if do_eval:
                 with threadpool_limits(threads, user_api="blas"):
@@ -216,6 +226,16 @@ def _step_bytes(comm: Comm) -> int:
 def data_parallel_bytes(net: Network, world: int) -> int:
     """Bytes per rank per step that a data-parallel all-reduce of every gradient sends."""
     return allreduce_bytes(net.n_params * net.dtype.itemsize, world)
+
+
+def throughput(history: list, batch_size: int) -> float:
+    """Training samples per second over `history`, leaving out each process's first
+    step (numba compiles the kernels there)."""
+    if not history:
+        return 0.0
+    secs = sum(r.get("wall_s_delta", 0.0) - r.get("warmup_s", 0.0) for r in history)
+    steps = history[-1]["step"] - sum(1 for r in history if "warmup_s" in r)
+    return steps * batch_size / secs if secs > 0 else 0.0
 
 
 def format_record(r: dict) -> str:

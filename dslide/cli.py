@@ -1,0 +1,541 @@
+"""The `dslide` command: train, eval, predict, data.
+
+The same command runs on one process and under `mpiexec -n P`:
+
+    dslide train --train F --test F [--config C.toml] [--set key=value ...] [--out RUN_DIR]
+    dslide train --resume RUN_DIR --train F --test F
+    dslide eval --model RUN_DIR --data F [--k 5] [--exact | --lsh]
+    dslide predict --model RUN_DIR --data F --k K --out PRED.txt
+    dslide data gen --preset tiny|small|amazon-like [--points N] --out PREFIX
+    dslide data convert IN OUT
+    dslide data stats F
+
+Errors (a missing file, malformed data, a bad setting, an incompatible
+checkpoint) print one line and exit with status 2, without a traceback
+unless --debug. Under MPI an error on any rank ends every rank
+(`MPI_Abort`), so a failure never hangs the job.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+
+EXIT_USAGE = 2
+EXIT_CRASH = 1
+
+
+class UsageError(ValueError):
+    """A mistake in how dslide was called."""
+
+
+# ----------------------------------------------------------------------------
+# configuration: TOML files and --set
+# ----------------------------------------------------------------------------
+
+
+def _toml_load(path: str) -> dict:
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib
+    try:
+        with open(path, "rb") as f:
+            return tomllib.load(f)
+    except FileNotFoundError:
+        raise UsageError(f"configuration file {path} does not exist") from None
+    except tomllib.TOMLDecodeError as e:
+        raise UsageError(f"{path}: not valid TOML: {e}") from None
+
+
+def _parse_value(text: str):
+    """A --set value: a TOML value if it parses as one ("3", "1e-3", "true", "[128, 64]",
+    "'dwta'"), a list for comma-separated items ("128,64"), else the bare string."""
+    try:
+        import tomllib
+    except ModuleNotFoundError:
+        import tomli as tomllib
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        pass
+    if "," in text:
+        return [_parse_value(t.strip()) for t in text.split(",") if t.strip()]
+    return text
+
+
+def apply_sets(values: dict, sets: list[str]) -> dict:
+    """Overlay `key=value` strings on a configuration dict; dotted keys reach tables (lsh.K=8)."""
+    out = {k: (dict(v) if isinstance(v, dict) else v) for k, v in values.items()}
+    for item in sets or []:
+        if "=" not in item:
+            raise UsageError(f"--set {item!r}: expected key=value, e.g. --set lr=1e-3 or --set lsh.K=8")
+        key, text = item.split("=", 1)
+        key = key.strip()
+        value = _parse_value(text.strip())
+        if "." in key:
+            table, sub = key.split(".", 1)
+            out.setdefault(table, {})
+            if not isinstance(out[table], dict):
+                raise UsageError(f"--set {key}: {table!r} is not a table of settings")
+            out[table][sub] = value
+        else:
+            out[key] = value
+    return out
+
+
+def make_config(config_file: str | None, sets: list[str]):
+    from dslide.config import Config
+
+    values = _toml_load(config_file) if config_file else {}
+    values = apply_sets(values, sets)
+    if "hidden" in values and isinstance(values["hidden"], int):
+        values["hidden"] = [values["hidden"]]
+    for key in ("hidden", "kinds"):
+        if key in values and isinstance(values[key], list):
+            values[key] = tuple(values[key])
+    return Config.from_dict(values)
+
+
+def config_toml(config) -> str:
+    """The configuration as TOML (what the run directory keeps and --config reads back)."""
+    d = config.to_dict()
+    lines, tables = [], []
+    for k, v in d.items():
+        if isinstance(v, dict):
+            tables.append((k, v))
+        elif k == "lsh_layers":
+            if v:
+                lines.append(f"# lsh_layers: {json.dumps(v)}")
+        else:
+            lines.append(f"{k} = {_toml_value(v)}")
+    for name, table in tables:
+        lines.append(f"\n[{name}]")
+        lines.extend(f"{k} = {_toml_value(v)}" for k, v in table.items())
+    return "\n".join(lines) + "\n"
+
+
+def _toml_value(v) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return repr(v)
+    if isinstance(v, str):
+        return json.dumps(v)
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    raise TypeError(f"cannot write {v!r} as TOML")
+
+
+# ----------------------------------------------------------------------------
+# shared pieces
+# ----------------------------------------------------------------------------
+
+
+def _read(path: str, what: str):
+    from dslide.data import read_xmc
+
+    if not path:
+        raise UsageError(f"{what} is required")
+    if not os.path.exists(path):
+        raise UsageError(f"{what} {path} does not exist")
+    if os.path.isdir(path):
+        raise UsageError(f"{what} {path} is a directory, expected a data file")
+    if not os.access(path, os.R_OK):
+        raise UsageError(f"{what} {path} is not readable")
+    return read_xmc(path)
+
+
+def _say(comm, *parts, file=None):
+    if comm.rank == 0:
+        print(*parts, file=file or sys.stdout, flush=True)
+
+
+class Progress:
+    """A tqdm bar on rank 0 when stderr is a terminal, else plain log lines."""
+
+    def __init__(self, comm, total: int, start: int, quiet: bool, log_path: Path | None, batch: int):
+        self.rank0 = comm.rank == 0
+        self.bar = None
+        self.log = open(log_path, "a") if (log_path and self.rank0) else None
+        self.batch = batch
+        self.last_t = time.perf_counter()
+        self.last_step = start
+        if self.rank0 and not quiet and sys.stderr.isatty():
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, initial=start, unit="step", dynamic_ncols=True, smoothing=0.1)
+
+    def __call__(self, event, model, info):
+        if not self.rank0:
+            return None
+        if event == "step":
+            if self.bar is not None:
+                self.bar.update(1)
+            return None
+        record = {k: v for k, v in info.items() if k != "wall_s_delta"}
+        if self.log is not None:
+            self.log.write(json.dumps(record) + "\n")
+            self.log.flush()
+        now = time.perf_counter()
+        rate = (record["step"] - self.last_step) * self.batch / max(now - self.last_t, 1e-9)
+        self.last_t, self.last_step = now, record["step"]
+        if self.bar is not None:
+            post = {"samples/s": f"{rate:,.0f}", "loss": f"{record['loss']:.3f}"}
+            if "p@1" in record:
+                post["P@1"] = f"{record['p@1']:.4f}"
+            self.bar.set_postfix(post)
+        else:
+            from dslide.train import format_record
+
+            print(format_record(record) + f"  {rate:8,.0f} samples/s", flush=True)
+        return None
+
+    def close(self):
+        if self.bar is not None:
+            self.bar.close()
+        if self.log is not None:
+            self.log.close()
+
+
+# ----------------------------------------------------------------------------
+# train
+# ----------------------------------------------------------------------------
+
+RESUME_SETTABLE = {"epochs", "eval_every", "eval_points", "log_every", "checkpoint_every", "threads"}
+
+
+def cmd_train(args, comm) -> int:
+    from dslide import checkpoint as ck
+    from dslide import train as T
+    from dslide.metrics import inverse_propensity
+
+    if args.resume:
+        path = ck.latest(args.resume)
+        base = ck.config_of(path)
+        changes = apply_sets({}, args.set)
+        bad = sorted(set(changes) - RESUME_SETTABLE)
+        if bad or args.config:
+            raise UsageError(f"--resume continues a run with its own configuration; only "
+                             f"{', '.join(sorted(RESUME_SETTABLE))} may change (got {', '.join(bad) or '--config'})")
+        config = base.replace(**changes) if changes else base
+        run_dir = Path(args.resume)
+    else:
+        config = make_config(args.config, args.set)
+        run_dir = Path(args.out) if args.out else None
+        if run_dir is None:
+            stamp = comm.bcast_object(time.strftime("%Y%m%d-%H%M%S"))
+            run_dir = Path("runs") / f"run-{stamp}"
+    train = _read(args.train, "--train")
+    test = _read(args.test, "--test") if args.test else None
+    if test is not None and (test.n_features, test.n_labels) != (train.n_features, train.n_labels):
+        raise UsageError(f"--test {args.test} has {test.n_features} features and {test.n_labels} labels, "
+                         f"--train {args.train} has {train.n_features} and {train.n_labels}")
+    if comm.rank == 0:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "config.toml").write_text(config_toml(config))
+    comm.barrier()
+    _say(comm, f"dslide {__import__('dslide').__version__}: training on {train.n_points:,} points, "
+               f"{train.n_features:,} features, {train.n_labels:,} labels; {comm.size} rank(s) x "
+               f"{T._threads(config)} thread(s); run directory {run_dir}")
+    if not args.quiet:
+        _say(comm, "effective configuration:\n" + "\n".join("  " + l for l in config_toml(config).splitlines() if l))
+
+    model = T.build_network((train.n_features, train.n_labels), config, comm)
+    if args.resume:
+        manifest = ck.load_into(model.network, path, comm)
+        model.history = [r for r in manifest["extra"].get("history", [])]
+        _say(comm, f"resumed from {path} at step {model.network.step} (saved by {manifest['world_size']} rank(s))")
+    total = T.total_steps(config, train.n_points)
+    progress = Progress(comm, total, model.network.step, args.quiet, run_dir / "log.jsonl", config.batch_size)
+
+    def callback(event, m, info):
+        progress(event, m, info)
+        if event == "step" and config.checkpoint_every and info % config.checkpoint_every == 0 and info < total:
+            ck.save(m.network, run_dir, comm, extra={"history": m.history})
+        return None
+
+    t0 = time.perf_counter()
+    try:
+        model, history = T.fit(train, config, test, model=model, callback=callback)
+    finally:
+        progress.close()
+    wall = time.perf_counter() - t0
+    ck.save(model.network, run_dir, comm, extra={"history": model.history})
+    metrics = _final_metrics(model, history, test, train, wall, inverse_propensity)
+    if comm.rank == 0:
+        (run_dir / "metrics.json").write_text(json.dumps(metrics, indent=1) + "\n")
+    _say(comm, _summary(metrics, run_dir))
+    return 0
+
+
+def _final_metrics(model, history, test, train, wall, inverse_propensity) -> dict:
+    import numpy as np
+    import scipy.sparse as sp
+
+    from dslide import train as T
+
+    comm, net = model.comm, model.network
+    steps = [r for r in history]
+    train_s = sum(r.get("wall_s_delta", 0.0) for r in steps)
+    n_steps = steps[-1]["step"] if steps else 0
+    out = {}
+    if test is not None:
+        from dslide.metrics import evaluate
+
+        pred = T.predict_topk(model, test.X, 5, exact=True)
+        out.update(evaluate(sp.csr_matrix(test.Y), pred, k=5, inv_prop=inverse_propensity(train.Y)))
+    own = comm.allreduce_sum(np.array([sum(r["bytes_per_step"] * 1.0 for r in steps) / max(1, len(steps))]))[0]
+    out.update({
+        "samples_per_s": T.throughput(history, model.config.batch_size),
+        "warmup_s": sum(r.get("warmup_s", 0.0) for r in history),
+        "bytes_per_step": float(own) / comm.size,
+        "bytes_per_step_data_parallel": T.data_parallel_bytes(net, comm.size),
+        "peak_rss_mb": comm.allgather_object(round(T.peak_rss_mb(), 1)),
+        "wall_s": wall,
+        "train_s": train_s,
+        "steps": n_steps,
+        "world_size": comm.size,
+        "threads": T._threads(model.config),
+        "parallel": model.config.parallel,
+        "timers_s": {k: round(v, 3) for k, v in net.timers.items()},
+    })
+    return out
+
+
+def _summary(m: dict, run_dir: Path) -> str:
+    s = []
+    if "p@1" in m:
+        s.append(f"P@1 {m['p@1']:.4f}  P@3 {m['p@3']:.4f}  P@5 {m['p@5']:.4f}  "
+                 f"nDCG@5 {m['ndcg@5']:.4f}  PSP@5 {m.get('psp@5', float('nan')):.4f}")
+    ratio = m["bytes_per_step"] / m["bytes_per_step_data_parallel"] if m["bytes_per_step_data_parallel"] else 0.0
+    s.append(f"{m['samples_per_s']:,.0f} samples/s over {m['steps']} steps ({m['world_size']} rank(s) x "
+             f"{m['threads']} thread(s)); {m['bytes_per_step']:,.0f} bytes/step per rank"
+             + (f" ({100 * ratio:.3f}% of a data-parallel all-reduce)" if m["world_size"] > 1 else ""))
+    s.append(f"run directory: {run_dir} (metrics.json, log.jsonl, config.toml, checkpoints/)")
+    return "\n".join(s)
+
+
+# ----------------------------------------------------------------------------
+# eval / predict
+# ----------------------------------------------------------------------------
+
+
+def _load_model(run_dir: str, comm):
+    from dslide import checkpoint as ck
+    from dslide import train as T
+
+    path = ck.latest(run_dir)
+    config = ck.config_of(path)
+    manifest = ck.read_manifest(path)
+    model = T.build_network((manifest["n_features"], manifest["n_labels"]), config, comm)
+    ck.load_into(model.network, path, comm)
+    return model
+
+
+def cmd_eval(args, comm) -> int:
+    import scipy.sparse as sp
+
+    from dslide import train as T
+    from dslide.metrics import evaluate, inverse_propensity
+
+    model = _load_model(args.model, comm)
+    data = _read(args.data, "--data")
+    _check_shape(data, model, args.data)
+    t0 = time.perf_counter()
+    pred = T.predict_topk(model, data.X, args.k, exact=not args.lsh)
+    dt = time.perf_counter() - t0
+    m = evaluate(sp.csr_matrix(data.Y), pred, k=args.k,
+                 inv_prop=inverse_propensity(data.Y) if data.n_points >= 3 else None)
+    m.update({"mode": "lsh" if args.lsh else "exact", "points": data.n_points, "predict_s": dt,
+              "samples_per_s": data.n_points / max(dt, 1e-9), "world_size": comm.size,
+              "peak_rss_mb": comm.allgather_object(round(T.peak_rss_mb(), 1))})
+    if comm.rank == 0:
+        Path(args.model, "metrics.json").write_text(json.dumps({**_old_metrics(args.model), "eval": m}, indent=1) + "\n")
+        ks = range(1, args.k + 1)
+        print("  ".join(f"P@{k} {m[f'p@{k}']:.4f}" for k in ks))
+        print("  ".join(f"nDCG@{k} {m[f'ndcg@{k}']:.4f}" for k in ks))
+        if "psp@1" in m:
+            print("  ".join(f"PSP@{k} {m[f'psp@{k}']:.4f}" for k in ks))
+        print(f"{data.n_points:,} points in {dt:.2f}s ({m['mode']} scoring)")
+    return 0
+
+
+def _old_metrics(run_dir) -> dict:
+    p = Path(run_dir, "metrics.json")
+    try:
+        return {k: v for k, v in json.loads(p.read_text()).items() if k != "eval"}
+    except (OSError, json.JSONDecodeError):
+        return {}
+
+
+def _check_shape(data, model, path):
+    if data.n_features != model.n_features:
+        raise UsageError(f"{path} has {data.n_features} features; the model was trained on {model.n_features}")
+    if data.n_labels != model.n_labels:
+        raise UsageError(f"{path} has {data.n_labels} labels; the model was trained on {model.n_labels}")
+
+
+def cmd_predict(args, comm) -> int:
+    from dslide import train as T
+
+    model = _load_model(args.model, comm)
+    data = _read(args.data, "--data")
+    if data.n_features != model.n_features:
+        raise UsageError(f"{args.data} has {data.n_features} features; the model was trained on {model.n_features}")
+    ids, scores = T.predict_topk_scores(model, data.X, args.k, exact=not args.lsh)
+    if comm.rank == 0:
+        out = Path(args.out)
+        tmp = out.with_name(out.name + ".tmp")
+        with open(tmp, "w") as f:
+            for row_i, row_s in zip(ids, scores):
+                f.write(" ".join(f"{i}:{s:.6g}" for i, s in zip(row_i, row_s) if i >= 0) + "\n")
+        os.replace(tmp, out)
+        print(f"wrote the top {args.k} labels of {data.n_points:,} points to {out} (label:score per line)")
+    return 0
+
+
+# ----------------------------------------------------------------------------
+# data
+# ----------------------------------------------------------------------------
+
+
+def cmd_data(args, comm) -> int:
+    from datasets import synthetic
+
+    if comm.rank != 0:
+        return 0
+    if args.data_cmd == "gen":
+        train, test = synthetic.generate_split(args.preset, n_train=args.points, n_test=args.test_points, seed=args.seed)
+        paths = synthetic.write(args.out, train, test)
+        print(f"wrote {paths[0]} ({train.n_points:,} points) and {paths[1]} ({test.n_points:,} points): "
+              f"{train.n_features:,} features, {train.n_labels:,} labels")
+        return 0
+    if args.data_cmd == "stats":
+        data = _read(args.file, "data file")
+        print(synthetic.format_stats(synthetic.stats(data)))
+        return 0
+    if args.data_cmd == "convert":
+        return _convert(args)
+    raise UsageError("dslide data needs a command: gen, convert or stats")
+
+
+def _convert(args) -> int:
+    from dslide.data import cache_path, read_xmc, write_xmc
+
+    src, dst = args.input, args.output
+    if not os.path.exists(src):
+        raise UsageError(f"input {src} does not exist")
+    if src.endswith(".arff") or src.endswith(".arff.gz"):
+        from datasets.arff import read_arff
+
+        if args.labels is None and args.labels_xml is None:
+            raise UsageError("converting ARFF needs the number of labels (--labels N, the last N attributes) "
+                             "or the mulan label file (--labels-xml F)")
+        data = read_arff(src, args.labels, labels_xml=args.labels_xml) if args.labels_xml is None \
+            else read_arff(src, labels_xml=args.labels_xml)
+        write_xmc(dst, data.X, data.Y)
+        print(f"wrote {dst}: {data.n_points:,} points, {data.n_features:,} features, {data.n_labels:,} labels")
+        return 0
+    if dst.endswith(".dslcache.npz") or dst == "cache":
+        data = read_xmc(src, cache=True)
+        print(f"cached {src} as {cache_path(src)} ({data.n_points:,} points)")
+        return 0
+    raise UsageError(f"do not know how to convert {src} to {dst}: valid are a mulan .arff file to XMC text, "
+                     f"or XMC text to its binary cache (OUT = 'cache' or <IN>.dslcache.npz)")
+
+
+# ----------------------------------------------------------------------------
+# entry point
+# ----------------------------------------------------------------------------
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="dslide", description="Distributed SLIDE: LSH-sparse, model-parallel training "
+                                "of very wide networks on CPU clusters. Run under mpiexec -n P for P ranks.")
+    p.add_argument("--debug", action="store_true", help="show tracebacks on errors")
+    sub = p.add_subparsers(dest="cmd", required=True)
+
+    t = sub.add_parser("train", help="train a model")
+    t.add_argument("--train", required=True, help="training data (XMC text, .gz allowed)")
+    t.add_argument("--test", help="test data, evaluated during and after training")
+    t.add_argument("--config", help="TOML configuration file")
+    t.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a setting (repeatable), e.g. --set lr=1e-3 --set lsh.K=8 --set hidden=256,128")
+    t.add_argument("--out", help="run directory (default runs/run-<time>)")
+    t.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its last checkpoint")
+    t.add_argument("--quiet", action="store_true", help="plain log lines instead of a progress bar")
+    t.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
+
+    e = sub.add_parser("eval", help="evaluate a trained model: P@k, nDCG@k, PSP@k")
+    e.add_argument("--model", required=True, metavar="RUN_DIR")
+    e.add_argument("--data", required=True)
+    e.add_argument("--k", type=int, default=5)
+    g = e.add_mutually_exclusive_group()
+    g.add_argument("--exact", action="store_true", help="score every label (default)")
+    g.add_argument("--lsh", action="store_true", help="score only the labels the hash tables retrieve")
+    e.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
+
+    r = sub.add_parser("predict", help="write the top-k labels of each point")
+    r.add_argument("--model", required=True, metavar="RUN_DIR")
+    r.add_argument("--data", required=True)
+    r.add_argument("--k", type=int, default=5)
+    r.add_argument("--out", required=True, metavar="PRED.txt")
+    r.add_argument("--lsh", action="store_true", help="score only the labels the hash tables retrieve")
+    r.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
+
+    d = sub.add_parser("data", help="generate, convert and inspect data sets")
+    dsub = d.add_subparsers(dest="data_cmd", required=True)
+    gen = dsub.add_parser("gen", help="write a synthetic data set (PREFIX_train.txt, PREFIX_test.txt)")
+    gen.add_argument("--preset", required=True, choices=["tiny", "small", "amazon-like"])
+    gen.add_argument("--points", type=int, help="training points (default: the preset's)")
+    gen.add_argument("--test-points", type=int, help="test points (default: the preset's)")
+    gen.add_argument("--seed", type=int, default=0)
+    gen.add_argument("--out", required=True, metavar="PREFIX")
+    conv = dsub.add_parser("convert", help="mulan ARFF -> XMC text, or XMC text -> binary cache")
+    conv.add_argument("input", metavar="IN")
+    conv.add_argument("output", metavar="OUT")
+    conv.add_argument("--labels", type=int, help="ARFF: the last N attributes are the labels")
+    conv.add_argument("--labels-xml", help="ARFF: mulan's XML file naming the labels")
+    st = dsub.add_parser("stats", help="statistics of a data file")
+    st.add_argument("file")
+    for x in (gen, conv, st):
+        x.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
+    return p
+
+
+def main(argv=None) -> int:
+    args = parser().parse_args(argv)
+    from dslide.comm import Comm
+
+    comm = Comm.world()
+    commands = {"train": cmd_train, "eval": cmd_eval, "predict": cmd_predict, "data": cmd_data}
+    try:
+        return commands[args.cmd](args, comm)
+    except KeyboardInterrupt:
+        _fail(comm, "interrupted", EXIT_CRASH)
+    except (ValueError, OSError) as e:  # user errors: bad data, settings, files, checkpoints
+        if args.debug:
+            traceback.print_exc()
+        _fail(comm, f"error: {e}", EXIT_USAGE)
+    except Exception as e:  # a bug: say so, with the traceback
+        traceback.print_exc()
+        _fail(comm, f"internal error: {type(e).__name__}: {e}", EXIT_CRASH)
+    return 0
+
+
+def _fail(comm, message: str, code: int) -> None:
+    where = f" (rank {comm.rank} of {comm.size})" if comm.size > 1 else ""
+    print(f"dslide{where}: {message}", file=sys.stderr, flush=True)
+    if comm.size > 1:
+        comm.abort(code)  # ends every rank: the others may be waiting in a collective
+    raise SystemExit(code)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
