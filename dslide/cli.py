@@ -470,7 +470,7 @@ def parser() -> argparse.ArgumentParser:
     t.add_argument("--out", help="run directory (default runs/run-<time>)")
     t.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its last checkpoint")
     t.add_argument("--quiet", action="store_true", help="plain log lines instead of a progress bar")
-    t.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
+    t.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
 
     e = sub.add_parser("eval", help="evaluate a trained model: P@k, nDCG@k, PSP@k")
     e.add_argument("--model", required=True, metavar="RUN_DIR")
@@ -479,7 +479,7 @@ def parser() -> argparse.ArgumentParser:
     g = e.add_mutually_exclusive_group()
     g.add_argument("--exact", action="store_true", help="score every label (default)")
     g.add_argument("--lsh", action="store_true", help="score only the labels the hash tables retrieve")
-    e.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
+    e.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
 
     r = sub.add_parser("predict", help="write the top-k labels of each point")
     r.add_argument("--model", required=True, metavar="RUN_DIR")
@@ -487,7 +487,7 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--k", type=int, default=5)
     r.add_argument("--out", required=True, metavar="PRED.txt")
     r.add_argument("--lsh", action="store_true", help="score only the labels the hash tables retrieve")
-    r.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
+    r.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
 
     d = sub.add_parser("data", help="generate, convert and inspect data sets")
     dsub = d.add_subparsers(dest="data_cmd", required=True)
@@ -505,7 +505,7 @@ def parser() -> argparse.ArgumentParser:
     st = dsub.add_parser("stats", help="statistics of a data file")
     st.add_argument("file")
     for x in (gen, conv, st):
-        x.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
+        x.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     return p
 
 

@@ -1,0 +1,206 @@
+"""The dslide command: configuration, error paths, end to end, checkpoint faults."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from dslide import cli
+from dslide.config import Config
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def run(argv, capsys):
+    """main(argv) in this process -> (exit code, stdout, stderr)."""
+    try:
+        code = cli.main(argv)
+    except SystemExit as e:
+        code = e.code
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    d = tmp_path_factory.mktemp("tiny")
+    cli.main(["data", "gen", "--preset", "tiny", "--out", str(d / "tiny")])
+    return d / "tiny_train.txt", d / "tiny_test.txt"
+
+
+@pytest.fixture(scope="module")
+def trained(tiny, tmp_path_factory):
+    """A small run directory shared by the eval/predict/error tests."""
+    run_dir = tmp_path_factory.mktemp("run") / "r"
+    code = cli.main(["train", "--train", str(tiny[0]), "--test", str(tiny[1]), "--out", str(run_dir), "--quiet",
+                     "--set", "epochs=2", "--set", "hidden=16", "--set", "lr=1e-2", "--set", "batch_size=64"])
+    assert code == 0
+    return run_dir
+
+
+# -- configuration ---------------------------------------------------------------------
+
+
+def test_set_overrides_parse_toml_values_lists_and_tables(tmp_path):
+    f = tmp_path / "c.toml"
+    f.write_text('lr = 0.5\nhidden = [64]\n[lsh]\nK = 3\n')
+    c = cli.make_config(str(f), ["lr=1e-3", "hidden=256,128", "lsh.L=20", "input_norm=none", "exact=true"])
+    assert c.lr == 1e-3 and c.hidden == (256, 128) and c.lsh.K == 3 and c.lsh.L == 20
+    assert c.input_norm == "none" and c.exact is True
+    # the saved TOML reads back to the same configuration
+    g = tmp_path / "saved.toml"
+    g.write_text(cli.config_toml(c))
+    assert cli.make_config(str(g), []) == c
+
+
+@pytest.mark.parametrize("sets, message", [
+    (["lrr=1e-3"], "unknown configuration key 'lrr'; did you mean 'lr'?"),
+    (["lsh.KK=3"], "unknown configuration key 'lsh.KK'; did you mean 'lsh.K'?"),
+    (["lr=-1"], "lr = -1 must be in (0.0, 10.0]"),
+    (["dropout=1.5"], "dropout = 1.5 must be in [0.0, 1.0)"),
+    (["lsh.family=foo"], "lsh.family = 'foo' is not valid; choose one of 'dwta', 'srp', 'wta'"),
+    (["hidden=0"], "hidden[0] = 0 must be >= 1"),
+    (["batch_size=abc"], "batch_size = 'abc' must be an integer"),
+    (["lr"], "expected key=value"),
+])
+def test_bad_settings_are_one_clear_line(sets, message, tiny, capsys, tmp_path):
+    argv = ["train", "--train", str(tiny[0]), "--out", str(tmp_path / "r")]
+    for s in sets:
+        argv += ["--set", s]
+    code, out, err = run(argv, capsys)
+    assert code == 2
+    assert message in err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_config_validation_names_field_value_and_range():
+    with pytest.raises(ValueError, match=r"lsh\.min_active = -1 must be >= 0"):
+        Config(lsh={"min_active": -1})
+    with pytest.raises(ValueError, match="kinds has 1 entries but the network has 2 layers"):
+        Config(kinds=("dense",))
+
+
+# -- error paths -------------------------------------------------------------------------
+
+
+def test_missing_and_malformed_files(tiny, capsys, tmp_path):
+    code, _, err = run(["train", "--train", str(tmp_path / "nope.txt")], capsys)
+    assert code == 2 and "--train" in err and "nope.txt does not exist" in err
+    bad = tmp_path / "bad.txt"
+    bad.write_text("2 5 3\n0 1:0.5\n1 7:1.0\n")
+    code, _, err = run(["train", "--train", str(bad)], capsys)
+    assert code == 2 and "bad.txt:3" in err and "7" in err and "Traceback" not in err
+    code, _, err = run(["train", "--train", str(tiny[0]), "--config", str(tmp_path / "none.toml")], capsys)
+    assert code == 2 and "none.toml does not exist" in err
+
+
+def test_debug_shows_the_traceback(tiny, capsys, tmp_path):
+    code, _, err = run(["--debug", "train", "--train", str(tmp_path / "nope.txt")], capsys)
+    assert code == 2 and "Traceback" in err
+
+
+def test_resume_and_model_errors(trained, tiny, capsys, tmp_path):
+    code, _, err = run(["train", "--train", str(tiny[0]), "--resume", str(tmp_path / "missing")], capsys)
+    assert code == 2 and "does not exist" in err
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    code, _, err = run(["eval", "--model", str(empty), "--data", str(tiny[1])], capsys)
+    assert code == 2 and "holds no checkpoint" in err
+    code, _, err = run(["train", "--train", str(tiny[0]), "--resume", str(trained), "--set", "hidden=32"], capsys)
+    assert code == 2 and "only" in err and "hidden" in err
+    other = tmp_path / "other.txt"
+    other.write_text("1 3 2\n0 0:1\n")
+    code, _, err = run(["eval", "--model", str(trained), "--data", str(other)], capsys)
+    assert code == 2 and "3 features" in err and "1000" in err
+
+
+def test_incompatible_checkpoint_is_a_clear_error(trained, tmp_path):
+    from dslide import checkpoint as ck
+    from dslide.comm import Comm
+    from dslide.network import Network
+
+    path = ck.latest(trained)
+    net = Network(Config(hidden=(17,)), 1000, 500, Comm())
+    with pytest.raises(ck.CheckpointError, match="network of shape 16.*this run's is 17"):
+        ck.load_into(net, path, Comm())
+    # a manifest that does not match its files
+    manifest = json.loads((path / "manifest.json").read_text())
+    manifest["files"][0]["sha256"] = "0" * 64
+    broken = tmp_path / "broken"
+    (broken / "checkpoints" / path.name).mkdir(parents=True)
+    for f in path.iterdir():
+        (broken / "checkpoints" / path.name / f.name).write_bytes(f.read_bytes())
+    (broken / "checkpoints" / path.name / "manifest.json").write_text(json.dumps(manifest))
+    (broken / "checkpoints" / "LATEST").write_text(path.name)
+    net = Network(ck.config_of(path), 1000, 500, Comm())
+    with pytest.raises(ck.CheckpointError, match="does not match the checksum"):
+        ck.load_into(net, ck.latest(broken), Comm())
+
+
+# -- end to end ----------------------------------------------------------------------------
+
+
+def test_train_eval_predict_end_to_end(trained, tiny, capsys, tmp_path):
+    m = json.loads((trained / "metrics.json").read_text())
+    for key in ("p@1", "p@3", "p@5", "ndcg@5", "psp@5", "samples_per_s", "bytes_per_step", "peak_rss_mb",
+                "wall_s", "world_size", "threads"):
+        assert key in m, key
+    assert m["world_size"] == 1 and m["steps"] == 64 and len(m["peak_rss_mb"]) == 1
+    # learning: far above the most frequent label of the test set
+    from dslide.data import read_xmc
+
+    Y = read_xmc(tiny[1]).Y
+    prior = np.asarray(Y.sum(axis=0)).ravel().max() / Y.shape[0]
+    assert m["p@1"] > prior + 0.1
+    log = [json.loads(l) for l in (trained / "log.jsonl").read_text().splitlines()]
+    assert log[-1]["step"] == 64 and "loss" in log[-1] and "bytes_per_step" in log[-1]
+
+    code, out, _ = run(["eval", "--model", str(trained), "--data", str(tiny[1])], capsys)
+    assert code == 0 and f"P@1 {m['p@1']:.4f}" in out and "PSP@5" in out
+    pred = tmp_path / "pred.txt"
+    code, out, _ = run(["predict", "--model", str(trained), "--data", str(tiny[1]), "--k", "3", "--out", str(pred)],
+                       capsys)
+    lines = pred.read_text().splitlines()
+    assert code == 0 and len(lines) == 500 and all(len(l.split()) == 3 for l in lines)
+    top1 = np.array([int(l.split()[0].split(":")[0]) for l in lines])
+    hits = np.mean([Y[i, top1[i]] > 0 for i in range(500)])
+    assert hits == pytest.approx(m["p@1"])
+
+
+def test_data_stats_and_convert(tiny, capsys, tmp_path):
+    code, out, _ = run(["data", "stats", str(tiny[1])], capsys)
+    assert code == 0 and "500" in out
+    arff = tmp_path / "x.arff"
+    arff.write_text("@relation t\n@attribute f0 numeric\n@attribute f1 numeric\n@attribute l0 {0,1}\n"
+                    "@attribute l1 {0,1}\n@data\n{0 0.5,3 1}\n{1 2}\n")
+    code, out, _ = run(["data", "convert", str(arff), str(tmp_path / "x.txt"), "--labels", "2"], capsys)
+    assert code == 0
+    assert (tmp_path / "x.txt").read_text().splitlines() == ["2 2 2", "1 0:0.5", " 1:2"]
+
+
+# -- checkpoint written while the process dies ----------------------------------------------
+
+
+def test_a_checkpoint_write_killed_midway_leaves_the_previous_one(trained, tiny, tmp_path):
+    import shutil
+
+    run_dir = tmp_path / "r"
+    shutil.copytree(trained, run_dir)
+    before = (run_dir / "checkpoints" / "LATEST").read_text()
+    for point in ("checkpoint-rank-file", "checkpoint-before-latest"):
+        env = dict(os.environ, DSLIDE_FAULT=point)
+        p = subprocess.run([sys.executable, "-m", "dslide", "train", "--train", str(tiny[0]), "--resume", str(run_dir),
+                            "--set", "epochs=3", "--quiet"], env=env, capture_output=True, text=True, timeout=300)
+        assert p.returncode == 75, p.stderr
+        assert (run_dir / "checkpoints" / "LATEST").read_text() == before
+        from dslide import checkpoint as ck
+        from dslide.comm import Comm
+        from dslide.network import Network
+
+        path = ck.latest(run_dir)
+        net = Network(ck.config_of(path), 1000, 500, Comm())
+        assert ck.load_into(net, path, Comm())["step"] == 64
