@@ -254,7 +254,11 @@ def cmd_train(args, comm) -> int:
     total = T.total_steps(config, train.n_points)
     progress = Progress(comm, total, model.network.step, args.quiet, run_dir / "log.jsonl", config.batch_size)
 
+    fault = os.environ.get("DSLIDE_FAULT", "")
+
     def callback(event, m, info):
+        if event == "step" and fault == f"raise-rank{comm.rank}-step{info}":  # test hook
+            raise RuntimeError(f"injected fault on rank {comm.rank} at step {info}")
         progress(event, m, info)
         if event == "step" and config.checkpoint_every and info % config.checkpoint_every == 0 and info < total:
             ck.save(m.network, run_dir, comm, extra={"history": m.history})

@@ -229,7 +229,7 @@ class Layer:
                 "b.m": self.opt_b.m, "b.v": self.opt_b.v}
 
     def load_state(self, arrays: dict) -> None:
-        for name, arr in self.state().items():
+        for name, arr in Layer.state(self).items():
             if name not in arrays:
                 raise ValueError(f"layer {self.index}: checkpoint lacks {name!r}")
             new = np.asarray(arrays[name])
