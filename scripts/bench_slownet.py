@@ -320,7 +320,7 @@ def markdown(res: dict, an: dict) -> str:
                 L.append(f"| {CAP_LABEL.get(rate, rate)} | {method} | {r['P']} | {_fmt_s(r['step_s'])} | "
                          f"{r['samples_per_s']:,.1f} | {_bytes(r['bytes_per_step'])} | {_bytes(r['sent_bytes'])} | "
                          f"{_bytes(r['qdisc_bytes'])} | {'yes' if r['qdisc_ok'] else '**NO**'} | "
-                         f"{100 * r.get('busy_before', 0.0):.0f}% |")
+                         + (f"{100 * r['busy_before']:.0f}%" if "busy_before" in r else "-") + " |")
     L.append("")
     byP = {}
     for r in res["runs"]:
