@@ -83,7 +83,10 @@ def _check_nonneg(name: str, value) -> float:
 
 def _beta(bandwidth, P: int, shared_medium: bool) -> float:
     """Seconds per byte of one rank's traffic; 0 for an infinite bandwidth."""
-    b = float(bandwidth)
+    try:
+        b = float(bandwidth)
+    except (TypeError, ValueError):
+        b = math.nan
     if not b > 0:
         raise ValueError(f"bandwidth = {bandwidth!r} must be > 0 bytes/s (math.inf for no limit)")
     if math.isinf(b):
@@ -173,10 +176,15 @@ def data_parallel_bytes_per_step(P: int, model_bytes: float) -> float:
 
 
 def _check_pos_int(name: str, value) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) and not hasattr(value, "__index__") \
-            or not float(value).is_integer() or value < 1:
+    try:
+        if isinstance(value, bool):
+            raise TypeError
+        v = operator.index(value)
+    except TypeError:
+        raise ValueError(f"{name} = {value!r} must be an integer >= 1") from None
+    if v < 1:
         raise ValueError(f"{name} = {value!r} must be an integer >= 1")
-    return int(value)
+    return v
 
 
 # -- step times -------------------------------------------------------------------------------

@@ -195,6 +195,8 @@ def test_fit_step_edge_cases():
     (lambda: C.dslide_step_time(2, 0.0, 0.0, 256, 128, 0.1), "bandwidth = 0.0"),
     (lambda: C.dslide_step_time(2, 1e8, -1.0, 256, 128, 0.1), "latency = -1.0"),
     (lambda: C.dslide_step_time(2, 1e8, 0.0, 0, 128, 0.1), "batch = 0"),
+    (lambda: C.dslide_step_time(2, 1e8, 0.0, 256, 12.5, 0.1), "hidden = 12.5"),
+    (lambda: C.dslide_step_time(2, None, 0.0, 256, 128, 0.1), "bandwidth = None"),
     (lambda: C.dslide_step_time(2, 1e8, 0.0, 256, 128, -0.1), "compute_split_s = -0.1"),
     (lambda: C.data_parallel_step_time(2, 1e8, 0.0, float("nan"), 0.1), "model_bytes = nan"),
     (lambda: C.allreduce_time(2, 10, 1e8, 0.0, "tree"), "'tree' is not valid; choose one of 'ring'"),
