@@ -302,7 +302,9 @@ def format_table(rows, target_p1=None) -> str:
                  _fmt(r["samples_per_s"], ",.0f"), str(r["steps"]), _fmt(r["train_s"], ".1f"),
                  _fmt(r["p@1"], ".4f"), _fmt(r["p@3"], ".4f"), _fmt(r["p@5"], ".4f")]
         if target_p1 is not None:
-            cells.append(_fmt(time_to_p1(r["log"], target_p1), ".1f"))
+            t = time_to_p1(r["log"], target_p1)
+            ep = next((rec["epoch"] for rec in r["log"] if rec.get("wall_s") == t), None)
+            cells.append("not reached" if t is None else f"{t:.1f} (epoch {ep:.1f})")
         cells.append(_fmt(r["peak_rss_mb"], ",.0f"))
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)

@@ -170,7 +170,7 @@ def _numpy_precision(X, Y, W, k_max=5):
     return {f"p@{k}": float(np.mean(hits[:, :k].sum(axis=1) / k)) for k in (1, 3, 5)}
 
 
-@pytest.mark.parametrize("first_layer,adam", [("embedding_bag", "default"), ("sparse_mm", "fused")])
+@pytest.mark.parametrize("first_layer,adam", [("embedding_bag", "fused"), ("sparse_mm", "default")])
 def test_trainer_steps_equal_numpy(tmp_path, first_layer, adam):
     py = _torch_python()
     rng = np.random.default_rng(11)
