@@ -89,8 +89,8 @@ class Split:
         if self.indptr.shape[0] != self.n + 1 or self.y_indptr.shape[0] != self.n + 1:
             raise ValueError(f"{path}: indptr lengths ({self.indptr.shape[0]}, {self.y_indptr.shape[0]}) "
                              f"do not match n_points + 1 ({self.n + 1})")
-        # Norms in float64, as dslide's data are float32 values of well-scaled rows;
-        # an empty row stays empty.
+        # Norms accumulate in float64 (dslide's differ from these by float32 rounding);
+        # an empty row stays empty rather than dividing by zero.
         row = np.repeat(np.arange(self.n), np.diff(self.indptr))
         norms = np.sqrt(np.bincount(row, weights=data * data, minlength=self.n))
         norms[norms == 0] = 1.0
@@ -257,7 +257,7 @@ def train(args):
     torch.set_num_threads(args.threads)
     # Measured here: a softmax over 670,091 labels made the backward 8x slower
     # until denormal floats were flushed to zero.
-    torch.set_flush_denormal(True)
+    torch.set_flush_denormal(not args.no_flush_denormal)
     torch.manual_seed(args.seed)          # dropout masks
     gen = torch.Generator().manual_seed(args.seed)
 
@@ -340,6 +340,7 @@ def train(args):
         "peak_rss_mb": peak_rss_mb(),
         "torch_version": torch.__version__, "threads": torch.get_num_threads(),
         "dtype": args.dtype, "first_layer": args.first_layer, "adam": args.adam,
+        "flush_denormal": not args.no_flush_denormal,
         "shape": [tr.n, tr.n_features, tr.n_labels],
     }
 
@@ -367,6 +368,8 @@ def parse_args(argv=None):
     ap.add_argument("--first-layer", default="embedding_bag", choices=FIRST_LAYERS)
     ap.add_argument("--adam", default="fused", choices=ADAM_IMPLS,
                     help="torch.optim.Adam implementation (default: fused; 'default': torch's own choice)")
+    ap.add_argument("--no-flush-denormal", action="store_true",
+                    help="leave denormal floats on (only to measure what flushing them saves)")
     ap.add_argument("--load-init", default=None, help="start from the weights in this .npz")
     ap.add_argument("--save-init", default=None, help="write the initial weights to this .npz")
     ap.add_argument("--save-final", default=None, help="write the final weights to this .npz")

@@ -101,12 +101,19 @@ def import_npz(path) -> XMCData:
 # --------------------------------------------------------------------------- the torch venv
 
 
-def _child_env(threads: int | None = None) -> dict:
+def _thread_vars(threads: int, omp_wait_policy: str | None = None) -> dict:
+    """The environment a trainer with `threads` threads runs under (see run_torch)."""
+    out = {var: str(threads) for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")}
+    if omp_wait_policy is not None:
+        out["OMP_WAIT_POLICY"] = omp_wait_policy
+    return out
+
+
+def _child_env(threads: int | None = None, omp_wait_policy: str | None = None) -> dict:
     env = dict(os.environ, PYTHONNOUSERSITE="1")
     env.pop("PYTHONPATH", None)  # the child must not see the project's packages
     if threads is not None:
-        for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
-            env[var] = str(threads)
+        env.update(_thread_vars(threads, omp_wait_policy))
     return env
 
 
@@ -174,7 +181,7 @@ def run_torch(train: XMCData, test: XMCData | None, *, hidden: int = 128, lr: fl
               batch_size: int = 256, epochs: float = 1.0, time_budget: float | None = None,
               threads: int = 1, seed: int = 0, dropout: float = 0.0, init_input_scale: float = 0.1,
               eval_every: int = 0, eval_points: int = 2000, workdir, python=None,
-              extra_args=(), timeout: float | None = None) -> dict:
+              omp_wait_policy: str | None = None, extra_args=(), timeout: float | None = None) -> dict:
     """Train dslide's network with PyTorch (`_torch_train.py`) on `train`; evaluate on `test`.
 
     Returns a dict. Always `available` (bool); when False, `reason` (torch could
@@ -184,12 +191,20 @@ def run_torch(train: XMCData, test: XMCData | None, *, hidden: int = 128, lr: fl
     test points; None without `test`), log (list of the JSONL records: step,
     epoch, samples, wall_s, loss, p@k at evaluation points), peak_rss_mb,
     torch_version, threads, steps, samples, train_s, stopped_by ("steps" or
-    "time_budget"), command (the child's command line).
+    "time_budget"), command (the child's command line with its thread
+    variables), omp_wait_policy.
 
     python: the interpreter to run the trainer with (no install is tried);
     default: `.venv-torch`'s, created on demand. extra_args: more trainer
     options (e.g. ("--first-layer", "sparse_mm")). workdir: where the .npz
-    inputs and the log go. Raises RuntimeError when the trainer itself fails.
+    inputs and the log go (one run at a time per workdir). Raises RuntimeError
+    when the trainer itself fails.
+
+    The child runs with OMP_NUM_THREADS, MKL_NUM_THREADS and OPENBLAS_NUM_THREADS
+    set to `threads`. omp_wait_policy ("ACTIVE" or "PASSIVE", default: whatever
+    the environment says) sets OMP_WAIT_POLICY: measured here, with another
+    process busy on one of the 2 cores, 2 threads ran 2.5x slower than with
+    PASSIVE (OpenMP threads spinning for a core that is not theirs).
     """
     _check("hidden", hidden, isinstance(hidden, int) and hidden >= 1, "an integer >= 1")
     _check("lr", lr, lr > 0, "> 0")
@@ -201,6 +216,8 @@ def run_torch(train: XMCData, test: XMCData | None, *, hidden: int = 128, lr: fl
     _check("init_input_scale", init_input_scale, init_input_scale > 0, "> 0")
     _check("eval_every", eval_every, eval_every >= 0, ">= 0")
     _check("eval_points", eval_points, eval_points >= 0, ">= 0")
+    _check("omp_wait_policy", omp_wait_policy, omp_wait_policy in (None, "ACTIVE", "PASSIVE"),
+           "None, 'ACTIVE' or 'PASSIVE'")
     if test is not None and (test.n_features, test.n_labels) != (train.n_features, train.n_labels):
         raise ValueError(f"test has (features, labels) = {(test.n_features, test.n_labels)}, train "
                          f"{(train.n_features, train.n_labels)}; they must match")
@@ -228,14 +245,18 @@ def run_torch(train: XMCData, test: XMCData | None, *, hidden: int = 128, lr: fl
     if time_budget is not None:
         cmd += ["--time-budget", repr(float(time_budget))]
     cmd += [str(a) for a in extra_args]
-    r = subprocess.run(cmd, capture_output=True, text=True, env=_child_env(threads), timeout=timeout)
+    env_vars = _thread_vars(threads, omp_wait_policy)
+    r = subprocess.run(cmd, capture_output=True, text=True, env=_child_env(threads, omp_wait_policy),
+                       timeout=timeout)
     if r.returncode != 0:
         tail = "\n".join(r.stderr.strip().splitlines()[-15:])
         raise RuntimeError(f"the PyTorch trainer failed (exit {r.returncode}): {shlex.join(cmd)}\n{tail}")
     summary = json.loads(r.stdout.strip().splitlines()[-1])
     with open(log_path) as f:
         log = [json.loads(line) for line in f if line.strip()]
-    return {"available": True, **summary, "log": log, "command": shlex.join(cmd)}
+    shown = " ".join(f"{k}={v}" for k, v in env_vars.items())
+    return {"available": True, **summary, "log": log, "command": f"{shown} {shlex.join(cmd)}",
+            "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY") if omp_wait_policy is None else omp_wait_policy}
 
 
 def time_to_p1(log, target: float):
@@ -271,10 +292,12 @@ def load_data(spec: str, points: int | None, test_points: int | None, seed: int)
 
 
 def _short_command(cmd: str) -> str:
-    """The trainer's options without the interpreter and file paths."""
-    parts = shlex.split(cmd)[2:]
+    """The trainer's options without the interpreter, the file paths and the thread variables."""
+    parts = shlex.split(cmd)
+    while parts and "=" in parts[0] and not parts[0].startswith("-"):
+        parts.pop(0)
     out, skip = [], False
-    for a in parts:
+    for a in parts[2:]:
         if skip:
             skip = False
             continue
@@ -298,7 +321,8 @@ def format_table(rows, target_p1=None) -> str:
     head.append("peak MB")
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
-        cells = [f"`{_short_command(r['command'])}`", r["data"], str(r["threads"]),
+        policy = f"OMP_WAIT_POLICY={r['omp_wait_policy']} " if r.get("omp_wait_policy") else ""
+        cells = [f"`{policy}{_short_command(r['command'])}`", r["data"], str(r["threads"]),
                  _fmt(r["samples_per_s"], ",.0f"), str(r["steps"]), _fmt(r["train_s"], ".1f"),
                  _fmt(r["p@1"], ".4f"), _fmt(r["p@3"], ".4f"), _fmt(r["p@5"], ".4f")]
         if target_p1 is not None:
@@ -330,6 +354,8 @@ def main(argv=None) -> int:
     ap.add_argument("--eval-points", type=int, default=2000)
     ap.add_argument("--target-p1", type=float, default=None, help="report the training time to this P@1")
     ap.add_argument("--repeat", type=int, default=1, help="runs per thread count (the machine may be shared)")
+    ap.add_argument("--omp-wait-policy", default=None, choices=("ACTIVE", "PASSIVE"),
+                    help="OMP_WAIT_POLICY of the trainer (default: the environment's)")
     ap.add_argument("--python", default=None, help="python with torch to use (default: .venv-torch's)")
     ap.add_argument("--workdir", default=str(ROOT / "runs" / "bench_vs_torch"))
     ap.add_argument("--json", default=None, help="also write the results (list of dicts) to this file")
@@ -369,7 +395,8 @@ def main(argv=None) -> int:
                           epochs=args.epochs, time_budget=args.time_budget, threads=threads, seed=args.seed,
                           dropout=args.dropout, init_input_scale=args.init_input_scale,
                           eval_every=args.eval_every, eval_points=args.eval_points,
-                          workdir=args.workdir, python=py, extra_args=args.trainer_args)
+                          workdir=args.workdir, python=py, omp_wait_policy=args.omp_wait_policy,
+                          extra_args=args.trainer_args)
             r["data"] = f"{args.data}: {shape}"
             print(f"[bench_vs_torch] threads {threads} run {rep + 1}: {_fmt(r['samples_per_s'], ',.0f')} "
                   f"samples/s, P@1 {_fmt(r['p@1'], '.4f')}", file=sys.stderr, flush=True)

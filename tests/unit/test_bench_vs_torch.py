@@ -113,6 +113,8 @@ def test_run_torch_checks_options(tmp_path):
         bvt.run_torch(data, data, batch_size=0, workdir=tmp_path, python=sys.executable)
     with pytest.raises(ValueError, match=r"dropout \(1.0\)"):
         bvt.run_torch(data, data, dropout=1.0, workdir=tmp_path, python=sys.executable)
+    with pytest.raises(ValueError, match="PASSIVE"):
+        bvt.run_torch(data, data, omp_wait_policy="passive", workdir=tmp_path, python=sys.executable)
 
 
 def test_time_to_p1():
@@ -231,7 +233,7 @@ def test_run_torch_end_to_end(tmp_path):
     train = _random_data(rng, 300, 40, 12)
     test = _random_data(rng, 50, 40, 12)
     r = bvt.run_torch(train, test, hidden=16, lr=1e-2, batch_size=32, epochs=2.0, threads=1,
-                      eval_every=5, eval_points=30, workdir=tmp_path)
+                      eval_every=5, eval_points=30, workdir=tmp_path, omp_wait_policy="PASSIVE")
     assert r["available"] is True and r["torch_version"].startswith("2.13.0")
     steps = 2 * 10  # ceil(300 / 32) = 10 per epoch
     assert r["steps"] == steps and r["samples"] == 600 and r["stopped_by"] == "steps"
@@ -242,4 +244,18 @@ def test_run_torch_end_to_end(tmp_path):
     assert r["samples_per_s"] > 0 and r["peak_rss_mb"] > 0 and r["threads"] == 1
     assert r["p@1"] == r["log"][-1]["p@1"] and r["eval_points"] == 30
     assert py in r["command"] and "--threads 1" in r["command"]
-    assert "| 1 |" in bvt.format_table([{**r, "data": "x"}], target_p1=0.5)
+    assert r["command"].startswith("OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 "
+                                   "OMP_WAIT_POLICY=PASSIVE ")
+    table = bvt.format_table([{**r, "data": "x"}], target_p1=0.5)
+    assert "| 1 |" in table and "`OMP_WAIT_POLICY=PASSIVE _torch_train.py --hidden 16 " in table
+
+
+def test_script_without_torch_says_so_and_exits_0(tmp_path, capsys):
+    if subprocess.run([sys.executable, "-c", "import torch"], capture_output=True).returncode == 0:
+        pytest.skip(f"{sys.executable} imports torch")
+    out = tmp_path / "r.json"
+    assert bvt.main(["--data", "tiny", "--python", sys.executable, "--json", str(out)]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert len(lines) == 2 and "PyTorch is not available" in lines[0]
+    assert json.loads(lines[1])["available"] is False
+    assert json.loads(out.read_text())[0]["available"] is False
