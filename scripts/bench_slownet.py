@@ -14,8 +14,10 @@ MPICH send over TCP on it):
      baseline (`parallel=data`, which needs dense layers: `exact=true`, the
      gradient all-reduce Horovod and PyTorch DDP perform), at P = 1 (unlimited
      only), 2 and 4 ranks, one thread each (a rank is a one-core node);
-     records time per step (batch / samples_per_s, the first, compiling step
-     left out by dslide), bytes per step, and the qdisc's byte counter, which
+     records time per step (the median over the run's steps after the first,
+     compiling one, from log.jsonl with log_every=1: the median resists the
+     other jobs that share the machine), samples/s (batch / that median, and
+     dslide's own mean), bytes per step, and the qdisc's byte counter, which
      must be at least the bytes all ranks sent (the check that the traffic
      went through the cap);
   3. fits dslide.costmodel's compute terms from the unlimited runs (per P:
@@ -184,7 +186,7 @@ def train_run(method: str, P: int, rate: str, data: Path, steps: int, points: in
         cmd = [MPIEXEC, "-n", P, PY, "-m", "mpi4py", "-m", "dslide", "train",
                "--train", f"{data}_train.txt", "--test", f"{data}_test.txt",
                "--set", f"epochs={epochs!r}", "--set", "threads=1", "--set", f"batch_size={BATCH}",
-               "--set", f"hidden={HIDDEN}", "--set", "log_every=1000000", "--set", "eval_points=64",
+               "--set", f"hidden={HIDDEN}", "--set", "log_every=1", "--set", "eval_points=64",
                "--out", run_dir, "--quiet"]
         if method == "data-parallel":
             cmd += ["--set", "parallel=data", "--set", "exact=true"]
@@ -193,9 +195,11 @@ def train_run(method: str, P: int, rate: str, data: Path, steps: int, points: in
         stats = slownet(rate, cmd, work / f"{tag}.stats.json", work / f"{tag}.log", timeout=3600)
         wall = time.perf_counter() - t0
         m = json.loads((run_dir / "metrics.json").read_text())
+        times = step_times(run_dir / "log.jsonl")
         sent = m["bytes_per_step"] * m["world_size"] * m["steps"]
-        rec = {"method": method, "P": P, "rate": rate, "steps": m["steps"], "samples_per_s": m["samples_per_s"],
-               "step_s": BATCH / m["samples_per_s"], "bytes_per_step": m["bytes_per_step"],
+        rec = {"method": method, "P": P, "rate": rate, "steps": m["steps"], "step_times_s": times,
+               "step_s": median(times), "samples_per_s": BATCH / median(times),
+               "mean_samples_per_s": m["samples_per_s"], "bytes_per_step": m["bytes_per_step"],
                "bytes_per_step_data_parallel": m["bytes_per_step_data_parallel"], "sent_bytes": sent,
                "qdisc_bytes": stats["qdisc_bytes"], "qdisc_packets": stats["qdisc_packets"],
                "dropped": stats["dropped"], "qdisc_ok": stats["qdisc_bytes"] >= sent, "run_wall_s": wall,
@@ -207,6 +211,24 @@ def train_run(method: str, P: int, rate: str, data: Path, steps: int, points: in
         if best is None or rec["step_s"] < best["step_s"]:
             best = rec
     return best
+
+
+def step_times(log: Path) -> list[float]:
+    """Seconds of each training step after the first (which compiles), from a run's log.jsonl
+    written with log_every=1 (one record per step, `wall_s` the training time so far)."""
+    recs = sorted((json.loads(line) for line in log.read_text().splitlines() if line.strip()),
+                  key=lambda r: r["step"])
+    recs = [r for r in recs if "wall_s" in r]
+    times = [b["wall_s"] - a["wall_s"] for a, b in zip(recs, recs[1:]) if b["step"] == a["step"] + 1]
+    if not times:
+        raise RuntimeError(f"{log}: fewer than 2 consecutive step records; cannot time steps")
+    return times
+
+
+def median(xs: list[float]) -> float:
+    xs = sorted(xs)
+    n = len(xs)
+    return xs[n // 2] if n % 2 else 0.5 * (xs[n // 2 - 1] + xs[n // 2])
 
 
 # -- 3./4. the model -------------------------------------------------------------------------------
@@ -287,7 +309,9 @@ def markdown(res: dict, an: dict) -> str:
              f"LSH output layer (default settings). Data parallel: `parallel=data`, dense layers "
              f"(`exact=true`, which data parallelism needs), the gradient all-reduce of Horovod/DDP. "
              f"Steps per run: dslide {res['steps']['dslide']}, data parallel {res['steps']['data-parallel']} "
-             f"(the first, compiling step is left out of the timings); best of {res['repeats']} run(s) "
+             f"(the first, compiling step is left out; time per step is the median over a run's steps, "
+             f"samples/s = batch / that median, `mean samples/s` is dslide's own figure over all steps, "
+             f"periodic LSH table upkeep included); best of {res['repeats']} run(s) "
              f"({res.get('dp_capped_repeats', res['repeats'])} for the capped data-parallel ones, minutes each).\n")
     L.append("Every rank runs inside a private network namespace (`scripts/slownet.sh`) whose loopback is "
              "capped by a `tc tbf` qdisc; MPICH sends over TCP on it (`MPIR_CVAR_NOLOCAL=1`, "
@@ -311,14 +335,16 @@ def markdown(res: dict, an: dict) -> str:
                  f"{'-' if c['burst_bytes'] is None or rate == 'none' else _bytes(c['burst_bytes'])} |")
     L.append("")
     L.append("## Measured time per step\n")
-    L.append("| cap | method | P | time/step | samples/s | bytes/step/rank | all ranks sent | qdisc counted | qdisc >= sent | busy |")
-    L.append("|---|---|---:|---:|---:|---:|---:|---:|:---:|---:|")
+    L.append("| cap | method | P | time/step (median) | samples/s | mean samples/s | bytes/step/rank | all ranks sent "
+             "| qdisc counted | qdisc >= sent | busy |")
+    L.append("|---|---|---:|---:|---:|---:|---:|---:|---:|:---:|---:|")
     for rate in res["caps"]:
         for method in METHODS:
             for r in sorted((r for r in res["runs"] if r["method"] == method and r["rate"] == rate),
                             key=lambda r: r["P"]):
                 L.append(f"| {CAP_LABEL.get(rate, rate)} | {method} | {r['P']} | {_fmt_s(r['step_s'])} | "
-                         f"{r['samples_per_s']:,.1f} | {_bytes(r['bytes_per_step'])} | {_bytes(r['sent_bytes'])} | "
+                         f"{r['samples_per_s']:,.1f} | {r.get('mean_samples_per_s', r['samples_per_s']):,.1f} | "
+                         f"{_bytes(r['bytes_per_step'])} | {_bytes(r['sent_bytes'])} | "
                          f"{_bytes(r['qdisc_bytes'])} | {'yes' if r['qdisc_ok'] else '**NO**'} | "
                          + (f"{100 * r['busy_before']:.0f}%" if "busy_before" in r else "-") + " |")
     L.append("")
@@ -458,7 +484,7 @@ def main(argv=None) -> int:
     ap.add_argument("--points", type=int, default=5120, help="training points of the Amazon-like data")
     ap.add_argument("--dslide-steps", type=int, default=20, help="steps per dslide run (the first is left out)")
     ap.add_argument("--dp-steps", type=int, default=3, help="steps per data-parallel run (the first is left out)")
-    ap.add_argument("--repeats", type=int, default=2, help="runs per point at the unlimited cap and for dslide (best kept)")
+    ap.add_argument("--repeats", type=int, default=3, help="runs per point at the unlimited cap and for dslide (best kept)")
     ap.add_argument("--dp-capped-repeats", type=int, default=1,
                     help="runs per capped data-parallel point (minutes each at 100mbit)")
     ap.add_argument("--latency-us", type=float, default=50.0, help="per-message latency of the predicted cluster")
