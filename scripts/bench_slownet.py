@@ -9,6 +9,7 @@ MPICH send over TCP on it):
   1. calibrates the cap with scripts/slownet_probe.py: payload bandwidth of a
      one-way stream (TCP/IP headers and acknowledgements cost ~6%) and the
      half round trip of a 1-byte ping-pong (best of --repeats);
+  1b. checks the model's all-reduce time against one MPI all-reduce per cap and P;
   2. trains the same Amazon-like model (670,091 labels, hidden 128, batch 256)
      with dslide (model parallel, LSH output layer) and with the data-parallel
      baseline (`parallel=data`, which needs dense layers: `exact=true`, the
@@ -169,6 +170,28 @@ def calibrate(rate: str, work: Path, repeats: int) -> dict:
                 best = rec
         say(f"  probe {rate}: {p['payload_bytes'] * 8 / p['seconds'] / 1e6:,.1f} Mbit/s payload, "
             f"latency {p['latency_us']:.1f} us, qdisc {stats['qdisc_bytes']:,} B for {p['payload_bytes']:,} B")
+    return best
+
+
+def collective_check(rate: str, P: int, link: dict, work: Path, repeats: int) -> dict:
+    """One MPI all-reduce of ~4 s worth of bytes at the cap, timed (best of `repeats`), against the model's ring all-reduce."""
+    mbytes = max(1.0, link["bandwidth"] * 4.0 / (2 * (P - 1)) / 1e6)  # all ranks move 2 (P - 1) x the buffer
+    best = None
+    for i in range(repeats):
+        out = work / f"allreduce-{rate}-P{P}-{i}.json"
+        wait_quiet()
+        stats = slownet(rate, [MPIEXEC, "-n", P, PY, PROBE, "--pattern", "allreduce", "--mbytes", mbytes, "--json", out],
+                        work / f"allreduce-{rate}-P{P}-{i}.stats.json", work / f"allreduce-{rate}-P{P}-{i}.log",
+                        timeout=600)
+        p = json.loads(out.read_text())
+        if best is None or p["seconds"] < best["measured_s"]:
+            n = int(mbytes * 1e6) // 4 * 4
+            pred = C.allreduce_time(P, n, link["bandwidth"], link["latency"], "ring", shared_medium=True)
+            best = {"rate": rate, "P": P, "buffer_bytes": n, "payload_bytes": p["payload_bytes"],
+                    "measured_s": p["seconds"], "predicted_s": pred, "error": pred / p["seconds"] - 1.0,
+                    "qdisc_bytes": stats["qdisc_bytes"], "qdisc_ok": stats["qdisc_bytes"] >= p["payload_bytes"]}
+    say(f"  all-reduce {rate} P={P}: {_bytes(best['buffer_bytes'])} in {best['measured_s']:.3f} s, model "
+        f"{best['predicted_s']:.3f} s ({100 * best['error']:+.1f}%), qdisc {best['qdisc_bytes']:,} B")
     return best
 
 
@@ -334,6 +357,17 @@ def markdown(res: dict, an: dict) -> str:
                  f"{c['latency'] * 1e6:.1f} us | {c['qdisc_bytes'] / c['payload_bytes']:.3f} | "
                  f"{'-' if c['burst_bytes'] is None or rate == 'none' else _bytes(c['burst_bytes'])} |")
     L.append("")
+    if res.get("collectives"):
+        L.append("One MPI all-reduce (MPICH's own algorithm, float32 sum) through each cap against the model's ring "
+                 "all-reduce on the shared link, 2 (P - 1) / P * n * P / bandwidth + 2 (P - 1) * latency, from the "
+                 "calibration above:\n")
+        L.append("| cap | P | buffer per rank | measured | model | error | qdisc >= payload |")
+        L.append("|---|---:|---:|---:|---:|---:|:---:|")
+        for c in res["collectives"]:
+            L.append(f"| {CAP_LABEL.get(c['rate'], c['rate'])} | {c['P']} | {_bytes(c['buffer_bytes'])} | "
+                     f"{_fmt_s(c['measured_s'])} | {_fmt_s(c['predicted_s'])} | {100 * c['error']:+.1f}% | "
+                     f"{'yes' if c['qdisc_ok'] else '**NO**'} |")
+        L.append("")
     L.append("## Measured time per step\n")
     L.append("| cap | method | P | time/step (median) | samples/s | mean samples/s | bytes/step/rank | all ranks sent "
              "| qdisc counted | qdisc >= sent | busy |")
@@ -541,6 +575,9 @@ def main(argv=None) -> int:
     for rate in caps:
         res["calibration"][rate] = calibrate(rate, work, max(args.repeats, 3))
     res["netem"] = any(c["netem"] for c in res["calibration"].values())
+    say("checking the all-reduce model at each cap")
+    res["collectives"] = [collective_check(rate, P, res["calibration"][rate], work, min(2, args.repeats))
+                          for rate in caps if rate != "none" for P in Ps]
 
     say("training runs")
     for rate in caps:
