@@ -71,13 +71,17 @@ def _write_atomic(path: Path, data: bytes) -> None:
 def save(net: Network, run_dir, comm: Comm, extra: dict | None = None, keep: int = 1) -> Path:
     """Write a checkpoint of every rank's slices (collective: every rank calls it)."""
     root = Path(run_dir) / "checkpoints"
-    name = f"step-{net.step:09d}"
-    target = root / name
+    name = None
     if comm.rank == 0:
-        if target.exists():
-            shutil.rmtree(target)
-        target.mkdir(parents=True)
-    comm.barrier()
+        # a fresh directory, never the one LATEST names (a save of the same step again)
+        root.mkdir(parents=True, exist_ok=True)
+        name, n = f"step-{net.step:09d}", 0
+        while (root / name).exists():
+            n += 1
+            name = f"step-{net.step:09d}.{n}"
+        (root / name).mkdir()
+    name = comm.bcast_object(name)
+    target = root / name
     arrays = {}
     for layer in net.layers:
         for key, arr in layer.state().items():
@@ -108,6 +112,7 @@ def save(net: Network, run_dir, comm: Comm, extra: dict | None = None, keep: int
         _write_atomic(target / "manifest.json", json.dumps(manifest, indent=1).encode())
         _fault("checkpoint-before-latest")
         _write_atomic(root / "LATEST", (name + "\n").encode())
+        # older checkpoints, and leftovers of saves that died, go only now
         old = sorted(p for p in root.glob("step-*") if p.is_dir() and p.name != name)
         for p in old[: max(0, len(old) - (keep - 1))]:
             shutil.rmtree(p, ignore_errors=True)

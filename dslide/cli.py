@@ -107,6 +107,8 @@ def config_toml(config) -> str:
     d = config.to_dict()
     lines, tables = [], []
     for k, v in d.items():
+        if v is None:  # "from the data": left out, which reads back as None
+            continue
         if isinstance(v, dict):
             tables.append((k, v))
         elif k == "lsh_layers":
@@ -236,6 +238,7 @@ def cmd_train(args, comm) -> int:
     if test is not None and (test.n_features, test.n_labels) != (train.n_features, train.n_labels):
         raise UsageError(f"--test {args.test} has {test.n_features} features and {test.n_labels} labels, "
                          f"--train {args.train} has {train.n_features} and {train.n_labels}")
+    config = config.resolve(train.n_labels)
     if comm.rank == 0:
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "config.toml").write_text(config_toml(config))
@@ -247,6 +250,8 @@ def cmd_train(args, comm) -> int:
         _say(comm, "effective configuration:\n" + "\n".join("  " + l for l in config_toml(config).splitlines() if l))
 
     model = T.build_network((train.n_features, train.n_labels), config, comm)
+    if not args.resume:
+        T.init_from_data(model, train)
     if args.resume:
         manifest = ck.load_into(model.network, path, comm)
         model.history = [r for r in manifest["extra"].get("history", [])]

@@ -216,7 +216,16 @@ class Layer:
 
     def adam_params(self, step):
         c = self.config
-        return K.adam_params(c.lr, c.beta1, c.beta2, c.eps, step, self.dtype)
+        return K.adam_params(c.lr * self.lr_factor(step), c.beta1, c.beta2, c.eps, step, self.dtype)
+
+    #: steps of the whole run, for the learning-rate schedule (set by `fit`; 0: constant)
+    total_steps = 0
+
+    def lr_factor(self, step: int) -> float:
+        """Learning-rate multiplier of step `step` (1-based): linear decay to 0 at `total_steps`."""
+        if self.config.lr_schedule == "constant" or not self.total_steps:
+            return 1.0
+        return max(0.0, 1.0 - (step - 1) / self.total_steps)
 
     # -- state (checkpoints) ---------------------------------------------------------
 
@@ -585,6 +594,7 @@ class Network:
     """The layers of one rank, and one training step over a batch."""
 
     def __init__(self, config: Config, n_features: int, n_labels: int, comm: Comm | None = None):
+        config = config.resolve(n_labels)
         self.config = config
         self.world = comm or Comm()
         if config.parallel == "data":
@@ -623,6 +633,21 @@ class Network:
         return [{"index": l.index, "kind": l.kind, "d_in": l.d_in, "n": l.n} for l in self.layers]
 
     # -- training ---------------------------------------------------------------------------
+
+    def init_output_bias(self, label_counts: np.ndarray, n_points: int) -> None:
+        """Output biases from the label prior: b_j = log((count_j + 1) / (n + n_labels)).
+
+        label_counts: float [n_labels], training points per label (the whole
+        vector on every rank; each takes its slice).
+        """
+        out = self.layers[-1]
+        prior = np.log((label_counts[out.lo:out.hi] + 1.0) / (n_points + self.n_labels))
+        out.b[:] = prior.astype(self.dtype)
+
+    def set_total_steps(self, total: int) -> None:
+        """The length of the run, for the learning-rate schedule."""
+        for layer in self.layers:
+            layer.total_steps = total
 
     def train_step(self, batch: Batch) -> float:
         """Forward, backward and update on one batch; returns this rank's partial loss

@@ -119,7 +119,14 @@ def build_network(train_shape: tuple[int, int], config: Config, comm: Comm | Non
     comm = comm or Comm.world()
     numba.set_num_threads(_threads(config))
     net = Network(config, train_shape[0], train_shape[1], comm)
-    return Model(net, config, comm)
+    return Model(net, net.config, comm)
+
+
+def init_from_data(model: Model, train: XMCData) -> None:
+    """The parts of a fresh model's initialisation that come from the training data."""
+    if model.config.output_bias_init == "log_prior":
+        counts = np.bincount(sp.csr_matrix(train.Y).indices, minlength=train.n_labels).astype(np.float64)
+        model.network.init_output_bias(counts, train.n_points)
 
 
 def fit(train: XMCData, config: Config | None = None, test: XMCData | None = None, *,
@@ -139,9 +146,10 @@ def fit(train: XMCData, config: Config | None = None, test: XMCData | None = Non
     "log" at each logging point (info: the record); it may return "stop".
     stop_at: end after this global step (the rest of the schedule is kept).
     """
-    config = config or (model.config if model else Config())
     if model is None:
-        model = build_network((train.n_features, train.n_labels), config, comm)
+        model = build_network((train.n_features, train.n_labels), config or Config(), comm)
+        init_from_data(model, train)
+    config = model.config  # resolved: every setting has its value
     net = model.network
     if (train.n_features, train.n_labels) != (net.n_features, net.n_labels):
         raise ValueError(f"the data has {train.n_features} features and {train.n_labels} labels, "
@@ -159,6 +167,7 @@ def _fit(model, train, test, callback, verbose, threads, stop_at):
     Y_parts = _csr_parts(sp.csr_matrix(train.Y), np.float32)
     n = X.shape[0]
     last = total_steps(config, n)
+    net.set_total_steps(last)
     if stop_at is not None:
         last = min(last, stop_at)
     eval_set = None

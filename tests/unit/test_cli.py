@@ -37,7 +37,8 @@ def trained(tiny, tmp_path_factory):
     """A small run directory shared by the eval/predict/error tests."""
     run_dir = tmp_path_factory.mktemp("run") / "r"
     code = cli.main(["train", "--train", str(tiny[0]), "--test", str(tiny[1]), "--out", str(run_dir), "--quiet",
-                     "--set", "epochs=2", "--set", "hidden=16", "--set", "lr=1e-2", "--set", "batch_size=64"])
+                     "--set", "epochs=4", "--set", "hidden=32", "--set", "lr=1e-2", "--set", "batch_size=64",
+                     "--set", "dropout=0"])
     assert code == 0
     return run_dir
 
@@ -81,7 +82,7 @@ def test_config_validation_names_field_value_and_range():
     with pytest.raises(ValueError, match=r"lsh\.min_active = -1 must be >= 0"):
         Config(lsh={"min_active": -1})
     with pytest.raises(ValueError, match="kinds has 1 entries but the network has 2 layers"):
-        Config(kinds=("dense",))
+        Config(hidden=(8,), kinds=("dense",))
 
 
 # -- error paths -------------------------------------------------------------------------
@@ -124,8 +125,8 @@ def test_incompatible_checkpoint_is_a_clear_error(trained, tmp_path):
     from dslide.network import Network
 
     path = ck.latest(trained)
-    net = Network(Config(hidden=(17,)), 1000, 500, Comm())
-    with pytest.raises(ck.CheckpointError, match="network of shape 16.*this run's is 17"):
+    net = Network(Config(hidden=(17,)), 1000, 500, Comm())  # the run has 32
+    with pytest.raises(ck.CheckpointError, match="network of shape 32.*this run.s is 17"):
         ck.load_into(net, path, Comm())
     # a manifest that does not match its files
     manifest = json.loads((path / "manifest.json").read_text())
@@ -149,7 +150,7 @@ def test_train_eval_predict_end_to_end(trained, tiny, capsys, tmp_path):
     for key in ("p@1", "p@3", "p@5", "ndcg@5", "psp@5", "samples_per_s", "bytes_per_step", "peak_rss_mb",
                 "wall_s", "world_size", "threads"):
         assert key in m, key
-    assert m["world_size"] == 1 and m["steps"] == 64 and len(m["peak_rss_mb"]) == 1
+    assert m["world_size"] == 1 and m["steps"] == 128 and len(m["peak_rss_mb"]) == 1
     # learning: far above the most frequent label of the test set
     from dslide.data import read_xmc
 
@@ -157,7 +158,7 @@ def test_train_eval_predict_end_to_end(trained, tiny, capsys, tmp_path):
     prior = np.asarray(Y.sum(axis=0)).ravel().max() / Y.shape[0]
     assert m["p@1"] > prior + 0.1
     log = [json.loads(l) for l in (trained / "log.jsonl").read_text().splitlines()]
-    assert log[-1]["step"] == 64 and "loss" in log[-1] and "bytes_per_step" in log[-1]
+    assert log[-1]["step"] == 128 and "loss" in log[-1] and "bytes_per_step" in log[-1]
 
     code, out, _ = run(["eval", "--model", str(trained), "--data", str(tiny[1])], capsys)
     assert code == 0 and f"P@1 {m['p@1']:.4f}" in out and "PSP@5" in out
@@ -194,7 +195,7 @@ def test_a_checkpoint_write_killed_midway_leaves_the_previous_one(trained, tiny,
     for point in ("checkpoint-rank-file", "checkpoint-before-latest"):
         env = dict(os.environ, DSLIDE_FAULT=point)
         p = subprocess.run([sys.executable, "-m", "dslide", "train", "--train", str(tiny[0]), "--resume", str(run_dir),
-                            "--set", "epochs=3", "--quiet"], env=env, capture_output=True, text=True, timeout=300)
+                            "--set", "epochs=5", "--quiet"], env=env, capture_output=True, text=True, timeout=300)
         assert p.returncode == 75, p.stderr
         assert (run_dir / "checkpoints" / "LATEST").read_text() == before
         from dslide import checkpoint as ck
@@ -203,4 +204,4 @@ def test_a_checkpoint_write_killed_midway_leaves_the_previous_one(trained, tiny,
 
         path = ck.latest(run_dir)
         net = Network(ck.config_of(path), 1000, 500, Comm())
-        assert ck.load_into(net, path, Comm())["step"] == 64
+        assert ck.load_into(net, path, Comm())["step"] == 128

@@ -64,7 +64,7 @@ def _ref_loss(params, X, Y):
 
 def test_exact_gradients_match_central_finite_differences():
     X, Y = _tiny_problem()
-    cfg = Config(hidden=(6, 5), exact=True, dtype="float64", input_norm="none", seed=3)
+    cfg = Config(hidden=(6, 5), exact=True, dtype="float64", input_norm="none", seed=3, dropout=0.0)
     net = Network(cfg, X.shape[1], Y.shape[1])
     params = _params_dense(net)
     loss = net.train_step(_batch(X, Y))
@@ -156,7 +156,7 @@ def _lsh_config(n_active_min, n_active_max, **kw):
 def test_lsh_layer_with_every_neuron_active_equals_exact_mode():
     X, Y = _tiny_problem(n=30, L=9)
     L = Y.shape[1]
-    exact = Config(hidden=(6,), exact=True, dtype="float64", input_norm="none", seed=4)
+    exact = Config(hidden=(6,), exact=True, dtype="float64", input_norm="none", seed=4, dropout=0.0)
     sparse = exact.replace(exact=False, kinds=("dense", "lsh"), lsh=_lsh_config(L, L))
     net_e = Network(exact, X.shape[1], L)
     net_s = Network(sparse, X.shape[1], L)
@@ -177,7 +177,7 @@ def test_sparse_gradient_is_the_restricted_softmax_gradient_and_zero_elsewhere()
     neurons whose logits carry the log-Q correction) and its own LSH candidates."""
     X, Y = _tiny_problem(n=40, L=300, density=0.4, label_density=0.008)
     n_out = Y.shape[1]
-    cfg = Config(hidden=(8,), kinds=("dense", "lsh"), dtype="float64", input_norm="none", seed=2,
+    cfg = Config(hidden=(8,), kinds=("dense", "lsh"), dtype="float64", input_norm="none", seed=2, dropout=0.0,
                  lsh=_lsh_config(6, 10))
     net = Network(cfg, X.shape[1], n_out)
     params = _params_dense(net)
