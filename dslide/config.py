@@ -78,11 +78,11 @@ class LSHConfig:
     policy: str = "fifo"
     select: str = "topk"
     threshold: int = 2
-    min_active: int = 1024
-    max_active: int = 4096
-    rehash_every: int = 20
-    rebuild_every: int = 500
-    growth: float = 1.1
+    min_active: int = 32768
+    max_active: int = 256
+    rehash_every: int = 100
+    rebuild_every: int = 1000
+    growth: float = 1.2
 
     def __post_init__(self):
         _choice("lsh.family", self.family, FAMILIES)
@@ -130,10 +130,12 @@ class Config:
     hidden: widths of the hidden layers (ReLU); the output layer (softmax) has
         one neuron per label.
     kinds: per layer, hidden ones then the output: "dense" (every neuron, BLAS),
-        "lsh" (LSH-selected active neurons) or "auto" (by cost: LSH when the
-        layer is wider than `auto_lsh_width`). Empty: dense hidden layers and
-        an "auto" output. The first layer reads the raw sparse features and is
-        always dense.
+        "lsh" (LSH-selected active neurons) or "auto" (by cost: an LSH layer
+        computes about min_active + max_active neurons per sample where a
+        dense one computes all of them with faster BLAS products, so "auto" is
+        LSH when the layer is at least `auto_lsh_ratio` times wider than that).
+        Empty: dense hidden layers and an "auto" output. The first layer reads
+        the raw sparse features and is always dense.
     lsh: settings of every LSH layer; `lsh_layers` may give one per layer
         (None keeps `lsh`).
     exact: every neuron of every layer active, no LSH (the reference path).
@@ -157,7 +159,7 @@ class Config:
     kinds: tuple[str, ...] = ()
     lsh: LSHConfig = field(default_factory=LSHConfig)
     lsh_layers: tuple[LSHConfig | None, ...] = ()
-    auto_lsh_width: int = 32768
+    auto_lsh_ratio: float = 4.0
     exact: bool = False
 
     epochs: float | None = None
@@ -206,7 +208,7 @@ class Config:
                              "features and is always dense; valid: 'dense', 'auto'")
         if self.lsh_layers and n_layers is not None and len(self.lsh_layers) != n_layers:
             raise ValueError(f"lsh_layers has {len(self.lsh_layers)} entries; give one per layer ({n_layers}) or none")
-        _int_range("auto_lsh_width", self.auto_lsh_width, 1)
+        _float_range("auto_lsh_ratio", self.auto_lsh_ratio, 1.0, 1e6)
         if self.epochs is not None:
             _float_range("epochs", self.epochs, 0.0, 1e6, lo_open=True)
         if self.batch_size is not None:
@@ -258,7 +260,8 @@ class Config:
         if self.exact or index == 0:
             return "dense"
         if kind == "auto":
-            return "lsh" if width > self.auto_lsh_width else "dense"
+            lc = self.layer_lsh(index)
+            return "lsh" if width >= self.auto_lsh_ratio * (lc.min_active + lc.max_active) else "dense"
         return kind
 
     def layer_lsh(self, index: int) -> LSHConfig:

@@ -1,0 +1,156 @@
+"""Shared machinery of the benchmark scripts: run one training case in its own process.
+
+A case is a JSON dict: data (a preset name with sizes, or file paths), the
+configuration, threads, ranks, a training time budget. Each case runs in a
+fresh process (under mpiexec when ranks > 1) so that peak memory is its own
+and one case's threads never compete with another's; cases run one after the
+other, never two at once.
+
+    python scripts/_bench.py child < case.json     (what run_case launches)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def mpiexec() -> str:
+    here = Path(sys.executable).with_name("mpiexec")
+    return str(here) if here.exists() else "mpiexec"
+
+
+def run_case(case: dict, timeout: float = 7200) -> dict:
+    """Run `case` in a child process; returns its result dict (with 'error' on failure)."""
+    ranks = int(case.get("ranks", 1))
+    threads = int(case.get("threads", 1))
+    env = dict(os.environ, NUMBA_NUM_THREADS=str(threads), OMP_NUM_THREADS=str(threads),
+               OPENBLAS_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
+    cmd = [sys.executable, str(Path(__file__).resolve()), "child"]
+    if ranks > 1:
+        cmd = [mpiexec(), "-n", str(ranks), sys.executable, "-m", "mpi4py", str(Path(__file__).resolve()), "child"]
+    p = subprocess.run(cmd, input=json.dumps(case), capture_output=True, text=True, env=env, timeout=timeout)
+    lines = [l for l in p.stdout.splitlines() if l.startswith("RESULT ")]
+    if p.returncode != 0 or not lines:
+        return {"error": (p.stderr.strip().splitlines() or ["no output"])[-1], "case": case}
+    return json.loads(lines[-1][len("RESULT "):])
+
+
+def load_data(spec: dict):
+    """(train, test) XMCData from {"preset", "n_train", "n_test", "seed"} or {"train", "test"} paths."""
+    if "preset" in spec:
+        from datasets.synthetic import generate_split
+
+        return generate_split(spec["preset"], n_train=spec.get("n_train"), n_test=spec.get("n_test"),
+                              seed=spec.get("seed", 0))
+    from dslide.data import read_xmc
+
+    return read_xmc(spec["train"]), read_xmc(spec["test"])
+
+
+def child() -> None:
+    case = json.loads(sys.stdin.read())
+    import numpy as np
+    import scipy.sparse as sp
+
+    from dslide import train as T
+    from dslide.comm import Comm
+    from dslide.config import Config
+    from dslide.data import XMCData
+    from dslide.metrics import evaluate
+
+    comm = Comm.world()
+    train, test = load_data(case["data"])
+    cfg = dict(case.get("config", {}))
+    if isinstance(cfg.get("lsh"), dict):
+        cfg["lsh"] = dict(cfg["lsh"])
+    if "hidden" in cfg:
+        cfg["hidden"] = tuple(cfg["hidden"])
+    config = Config.from_dict({**cfg, "threads": int(case.get("threads", 1))}).resolve(train.n_labels)
+    # compile the kernels on a few points first: the timings below are of training, not of numba
+    warm = XMCData(train.X[:300], train.Y[:300])
+    T.fit(warm, config.replace(epochs=1.0, eval_every=0, checkpoint_every=0), comm=comm)
+    budget = case.get("time_budget")
+    t_start = [None]
+
+    def callback(event, model, info):
+        if event == "step" and t_start[0] is None:
+            t_start[0] = time.perf_counter()
+        if event == "step" and budget and time.perf_counter() - t_start[0] > budget:
+            return "stop"
+        return None
+
+    model, history = T.fit(train, config, test, comm=comm, callback=callback)
+    pred = T.predict_topk(model, test.X, 5, exact=True)
+    final = evaluate(sp.csr_matrix(test.Y), pred, k=5)
+    net = model.network
+    steps = history[-1]["step"]
+    sent = comm.allreduce_sum(np.array([float(sum(r["bytes_per_step"] * (r["step"] - (history[i - 1]["step"] if i else 0))
+                                                  for i, r in enumerate(history)))]))[0]
+    result = {
+        "name": case.get("name", ""),
+        "ranks": comm.size, "threads": config.threads or int(case.get("threads", 1)),
+        "data": {"n_train": train.n_points, "n_test": test.n_points, "n_features": train.n_features,
+                 "n_labels": train.n_labels},
+        "kinds": [l.kind for l in net.layers],
+        "config": {k: v for k, v in config.to_dict().items() if k != "lsh_layers"},
+        "steps": steps, "epochs": history[-1]["epoch"],
+        "train_s": sum(r["wall_s_delta"] for r in history),
+        "samples_per_s": T.throughput(history, config.batch_size),
+        "p@1": final["p@1"], "p@3": final["p@3"], "p@5": final["p@5"],
+        "bytes_per_step": sent / comm.size / max(1, steps),
+        "bytes_per_step_data_parallel": T.data_parallel_bytes(net, comm.size),
+        "peak_rss_mb": max(comm.allgather_object(T.peak_rss_mb())),
+        "timers_s": {k: round(v, 2) for k, v in net.timers.items()},
+        "curve": [{"wall_s": r["wall_s"], "step": r["step"], "p@1": r["p@1"]} for r in history if "p@1" in r],
+    }
+    if comm.rank == 0:
+        print("RESULT " + json.dumps(result), flush=True)
+
+
+def time_to(curve: list[dict], target: float) -> float | None:
+    """Training seconds until P@1 first reached `target` (None if never)."""
+    for r in curve:
+        if r["p@1"] >= target:
+            return r["wall_s"]
+    return None
+
+
+def fmt_mb(x) -> str:
+    return f"{x:,.0f}"
+
+
+def table(rows: list[dict], columns: list[tuple[str, str]]) -> str:
+    """A markdown table of `rows` with (header, key-or-callable) columns."""
+    out = ["| " + " | ".join(h for h, _ in columns) + " |", "|" + "|".join("---" for _ in columns) + "|"]
+    for r in rows:
+        cells = []
+        for _, key in columns:
+            v = key(r) if callable(key) else r.get(key, "")
+            cells.append(v if isinstance(v, str) else (f"{v:,.4g}" if isinstance(v, float) else str(v)))
+        out.append("| " + " | ".join(cells) + " |")
+    return "\n".join(out)
+
+
+def machine() -> str:
+    import platform
+
+    import numba
+    import numpy
+
+    mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    return (f"{os.cpu_count()} cores, {mem:.0f} GiB, {platform.processor() or platform.machine()}, "
+            f"Python {platform.python_version()}, numpy {numpy.__version__}, numba {numba.__version__}")
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] == ["child"]:
+        child()
+    else:
+        print(__doc__)
