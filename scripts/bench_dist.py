@@ -1,0 +1,70 @@
+#!/usr/bin/env python
+"""Model-parallel benchmark: the same training on P = 1, 2 (and 4, oversubscribed) ranks.
+
+    python scripts/bench_dist.py [--quick] [--out FILE.md]
+
+Amazon-like data (670,091 labels, hidden 128, batch 256, DWTA K=6 L=50 on the
+output), one thread per rank, the same number of samples for every P. For
+each P: samples/s, bytes sent per step and rank (dslide's exchanges, and what
+a data-parallel all-reduce of every gradient would send for the same model),
+their ratio, peak memory per rank, P@1/P@5 at the end. This machine has 2
+cores: P = 4 shares them and is marked oversubscribed (its speed means nothing;
+its bytes and memory do).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _bench as B  # noqa: E402
+
+LSH = {"family": "dwta", "K": 6, "L": 50, "bin_size": 8}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true")
+    p.add_argument("--ranks", default="1,2,4")
+    p.add_argument("--out")
+    a = p.parse_args(argv)
+    data = {"preset": "amazon-like", "n_train": 20000 if a.quick else 50000, "n_test": 2000 if a.quick else 5000}
+    config = {"hidden": [128], "batch_size": 256, "epochs": 1.0, "eval_every": 0, "eval_points": 2000, "lsh": LSH}
+    rows = []
+    cores = os.cpu_count() or 1
+    for P in [int(x) for x in a.ranks.split(",")]:
+        name = f"dslide, {P} rank(s) x 1 thread" + (" (oversubscribed)" if P > cores else "")
+        print(f"running: {name} ...", file=sys.stderr, flush=True)
+        r = B.run_case({"name": name, "data": data, "ranks": P, "threads": 1, "config": config})
+        if "error" in r:
+            print(f"  failed: {r['error']}", file=sys.stderr)
+            continue
+        r["name"] = name
+        rows.append(r)
+        print(f"  {r['samples_per_s']:,.0f} samples/s, {r['bytes_per_step']:,.0f} B/step", file=sys.stderr, flush=True)
+    cols = [
+        ("run", "name"),
+        ("data", lambda r: f"{r['data']['n_train']:,} x {r['data']['n_features']:,} -> {r['data']['n_labels']:,}"),
+        ("samples", lambda r: f"{r['steps'] * 256:,}"),
+        ("samples/s", lambda r: f"{r['samples_per_s']:,.0f}"),
+        ("bytes/step/rank", lambda r: f"{r['bytes_per_step']:,.0f}"),
+        ("data-parallel bytes/step/rank", lambda r: f"{r['bytes_per_step_data_parallel']:,.0f}"),
+        ("ratio", lambda r: f"{100 * r['bytes_per_step'] / r['bytes_per_step_data_parallel']:.4f}%"
+         if r["bytes_per_step_data_parallel"] else "-"),
+        ("peak MB/rank", lambda r: f"{r['peak_rss_mb']:,.0f}"),
+        ("P@1", lambda r: f"{r['p@1']:.4f}"),
+        ("P@5", lambda r: f"{r['p@5']:.4f}"),
+    ]
+    text = (f"command: python scripts/bench_dist.py {' '.join(argv or sys.argv[1:])}\n"
+            f"machine: {B.machine()}\n\n" + B.table(rows, cols) + "\n")
+    print(text)
+    if a.out:
+        Path(a.out).write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
