@@ -17,7 +17,8 @@ script then exits 0, so a benchmark suite goes on without PyTorch.
 The training itself runs in a child process, `scripts/_torch_train.py` under
 the torch venv's python (its docstring defines the network, loss, optimiser
 and sample order, all dslide's), with OMP_NUM_THREADS / MKL_NUM_THREADS set to
-the thread count. The data go to it as one `.npz` per split (`export_npz`),
+the thread count and OMP_WAIT_POLICY=PASSIVE (`--omp-wait-policy`; see
+`run_torch`: without it a busy core elsewhere made 2-thread runs 2-5x slower). The data go to it as one `.npz` per split (`export_npz`),
 so the torch venv needs neither scipy, numba nor dslide.
 
 Presets come from `datasets.synthetic.generate_split` (`small`: 50,000
@@ -181,7 +182,7 @@ def run_torch(train: XMCData, test: XMCData | None, *, hidden: int = 128, lr: fl
               batch_size: int = 256, epochs: float = 1.0, time_budget: float | None = None,
               threads: int = 1, seed: int = 0, dropout: float = 0.0, init_input_scale: float = 0.1,
               eval_every: int = 0, eval_points: int = 2000, workdir, python=None,
-              omp_wait_policy: str | None = None, extra_args=(), timeout: float | None = None) -> dict:
+              omp_wait_policy: str | None = "PASSIVE", extra_args=(), timeout: float | None = None) -> dict:
     """Train dslide's network with PyTorch (`_torch_train.py`) on `train`; evaluate on `test`.
 
     Returns a dict. Always `available` (bool); when False, `reason` (torch could
@@ -198,13 +199,15 @@ def run_torch(train: XMCData, test: XMCData | None, *, hidden: int = 128, lr: fl
     default: `.venv-torch`'s, created on demand. extra_args: more trainer
     options (e.g. ("--first-layer", "sparse_mm")). workdir: where the .npz
     inputs and the log go (one run at a time per workdir). Raises RuntimeError
-    when the trainer itself fails.
+    when the trainer itself fails, subprocess.TimeoutExpired after `timeout` s.
 
     The child runs with OMP_NUM_THREADS, MKL_NUM_THREADS and OPENBLAS_NUM_THREADS
-    set to `threads`. omp_wait_policy ("ACTIVE" or "PASSIVE", default: whatever
-    the environment says) sets OMP_WAIT_POLICY: measured here, with another
-    process busy on one of the 2 cores, 2 threads ran 2.5x slower than with
-    PASSIVE (OpenMP threads spinning for a core that is not theirs).
+    set to `threads`, and with OMP_WAIT_POLICY = omp_wait_policy ("PASSIVE",
+    "ACTIVE", or None: whatever the environment says). PASSIVE by default:
+    measured here, whenever another process was busy on one of the 2 cores,
+    2 threads ran 2-5x slower without it (idle OpenMP threads spinning for a
+    core that is not theirs), while on a quiet machine it cost nothing
+    measurable; so the PyTorch figure stays the same on a shared machine.
     """
     _check("hidden", hidden, isinstance(hidden, int) and hidden >= 1, "an integer >= 1")
     _check("lr", lr, lr > 0, "> 0")
@@ -245,9 +248,9 @@ def run_torch(train: XMCData, test: XMCData | None, *, hidden: int = 128, lr: fl
     if time_budget is not None:
         cmd += ["--time-budget", repr(float(time_budget))]
     cmd += [str(a) for a in extra_args]
-    env_vars = _thread_vars(threads, omp_wait_policy)
-    r = subprocess.run(cmd, capture_output=True, text=True, env=_child_env(threads, omp_wait_policy),
-                       timeout=timeout)
+    policy = omp_wait_policy or os.environ.get("OMP_WAIT_POLICY") or None
+    env_vars = _thread_vars(threads, policy)
+    r = subprocess.run(cmd, capture_output=True, text=True, env=_child_env(threads, policy), timeout=timeout)
     if r.returncode != 0:
         tail = "\n".join(r.stderr.strip().splitlines()[-15:])
         raise RuntimeError(f"the PyTorch trainer failed (exit {r.returncode}): {shlex.join(cmd)}\n{tail}")
@@ -256,7 +259,7 @@ def run_torch(train: XMCData, test: XMCData | None, *, hidden: int = 128, lr: fl
         log = [json.loads(line) for line in f if line.strip()]
     shown = " ".join(f"{k}={v}" for k, v in env_vars.items())
     return {"available": True, **summary, "log": log, "command": f"{shown} {shlex.join(cmd)}",
-            "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY") if omp_wait_policy is None else omp_wait_policy}
+            "omp_wait_policy": policy}
 
 
 def time_to_p1(log, target: float):
@@ -354,8 +357,8 @@ def main(argv=None) -> int:
     ap.add_argument("--eval-points", type=int, default=2000)
     ap.add_argument("--target-p1", type=float, default=None, help="report the training time to this P@1")
     ap.add_argument("--repeat", type=int, default=1, help="runs per thread count (the machine may be shared)")
-    ap.add_argument("--omp-wait-policy", default=None, choices=("ACTIVE", "PASSIVE"),
-                    help="OMP_WAIT_POLICY of the trainer (default: the environment's)")
+    ap.add_argument("--omp-wait-policy", default="PASSIVE", choices=("ACTIVE", "PASSIVE", "env"),
+                    help="OMP_WAIT_POLICY of the trainer (default PASSIVE, see run_torch; env: leave it)")
     ap.add_argument("--python", default=None, help="python with torch to use (default: .venv-torch's)")
     ap.add_argument("--workdir", default=str(ROOT / "runs" / "bench_vs_torch"))
     ap.add_argument("--json", default=None, help="also write the results (list of dicts) to this file")
@@ -395,7 +398,8 @@ def main(argv=None) -> int:
                           epochs=args.epochs, time_budget=args.time_budget, threads=threads, seed=args.seed,
                           dropout=args.dropout, init_input_scale=args.init_input_scale,
                           eval_every=args.eval_every, eval_points=args.eval_points,
-                          workdir=args.workdir, python=py, omp_wait_policy=args.omp_wait_policy,
+                          workdir=args.workdir, python=py,
+                          omp_wait_policy=None if args.omp_wait_policy == "env" else args.omp_wait_policy,
                           extra_args=args.trainer_args)
             r["data"] = f"{args.data}: {shape}"
             print(f"[bench_vs_torch] threads {threads} run {rep + 1}: {_fmt(r['samples_per_s'], ',.0f')} "
