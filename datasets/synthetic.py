@@ -108,6 +108,7 @@ import scipy.sparse as sp
 from numba import njit
 
 from dslide.data import XMCData
+from dslide.rng import GOLDEN, mix64
 
 
 # --------------------------------------------------------------------------- presets
@@ -250,12 +251,6 @@ def get_preset(preset: str | Preset, **overrides) -> Preset:
 
 # --------------------------------------------------------------------------- random numbers
 
-_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
-_MIX1 = np.uint64(0xBF58476D1CE4E5B9)
-_MIX2 = np.uint64(0x94D049BB133111EB)
-_S30 = np.uint64(30)
-_S27 = np.uint64(27)
-_S31 = np.uint64(31)
 _S11 = np.uint64(11)
 _S32 = np.uint64(32)
 _LO32 = np.uint64(0xFFFFFFFF)
@@ -265,11 +260,9 @@ _INV32 = 1.0 / 4294967296.0
 @njit(cache=True)
 def _next(state):
     """Next uint64 of a splitmix64 stream; state: uint64[1], advanced in place."""
-    z = state[0] + _GOLDEN
-    state[0] = z
-    z = (z ^ (z >> _S30)) * _MIX1
-    z = (z ^ (z >> _S27)) * _MIX2
-    return z ^ (z >> _S31)
+    r = mix64(state[0])  # the finaliser of state + golden ratio: SplitMix64's next output
+    state[0] += GOLDEN
+    return r
 
 
 @njit(cache=True)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
 _M2 = np.uint64(0x94D049BB133111EB)
 _S30 = np.uint64(30)
@@ -32,7 +32,7 @@ INIT, DROPOUT, NEGATIVES, SHUFFLE, EVAL = 1, 2, 3, 4, 5
 @njit(cache=True, inline="always")
 def mix64(x):
     """SplitMix64 finaliser of a uint64."""
-    z = x + _GOLDEN
+    z = x + GOLDEN
     z = (z ^ (z >> _S30)) * _M1
     z = (z ^ (z >> _S27)) * _M2
     return z ^ (z >> _S31)
