@@ -259,3 +259,13 @@ def test_script_without_torch_says_so_and_exits_0(tmp_path, capsys):
     assert len(lines) == 2 and "PyTorch is not available" in lines[0]
     assert json.loads(lines[1])["available"] is False
     assert json.loads(out.read_text())[0]["available"] is False
+
+
+def test_failed_install_gives_a_reason(tmp_path, monkeypatch):
+    # A requirement pip cannot satisfy offline stands for "no wheel": the venv is made,
+    # pip fails at once, and the reason names the step and pip's last words.
+    monkeypatch.setattr(bvt, "TORCH_REQUIREMENTS", (str(tmp_path / "missing-0.0-py3-none-any.whl"),))
+    py, reason = bvt.torch_python(tmp_path / "venv", quiet=True)
+    assert py is None
+    assert reason.startswith("pip install failed (exit ") and "missing-0.0" in reason
+    assert (tmp_path / "venv" / "bin" / "python").exists()
