@@ -95,3 +95,20 @@ def _train_dp(cfg, X, Y, comm, steps):
         part = net.train_step(make_batch(xp, yp, rows[lo:hi], step, rows.size))
         losses.append(float(comm.allreduce_sum(np.array([part]))[0]))
     return net, losses
+
+
+def test_sparse_hidden_layer_exchange_equals_one_rank_when_all_active():
+    """An LSH hidden layer with every neuron active: its (id, value) pairs are
+    all-gathered and their gradients reduce-scattered; P ranks equal 1 rank."""
+    from dslide.config import LSHConfig
+
+    X, Y = _data()
+    lc = LSHConfig(K=2, L=4, bin_size=4, range_pow=4, min_active=11, max_active=4)
+    cfg = Config(hidden=(7, 11), kinds=("dense", "lsh", "dense"), lsh_layers=(None, lc, None),
+                 batch_size=32, input_norm="none", seed=4, lr=1e-2, dropout=0.0)
+    net_p, loss_p = _train(cfg, X, Y, Comm(MPI.COMM_WORLD), steps=4)
+    net_1, loss_1 = _train(cfg, X, Y, Comm(), steps=4)
+    np.testing.assert_allclose(loss_p, loss_1, rtol=1e-5)
+    for li, ((Wp, bp), (W1, b1)) in enumerate(zip(full_parameters(net_p), full_parameters(net_1))):
+        assert np.abs(Wp - W1).max() <= 1e-5, f"layer {li} W differs by {np.abs(Wp - W1).max()}"
+        assert np.abs(bp - b1).max() <= 1e-5, f"layer {li}"

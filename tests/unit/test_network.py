@@ -271,3 +271,39 @@ def test_training_on_tiny_beats_the_best_constant_predictor_by_far():
     # LSH-mode inference scores only the labels the tables retrieve (a few dozen of 500 here)
     p1_lsh = evaluate(model, test, exact=False)["p@1"]
     assert p1_lsh >= 0.5 * p1 and p1_lsh >= 3 * constant
+
+
+def test_lsh_hidden_layer_with_every_neuron_active_equals_exact_mode():
+    """A sparse hidden layer: its (id, value) outputs feed a dense layer through the
+    sparse-input path; with every neuron active it must compute the exact network."""
+    X, Y = _tiny_problem(n=30, L=9)
+    exact = Config(hidden=(6, 10), exact=True, dtype="float64", input_norm="none", seed=8, dropout=0.0)
+    sparse = exact.replace(exact=False, kinds=("dense", "lsh", "dense"),
+                           lsh_layers=(None, _lsh_config(10, 10), None))
+    net_e = Network(exact, X.shape[1], Y.shape[1])
+    net_s = Network(sparse, X.shape[1], Y.shape[1])
+    assert [l.kind for l in net_s.layers] == ["dense", "lsh", "dense"]
+    for step in (1, 2, 3):
+        loss_e = net_e.train_step(_batch(X, Y, step))
+        loss_s = net_s.train_step(_batch(X, Y, step))
+        assert loss_s == pytest.approx(loss_e, rel=1e-12)
+    for (We, be), (Ws, bs) in zip(_params_dense(net_e), _params_dense(net_s)):
+        np.testing.assert_allclose(Ws, We, rtol=1e-10, atol=1e-13)
+        np.testing.assert_allclose(bs, be, rtol=1e-10, atol=1e-13)
+
+
+def test_two_hidden_layers_with_a_sparse_one_learn():
+    """input -> 64 dense -> 256 LSH -> 500 LSH. Measured: P@1 0.412 after 5 epochs
+    (constant predictor 0.088); pinned at 4x the constant."""
+    from datasets.synthetic import generate_split
+    from dslide.train import evaluate, fit
+
+    train, test = generate_split("tiny", seed=11)
+    cfg = Config(hidden=(64, 256), kinds=("dense", "lsh", "lsh"), threads=1, epochs=5, batch_size=64, lr=1e-2,
+                 dropout=0.0, lsh=LSHConfig(K=3, L=10, range_pow=6, min_active=64, max_active=32))
+    model, hist = fit(train, cfg)
+    p1 = evaluate(model, test)["p@1"]
+    counts = np.asarray(train.Y.sum(axis=0)).ravel()
+    constant = float(test.Y[:, int(counts.argmax())].sum()) / test.n_points
+    assert hist[-1]["loss"] < hist[0]["loss"]
+    assert p1 >= 4 * constant, (p1, constant)
