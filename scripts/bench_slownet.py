@@ -44,6 +44,7 @@ import json
 import math
 import os
 import platform
+import shutil
 import subprocess
 import sys
 import time
@@ -195,6 +196,12 @@ def collective_check(rate: str, P: int, link: dict, work: Path, repeats: int) ->
     return best
 
 
+def res_model_bytes(data: Path) -> int:
+    with open(f"{data}_train.txt") as f:
+        _, n_features, n_labels = map(int, f.readline().split())
+    return model_bytes_of(n_features, n_labels)
+
+
 # -- 2. training runs -----------------------------------------------------------------------------
 
 
@@ -213,9 +220,19 @@ def train_run(method: str, P: int, rate: str, data: Path, steps: int, points: in
                "--out", run_dir, "--quiet"]
         if method == "data-parallel":
             cmd += ["--set", "parallel=data", "--set", "exact=true"]
+        # every run ends with a checkpoint: P x (weights + Adam moments) when data parallel
+        need = 3 * res_model_bytes(data) * (P if method == "data-parallel" else 1) + (1 << 30)
+        free = shutil.disk_usage(work).free
+        if free < need:
+            raise SystemExit(f"only {free / 1e9:.1f} GB free in {work}; a {method} run at P = {P} writes a "
+                             f"{need / 1e9:.1f} GB checkpoint (deleted after the run); free some space")
         busy = wait_quiet()
         t0 = time.perf_counter()
-        stats = slownet(rate, cmd, work / f"{tag}.stats.json", work / f"{tag}.log", timeout=3600)
+        try:
+            stats = slownet(rate, cmd, work / f"{tag}.stats.json", work / f"{tag}.log", timeout=3600)
+        finally:
+            # the timings need metrics.json and log.jsonl only; checkpoints of a 415 MB model are GBs
+            shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
         wall = time.perf_counter() - t0
         m = json.loads((run_dir / "metrics.json").read_text())
         times = step_times(run_dir / "log.jsonl")
@@ -525,6 +542,8 @@ def main(argv=None) -> int:
     ap.add_argument("--work", default=str(ROOT / "runs" / "bench_slownet"), help="data, run directories and logs")
     ap.add_argument("--out-dir", default=str(ROOT / "docs"))
     ap.add_argument("--replot", default="", help="only rebuild the outputs from a saved slownet.json")
+    ap.add_argument("--resume", action="store_true",
+                    help="keep the calibration and the runs already in WORK/partial.json (same settings), do the rest")
     ap.add_argument("--no-yield", action="store_true",
                     help="let waiting ranks spin (default: slownet.sh --yield, they sleep between polls)")
     ap.add_argument("--quiet-wait", type=float, default=300.0,
@@ -571,13 +590,28 @@ def main(argv=None) -> int:
            "latency_us": args.latency_us, "yield": OPTS["yield"],
            "dp_capped_repeats": args.dp_capped_repeats, "quiet_wait_s": args.quiet_wait, "calibration": {}, "runs": []}
 
-    say("calibrating the caps")
-    for rate in caps:
-        res["calibration"][rate] = calibrate(rate, work, max(args.repeats, 3))
-    res["netem"] = any(c["netem"] for c in res["calibration"].values())
-    say("checking the all-reduce model at each cap")
-    res["collectives"] = [collective_check(rate, P, res["calibration"][rate], work, min(2, args.repeats))
-                          for rate in caps if rate != "none" for P in Ps]
+    done = {}
+    partial = work / "partial.json"
+    if args.resume and partial.exists():
+        old = json.loads(partial.read_text())
+        same = ("points", "caps", "Ps", "steps", "repeats", "dp_capped_repeats", "yield")
+        diff = [k for k in same if old.get(k) != res[k]]
+        if diff:
+            raise SystemExit(f"--resume: {partial} was made with other settings ({', '.join(diff)}); "
+                             f"rerun without --resume or with the same settings")
+        res.update({k: old[k] for k in ("date", "calibration", "netem", "collectives") if k in old})
+        done = {(r["method"], r["P"], r["rate"]): r for r in old["runs"]}
+        say(f"resuming: calibration and {len(done)} run(s) from {partial}")
+    if not res["calibration"]:
+        say("calibrating the caps")
+        for rate in caps:
+            res["calibration"][rate] = calibrate(rate, work, max(args.repeats, 3))
+        res["netem"] = any(c["netem"] for c in res["calibration"].values())
+    if "collectives" not in res:
+        say("checking the all-reduce model at each cap")
+        res["collectives"] = [collective_check(rate, P, res["calibration"][rate], work, min(2, args.repeats))
+                              for rate in caps if rate != "none" for P in Ps]
+    partial.write_text(json.dumps(res, indent=1))
 
     say("training runs")
     for rate in caps:
@@ -585,9 +619,12 @@ def main(argv=None) -> int:
             for P in ([1] if rate == "none" else []) + Ps:
                 steps = args.dslide_steps if method == "dslide" else args.dp_steps
                 reps = args.repeats if (method == "dslide" or rate == "none") else args.dp_capped_repeats
+                if (method, P, rate) in done:
+                    res["runs"].append(done[(method, P, rate)])
+                    continue
                 res["runs"].append(train_run(method, P, rate, data, steps, n_points, work, reps))
-                # keep what we have: a long benchmark should not lose finished runs
-                (work / "partial.json").write_text(json.dumps(res, indent=1))
+                # keep what we have: a long benchmark should not lose finished runs (--resume)
+                partial.write_text(json.dumps(res, indent=1))
     write_outputs(res, Path(args.out_dir))
     bad = [r for r in res["runs"] if not r["qdisc_ok"]]
     if bad:
