@@ -205,14 +205,38 @@ def res_model_bytes(data: Path) -> int:
 # -- 2. training runs -----------------------------------------------------------------------------
 
 
+def run_record(method: str, P: int, rate: str, work: Path, tag: str) -> dict:
+    """The record of one finished run, from its files: metrics.json, log.jsonl, the qdisc stats, busy/wall notes."""
+    run_dir = work / "runs" / tag
+    m = json.loads((run_dir / "metrics.json").read_text())
+    stats = json.loads((work / f"{tag}.stats.json").read_text())
+    notes_path = work / f"{tag}.notes.json"
+    notes = json.loads(notes_path.read_text()) if notes_path.exists() else {}
+    times = step_times(run_dir / "log.jsonl")
+    sent = m["bytes_per_step"] * m["world_size"] * m["steps"]
+    return {"method": method, "P": P, "rate": rate, "tag": tag, "steps": m["steps"], "step_times_s": times,
+            "step_s": median(times), "samples_per_s": BATCH / median(times),
+            "mean_samples_per_s": m["samples_per_s"], "bytes_per_step": m["bytes_per_step"],
+            "bytes_per_step_data_parallel": m["bytes_per_step_data_parallel"], "sent_bytes": sent,
+            "qdisc_bytes": stats["qdisc_bytes"], "qdisc_packets": stats["qdisc_packets"],
+            "dropped": stats["dropped"], "qdisc_ok": stats["qdisc_bytes"] >= sent,
+            **{k: notes[k] for k in ("busy_before", "run_wall_s") if k in notes},
+            "peak_rss_mb": m.get("peak_rss_mb"), "p@1": m.get("p@1")}
+
+
+def tags_of(method: str, P: int, rate: str, repeats: int) -> list[str]:
+    return [f"{method}-P{P}-{rate}-{i}" for i in range(repeats)]
+
+
 def train_run(method: str, P: int, rate: str, data: Path, steps: int, points: int, work: Path, repeats: int) -> dict:
     """Best of `repeats` runs of `dslide train` under the cap; metrics plus the qdisc check."""
     steps_per_epoch = -(-points // BATCH)
     epochs = steps / steps_per_epoch
     best = None
-    for i in range(repeats):
-        tag = f"{method}-P{P}-{rate}-{i}"
+    for tag in tags_of(method, P, rate, repeats):
         run_dir = work / "runs" / tag
+        # a fresh directory: the CLI appends to log.jsonl, and old steps would mix with new ones
+        shutil.rmtree(run_dir, ignore_errors=True)
         cmd = [MPIEXEC, "-n", P, PY, "-m", "mpi4py", "-m", "dslide", "train",
                "--train", f"{data}_train.txt", "--test", f"{data}_test.txt",
                "--set", f"epochs={epochs!r}", "--set", "threads=1", "--set", f"batch_size={BATCH}",
@@ -229,25 +253,16 @@ def train_run(method: str, P: int, rate: str, data: Path, steps: int, points: in
         busy = wait_quiet()
         t0 = time.perf_counter()
         try:
-            stats = slownet(rate, cmd, work / f"{tag}.stats.json", work / f"{tag}.log", timeout=3600)
+            slownet(rate, cmd, work / f"{tag}.stats.json", work / f"{tag}.log", timeout=3600)
         finally:
             # the timings need metrics.json and log.jsonl only; checkpoints of a 415 MB model are GBs
             shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
         wall = time.perf_counter() - t0
-        m = json.loads((run_dir / "metrics.json").read_text())
-        times = step_times(run_dir / "log.jsonl")
-        sent = m["bytes_per_step"] * m["world_size"] * m["steps"]
-        rec = {"method": method, "P": P, "rate": rate, "steps": m["steps"], "step_times_s": times,
-               "step_s": median(times), "samples_per_s": BATCH / median(times),
-               "mean_samples_per_s": m["samples_per_s"], "bytes_per_step": m["bytes_per_step"],
-               "bytes_per_step_data_parallel": m["bytes_per_step_data_parallel"], "sent_bytes": sent,
-               "qdisc_bytes": stats["qdisc_bytes"], "qdisc_packets": stats["qdisc_packets"],
-               "dropped": stats["dropped"], "qdisc_ok": stats["qdisc_bytes"] >= sent, "run_wall_s": wall,
-               "busy_before": busy,
-               "peak_rss_mb": m.get("peak_rss_mb"), "p@1": m.get("p@1")}
+        (work / f"{tag}.notes.json").write_text(json.dumps({"busy_before": busy, "run_wall_s": wall}))
+        rec = run_record(method, P, rate, work, tag)
         say(f"  {method:13s} P={P} {rate:8s}: {rec['step_s'] * 1e3:10,.1f} ms/step, "
             f"{rec['samples_per_s']:8,.1f} samples/s, {rec['bytes_per_step']:13,.0f} B/step/rank, "
-            f"qdisc {stats['qdisc_bytes']:,} B >= sent {sent:,.0f} B: {rec['qdisc_ok']} ({wall:.0f} s)")
+            f"qdisc {rec['qdisc_bytes']:,} B >= sent {rec['sent_bytes']:,.0f} B: {rec['qdisc_ok']} ({wall:.0f} s)")
         if best is None or rec["step_s"] < best["step_s"]:
             best = rec
     return best
@@ -255,10 +270,13 @@ def train_run(method: str, P: int, rate: str, data: Path, steps: int, points: in
 
 def step_times(log: Path) -> list[float]:
     """Seconds of each training step after the first (which compiles), from a run's log.jsonl
-    written with log_every=1 (one record per step, `wall_s` the training time so far)."""
-    recs = sorted((json.loads(line) for line in log.read_text().splitlines() if line.strip()),
-                  key=lambda r: r["step"])
-    recs = [r for r in recs if "wall_s" in r]
+    written with log_every=1 (one record per step, `wall_s` the training time so far; the last run's
+    records when the file holds several)."""
+    recs = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
+    recs = [r for r in recs if "wall_s" in r and "step" in r]
+    # the CLI appends: when the directory held earlier runs, keep the last run's records
+    starts = [i for i, (a, b) in enumerate(zip(recs, recs[1:]), 1) if b["step"] <= a["step"]]
+    recs = recs[starts[-1]:] if starts else recs
     times = [b["wall_s"] - a["wall_s"] for a, b in zip(recs, recs[1:]) if b["step"] == a["step"] + 1]
     if not times:
         raise RuntimeError(f"{log}: fewer than 2 consecutive step records; cannot time steps")
@@ -600,8 +618,23 @@ def main(argv=None) -> int:
             raise SystemExit(f"--resume: {partial} was made with other settings ({', '.join(diff)}); "
                              f"rerun without --resume or with the same settings")
         res.update({k: old[k] for k in ("date", "calibration", "netem", "collectives") if k in old})
-        done = {(r["method"], r["P"], r["rate"]): r for r in old["runs"]}
-        say(f"resuming: calibration and {len(done)} run(s) from {partial}")
+        for r in old["runs"]:
+            # rebuilt from the run directories (the record's own numbers may predate a fix)
+            reps = args.repeats if (r["method"] == "dslide" or r["rate"] == "none") else args.dp_capped_repeats
+            recs = []
+            for tag in tags_of(r["method"], r["P"], r["rate"], reps):
+                try:
+                    recs.append(run_record(r["method"], r["P"], r["rate"], work, tag))
+                except (OSError, RuntimeError, KeyError, ValueError) as e:
+                    say(f"  resume: {tag} not usable ({e}); its point will be run again")
+                    recs = []
+                    break
+            if recs:
+                best = min(recs, key=lambda x: x["step_s"])
+                if abs(best["step_s"] - r["step_s"]) < 1e-9:  # the same run: keep what only the record has
+                    best.update({k: r[k] for k in ("busy_before", "run_wall_s") if k in r and k not in best})
+                done[(r["method"], r["P"], r["rate"])] = best
+        say(f"resuming: calibration and {len(done)} run(s) from {partial} and {work / 'runs'}")
     if not res["calibration"]:
         say("calibrating the caps")
         for rate in caps:
