@@ -78,7 +78,7 @@ class LSHConfig:
     policy: str = "fifo"
     select: str = "topk"
     threshold: int = 2
-    min_active: int = 32768
+    min_active: int = 16384
     max_active: int = 256
     rehash_every: int = 100
     rebuild_every: int = 1000

@@ -324,20 +324,39 @@ def rows_grad(touched, start, order, samples, coefs, V, G):
 
 
 @njit(cache=True)
-def shared_sample(k, n, size):
-    """`size` distinct integers of [0, n), sorted, from stream k (Floyd's algorithm, O(size log size))."""
+def shared_sample(k, n, size, mark):
+    """`size` distinct integers of [0, n), sorted, from stream k.
+
+    Rejection against a marker array (mark uint8 [n], all zero; zero again on
+    return): O(size) draws while size <= n / 2; past that it takes every
+    neuron but a random few, equally uniform.
+    """
     size = min(size, n)
-    chosen = np.empty(size, dtype=np.int32)
-    seen = set()
+    take = size if 2 * size <= n else n - size
+    out = np.empty(take, dtype=np.int32)
     c = 0
-    for j in range(n - size, n):
-        t = rng.randbelow(k, j, j + 1)
-        v = t if t not in seen else j
-        seen.add(v)
-        chosen[c] = v
-        c += 1
-    chosen.sort()
-    return chosen
+    draw = 0
+    while c < take:
+        j = rng.randbelow(k, draw, n)
+        draw += 1
+        if mark[j] == 0:
+            mark[j] = 1
+            out[c] = j
+            c += 1
+    if take == size:
+        for a in range(take):
+            mark[out[a]] = 0
+        out.sort()
+        return out
+    keep = np.empty(size, dtype=np.int32)  # the complement of the few drawn
+    c = 0
+    for j in range(n):
+        if mark[j] == 0:
+            keep[c] = j
+            c += 1
+        else:
+            mark[j] = 0
+    return keep
 
 
 @njit(parallel=True)

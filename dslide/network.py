@@ -397,6 +397,7 @@ class LSHLayer(Layer):
         self.tables.build(self.W)
         self.neg_key = rng.stream_key(self.config.seed, rng.NEGATIVES, self.index, self.lo)
         self._shared_pos = np.full(self.n_local, -1, dtype=np.int32)
+        self._mark = np.zeros(self.n_local, dtype=np.uint8)
         self._count = np.zeros(self.n_local, dtype=np.int32)
         self._gbuf = K.thread_scratch(self.d_in, self.dtype)
         self.dirty = np.zeros(self.n_local, dtype=np.uint8)
@@ -439,7 +440,7 @@ class LSHLayer(Layer):
         corr = np.zeros(labels.shape[0], dtype=self.dtype)
         if self.n_random == 0:
             return labels, corr
-        drawn = K.shared_sample(rng.stream_key(self.neg_key, batch.step), self.n_local, self.n_random)
+        drawn = K.shared_sample(rng.stream_key(self.neg_key, batch.step), self.n_local, self.n_random, self._mark)
         rand = np.setdiff1d(drawn, labels, assume_unique=True).astype(np.int32)
         if rand.shape[0] == 0:
             return labels, corr

@@ -307,3 +307,22 @@ def test_two_hidden_layers_with_a_sparse_one_learn():
     constant = float(test.Y[:, int(counts.argmax())].sum()) / test.n_points
     assert hist[-1]["loss"] < hist[0]["loss"]
     assert p1 >= 4 * constant, (p1, constant)
+
+
+@pytest.mark.parametrize("n, size", [(1000, 10), (1000, 499), (1000, 500), (1000, 501), (1000, 990), (50, 50), (7, 9)])
+def test_shared_sample_draws_distinct_sorted_uniform(n, size):
+    from dslide import rng
+
+    mark = np.zeros(n, dtype=np.uint8)
+    hits = np.zeros(n)
+    trials = 300
+    for t in range(trials):
+        s = K.shared_sample(rng.stream_key(3, t), n, size, mark)
+        assert s.size == min(size, n) and np.all(np.diff(s) > 0) and s.min() >= 0 and s.max() < n
+        assert not mark.any()
+        hits[s] += 1
+    # every id equally likely: inclusion frequency size/n, binomial spread
+    p = min(size, n) / n
+    if 0 < p < 1:
+        sd = np.sqrt(trials * p * (1 - p))
+        assert np.abs(hits - trials * p).max() < 5 * sd
