@@ -100,6 +100,7 @@ def test_dslide_training_bytes_cross_the_loopback(tmp_path):
     run_dir = tmp_path / "run"
     run, stats = slownet(tmp_path, "100mbit", MPIEXEC, "-n", "2", sys.executable, "-m", "mpi4py", "-m", "dslide",
                          "train", "--train", f"{prefix}_train.txt", "--set", "epochs=1", "--set", "threads=1",
+                         "--set", "hidden=[128]", "--set", "batch_size=256", "--set", "dropout=0",
                          "--out", run_dir, "--quiet", timeout=240)
     assert run.returncode == 0, run.stdout + run.stderr
     m = json.loads((run_dir / "metrics.json").read_text())
