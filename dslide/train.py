@@ -143,7 +143,9 @@ def fit(train: XMCData, config: Config | None = None, test: XMCData | None = Non
     model: continue training this model (restored from a checkpoint: it
     resumes after `model.network.step`).
     callback(event, model, info): "step" after every step (info: the step),
-    "log" at each logging point (info: the record); it may return "stop".
+    "log" at each logging point (info: the record); it may return "stop"
+    (under MPI every rank must return it at the same step: agree through
+    `model.comm`, e.g. `comm.allreduce_max`).
     stop_at: end after this global step (the rest of the schedule is kept).
     """
     if model is None:

@@ -6,7 +6,7 @@ fresh process (under mpiexec when ranks > 1) so that peak memory is its own
 and one case's threads never compete with another's; cases run one after the
 other, never two at once.
 
-    python scripts/_bench.py child < case.json     (what run_case launches)
+    python scripts/_bench.py child case.json     (what run_case launches)
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -32,10 +33,14 @@ def run_case(case: dict, timeout: float = 7200) -> dict:
     threads = int(case.get("threads", 1))
     env = dict(os.environ, NUMBA_NUM_THREADS=str(threads), OMP_NUM_THREADS=str(threads),
                OPENBLAS_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
-    cmd = [sys.executable, str(Path(__file__).resolve()), "child"]
-    if ranks > 1:
-        cmd = [mpiexec(), "-n", str(ranks), sys.executable, "-m", "mpi4py", str(Path(__file__).resolve()), "child"]
-    p = subprocess.run(cmd, input=json.dumps(case), capture_output=True, text=True, env=env, timeout=timeout)
+    # the case goes in a file, not stdin: mpiexec forwards stdin to rank 0 only
+    with tempfile.NamedTemporaryFile("w", suffix=".json", prefix="dslide-case-") as f:
+        json.dump(case, f)
+        f.flush()
+        cmd = [sys.executable, str(Path(__file__).resolve()), "child", f.name]
+        if ranks > 1:
+            cmd = [mpiexec(), "-n", str(ranks), sys.executable, "-m", "mpi4py", *cmd[1:]]
+        p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
     lines = [l for l in p.stdout.splitlines() if l.startswith("RESULT ")]
     if p.returncode != 0 or not lines:
         return {"error": (p.stderr.strip().splitlines() or ["no output"])[-1], "case": case}
@@ -54,8 +59,8 @@ def load_data(spec: dict):
     return read_xmc(spec["train"]), read_xmc(spec["test"])
 
 
-def child() -> None:
-    case = json.loads(sys.stdin.read())
+def child(case_path: str) -> None:
+    case = json.loads(Path(case_path).read_text())
     import numpy as np
     import scipy.sparse as sp
 
@@ -77,14 +82,20 @@ def child() -> None:
     warm = XMCData(train.X[:300], train.Y[:300])
     T.fit(warm, config.replace(epochs=1.0, eval_every=0, checkpoint_every=0), comm=comm)
     budget = case.get("time_budget")
-    t_start = [None]
+    clock = {"train_s": 0.0, "since": None}  # training time: evaluations left out, as in the history
 
     def callback(event, model, info):
-        if event == "step" and t_start[0] is None:
-            t_start[0] = time.perf_counter()
-        if event == "step" and budget and time.perf_counter() - t_start[0] > budget:
-            return "stop"
-        return None
+        now = time.perf_counter()
+        if event == "log":
+            clock["train_s"], clock["since"] = info["wall_s"], now
+            return None
+        if clock["since"] is None:
+            clock["since"] = now
+        if not budget:
+            return None
+        over = clock["train_s"] + (now - clock["since"]) > budget
+        # every rank must stop at the same step: the slowest clock decides
+        return "stop" if comm.allreduce_max(float(over)) > 0 else None
 
     model, history = T.fit(train, config, test, comm=comm, callback=callback)
     pred = T.predict_topk(model, test.X, 5, exact=True)
@@ -150,7 +161,7 @@ def machine() -> str:
 
 
 if __name__ == "__main__":
-    if sys.argv[1:] == ["child"]:
-        child()
+    if len(sys.argv) == 3 and sys.argv[1] == "child":
+        child(sys.argv[2])
     else:
         print(__doc__)

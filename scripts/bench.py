@@ -40,7 +40,7 @@ import _bench as B  # noqa: E402
 
 SUITES = {
     "quick": {"data": {"preset": "amazon-like", "n_train": 20000, "n_test": 1000, "seed": 0},
-              "budget": 30, "eval_points": 1000},
+              "budget": 25, "eval_points": 1000},
     "full": {"data": {"preset": "amazon-like", "n_train": 50000, "n_test": 5000, "seed": 0},
              "budget": 180, "eval_points": 2000},
 }
@@ -50,7 +50,7 @@ COMMON = {"hidden": [128], "batch_size": 128, "lr": 1e-2, "lr_schedule": "consta
 
 def systems(suite: dict) -> list[dict]:
     ev = suite["eval_points"]
-    fast = {**COMMON, "eval_every": 40, "eval_points": ev}
+    fast = {**COMMON, "eval_every": 60, "eval_points": ev}
     slow = {**COMMON, "eval_every": 10, "eval_points": ev}
     return [
         {"name": "dslide", "ranks": 1, "threads": 1, "config": fast},
