@@ -7,6 +7,8 @@ and one case's threads never compete with another's; cases run one after the
 other, never two at once.
 
     python scripts/_bench.py child case.json     (what run_case launches)
+    python scripts/bench_lsh.py > out.txt; python scripts/_bench.py record "bench_lsh.py" out.txt
+                                                 (a section of docs/benchmarks.md from a printed result)
 """
 
 from __future__ import annotations
@@ -160,8 +162,26 @@ def machine() -> str:
             f"Python {platform.python_version()}, numpy {numpy.__version__}, numba {numba.__version__}")
 
 
+def record(key: str, text: str) -> None:
+    """Put `text` in docs/benchmarks.md as the section of `key` (replacing the previous one)."""
+    doc = ROOT / "docs" / "benchmarks.md"
+    head, tail = f"<!-- {key} -->", f"<!-- end {key} -->"
+    body = f"{head}\n## `scripts/{key}`\n\n{text.strip()}\n{tail}\n"
+    old = doc.read_text() if doc.exists() else "# Benchmarks\n\nEvery figure here was printed by the command above it.\n\n"
+    if head in old and tail in old:
+        new = old[:old.index(head)] + body + old[old.index(tail) + len(tail) + 1:]
+    else:
+        new = old.rstrip("\n") + "\n\n" + body
+    doc.parent.mkdir(exist_ok=True)
+    tmp = doc.with_suffix(".md.tmp")
+    tmp.write_text(new)
+    tmp.replace(doc)
+
+
 if __name__ == "__main__":
     if len(sys.argv) == 3 and sys.argv[1] == "child":
         child(sys.argv[2])
+    elif len(sys.argv) == 4 and sys.argv[1] == "record":
+        record(sys.argv[2], Path(sys.argv[3]).read_text())
     else:
         print(__doc__)

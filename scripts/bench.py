@@ -203,19 +203,8 @@ def plot(rows, png: Path, title: str) -> bool:
 
 
 def record(suite: str, text: str, png: Path | None) -> None:
-    doc = B.ROOT / "docs" / "benchmarks.md"
-    head = f"<!-- bench.py --suite {suite} -->"
-    tail = f"<!-- end bench.py --suite {suite} -->"
-    body = f"{head}\n## `scripts/bench.py --suite {suite}`\n\n{text}\n"
-    if png is not None:
-        body += f"![P@1 against training time](bench_{suite}.png)\n"
-    body += f"{tail}\n"
-    old = doc.read_text() if doc.exists() else "# Benchmarks\n\nEvery figure here was printed by the command above it.\n\n"
-    if head in old and tail in old:
-        new = old[:old.index(head)] + body + old[old.index(tail) + len(tail) + 1:]
-    else:
-        new = old.rstrip("\n") + "\n\n" + body
-    doc.write_text(new)
+    img = f"![P@1 against training time](bench_{suite}.png)\n" if png is not None else ""
+    B.record(f"bench.py --suite {suite}", text + "\n" + img)
 
 
 if __name__ == "__main__":

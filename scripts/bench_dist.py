@@ -29,6 +29,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true")
     p.add_argument("--ranks", default="1,2,4")
+    p.add_argument("--no-record", action="store_true", help="do not update docs/benchmarks.md")
     p.add_argument("--out")
     a = p.parse_args(argv)
     data = {"preset": "amazon-like", "n_train": 20000 if a.quick else 50000, "n_test": 2000 if a.quick else 5000}
@@ -63,6 +64,8 @@ def main(argv=None) -> int:
     print(text)
     if a.out:
         Path(a.out).write_text(text)
+    if not a.no_record:
+        B.record("bench_dist.py" + (" --quick" if a.quick else ""), text)
     return 0
 
 

@@ -57,6 +57,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="smaller amazon-like run and budgets")
     p.add_argument("--only", default="amazon,small,bibtex")
+    p.add_argument("--no-record", action="store_true", help="do not update docs/benchmarks.md")
     p.add_argument("--out", help="also write the table to this markdown file")
     a = p.parse_args(argv)
     rows = []
@@ -91,6 +92,8 @@ def main(argv=None) -> int:
     print(text)
     if a.out:
         Path(a.out).write_text(text)
+    if not a.no_record:
+        B.record("bench_train.py" + (" --quick" if a.quick else ""), text)
     return 0
 
 
