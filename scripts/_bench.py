@@ -49,6 +49,27 @@ def run_case(case: dict, timeout: float = 7200) -> dict:
     return json.loads(lines[-1][len("RESULT "):])
 
 
+def run_cases(cases: list[dict], failures: list[str] | None = None) -> list[dict]:
+    """Run each case in turn (see run_case), reporting on stderr; the results of those that ran.
+
+    A case's "label" (default: its name) is what the report and `failures` call it."""
+    rows = []
+    for case in cases:
+        label = case.get("label", case["name"])
+        print(f"running: {label} ...", file=sys.stderr, flush=True)
+        r = run_case(case)
+        if "error" in r:
+            print(f"  failed: {r['error']}", file=sys.stderr, flush=True)
+            if failures is not None:
+                failures.append(f"{label} failed: {r['error']}")
+            continue
+        r["name"] = case["name"]
+        rows.append(r)
+        print(f"  {r['samples_per_s']:,.0f} samples/s, P@1 {r['p@1']:.4f}, {r['bytes_per_step']:,.0f} B/step",
+              file=sys.stderr, flush=True)
+    return rows
+
+
 def load_data(spec: dict):
     """(train, test) XMCData from {"preset", "n_train", "n_test", "seed"} or {"train", "test"} paths."""
     if "preset" in spec:

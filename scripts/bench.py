@@ -91,17 +91,10 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     suite = SUITES[a.suite]
     t0 = time.time()
-    rows, notes = [], []
-    for case in systems(suite):
-        label = f"{case['name']}, {case['ranks']} x {case['threads']}"
-        print(f"running: {label} ...", file=sys.stderr, flush=True)
-        r = B.run_case({**case, "data": suite["data"], "time_budget": suite["budget"]})
-        if "error" in r:
-            notes.append(f"{label} failed: {r['error']}")
-            continue
-        r["name"] = case["name"]
-        rows.append(r)
-        print(f"  {r['samples_per_s']:,.0f} samples/s, P@1 {r['p@1']:.4f}", file=sys.stderr, flush=True)
+    notes = []
+    cases = [{**case, "label": f"{case['name']}, {case['ranks']} x {case['threads']}", "data": suite["data"],
+              "time_budget": suite["budget"]} for case in systems(suite)]
+    rows = B.run_cases(cases, notes)
     if not a.no_torch:
         print("running: PyTorch ...", file=sys.stderr, flush=True)
         r = run_torch_case(suite["data"], suite["budget"], suite["eval_points"])

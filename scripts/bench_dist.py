@@ -34,18 +34,12 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     data = {"preset": "amazon-like", "n_train": 20000 if a.quick else 50000, "n_test": 2000 if a.quick else 5000}
     config = {"hidden": [128], "batch_size": 256, "epochs": 1.0, "eval_every": 0, "eval_points": 2000, "lsh": LSH}
-    rows = []
     cores = os.cpu_count() or 1
+    cases = []
     for P in [int(x) for x in a.ranks.split(",")]:
         name = f"dslide, {P} rank(s) x 1 thread" + (" (oversubscribed)" if P > cores else "")
-        print(f"running: {name} ...", file=sys.stderr, flush=True)
-        r = B.run_case({"name": name, "data": data, "ranks": P, "threads": 1, "config": config})
-        if "error" in r:
-            print(f"  failed: {r['error']}", file=sys.stderr)
-            continue
-        r["name"] = name
-        rows.append(r)
-        print(f"  {r['samples_per_s']:,.0f} samples/s, {r['bytes_per_step']:,.0f} B/step", file=sys.stderr, flush=True)
+        cases.append({"name": name, "data": data, "ranks": P, "threads": 1, "config": config})
+    rows = B.run_cases(cases)
     cols = [
         ("run", "name"),
         ("data", lambda r: f"{r['data']['n_train']:,} x {r['data']['n_features']:,} -> {r['data']['n_labels']:,}"),

@@ -60,18 +60,10 @@ def main(argv=None) -> int:
     p.add_argument("--no-record", action="store_true", help="do not update docs/benchmarks.md")
     p.add_argument("--out", help="also write the table to this markdown file")
     a = p.parse_args(argv)
-    rows = []
-    for case in cases(a.quick, set(a.only.split(","))):
-        print(f"running: {case['name']} ...", file=sys.stderr, flush=True)
-        r = B.run_case(case)
-        if "error" in r:
-            print(f"  failed: {r['error']}", file=sys.stderr)
-            continue
-        r["name"] = case["name"]
+    rows = B.run_cases(cases(a.quick, set(a.only.split(","))))
+    for r in rows:
         t75 = B.time_to(r["curve"], 0.75)
         r["t75"] = "-" if t75 is None else f"{t75:.1f}"
-        rows.append(r)
-        print(f"  {r['samples_per_s']:,.0f} samples/s, P@1 {r['p@1']:.4f}", file=sys.stderr, flush=True)
     cols = [
         ("run", "name"),
         ("data (train/test, features, labels)", lambda r: f"{r['data']['n_train']:,}/{r['data']['n_test']:,}, "
