@@ -183,6 +183,18 @@ def machine() -> str:
             f"Python {platform.python_version()}, numpy {numpy.__version__}, numba {numba.__version__}")
 
 
+def report(script: str, argv: list[str], rows: list[dict], cols, out: str | None, record_it: bool) -> str:
+    """Print a script's table with its command and the machine; also to `out`, and to docs/benchmarks.md."""
+    text = (f"command: python scripts/{script} {' '.join(argv)}\n"
+            f"machine: {machine()}\n\n" + table(rows, cols) + "\n")
+    print(text)
+    if out:
+        Path(out).write_text(text)
+    if record_it:
+        record(script + (" --quick" if "--quick" in argv else ""), text)
+    return text
+
+
 def record(key: str, text: str) -> None:
     """Put `text` in docs/benchmarks.md as the section of `key` (replacing the previous one)."""
     doc = ROOT / "docs" / "benchmarks.md"

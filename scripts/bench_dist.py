@@ -53,13 +53,7 @@ def main(argv=None) -> int:
         ("P@1", lambda r: f"{r['p@1']:.4f}"),
         ("P@5", lambda r: f"{r['p@5']:.4f}"),
     ]
-    text = (f"command: python scripts/bench_dist.py {' '.join(argv or sys.argv[1:])}\n"
-            f"machine: {B.machine()}\n\n" + B.table(rows, cols) + "\n")
-    print(text)
-    if a.out:
-        Path(a.out).write_text(text)
-    if not a.no_record:
-        B.record("bench_dist.py" + (" --quick" if a.quick else ""), text)
+    B.report("bench_dist.py", argv if argv is not None else sys.argv[1:], rows, cols, a.out, not a.no_record)
     return 0
 
 

@@ -79,13 +79,7 @@ def main(argv=None) -> int:
         ("fwd / bwd / LSH query / upkeep s", lambda r: " / ".join(
             f"{r['timers_s'].get(k, 0):.1f}" for k in ("forward", "backward", "lsh_query", "lsh_upkeep"))),
     ]
-    text = (f"command: python scripts/bench_train.py {' '.join(argv or sys.argv[1:])}\n"
-            f"machine: {B.machine()}\n\n" + B.table(rows, cols) + "\n")
-    print(text)
-    if a.out:
-        Path(a.out).write_text(text)
-    if not a.no_record:
-        B.record("bench_train.py" + (" --quick" if a.quick else ""), text)
+    B.report("bench_train.py", argv if argv is not None else sys.argv[1:], rows, cols, a.out, not a.no_record)
     return 0
 
 
