@@ -387,7 +387,8 @@ class LSHLayer(Layer):
         self.opt_b = _Adam(self.b.shape, self.dtype)
         lc = lsh_config
         self.max_active = min(scaled_count(lc.max_active, self.n_local, self.n), self.n_local)
-        self.n_random = min(scaled_count(lc.min_active, self.n_local, self.n), self.n_local) if lc.min_active else 0
+        n_random = lc.random_count(self.n)
+        self.n_random = min(scaled_count(n_random, self.n_local, self.n), self.n_local) if n_random else 0
         params = {"bin_size": lc.bin_size} if lc.family == "dwta" else {}
         # Hash functions derive from the seed and the layer only, never from the rank.
         self.family = lsh.make_family(lc.family, self.d_in, lc.K, lc.L, _seed31(self.config.seed, 7, self.index), **params)

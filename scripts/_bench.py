@@ -71,12 +71,14 @@ def run_cases(cases: list[dict], failures: list[str] | None = None) -> list[dict
 
 
 def load_data(spec: dict):
-    """(train, test) XMCData from {"preset", "n_train", "n_test", "seed"} or {"train", "test"} paths."""
+    """(train, test) XMCData from {"preset", "n_train", "n_test", "seed", other preset fields such as
+    "n_labels"} or {"train", "test"} paths."""
     if "preset" in spec:
         from datasets.synthetic import generate_split
 
+        overrides = {k: v for k, v in spec.items() if k not in ("preset", "n_train", "n_test", "seed")}
         return generate_split(spec["preset"], n_train=spec.get("n_train"), n_test=spec.get("n_test"),
-                              seed=spec.get("seed", 0))
+                              seed=spec.get("seed", 0), **overrides)
     from dslide.data import read_xmc
 
     return read_xmc(spec["train"]), read_xmc(spec["test"])

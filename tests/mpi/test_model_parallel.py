@@ -103,7 +103,7 @@ def test_sparse_hidden_layer_exchange_equals_one_rank_when_all_active():
     from dslide.config import LSHConfig
 
     X, Y = _data()
-    lc = LSHConfig(K=2, L=4, bin_size=4, range_pow=4, min_active=11, max_active=4)
+    lc = LSHConfig(K=2, L=4, bin_size=4, range_pow=4, min_active=11, min_active_share=1.0, max_active=4)
     cfg = Config(hidden=(7, 11), kinds=("dense", "lsh", "dense"), lsh_layers=(None, lc, None),
                  batch_size=32, input_norm="none", seed=4, lr=1e-2, dropout=0.0)
     net_p, loss_p = _train(cfg, X, Y, Comm(MPI.COMM_WORLD), steps=4)

@@ -83,6 +83,29 @@ def test_config_validation_names_field_value_and_range():
         Config(lsh={"min_active": -1})
     with pytest.raises(ValueError, match="kinds has 1 entries but the network has 2 layers"):
         Config(hidden=(8,), kinds=("dense",))
+    with pytest.raises(ValueError, match=r"lsh\.min_active_share = 1.5 must be in \[0.0, 1.0\]"):
+        Config(lsh={"min_active_share": 1.5})
+
+
+@pytest.mark.parametrize("width, n_random, kind", [
+    (670_091, 16_384, "lsh"),   # capped by min_active
+    (20_000, 4_000, "lsh"),     # 20% of the layer: 4 * (4,000 + 256) = 17,024 <= 20,000
+    (12_000, 2_400, "lsh"),     # the minimum width
+    (11_999, 2_399, "dense"),
+    (159, 31, "dense"),
+])
+def test_random_negatives_scale_with_width_and_set_the_automatic_layer_kind(width, n_random, kind):
+    cfg = Config(hidden=(16,))
+    assert cfg.lsh.random_count(width) == n_random == min(16_384, int(0.2 * width))
+    assert cfg.layer_kind(1, width) == kind
+    assert cfg.layer_kind(0, width) == "dense"          # the input layer is always dense
+    assert Config(hidden=(16,), exact=True).layer_kind(1, width) == "dense"
+    no_min = Config(hidden=(16,), auto_lsh_min_width=0)
+    # without the minimum width, the ratio alone: 4 * (1,024 + 256) = 5,120 is LSH, 5,100 (1,020) is not
+    assert [no_min.layer_kind(1, w) for w in (5_100, 5_120)] == ["dense", "lsh"]
+    no_random = Config(hidden=(16,), auto_lsh_min_width=0, lsh={"min_active_share": 0.0})
+    assert no_random.lsh.random_count(width) == 0
+    assert no_random.layer_kind(1, width) == ("lsh" if width >= 4 * 256 else "dense")
 
 
 # -- error paths -------------------------------------------------------------------------

@@ -150,6 +150,7 @@ def test_init_does_not_depend_on_layout():
 
 
 def _lsh_config(n_active_min, n_active_max, **kw):
+    kw.setdefault("min_active_share", 1.0)  # exactly n_active_min random neurons, however narrow the layer
     return LSHConfig(family="dwta", K=2, L=4, bin_size=4, min_active=n_active_min, max_active=n_active_max, **kw)
 
 
@@ -170,6 +171,20 @@ def test_lsh_layer_with_every_neuron_active_equals_exact_mode():
     for (gWe, gbe), (gWs, gbs) in zip(_grads(net_e, exact.beta1), _grads(net_s, exact.beta1)):
         np.testing.assert_allclose(gWs, gWe, rtol=1e-10, atol=1e-14)
         np.testing.assert_allclose(gbs, gbe, rtol=1e-10, atol=1e-14)
+
+
+def test_random_negatives_per_step_are_capped_by_the_share_of_the_layer():
+    X, Y = _tiny_problem(n=20, L=300, density=0.4, label_density=0.008)
+    for share, expected in ((1.0, 100), (0.2, 60), (0.0, 0)):  # min(100, int(share * 300))
+        cfg = Config(hidden=(8,), kinds=("dense", "lsh"), input_norm="none", seed=2, dropout=0.0,
+                     lsh=_lsh_config(100, 10, min_active_share=share))
+        net = Network(cfg, X.shape[1], Y.shape[1])
+        assert net.layers[1].n_random == expected
+        net.train_step(_batch(X, Y))
+        n_labels = np.unique(Y.indices).size
+        # the shared block: the batch's labels, then `expected` distinct random neurons less those among the labels
+        assert max(n_labels, expected) <= net.layers[1].C.size <= n_labels + expected
+        assert (net.layers[1].C.size == n_labels) == (expected == 0)
 
 
 def test_sparse_gradient_is_the_restricted_softmax_gradient_and_zero_elsewhere():
