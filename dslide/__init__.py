@@ -8,6 +8,7 @@ activations and gradients cross the network.
 __version__ = "0.1.0"
 
 import os as _os
+import sys as _sys
 
 # numba's parallel kernels (GNU OpenMP) and the BLAS products (OpenBLAS)
 # take turns on the same cores. By default both keep their idle threads
@@ -15,5 +16,10 @@ import os as _os
 # cores from the other: measured on the `small` preset, 2 threads ran at 2,588
 # samples/s against 4,532 for 1 thread; with idle threads sleeping, 6,306.
 # Set before numba or OpenBLAS start their threads; a user's own setting wins.
+# OpenBLAS reads its variable when it loads, with numpy: a program that
+# imported numpy before dslide keeps spinning BLAS threads (unless it set the
+# variable itself), and training then runs its BLAS products on one thread
+# when it has LSH layers (dslide.train._blas_threads).
+BLAS_THREADS_SLEEP = "OPENBLAS_THREAD_TIMEOUT" in _os.environ or "numpy" not in _sys.modules
 _os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 _os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")

@@ -101,12 +101,18 @@ def _threads(config: Config) -> int:
 def _blas_threads(net: Network, threads: int) -> int:
     """BLAS threads for training steps.
 
-    numba's and OpenBLAS's thread pools both spin while they wait for work;
-    sharing the cores, each step's small BLAS products made numba's kernels
-    wait for spinning BLAS threads (measured here: 3x slower steps). Networks
-    with an LSH layer run their BLAS products single-threaded; all-dense ones,
-    whose time is BLAS, give it every thread.
+    numba's kernels and the BLAS products take turns on the same cores. When
+    idle OpenBLAS threads sleep (dslide.BLAS_THREADS_SLEEP: importing dslide
+    before numpy arranges it), the products get every thread: measured on
+    amazon-like data, 2 threads, 4,127 samples/s against 3,427 with one-thread
+    BLAS. When they spin, an LSH network's many numba kernels wait for them
+    (3x slower steps), so its products run on one thread; all-dense networks,
+    whose time is BLAS, get every thread either way.
     """
+    import dslide
+
+    if dslide.BLAS_THREADS_SLEEP:
+        return threads
     return 1 if any(isinstance(layer, LSHLayer) for layer in net.layers) else threads
 
 

@@ -86,6 +86,7 @@ def load_data(spec: dict):
 
 def child(case_path: str) -> None:
     case = json.loads(Path(case_path).read_text())
+    import dslide  # noqa: F401  (first: it sets the thread variables OpenBLAS reads when numpy loads it)
     import numpy as np
     import scipy.sparse as sp
 
