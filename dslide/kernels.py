@@ -10,8 +10,10 @@ squared gradients below 1e-38 that make every later multiply slow (x86
 handles subnormals in microcode). Exponents below -80 are flushed to zero
 and Adam moments below 1e-30 likewise, so no subnormal ever enters a loop.
 
-Determinism: every sum runs in sample order inside one thread, so results
-do not depend on the number of threads.
+Determinism: every sum runs in sample order inside one thread, so these
+kernels' results do not depend on the number of threads. (The BLAS products
+beside them may round differently with another thread count: a run is
+reproducible for a given seed and thread count.)
 """
 
 from __future__ import annotations
