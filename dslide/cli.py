@@ -481,22 +481,21 @@ def parser() -> argparse.ArgumentParser:
     t.add_argument("--quiet", action="store_true", help="plain log lines instead of a progress bar")
     t.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
 
-    e = sub.add_parser("eval", help="evaluate a trained model: P@k, nDCG@k, PSP@k")
-    e.add_argument("--model", required=True, metavar="RUN_DIR")
-    e.add_argument("--data", required=True)
-    e.add_argument("--k", type=int, default=5)
-    g = e.add_mutually_exclusive_group()
-    g.add_argument("--exact", action="store_true", help="score every label (default)")
-    g.add_argument("--lsh", action="store_true", help="score only the labels the hash tables retrieve")
-    e.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    def model_command(name, help_text, exact_flag):
+        c = sub.add_parser(name, help=help_text)
+        c.add_argument("--model", required=True, metavar="RUN_DIR")
+        c.add_argument("--data", required=True)
+        c.add_argument("--k", type=int, default=5)
+        g = c.add_mutually_exclusive_group()
+        if exact_flag:
+            g.add_argument("--exact", action="store_true", help="score every label (default)")
+        g.add_argument("--lsh", action="store_true", help="score only the labels the hash tables retrieve")
+        c.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+        return c
 
-    r = sub.add_parser("predict", help="write the top-k labels of each point")
-    r.add_argument("--model", required=True, metavar="RUN_DIR")
-    r.add_argument("--data", required=True)
-    r.add_argument("--k", type=int, default=5)
+    model_command("eval", "evaluate a trained model: P@k, nDCG@k, PSP@k", exact_flag=True)
+    r = model_command("predict", "write the top-k labels of each point", exact_flag=False)
     r.add_argument("--out", required=True, metavar="PRED.txt")
-    r.add_argument("--lsh", action="store_true", help="score only the labels the hash tables retrieve")
-    r.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
 
     d = sub.add_parser("data", help="generate, convert and inspect data sets")
     dsub = d.add_subparsers(dest="data_cmd", required=True)
