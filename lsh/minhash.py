@@ -25,6 +25,22 @@ from numba import njit, prange
 from ._common import ROW_BLOCK, HashFamily, assemble_code, check_int, densify, draw_u64
 
 
+@njit(cache=True, inline="always")
+def _keep_min(vals, b, o):
+    """Bin b keeps the smallest offset o it sees (-1: empty so far)."""
+    if vals[b] < 0 or o < vals[b]:
+        vals[b] = o
+
+
+@njit(cache=True, inline="always")
+def _finish(vals, mask, probe_a, probe_b):
+    """Mask the filled bins' values, then fill the empty bins (densification)."""
+    for b in range(vals.shape[0]):
+        if vals[b] >= 0:
+            vals[b] &= mask
+    densify(vals, probe_a, probe_b)
+
+
 @njit(cache=True)
 def minhash_row_values_dense(x, feat_bin, feat_off, mask, probe_a, probe_b, vals):
     """MinHash values of the non-zeros of x float32 [dim]. feat_bin, feat_off int32 [dim];
@@ -32,14 +48,8 @@ def minhash_row_values_dense(x, feat_bin, feat_off, mask, probe_a, probe_b, vals
     vals[:] = -1
     for f in range(x.shape[0]):
         if x[f] != 0:
-            b = feat_bin[f]
-            o = feat_off[f]
-            if vals[b] < 0 or o < vals[b]:
-                vals[b] = o
-    for b in range(vals.shape[0]):
-        if vals[b] >= 0:
-            vals[b] &= mask
-    densify(vals, probe_a, probe_b)
+            _keep_min(vals, feat_bin[f], feat_off[f])
+    _finish(vals, mask, probe_a, probe_b)
 
 
 @njit(cache=True)
@@ -48,15 +58,8 @@ def minhash_row_values_csr(indices, present, lo, hi, feat_bin, feat_off, mask, p
     vals[:] = -1
     for p in range(lo, hi):
         if present[p]:
-            f = indices[p]
-            b = feat_bin[f]
-            o = feat_off[f]
-            if vals[b] < 0 or o < vals[b]:
-                vals[b] = o
-    for b in range(vals.shape[0]):
-        if vals[b] >= 0:
-            vals[b] &= mask
-    densify(vals, probe_a, probe_b)
+            _keep_min(vals, feat_bin[indices[p]], feat_off[indices[p]])
+    _finish(vals, mask, probe_a, probe_b)
 
 
 @njit(cache=True)
