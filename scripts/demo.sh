@@ -4,21 +4,22 @@
 # 20,000 labels) if it is not there yet, train on it with 2 MPI ranks of one
 # thread each, evaluate, and draw the run's progress.
 #   DEMO_EPOCHS=3 ./scripts/demo.sh      (default 5 epochs: about a minute of training on 2 cores)
+#   DEMO_RANKS, DEMO_DATA (data prefix, default data/small), DEMO_RUN (default runs/demo)
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/_venv.sh"
 cd "$ROOT"
 
 RANKS="${DEMO_RANKS:-2}"
 EPOCHS="${DEMO_EPOCHS:-5}"
-DATA="$ROOT/data/small"
-RUN="$ROOT/runs/demo"
+DATA="${DEMO_DATA:-$ROOT/data/small}"
+RUN="${DEMO_RUN:-$ROOT/runs/demo}"
 
 if ! "$PY" -c 'import matplotlib' >/dev/null 2>&1; then
     echo "[dslide] installing the plotting extra (matplotlib) into $VENV"
     "$PY" -m pip install --quiet -e "$ROOT[test,plot]" || echo "[dslide] matplotlib could not be installed: no plot"
 fi
 if [ ! -f "${DATA}_train.txt" ] || [ ! -f "${DATA}_test.txt" ]; then
-    mkdir -p "$ROOT/data"
+    mkdir -p "$(dirname "$DATA")"
     "$PY" -m dslide data gen --preset small --out "$DATA"
 fi
 [ -n "$MPIEXEC" ] || { echo "[dslide] no mpiexec found beside $PY or on PATH" >&2; exit 1; }
@@ -32,7 +33,7 @@ NUMBA_NUM_THREADS=1 OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 \
     --set epochs="$EPOCHS" --set eval_every=40 --set log_every=20 "$@"
 
 if "$PY" -c 'import matplotlib' >/dev/null 2>&1; then
-    "$PY" scripts/plot_run.py "$RUN" --out "$RUN/progress.png" --labels "dslide, $RANKS ranks" >/dev/null
+    "$PY" scripts/plot_run.py "$RUN" --out "$RUN/progress.png" --labels "dslide: $RANKS ranks x 1 thread" >/dev/null
     echo "plot of P@1 and loss against time: $RUN/progress.png"
 fi
 echo "run directory: $RUN (metrics.json, log.jsonl, config.toml, checkpoints/)"
