@@ -18,6 +18,7 @@ import numpy as np
 import scipy.sparse as sp
 from threadpoolctl import threadpool_limits
 
+import dslide
 from dslide import kernels as K
 from dslide.comm import Comm, allreduce_bytes
 from dslide.config import Config
@@ -109,8 +110,6 @@ def _blas_threads(net: Network, threads: int) -> int:
     (3x slower steps), so its products run on one thread; all-dense networks,
     whose time is BLAS, get every thread either way.
     """
-    import dslide
-
     if dslide.BLAS_THREADS_SLEEP:
         return threads
     return 1 if any(isinstance(layer, LSHLayer) for layer in net.layers) else threads
