@@ -6,7 +6,7 @@ The same command runs on one process and under `mpiexec -n P`:
     dslide train --resume RUN_DIR --train F --test F
     dslide eval --model RUN_DIR --data F [--k 5] [--exact | --lsh]
     dslide predict --model RUN_DIR --data F --k K --out PRED.txt
-    dslide data gen --preset tiny|small|amazon-like [--points N] --out PREFIX
+    dslide data gen --preset tiny|small|amazon-like|amazon-tail [--points N] --out PREFIX
     dslide data convert IN OUT
     dslide data stats F
 
@@ -500,7 +500,7 @@ def parser() -> argparse.ArgumentParser:
     d = sub.add_parser("data", help="generate, convert and inspect data sets")
     dsub = d.add_subparsers(dest="data_cmd", required=True)
     gen = dsub.add_parser("gen", help="write a synthetic data set (PREFIX_train.txt, PREFIX_test.txt)")
-    gen.add_argument("--preset", required=True, choices=["tiny", "small", "amazon-like"])
+    gen.add_argument("--preset", required=True, choices=["tiny", "small", "amazon-like", "amazon-tail"])
     gen.add_argument("--points", type=int, help="training points (default: the preset's)")
     gen.add_argument("--test-points", type=int, help="test points (default: the preset's)")
     gen.add_argument("--seed", type=int, default=0)

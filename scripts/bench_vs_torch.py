@@ -56,7 +56,7 @@ from dslide.data import XMCData  # noqa: E402
 TORCH_VENV = ROOT / ".venv-torch"
 TORCH_REQUIREMENTS = ("torch==2.13.0", "numpy")
 TRAINER = Path(__file__).resolve().with_name("_torch_train.py")
-PRESETS = ("tiny", "small", "amazon-like")
+PRESETS = ("tiny", "small", "amazon-like", "amazon-tail")
 INSTALL_TIMEOUT_S = 1800
 PROBE_TIMEOUT_S = 300
 
