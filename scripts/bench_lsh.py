@@ -16,6 +16,19 @@ within its active set, and the tables' memory.
 
     NUMBA_NUM_THREADS=2 python scripts/bench_lsh.py
     python scripts/bench_lsh.py --items 100000 --setting dwta,K=6,L=50,rp=15,C=32,mode=union
+
+Trained layer (`--model RUN_DIR --data TEST --train TRAIN`): the output layer of
+a real run, queried with the hidden vectors of test points. Truth is the
+model's own exact ranking (w.h + b, biases included). Each retrieval method
+scores exactly what it retrieves and keeps the best: recall of the exact
+top-1/10/100, the share of labels scored per query, ms per query against
+brute force (every label through BLAS), build seconds. Methods: the run's
+own inference index; anchor tables of other sizes (anchors from the hidden
+vectors of training points); a static shortlist of the highest-bias labels
+of the same size; SimHash over [w, b] with the asymmetric MIPS transform
+(Neyshabur & Srebro 2015) and SLIDE's DWTA over w, in union mode.
+
+    NUMBA_NUM_THREADS=2 python scripts/bench_lsh.py --model runs/amz --data data/amz_test.txt --train data/amz_train.txt
 """
 
 from __future__ import annotations
@@ -146,8 +159,120 @@ def describe(s):
             f"{s['policy']} {s['mode']}{sel}")
 
 
+def trained_layer(args) -> None:
+    """The --model mode (see the module docstring)."""
+    import scipy.sparse as sp
+
+    from dslide import checkpoint as ck
+    from dslide import train as T
+    from dslide.comm import Comm
+    from dslide.data import read_xmc
+
+    path = ck.latest(args.model)
+    manifest = ck.read_manifest(path)
+    model = T.build_network((manifest["n_features"], manifest["n_labels"]), ck.config_of(path), Comm())
+    ck.load_into(model.network, path, Comm())
+    net = model.network
+    out = net.layers[-1]
+    W, b = np.ascontiguousarray(out.neuron_major()), out.b
+    n = W.shape[0]
+
+    def hidden(X):
+        Xn = T.normalise_inputs(X, model.config.input_norm, net.dtype)
+        parts = T._csr_parts(Xn)
+        H = [net.hidden(T.make_batch(parts, None, np.arange(s, min(Xn.shape[0], s + 4096)), net.step)).dense()
+             for s in range(0, Xn.shape[0], 4096)]
+        return np.ascontiguousarray(np.concatenate(H), dtype=np.float32)
+
+    test = read_xmc(args.data)
+    Q = hidden(test.X[:args.queries])
+    t0 = time.perf_counter()
+    truth = np.empty((Q.shape[0], 100), np.int64)
+    for lo in range(0, Q.shape[0], 64):
+        S = Q[lo:lo + 64] @ W.T
+        S += b
+        part = np.argpartition(-S, 100, axis=1)[:, :100]
+        sc = np.take_along_axis(S, part, axis=1)
+        truth[lo:lo + 64] = np.take_along_axis(part, np.lexsort((part, -sc), axis=1), axis=1)
+    brute_ms = 1e3 * (time.perf_counter() - t0) / Q.shape[0]
+    H_train = hidden(read_xmc(args.train).X) if args.train else None
+
+    rows = []
+
+    def add(name, ids_per_query, scored, ms, build_s):
+        r = [np.mean([np.isin(truth[q, :k], ids_per_query[q]).mean() for q in range(Q.shape[0])])
+             for k in (1, 10, 100)]
+        rows.append((name, scored / n, ms, build_s, *r))
+
+    def anchors(name, tables, probes, build_s):
+        tables.topk(Q[:8], W, b, 100, probes)
+        t0 = time.perf_counter()
+        _, ids, n_scored = tables.topk(Q, W, b, 100, probes)
+        ms = 1e3 * (time.perf_counter() - t0) / Q.shape[0]
+        add(name, ids, float(n_scored.mean()), ms, build_s)
+
+    if out.kind == "lsh" and out.inference is not None:
+        anchors(f"the run's index ({out.inference.A} anchors, {out.lc.index_share:.1%} buckets, "
+                f"{out.lc.index_probes} probe)", out.inference, out.lc.index_probes, float("nan"))
+    budgets = [float(x) for x in args.budgets.split(",")]
+    if H_train is not None:
+        for A, share, probes in [(1024, budgets[0], 1), (2048, budgets[0], 1), (4096, budgets[0], 1),
+                                 (2048, budgets[0] / 2, 2), (2048, budgets[-1], 1)]:
+            T_ = int(share * n)
+            t0 = time.perf_counter()
+            tables = lsh.AnchorTables(W.shape[1], 1, min(A, H_train.shape[0]), T_, seed=0)
+            tables.fit_anchors(H_train[:args.index_points])
+            tables.fill(W, b)
+            tables.set_buckets(np.sort(tables.buckets, axis=2), tables.fill_count)
+            anchors(f"anchors {A}, buckets {share:.2%}, {probes} probe(s)", tables, probes, time.perf_counter() - t0)
+    order = np.argsort(-b, kind="stable")
+    for share in budgets:
+        m = int(share * n)
+        head = order[:m]
+        add(f"static shortlist: the {share:.1%} highest-bias labels", [head] * Q.shape[0], m, float("nan"), 0.0)
+    # item hashing with exact re-ranking of the union of the buckets
+    M = np.sqrt((W.astype(np.float64) ** 2).sum(1) + b.astype(np.float64) ** 2).max()
+    items = np.hstack([W / M, (b / M)[:, None]]).astype(np.float32)
+    items = np.hstack([items, np.sqrt(np.maximum(0, 1 - (items ** 2).sum(1)))[:, None]]).astype(np.float32)
+    queries = np.hstack([Q, np.ones((Q.shape[0], 1), np.float32), np.zeros((Q.shape[0], 1), np.float32)])
+    for fam_name, K, L, rp, C, X_items, X_q in [("srp", 12, 32, 12, 512, items, queries),
+                                                ("srp", 10, 64, 10, 1024, items, queries),
+                                                ("dwta", 6, 50, 16, 64, W, Q)]:
+        fam = lsh.make_family(fam_name, X_items.shape[1], K, L, seed=1)
+        tab = lsh.HashTables(fam, rp, C, seed=1)
+        tab.build(X_items[:512])  # compile outside the timings
+        tab.query(X_q[:4], mode="union")
+        t0 = time.perf_counter()
+        tab.build(X_items)
+        build_s = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        ptr, ids, _ = tab.query(X_q, mode="union")
+        ms = 1e3 * (time.perf_counter() - t0) / Q.shape[0]
+        per = [ids[ptr[q]:ptr[q + 1]] for q in range(Q.shape[0])]
+        what = "SimHash of [w, b] (MIPS transform)" if fam_name == "srp" else "DWTA of w (SLIDE)"
+        add(f"{what}, K={K} L={L}, union", per, float(np.diff(ptr).mean()), ms, build_s)
+
+    print(f"command: {' '.join(shlex.quote(a) for a in [sys.executable, *sys.argv])}")
+    print(f"layer: {n:,} labels x {W.shape[1]} (run {args.model}, step {net.step}); {Q.shape[0]:,} test queries "
+          f"from {args.data}; threads {numba.get_num_threads()}; brute force (every label through BLAS, top 100): "
+          f"{brute_ms:.2f} ms per query")
+    print()
+    print("| method | share scored | ms/query | speed-up vs brute | build s | recall@1 | recall@10 | recall@100 |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    for name, share, ms, build_s, r1, r10, r100 in rows:
+        speed = f"{brute_ms / ms:.1f}x" if np.isfinite(ms) else "-"
+        ms_s = f"{ms:.3f}" if np.isfinite(ms) else "-"
+        bs = f"{build_s:.1f}" if np.isfinite(build_s) else "-"
+        print(f"| {name} | {share:.2%} | {ms_s} | {speed} | {bs} | {r1:.3f} | {r10:.3f} | {r100:.3f} |", flush=True)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", help="a run directory: measure retrieval on its trained output layer")
+    ap.add_argument("--data", help="with --model: test data whose hidden vectors are the queries")
+    ap.add_argument("--train", help="with --model: training data, for anchors of other sizes")
+    ap.add_argument("--budgets", default="0.01,0.02", help="with --model: shares of the labels to score")
+    ap.add_argument("--index-points", type=int, default=50000, help="with --model: training points for anchors")
     ap.add_argument("--items", type=int, default=670_091)
     ap.add_argument("--dim", type=int, default=128)
     ap.add_argument("--queries", type=int, default=256)
@@ -161,6 +286,12 @@ def main(argv=None):
                     help="family,K=..,L=..,rp=..,C=..[,policy=..][,mode=..][,m=..][,t=..][,param=..] "
                          "(repeatable; default: a built-in list)")
     args = ap.parse_args(argv)
+    if args.model:
+        if not args.data:
+            ap.error("--model needs --data (test points whose hidden vectors are the queries)")
+        if args.queries == 256:
+            args.queries = 2000
+        return trained_layer(args)
     settings = [parse_setting(t) for t in (args.setting or DEFAULT_SETTINGS)]
 
     t0 = time.perf_counter()
