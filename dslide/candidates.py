@@ -56,8 +56,8 @@ class AnchorCandidates:
 
     kind = "anchor"
 
-    def __init__(self, d_in: int, n_local: int, per_sample: int, lc: LSHConfig, seed: int):
-        self.per_sample = per_sample
+    def __init__(self, d_in: int, n_local: int, per_sample: int, lc: LSHConfig, seed: int, per_step: int = 0):
+        self.per_sample, self.per_step = per_sample, per_step
         self.tables = lsh.AnchorTables(d_in, lc.L, lc.anchors, max(1, per_sample), seed)
         self.refill = _Schedule(lc.rehash_every, lc.growth, 0)
         self.filled = False
@@ -73,7 +73,7 @@ class AnchorCandidates:
         codes = self.tables.codes(x)
         out = np.empty(0, np.int32)
         if self.filled and self.per_sample:
-            out = self.tables.candidates(codes, self.per_sample, self._mark)
+            out = self.tables.candidates(codes, self.per_sample, self.per_step, self._mark)
         self.tables.observe(x, codes)
         return out
 
@@ -109,8 +109,9 @@ class HashCandidates:
 
     kind = "hash"
 
-    def __init__(self, d_in: int, n_local: int, per_sample: int, lc: LSHConfig, family_seed: int, table_seed: int):
-        self.per_sample = per_sample
+    def __init__(self, d_in: int, n_local: int, per_sample: int, lc: LSHConfig, family_seed: int, table_seed: int,
+                 per_step: int = 0):
+        self.per_sample, self.per_step = per_sample, per_step
         self.lc = lc
         params = {"bin_size": lc.bin_size} if lc.family == "dwta" else {}
         self.family = lsh.make_family(lc.family, d_in, lc.K, lc.L, family_seed, **params)
@@ -126,14 +127,14 @@ class HashCandidates:
             return np.empty(0, np.int32)
         lc = self.lc
         if lc.select == "topk":
-            _, ids, _ = self.tables.query(x, mode="topk", m=self.per_sample)
+            ptr, ids, _ = self.tables.query(x, mode="topk", m=self.per_sample)
         elif lc.select == "threshold":
             ptr, ids, _ = self.tables.query(x, mode="threshold", t=lc.threshold)
-            ids = _cut_rows(ptr, ids, self.per_sample)
+            ptr, ids = _cut_rows(ptr, ids, self.per_sample)
         else:
             ptr, ids, _ = self.tables.query(x, mode="union")
-            ids = _cut_rows(ptr, ids, self.per_sample, spread=True)
-        return np.unique(ids).astype(np.int32)
+            ptr, ids = _cut_rows(ptr, ids, self.per_sample, spread=True)
+        return _rank_major_union(ptr, ids, self.per_step)
 
     def maintain(self, step: int, W, b, dirty) -> str | None:
         t0 = time.perf_counter()
@@ -171,20 +172,33 @@ class HashCandidates:
         self.built = bool(np.asarray(arrays["tables.built"])[0])
 
 
-def _cut_rows(ptr, ids, limit: int, spread: bool = False) -> np.ndarray:
-    """The first `limit` ids of each CSR row (rows sorted by id in union mode: a
-    random-looking but fixed cut would favour low ids, so `spread` takes every
-    k-th id instead of the first ones)."""
+def _cut_rows(ptr, ids, limit: int, spread: bool = False):
+    """The first `limit` ids of each CSR row, as (ptr, ids) (rows sorted by id in union
+    mode: cutting them would favour low ids, so `spread` takes evenly spaced ids instead)."""
     lens = np.diff(ptr)
     if lens.size == 0 or lens.max() <= limit:
-        return ids
+        return ptr, ids
     out = []
     for i in range(lens.size):
         row = ids[ptr[i]:ptr[i + 1]]
         if row.size > limit:
             row = row[np.linspace(0, row.size - 1, limit).astype(np.int64)] if spread else row[:limit]
         out.append(row)
-    return np.concatenate(out)
+    new_ptr = np.zeros(lens.size + 1, np.int64)
+    np.cumsum([r.size for r in out], out=new_ptr[1:])
+    return new_ptr, np.concatenate(out)
+
+
+def _rank_major_union(ptr, ids, total: int) -> np.ndarray:
+    """Sorted unique ids of CSR rows (each row best first), at most `total` (0: all): the
+    cap takes every row's first id, then every row's second, and so on."""
+    if total <= 0:
+        return np.unique(ids).astype(np.int32)
+    rank = np.arange(ids.size, dtype=np.int64) - np.repeat(ptr[:-1], np.diff(ptr))
+    order = np.argsort(rank, kind="stable")
+    uniq, first = np.unique(ids[order], return_index=True)
+    keep = uniq[np.argsort(first, kind="stable")[:total]]
+    return np.sort(keep).astype(np.int32)
 
 
 def auto_range_pow(n_local: int, capacity: int, code_bits: int) -> int:
@@ -193,8 +207,10 @@ def auto_range_pow(n_local: int, capacity: int, code_bits: int) -> int:
     return int(min(max(want, 1), code_bits, 24))
 
 
-def make_candidates(family: str, d_in: int, n_local: int, per_sample: int, lc: LSHConfig, seeds: tuple):
-    """The candidate source of an LSH layer; seeds = (family/anchor seed, table seed)."""
+def make_candidates(family: str, d_in: int, n_local: int, per_sample: int, lc: LSHConfig, seeds: tuple,
+                    per_step: int = 0):
+    """The candidate source of an LSH layer; seeds = (family/anchor seed, table seed);
+    per_step caps the candidates of a step (0: no cap)."""
     if family == "anchor":
-        return AnchorCandidates(d_in, n_local, per_sample, lc, seeds[0])
-    return HashCandidates(d_in, n_local, per_sample, lc, seeds[0], seeds[1])
+        return AnchorCandidates(d_in, n_local, per_sample, lc, seeds[0], per_step)
+    return HashCandidates(d_in, n_local, per_sample, lc, seeds[0], seeds[1], per_step)

@@ -57,7 +57,8 @@ class LSHConfig:
     Each training step a layer computes one block of neurons for the whole
     batch: in the output layer the batch's labels; the union of the samples'
     candidates from the layer's tables, at most `max_active` per sample (0:
-    none, plain sampled softmax); and `min_active` neurons drawn uniformly
+    none, plain sampled softmax) and `max_candidates` per step (0: no cap;
+    taken rank by rank across the samples); and `min_active` neurons drawn uniformly
     afresh each step (never more than `min_active_share` of the layer:
     `random_count`), which stand for all the others (log-Q correction). Counts
     are for the whole layer; each rank takes its share of them.
@@ -98,6 +99,7 @@ class LSHConfig:
     min_active: int = 2048
     min_active_share: float = 0.2
     max_active: int = 512
+    max_candidates: int = 0
     rehash_every: int = 50
     rebuild_every: int = 1000
     growth: float = 1.3
@@ -128,6 +130,7 @@ class LSHConfig:
         _int_range("lsh.min_active", self.min_active, 0)
         _float_range("lsh.min_active_share", self.min_active_share, 0.0, 1.0)
         _int_range("lsh.max_active", self.max_active, 0)
+        _int_range("lsh.max_candidates", self.max_candidates, 0)
         _int_range("lsh.rehash_every", self.rehash_every, 1)
         _int_range("lsh.rebuild_every", self.rebuild_every, 1)
         _float_range("lsh.growth", self.growth, 1.0, 10.0)

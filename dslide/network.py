@@ -388,12 +388,12 @@ class LSHLayer(Layer):
         self.opt_W = _Adam(self.W.shape, self.dtype)
         self.opt_b = _Adam(self.b.shape, self.dtype)
         self.max_active = min(scaled_count(lc.max_active, self.n_local, self.n), self.n_local) if lc.max_active else 0
+        self.max_candidates = scaled_count(lc.max_candidates, self.n_local, self.n) if lc.max_candidates else 0
         n_random = lc.random_count(self.n)
         self.n_random = min(scaled_count(n_random, self.n_local, self.n), self.n_local) if n_random else 0
         seed = self.config.seed
         # Hash functions and anchors derive from the seed and the layer only, never from the rank.
-        self.candidates = make_candidates(lc.family, self.d_in, self.n_local, self.max_active, lc,
-                                          (_seed31(seed, 7, self.index), _seed31(seed, 8, self.index, self.lo)))
+        self.candidates = self._make_candidates()
         self.neg_key = rng.stream_key(seed, rng.NEGATIVES, self.index, self.lo)
         self._pos = np.full(self.n_local, -1, dtype=np.int32)
         self._mark = np.zeros(self.n_local, dtype=np.uint8)
@@ -403,6 +403,12 @@ class LSHLayer(Layer):
         self.last_block = (0, 0, 0)  # (labels, candidates, random) of the last training step, for reports
         self.last_ids = np.empty(0, dtype=np.int32)  # and its local ids, for checks
         self.candidates.maintain(0, self.W, self.b, self.dirty)
+
+    def _make_candidates(self):
+        seed = self.config.seed
+        return make_candidates(self.lc.family, self.d_in, self.n_local, self.max_active, self.lc,
+                               (_seed31(seed, 7, self.index), _seed31(seed, 8, self.index, self.lo)),
+                               self.max_candidates)
 
     # -- the step's block ----------------------------------------------------------------
 
@@ -537,9 +543,7 @@ class LSHLayer(Layer):
             self.candidates.load_state(arrays)
         else:
             self.dirty[...] = 0
-            self.candidates = make_candidates(self.lc.family, self.d_in, self.n_local, self.max_active, self.lc,
-                                              (_seed31(self.config.seed, 7, self.index),
-                                               _seed31(self.config.seed, 8, self.index, self.lo)))
+            self.candidates = self._make_candidates()
             anchor = {k: v for k, v in arrays.items() if k.startswith("anchor.")}
             if anchor and bool(np.asarray(anchor["anchor.ready"])[0]):
                 # the anchors are the same on every rank: keep them, refill from the weights

@@ -160,29 +160,43 @@ def score_top(C, W, b, T: int, block: int = 64):
 
 
 @njit(cache=True)
-def union_of_buckets(codes, buckets, fill, limit, mark):
+def union_of_buckets(codes, buckets, fill, limit, total, mark):
     """The union of the first `limit` entries of the buckets named by codes int32 [n, L]
-    (table l's bucket codes[i, l]), as sorted int32 ids.
+    (table l's bucket codes[i, l]), at most `total` ids (0: no cap), as sorted int32 ids.
 
+    Entries are taken rank by rank (every named bucket's best, then every
+    bucket's second, ...), so a cap keeps the best ranks of all the buckets.
     buckets int32 [L, A, T], fill int32 [L, A]; mark uint8 [n_items] all zero
     on entry and on return.
     """
     n, L = codes.shape
     cap = 0
+    depth = 0
     for i in range(n):
         for l in range(L):
-            cap += min(limit, fill[l, codes[i, l]])
+            f = min(limit, fill[l, codes[i, l]])
+            cap += f
+            depth = max(depth, f)
+    if total > 0:
+        cap = min(cap, total)
     out = np.empty(cap, np.int32)
     c = 0
-    for i in range(n):
-        for l in range(L):
-            a = codes[i, l]
-            for t in range(min(limit, fill[l, a])):
-                j = buckets[l, a, t]
-                if mark[j] == 0:
-                    mark[j] = 1
-                    out[c] = j
-                    c += 1
+    for t in range(depth):
+        if c >= cap:
+            break
+        for i in range(n):
+            if c >= cap:
+                break
+            for l in range(L):
+                a = codes[i, l]
+                if t < min(limit, fill[l, a]):
+                    j = buckets[l, a, t]
+                    if mark[j] == 0:
+                        mark[j] = 1
+                        out[c] = j
+                        c += 1
+                        if c >= cap:
+                            break
     res = np.sort(out[:c])
     for t in range(c):
         mark[res[t]] = 0
@@ -418,14 +432,15 @@ class AnchorTables:
         probes = check_int("probes", probes, 1, self.A)
         return np.concatenate([nearest(X, self.anchors[l], probes) for l in range(self.L)], axis=1)
 
-    def candidates(self, codes, limit: int | None = None, mark=None) -> np.ndarray:
+    def candidates(self, codes, limit: int | None = None, total: int = 0, mark=None) -> np.ndarray:
         """Sorted int32 ids: the union over a batch of each input's bucket in every table
-        (codes int32 [B, L] from `codes(X)`), each bucket cut to its `limit` best (default: all).
+        (codes int32 [B, L] from `codes(X)`), each bucket cut to its `limit` best (default: all),
+        at most `total` ids (0: no cap; taken rank by rank across the buckets).
         mark: uint8 scratch [>= items], all zero."""
         if mark is None:
             mark = np.zeros(max(1, int(self.buckets.max()) + 1 if self.buckets.size else 1), np.uint8)
         return union_of_buckets(np.ascontiguousarray(codes, dtype=np.int32), self.buckets, self.fill_count,
-                                self.T if limit is None else limit, mark)
+                                self.T if limit is None else limit, total, mark)
 
     def topk(self, X, W, b, k: int, probes: int = 1, marks=None):
         """Per query X [n, dim], the k best of its retrieved items by exact score W[j] . x + b[j]:

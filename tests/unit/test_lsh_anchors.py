@@ -58,14 +58,27 @@ def test_union_of_buckets_matches_numpy():
     codes = rs.integers(0, n_anchors, (25, L)).astype(np.int32)
     mark = np.zeros(n_items, np.uint8)
     for limit in (1, 4, T):
-        got = A.union_of_buckets(codes, buckets, fill, limit, mark)
         ref = set()
         for i in range(codes.shape[0]):
             for l in range(L):
                 a = codes[i, l]
                 ref.update(buckets[l, a, :min(limit, fill[l, a])].tolist())
-        np.testing.assert_array_equal(got, sorted(ref))
+        np.testing.assert_array_equal(A.union_of_buckets(codes, buckets, fill, limit, 0, mark), sorted(ref))
         assert not mark.any()
+        # a cap takes rank by rank: every bucket's best before any second best
+        for total in (1, 5, 12, 1000):
+            got = A.union_of_buckets(codes, buckets, fill, limit, total, mark)
+            seen, order = set(), []
+            for t in range(limit):
+                for i in range(codes.shape[0]):
+                    for l in range(L):
+                        a = codes[i, l]
+                        j = int(buckets[l, a, t])
+                        if t < min(limit, fill[l, a]) and j not in seen:
+                            seen.add(j)
+                            order.append(j)
+            np.testing.assert_array_equal(got, sorted(order[:total]))
+            assert not mark.any()
 
 
 def test_nearest_and_minibatch_step_match_numpy():

@@ -375,3 +375,21 @@ def test_max_active_zero_trains_with_no_candidates_in_any_block():
     counts = np.asarray(train.Y.sum(axis=0)).ravel()
     constant = float(test.Y[:, int(counts.argmax())].sum()) / test.n_points
     assert evaluate(model, test)["p@1"] >= 4 * constant
+
+
+def test_item_hashing_candidates_cap_takes_rank_by_rank():
+    from dslide.candidates import _rank_major_union
+
+    rs = np.random.default_rng(9)
+    lens = rs.integers(0, 6, 12)
+    ptr = np.concatenate(([0], np.cumsum(lens))).astype(np.int64)
+    ids = rs.integers(0, 30, ptr[-1]).astype(np.int32)
+    np.testing.assert_array_equal(_rank_major_union(ptr, ids, 0), np.unique(ids))
+    for total in (1, 4, 9, 100):
+        seen, order = set(), []
+        for t in range(lens.max()):
+            for i in range(lens.size):
+                if t < lens[i] and int(ids[ptr[i] + t]) not in seen:
+                    seen.add(int(ids[ptr[i] + t]))
+                    order.append(int(ids[ptr[i] + t]))
+        np.testing.assert_array_equal(_rank_major_union(ptr, ids, total), sorted(order[:total]))
