@@ -447,7 +447,7 @@ def plot_peers(panels, png: Path) -> bool:
     except ImportError:
         print("(no plot: matplotlib is not installed; pip install -e '.[plot]')", file=sys.stderr)
         return False
-    fig, axes = plt.subplots(1, len(panels), figsize=(6.5 * len(panels), 4.5), squeeze=False)
+    fig, axes = plt.subplots(1, len(panels), figsize=(6.5 * len(panels), 5.5), squeeze=False)
     for ax, (title, rows) in zip(axes[0], panels):
         trees = {}
         for r in rows:
@@ -467,7 +467,7 @@ def plot_peers(panels, png: Path) -> bool:
         ax.set_ylabel("P@1")
         ax.set_title(title, fontsize=9)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=2)
     fig.suptitle("P@1 against training seconds, 2 cores each: dslide and PyTorch as they train "
                  "(curves on the first test points), tree libraries when done (all test points)", fontsize=8)
     fig.tight_layout()
