@@ -95,6 +95,22 @@ def python_with(module: str, venv=VENV, *, requirements=None, install: bool = Tr
     return (str(py), info) if ok else (None, info)
 
 
+def peak_rss_mb() -> float | None:
+    """This process's peak resident set (VmHWM), MB; None where /proc is missing.
+
+    Not ru_maxrss: Linux carries that over from the parent through fork and
+    exec, so a child of a large benchmark process would report at least its size.
+    """
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024.0
+    except OSError:
+        return None
+    return None
+
+
 if __name__ == "__main__":
     for name in REQUIREMENTS:
         got, what = python_with(name)

@@ -2,7 +2,8 @@
 """The PyTorch reference: dslide's network as a dense full-softmax PyTorch model on the CPU.
 
 Runs inside `.venv-baselines` (set up by `scripts/_baselines.py`) and imports
-only torch, numpy, json, argparse and time, so that venv needs nothing else.
+only torch, numpy, the standard library and `_baselines` (standard library
+only), so that venv needs nothing else.
 
 The network, with dslide's conventions:
 
@@ -93,6 +94,7 @@ import time
 
 import numpy as np
 import torch
+from _baselines import peak_rss_mb  # the standard library only; beside this script
 
 WARMUP_STEPS = 3
 EVAL_BLOCK_ELEMS = 1 << 24   # logits per evaluation block: 64 MB in float32
@@ -327,18 +329,6 @@ def topk(model, test, n_points, k=5, block=0):
 
 
 # --------------------------------------------------------------------------- training
-
-
-def peak_rss_mb():
-    """The process's peak resident set (VmHWM), MB; None where /proc is missing."""
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) / 1024.0
-    except OSError:
-        return None
-    return None
 
 
 def make_optimizer(params, lr, impl):

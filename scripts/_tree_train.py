@@ -33,21 +33,9 @@ import sys
 import time
 
 import numpy as np
+from _baselines import peak_rss_mb  # the standard library only; beside this script
 
 K = 5
-
-
-def peak_rss_mb():
-    """This process's peak resident set (VmHWM), MB. Not ru_maxrss: Linux carries that over from the
-    parent through fork and exec, so every child would report at least the benchmark's own size."""
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) / 1024.0
-    except OSError:
-        pass
-    return float("nan")
 
 
 def read_test(path):
