@@ -294,14 +294,12 @@ def peer_rows(train_path: Path, test_path: Path, suite_name: str, suite: dict, n
     case = {"name": "dslide (defaults)", "label": "dslide (defaults), 2 x 1", "ranks": 2, "threads": 1,
             "data": {"train": str(train_path), "test": str(test_path)},
             "config": {"eval_every": every, "eval_points": suite["eval_points"]}}
-    load = os.getloadavg()[0]  # a shared machine: say how busy it was when each system started
-    for r in B.run_cases([case], notes):
-        rows.append({**r, "kind": "curve", "load": load})
+    for r in B.run_cases([case], notes):  # a shared machine: say how busy it was as each system ended
+        rows.append({**r, "kind": "curve", "load": os.getloadavg()[0]})
     if not no_trees:
         for system, trees in [("omikuji", t) for t in PEERS_TREES] + [("napkinxc", 1)]:
             label = f"omikuji {trees} tree{'s' if trees > 1 else ''}" if system == "omikuji" else "napkinXC PLT"
             print(f"running: {label} ...", file=sys.stderr, flush=True)
-            load = os.getloadavg()[0]
             try:
                 r = TR.run_tree(system, train_path, test_path, n_test=test.n_points, n_labels=test.n_labels,
                                 threads=PEERS_THREADS, trees=trees, workdir=workdir / "trees")
@@ -315,14 +313,13 @@ def peer_rows(train_path: Path, test_path: Path, suite_name: str, suite: dict, n
             rows.append({"name": f"{label} ({system} {r['version']})", "kind": "tree", "family": system,
                          "short": f"{trees} tree{'s' if trees > 1 else ''}" if system == "omikuji" else "", "ranks": 1,
                          "threads": PEERS_THREADS, "train_s": r["train_s"], "predict_s": r["predict_s"],
-                         "samples_per_s": float("nan"), "peak_rss_mb": r["peak_rss_mb"], "curve": [], "load": load,
+                         "samples_per_s": float("nan"), "peak_rss_mb": r["peak_rss_mb"], "curve": [], "load": os.getloadavg()[0],
                          "params": r["params"], **m})
     if not no_torch:
-        load = os.getloadavg()[0]
         r = torch_peer(BT, train, test, cfg, suite, every, workdir / "torch", notes)
         if r is not None:
             top = r.pop("topk")
-            rows.append({**r, **TR.score(top, test.Y, inv), "load": load})
+            rows.append({**r, **TR.score(top, test.Y, inv), "load": os.getloadavg()[0]})
     return rows, shape
 
 
@@ -422,8 +419,8 @@ def peers_part(a, suite: dict) -> None:
         rows = rows + [{**r, "data": "bibtex"} for r in bib]
     else:
         notes.append("BibTeX: ../shared/data/bibtex_*.txt not present, skipped")
-    notes.append("1-minute load average of the machine when each system started (2 cores; above ~2, other "
-                 "processes were competing): " + ", ".join(f"{r['name'].split(' (')[0]}"
+    notes.append("1-minute load average of the machine as each system ended (2 cores; a system's own 2 "
+                 "threads make about 2, more means other processes competed for the cores): " + ", ".join(f"{r['name'].split(' (')[0]}"
                                                            + (" [BibTeX]" if r.get("data") == "bibtex" else "")
                                                            + f" {r['load']:.1f}" for r in rows if "load" in r))
     text += "\n" + "\n".join(f"- {n}" for n in notes) + "\n"
