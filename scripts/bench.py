@@ -252,7 +252,7 @@ def plot(rows, png: Path, title: str) -> bool:
 # pyxclib's A = 0.55, B = 1.5); training seconds leave out reading the data,
 # compiling and evaluating.
 
-PEERS_EVAL_EVERY = {"quick": 100, "full": 250}  # steps between dslide's / PyTorch's P@1 points
+PEERS_EVAL_EVERY = {"quick": 50, "full": 100}  # steps between dslide's / PyTorch's P@1 points
 PEERS_TREES = (1, 3)                           # omikuji tree counts (its default is 3)
 PEERS_THREADS = 2
 
