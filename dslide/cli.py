@@ -335,6 +335,7 @@ def _final_metrics(model, history, test, wall, inv_prop) -> dict:
         "threads": T._threads(model.config),
         "parallel": model.config.parallel,
         "timers_s": {k: round(v, 3) for k, v in net.timers.items()},
+        "index": model.index_info,
     })
     return out
 
@@ -382,10 +383,13 @@ def cmd_eval(args, comm) -> int:
     # the training labels' propensities, saved with the run: never the evaluated file's
     props = propensity.load(args.model, model.n_labels)
     t0 = time.perf_counter()
-    pred = T.predict_topk(model, data.X, args.k, exact=not args.lsh)
+    stats = {}
+    pred = T.predict_topk(model, data.X, args.k, exact=not args.lsh, stats=stats)
     dt = time.perf_counter() - t0
     m = evaluate(sp.csr_matrix(data.Y), pred, k=args.k, inv_prop=None if props is None else props["inv_prop"])
-    m.update({"propensity": None if props is None else propensity.describe(props),"mode": "lsh" if args.lsh else "exact", "points": data.n_points, "predict_s": dt,
+    m.update({"propensity": None if props is None else propensity.describe(props),
+              "mode": "lsh" if args.lsh else "exact", "points": data.n_points, "predict_s": dt,
+              "scored_share": stats["scored_share"],
               "samples_per_s": data.n_points / max(dt, 1e-9), "world_size": comm.size,
               "peak_rss_mb": comm.allgather_object(round(T.peak_rss_mb(), 1))})
     if comm.rank == 0:
@@ -398,7 +402,8 @@ def cmd_eval(args, comm) -> int:
         else:
             print(f"PSP@k left out: {propensity.path_in(args.model)} is missing (the run was trained on "
                   f"fewer than 3 points, or before runs saved their training labels' propensities)")
-        print(f"{data.n_points:,} points in {dt:.2f}s ({m['mode']} scoring)")
+        print(f"{data.n_points:,} points in {dt:.2f}s ({m['mode']} scoring: "
+              f"{100 * m['scored_share']:.2f}% of the labels scored per point)")
     return 0
 
 
@@ -424,7 +429,8 @@ def cmd_predict(args, comm) -> int:
     data = _read(args.data, "--data")
     if data.n_features != model.n_features:
         raise UsageError(f"{args.data} has {data.n_features} features; the model was trained on {model.n_features}")
-    ids, scores = T.predict_topk_scores(model, data.X, args.k, exact=not args.lsh)
+    stats = {}
+    ids, scores = T.predict_topk_scores(model, data.X, args.k, exact=not args.lsh, stats=stats)
     if comm.rank == 0:
         out = Path(args.out)
         tmp = out.with_name(out.name + ".tmp")
@@ -432,7 +438,8 @@ def cmd_predict(args, comm) -> int:
             for row_i, row_s in zip(ids, scores):
                 f.write(" ".join(f"{i}:{s:.6g}" for i, s in zip(row_i, row_s) if i >= 0) + "\n")
         os.replace(tmp, out)
-        print(f"wrote the top {args.k} labels of {data.n_points:,} points to {out} (label:score per line)")
+        print(f"wrote the top {args.k} labels of {data.n_points:,} points to {out} (label:score per line; "
+              f"{100 * stats['scored_share']:.2f}% of the labels scored per point)")
     return 0
 
 

@@ -255,6 +255,7 @@ def plot(rows, png: Path, title: str) -> bool:
 PEERS_EVAL_EVERY = {"quick": 50, "full": 100}  # steps between dslide's / PyTorch's P@1 points
 PEERS_TREES = (1, 3)                           # omikuji tree counts (its default is 3)
 PEERS_THREADS = 2
+SAMPLED_NEGATIVES = 16384                      # PyTorch sampled softmax: shared uniform negatives per step
 
 
 def peer_files(spec: dict) -> tuple[Path, Path]:
@@ -326,9 +327,11 @@ def peer_rows(train_path: Path, test_path: Path, suite_name: str, suite: dict, n
 def torch_peer(BT, train, test, cfg, suite: dict, every: int, workdir: Path, notes: list) -> dict | None:
     """PyTorch with dslide's defaults: a sampled softmax for an LSH-sized output, the full one otherwise.
 
-    The negatives per step are dslide's (lsh.random_count: min(lsh.min_active, 20% of the labels))."""
+    The sampled softmax draws SAMPLED_NEGATIVES shared uniform negatives per step (at most 20% of the
+    labels, as dslide's lsh.min_active_share): it has no candidates from hash tables, so it keeps the
+    uniform sample dslide used before it had them (issue 13's setting), not dslide's smaller one."""
     wide = cfg.layer_kind(len(cfg.hidden), train.n_labels) == "lsh"
-    negatives = cfg.lsh.random_count(train.n_labels) if wide else 0
+    negatives = min(SAMPLED_NEGATIVES, int(cfg.lsh.min_active_share * train.n_labels)) if wide else 0
     name = (f"PyTorch sampled softmax ({negatives:,} negatives)" if wide
             else "PyTorch (full softmax)")
     print(f"running: {name} ...", file=sys.stderr, flush=True)

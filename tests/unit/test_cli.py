@@ -63,7 +63,7 @@ def test_set_overrides_parse_toml_values_lists_and_tables(tmp_path):
     (["lsh.KK=3"], "unknown configuration key 'lsh.KK'; did you mean 'lsh.K'?"),
     (["lr=-1"], "lr = -1 must be in (0.0, 10.0]"),
     (["dropout=1.5"], "dropout = 1.5 must be in [0.0, 1.0)"),
-    (["lsh.family=foo"], "lsh.family = 'foo' is not valid; choose one of 'dwta', 'srp', 'wta'"),
+    (["lsh.family=foo"], "lsh.family = 'foo' is not valid; choose one of 'anchor', 'dwta', 'srp', 'wta'"),
     (["hidden=0"], "hidden[0] = 0 must be >= 1"),
     (["batch_size=abc"], "batch_size = 'abc' must be an integer"),
     (["lr"], "expected key=value"),
@@ -88,24 +88,24 @@ def test_config_validation_names_field_value_and_range():
 
 
 @pytest.mark.parametrize("width, n_random, kind", [
-    (670_091, 16_384, "lsh"),   # capped by min_active
-    (20_000, 4_000, "lsh"),     # 20% of the layer: 4 * (4,000 + 256) = 17,024 <= 20,000
-    (12_000, 2_400, "lsh"),     # the minimum width
-    (11_999, 2_399, "dense"),
+    (670_091, 2_048, "lsh"),   # capped by min_active
+    (12_000, 2_048, "lsh"),    # the minimum width: 4 * (2,048 + 512) = 10,240 <= 12,000
+    (11_999, 2_048, "dense"),
+    (5_000, 1_000, "dense"),   # 20% of the layer
     (159, 31, "dense"),
 ])
 def test_random_negatives_scale_with_width_and_set_the_automatic_layer_kind(width, n_random, kind):
     cfg = Config(hidden=(16,))
-    assert cfg.lsh.random_count(width) == n_random == min(16_384, int(0.2 * width))
+    assert cfg.lsh.random_count(width) == n_random == min(2_048, int(0.2 * width))
     assert cfg.layer_kind(1, width) == kind
     assert cfg.layer_kind(0, width) == "dense"          # the input layer is always dense
     assert Config(hidden=(16,), exact=True).layer_kind(1, width) == "dense"
     no_min = Config(hidden=(16,), auto_lsh_min_width=0)
-    # without the minimum width, the ratio alone: 4 * (1,024 + 256) = 5,120 is LSH, 5,100 (1,020) is not
-    assert [no_min.layer_kind(1, w) for w in (5_100, 5_120)] == ["dense", "lsh"]
+    # without the minimum width, the ratio alone: 4 * (2,047 + 512) = 10,236 is LSH, 10,235 is not
+    assert [no_min.layer_kind(1, w) for w in (10_235, 10_236)] == ["dense", "lsh"]
     no_random = Config(hidden=(16,), auto_lsh_min_width=0, lsh={"min_active_share": 0.0})
     assert no_random.lsh.random_count(width) == 0
-    assert no_random.layer_kind(1, width) == ("lsh" if width >= 4 * 256 else "dense")
+    assert no_random.layer_kind(1, width) == ("lsh" if width >= 4 * 512 else "dense")
 
 
 # -- error paths -------------------------------------------------------------------------
