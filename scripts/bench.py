@@ -401,7 +401,7 @@ def peers_part(a, suite: dict) -> None:
     shape = f"{spec['preset']} synthetic, {shape}"
     cmd = (f"python scripts/bench.py --suite {a.suite} --parts peers" + _preset_flag(a)
            + (" --no-torch" if a.no_torch else "") + (" --no-trees" if a.no_trees else ""))
-    text = (f"command: `{cmd}`\n\nmachine: {B.machine()}\n\n"
+    text = (f"command: `{cmd}`\n\nmachine: {B.machine()}\n\ncode: {_code_version()}\n\n"
             f"data: {shape}; every system {PEERS_THREADS} cores (dslide: 2 ranks x 1 thread), with its own "
             f"defaults; dslide and PyTorch train their default {_epochs(rows)} epochs. P@k and PSP@k on all test "
             f"points by dslide.metrics (propensities from the training labels, A = 0.55, B = 1.5); the 'P@1 at' "
@@ -437,6 +437,20 @@ def peers_part(a, suite: dict) -> None:
                  text + "\n" + (f"![P@1 against training seconds]({png.name})\n" if drew else ""))
     (B.ROOT / "runs").mkdir(exist_ok=True)
     (B.ROOT / "runs" / f"{name}.json").write_text(json.dumps(rows, indent=1, default=float))
+
+
+def _code_version() -> str:
+    """The checkout's commit (and whether files differ from it): dslide's defaults change over time."""
+    import subprocess
+
+    try:
+        head = subprocess.run(["git", "-C", str(B.ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, timeout=30).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(B.ROOT), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=30).stdout.strip()
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown (no git)"
+    return (head or "unknown") + (" with uncommitted changes" if dirty else "")
 
 
 def _epochs(rows) -> str:
