@@ -215,7 +215,6 @@ RESUME_SETTABLE = {"epochs", "eval_every", "eval_points", "log_every", "checkpoi
 def cmd_train(args, comm) -> int:
     from dslide import checkpoint as ck
     from dslide import train as T
-    from dslide.metrics import inverse_propensity
 
     if args.resume:
         path = ck.latest(args.resume)
@@ -243,6 +242,7 @@ def cmd_train(args, comm) -> int:
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "config.toml").write_text(config_toml(config))
     comm.barrier()
+    inv_prop = _run_propensities(run_dir, train, config, comm)
     _say(comm, f"dslide {__import__('dslide').__version__}: training on {train.n_points:,} points, "
                f"{train.n_features:,} features, {train.n_labels:,} labels; {comm.size} rank(s) x "
                f"{T._threads(config)} thread(s); run directory {run_dir}")
@@ -276,14 +276,36 @@ def cmd_train(args, comm) -> int:
         progress.close()
     wall = time.perf_counter() - t0
     ck.save(model.network, run_dir, comm, extra={"history": model.history})
-    metrics = _final_metrics(model, history, test, train, wall, inverse_propensity)
+    metrics = _final_metrics(model, history, test, wall, inv_prop)
     if comm.rank == 0:
         (run_dir / "metrics.json").write_text(json.dumps(metrics, indent=1) + "\n")
     _say(comm, _summary(metrics, run_dir))
     return 0
 
 
-def _final_metrics(model, history, test, train, wall, inverse_propensity) -> dict:
+def _run_propensities(run_dir: Path, train, config, comm):
+    """Inverse label propensities of the run (float64 [n_labels]), or None without PSP@k.
+
+    They come from the training labels with the configuration's A, B and are
+    saved with the run (dslide.propensity), so `dslide eval` weighs labels as
+    training's metrics did. A resumed run keeps the ones it saved.
+    """
+    from dslide import propensity
+
+    saved = propensity.load(run_dir, train.n_labels)
+    if saved is not None:
+        return saved["inv_prop"]
+    if train.n_points < 3:  # ln N - 1 <= 0: the weights have no meaning
+        _say(comm, f"PSP@k left out: {train.n_points} training point(s); propensities need at least 3")
+        return None
+    props = propensity.compute(train.Y, config.propensity_a, config.propensity_b)
+    if comm.rank == 0:
+        propensity.save(run_dir, props)
+    comm.barrier()
+    return props["inv_prop"]
+
+
+def _final_metrics(model, history, test, wall, inv_prop) -> dict:
     import numpy as np
     import scipy.sparse as sp
 
@@ -298,7 +320,7 @@ def _final_metrics(model, history, test, train, wall, inverse_propensity) -> dic
         from dslide.metrics import evaluate
 
         pred = T.predict_topk(model, test.X, 5, exact=True)
-        out.update(evaluate(sp.csr_matrix(test.Y), pred, k=5, inv_prop=inverse_propensity(train.Y)))
+        out.update(evaluate(sp.csr_matrix(test.Y), pred, k=5, inv_prop=inv_prop))
     own = comm.allreduce_sum(np.array([sum(r["bytes_per_step"] * 1.0 for r in steps) / max(1, len(steps))]))[0]
     out.update({
         "samples_per_s": T.throughput(history, model.config.batch_size),
@@ -327,7 +349,7 @@ def _summary(m: dict, run_dir: Path) -> str:
     s.append(f"{m['samples_per_s']:,.0f} samples/s over {m['steps']} steps ({m['world_size']} rank(s) x "
              f"{m['threads']} thread(s)); {m['bytes_per_step']:,.0f} bytes/step per rank"
              + (f" ({100 * ratio:.3f}% of a data-parallel all-reduce)" if m["world_size"] > 1 else ""))
-    s.append(f"run directory: {run_dir} (metrics.json, log.jsonl, config.toml, checkpoints/)")
+    s.append(f"run directory: {run_dir} (metrics.json, log.jsonl, config.toml, propensity.npz, checkpoints/)")
     return "\n".join(s)
 
 
@@ -351,19 +373,22 @@ def _load_model(run_dir: str, comm):
 def cmd_eval(args, comm) -> int:
     import scipy.sparse as sp
 
+    from dslide import propensity
     from dslide import train as T
-    from dslide.metrics import evaluate, inverse_propensity
+    from dslide.metrics import evaluate
 
     model = _load_model(args.model, comm)
     data = _read(args.data, "--data")
     _check_shape(data, model, args.data)
+    # the training labels' propensities, saved with the run: never the evaluated file's
+    props = propensity.load(args.model, model.n_labels)
     t0 = time.perf_counter()
     stats = {}
     pred = T.predict_topk(model, data.X, args.k, exact=not args.lsh, stats=stats)
     dt = time.perf_counter() - t0
-    m = evaluate(sp.csr_matrix(data.Y), pred, k=args.k,
-                 inv_prop=inverse_propensity(data.Y) if data.n_points >= 3 else None)
-    m.update({"mode": "lsh" if args.lsh else "exact", "points": data.n_points, "predict_s": dt,
+    m = evaluate(sp.csr_matrix(data.Y), pred, k=args.k, inv_prop=None if props is None else props["inv_prop"])
+    m.update({"propensity": None if props is None else propensity.describe(props),
+              "mode": "lsh" if args.lsh else "exact", "points": data.n_points, "predict_s": dt,
               "scored_share": stats["scored_share"],
               "samples_per_s": data.n_points / max(dt, 1e-9), "world_size": comm.size,
               "peak_rss_mb": comm.allgather_object(round(T.peak_rss_mb(), 1))})
@@ -373,7 +398,10 @@ def cmd_eval(args, comm) -> int:
         print("  ".join(f"P@{k} {m[f'p@{k}']:.4f}" for k in ks))
         print("  ".join(f"nDCG@{k} {m[f'ndcg@{k}']:.4f}" for k in ks))
         if "psp@1" in m:
-            print("  ".join(f"PSP@{k} {m[f'psp@{k}']:.4f}" for k in ks))
+            print("  ".join(f"PSP@{k} {m[f'psp@{k}']:.4f}" for k in ks) + f"  ({m['propensity']})")
+        else:
+            print(f"PSP@k left out: {propensity.path_in(args.model)} is missing (the run was trained on "
+                  f"fewer than 3 points, or before runs saved their training labels' propensities)")
         print(f"{data.n_points:,} points in {dt:.2f}s ({m['mode']} scoring: "
               f"{100 * m['scored_share']:.2f}% of the labels scored per point)")
     return 0

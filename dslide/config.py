@@ -199,6 +199,11 @@ class Config:
     parallel: "model" splits every layer's neurons over the ranks (dslide);
         "data" gives every rank the whole model and all-reduces gradients
         (the baseline of Horovod and PyTorch DDP).
+    propensity_a, propensity_b: the constants A, B of the label propensities
+        behind PSP@k (Jain et al. 2016; see dslide.metrics.inverse_propensity),
+        computed from the training labels and saved with the run
+        (dslide.propensity). Default pyxclib's 0.55, 1.5; Amazon data sets
+        usually take 0.6, 2.6 and Wikipedia ones 0.5, 0.4.
     """
 
     hidden: tuple[int, ...] | None = None
@@ -224,6 +229,8 @@ class Config:
     threads: int = 0
     dtype: str = "float32"
     parallel: str = "model"
+    propensity_a: float = 0.55
+    propensity_b: float = 1.5
 
     eval_every: int = 0
     eval_points: int = 2000
@@ -277,6 +284,8 @@ class Config:
         _int_range("threads", self.threads, 0, 1024)
         _choice("dtype", self.dtype, DTYPES)
         _choice("parallel", self.parallel, PARALLEL)
+        _float_range("propensity_a", self.propensity_a, 0.0, 100.0)
+        _float_range("propensity_b", self.propensity_b, 0.0, 1e6, lo_open=True)
         _int_range("eval_every", self.eval_every, 0)
         _int_range("eval_points", self.eval_points, 1)
         _int_range("log_every", self.log_every, 1)

@@ -94,7 +94,7 @@ def child(case_path: str) -> None:
     from dslide.comm import Comm
     from dslide.config import Config
     from dslide.data import XMCData
-    from dslide.metrics import evaluate
+    from dslide.metrics import evaluate, inverse_propensity
 
     comm = Comm.world()
     train, test = load_data(case["data"])
@@ -124,8 +124,12 @@ def child(case_path: str) -> None:
         return "stop" if comm.allreduce_max(float(over)) > 0 else None
 
     model, history = T.fit(train, config, test, comm=comm, callback=callback)
+    t0 = time.perf_counter()
     pred = T.predict_topk(model, test.X, 5, exact=True)
-    final = evaluate(sp.csr_matrix(test.Y), pred, k=5)
+    predict_s = time.perf_counter() - t0
+    # PSP@k with the training labels' propensities (pyxclib's A, B), as `dslide train` reports it
+    inv_prop = inverse_propensity(train.Y) if train.n_points >= 3 else None
+    final = evaluate(sp.csr_matrix(test.Y), pred, k=5, inv_prop=inv_prop)
     net = model.network
     steps = history[-1]["step"]
     sent = comm.allreduce_sum(np.array([float(sum(r["bytes_per_step"] * (r["step"] - (history[i - 1]["step"] if i else 0))
@@ -141,6 +145,8 @@ def child(case_path: str) -> None:
         "train_s": sum(r["wall_s_delta"] for r in history),
         "samples_per_s": T.throughput(history, config.batch_size),
         "p@1": final["p@1"], "p@3": final["p@3"], "p@5": final["p@5"],
+        **{f"psp@{k}": final[f"psp@{k}"] for k in (1, 3, 5) if f"psp@{k}" in final},
+        "predict_s": predict_s,
         "bytes_per_step": sent / comm.size / max(1, steps),
         "bytes_per_step_data_parallel": T.data_parallel_bytes(net, comm.size),
         "peak_rss_mb": max(comm.allgather_object(T.peak_rss_mb())),

@@ -1,8 +1,9 @@
 #!/usr/bin/env python
 """The PyTorch reference: dslide's network as a dense full-softmax PyTorch model on the CPU.
 
-Runs inside `.venv-torch` (set up by `scripts/bench_vs_torch.py`) and imports
-only torch, numpy, json, argparse and time, so that venv needs nothing else.
+Runs inside `.venv-baselines` (set up by `scripts/_baselines.py`) and imports
+only torch, numpy, the standard library and `_baselines` (standard library
+only), so that venv needs nothing else.
 
 The network, with dslide's conventions:
 
@@ -38,6 +39,28 @@ best of repeated runs on a shared machine):
 * Log-softmax gathered at the labels, not `F.cross_entropy` with a dense
   target of class probabilities: that made steps 2-3x slower at 670,091 labels.
 
+With `--output sampled` the output layer is a sampled softmax, as a careful
+PyTorch user writes one for a very wide output, built like dslide's shared
+block (see dslide/network.py LSHLayer, without the LSH candidates):
+
+    C    = the batch's labels (sorted) + S negatives drawn uniformly without
+           replacement from all labels, those among the batch's labels dropped
+    z_iC = h_i W2[C]^T + b2[C] + corr,  corr = 0 for the batch's labels,
+           log((n_labels - |labels|) / |negatives|) for a negative (log-Q: each
+           stands for that many labels outside the batch's)
+    loss = the loss above over the columns C
+
+with S = --negatives drawn by `numpy.random.default_rng([seed, 0x4E6, step])
+.choice(n_labels, S, replace=False)` (dslide's count: 16,384 at 670,091
+labels). W2 and b2 are `nn.Embedding(sparse=True)` tables gathered at C, the
+first layer an `nn.EmbeddingBag(sparse=True)`: `torch.optim.SparseAdam` updates
+the rows that got gradient (a lazy Adam, as dslide's), `Adam` the dense b1.
+Evaluation scores every label (h W2^T + b2), as for the full softmax.
+`--lr-schedule linear` decays the learning rate linearly to 0 over the run's
+steps (dslide's default: lr (1 - (t - 1) / T) at step t of T);
+`--output-bias log_prior` starts b2 at log((count + 1) / (n + n_labels)) from
+the training labels (dslide's default).
+
 The sample order of epoch e is
 `numpy.random.default_rng([seed, 0x5EED, e]).permutation(n)`, dslide's order,
 cut into batches of --batch-size (the last batch of an epoch may be smaller);
@@ -57,6 +80,9 @@ samples_per_s (samples / training time with the first 3 steps left out as
 warm-up; all steps when there are 3 or fewer), the final p@k, peak RSS, the
 torch version and thread count.
 
+--save-topk F.npy writes the final exact top 5 of every test point (int64
+[n_test, 5]), for metrics computed outside this venv.
+
 --load-init F.npz starts from given weights (W1 [n_features, hidden], b1,
 W2 [n_labels, hidden], b2), --save-init / --save-final write them, so a test
 can replay a step in plain numpy.
@@ -68,11 +94,14 @@ import time
 
 import numpy as np
 import torch
+from _baselines import peak_rss_mb  # the standard library only; beside this script
 
 WARMUP_STEPS = 3
 EVAL_BLOCK_ELEMS = 1 << 24   # logits per evaluation block: 64 MB in float32
 FIRST_LAYERS = ("embedding_bag", "sparse_mm")
 ADAM_IMPLS = ("default", "foreach", "fused")
+OUTPUTS = ("full", "sampled")
+NEGATIVES_KEY = 0x4E6    # the negatives' stream: default_rng([seed, NEGATIVES_KEY, step])
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
 
@@ -128,27 +157,49 @@ def epoch_order(seed, epoch, n):
 class Net(torch.nn.Module):
     """relu(x W1 + b1) -> dropout -> Linear(hidden, n_labels); see the module docstring."""
 
-    def __init__(self, n_features, hidden, n_labels, dropout, init_input_scale, first_layer, dtype, gen):
+    def __init__(self, n_features, hidden, n_labels, dropout, init_input_scale, first_layer, dtype, gen,
+                 output="full"):
         super().__init__()
-        self.first_layer = first_layer
+        self.first_layer, self.output = first_layer, output
+        sparse = output == "sampled"  # sparse gradients wherever a step touches few rows
         if first_layer == "embedding_bag":
-            self.emb = torch.nn.EmbeddingBag(n_features, hidden, mode="sum", dtype=dtype)
+            self.emb = torch.nn.EmbeddingBag(n_features, hidden, mode="sum", dtype=dtype, sparse=sparse)
             w1 = self.emb.weight
         else:
             self.w1 = torch.nn.Parameter(torch.empty(n_features, hidden, dtype=dtype))
             w1 = self.w1
         self.b1 = torch.nn.Parameter(torch.zeros(hidden, dtype=dtype))
         self.drop = torch.nn.Dropout(dropout) if dropout > 0 else torch.nn.Identity()
-        self.out = torch.nn.Linear(hidden, n_labels, dtype=dtype)
+        if sparse:
+            self.out_w = torch.nn.Embedding(n_labels, hidden, dtype=dtype, sparse=True)
+            self.out_b = torch.nn.Embedding(n_labels, 1, dtype=dtype, sparse=True)
+        else:
+            self.out = torch.nn.Linear(hidden, n_labels, dtype=dtype)
         a = (6.0 / (hidden + n_labels)) ** 0.5
         with torch.no_grad():
             w1.uniform_(-init_input_scale, init_input_scale, generator=gen)
-            self.out.weight.uniform_(-a, a, generator=gen)
-            self.out.bias.zero_()
+            self.W2.uniform_(-a, a, generator=gen)
+            self.b2.zero_()
 
     @property
     def W1(self):
         return self.emb.weight if self.first_layer == "embedding_bag" else self.w1
+
+    @property
+    def W2(self):
+        """The output weights [n_labels, hidden] (a parameter or a view of one)."""
+        return self.out_w.weight if self.output == "sampled" else self.out.weight
+
+    @property
+    def b2(self):
+        """The output biases [n_labels] (a parameter or a view of one)."""
+        return self.out_b.weight[:, 0] if self.output == "sampled" else self.out.bias
+
+    def sparse_parameters(self):
+        """(parameters with sparse gradients, the others)."""
+        sparse = [p for m in self.modules() if getattr(m, "sparse", False) for p in m.parameters(recurse=False)]
+        ids = {id(p) for p in sparse}
+        return sparse, [p for p in self.parameters() if id(p) not in ids]
 
     def hidden(self, offsets, feats, vals):
         """relu(x W1 + b1) for the CSR batch (offsets [B+1], feats, vals): [B, hidden]."""
@@ -161,18 +212,27 @@ class Net(torch.nn.Module):
         return torch.relu(pre + self.b1)
 
     def forward(self, offsets, feats, vals):
-        return self.out(self.drop(self.hidden(offsets, feats, vals)))
+        """Logits of every label, [B, n_labels]."""
+        h = self.drop(self.hidden(offsets, feats, vals))
+        if self.output == "sampled":
+            return h @ self.W2.T + self.b2
+        return self.out(h)
+
+    def sampled_logits(self, offsets, feats, vals, cand, corr):
+        """Logits of the labels `cand` (int64 tensor [C]) plus `corr` ([C]): [B, C], sparse gradients."""
+        h = self.drop(self.hidden(offsets, feats, vals))
+        return h @ self.out_w(cand).T + self.out_b(cand)[:, 0] + corr
 
     def weights(self):
         """The parameters as numpy arrays: W1 [F, H], b1 [H], W2 [L, H], b2 [L]."""
         return {"W1": self.W1.detach().numpy().copy(), "b1": self.b1.detach().numpy().copy(),
-                "W2": self.out.weight.detach().numpy().copy(), "b2": self.out.bias.detach().numpy().copy()}
+                "W2": self.W2.detach().numpy().copy(), "b2": self.b2.detach().numpy().copy()}
 
     def load(self, path):
         with np.load(path) as f:
             arrays = {k: f[k] for k in ("W1", "b1", "W2", "b2")}
         with torch.no_grad():
-            for name, p in (("W1", self.W1), ("b1", self.b1), ("W2", self.out.weight), ("b2", self.out.bias)):
+            for name, p in (("W1", self.W1), ("b1", self.b1), ("W2", self.W2), ("b2", self.b2)):
                 if arrays[name].shape != tuple(p.shape):
                     raise ValueError(f"{path}: {name} has shape {arrays[name].shape}, expected {tuple(p.shape)}")
                 p.copy_(torch.from_numpy(arrays[name]))
@@ -191,6 +251,37 @@ def batch_loss(logits, y_offsets, y_ids):
     w = torch.from_numpy(1.0 / per[rows]).to(logits.dtype)
     logp = torch.log_softmax(logits, dim=1)
     return -(logp[torch.from_numpy(rows), torch.from_numpy(y_ids)] * w).sum() / B
+
+
+def sampled_block(y_ids, n_labels, n_neg, seed, step):
+    """(C, corr, cols) of a step's sampled softmax (see the module docstring).
+
+    y_ids: the batch's label ids (int64, CSR order). C int64 [P + N']: the P
+    sorted distinct batch labels, then the N' negatives (sorted) drawn among the
+    other labels; corr float64 [P + N']; cols int64 like y_ids: the position of
+    each label in C.
+    """
+    pos = np.unique(y_ids)
+    drawn = np.random.default_rng([seed, NEGATIVES_KEY, step]).choice(n_labels, min(n_neg, n_labels), replace=False)
+    neg = np.setdiff1d(drawn, pos)
+    corr = np.zeros(pos.shape[0] + neg.shape[0])
+    if neg.shape[0]:
+        corr[pos.shape[0]:] = np.log((n_labels - pos.shape[0]) / neg.shape[0])
+    return np.concatenate([pos, neg]).astype(np.int64), corr, np.searchsorted(pos, y_ids).astype(np.int64)
+
+
+class LinearDecay:
+    """lr (1 - (t - 1) / T) at step t of T (1-based), on every optimiser given; 1 for "constant"."""
+
+    def __init__(self, optimizers, total_steps, kind):
+        self.opts, self.T, self.kind = optimizers, total_steps, kind
+        self.base = [[g["lr"] for g in o.param_groups] for o in optimizers]
+
+    def set(self, step):
+        f = max(0.0, 1.0 - (step - 1) / self.T) if self.kind == "linear" else 1.0
+        for o, base in zip(self.opts, self.base):
+            for g, lr in zip(o.param_groups, base):
+                g["lr"] = lr * f
 
 
 # --------------------------------------------------------------------------- evaluation
@@ -217,6 +308,12 @@ def evaluate(model, test, n_points, k=5, block=0):
 
     block: test points per block (0: as many as keep the logits near 64 MB).
     """
+    top = topk(model, test, n_points, k, block)
+    return precision_at(top, test.y_indptr, test.y_indices, test.n_labels)
+
+
+def topk(model, test, n_points, k=5, block=0):
+    """int64 [min(n_points, n_test), k]: the k best labels of each test point, best first."""
     n = min(n_points, test.n)
     block = block or max(1, EVAL_BLOCK_ELEMS // max(test.n_labels, 1))
     top = np.empty((n, k), dtype=np.int64)
@@ -228,22 +325,10 @@ def evaluate(model, test, n_points, k=5, block=0):
             z = model(torch.from_numpy(xo), torch.from_numpy(xf), torch.from_numpy(xv))
             top[a:a + ids.shape[0]] = torch.topk(z, k, dim=1).indices.numpy()
     model.train()
-    return precision_at(top, test.y_indptr, test.y_indices, test.n_labels)
+    return top
 
 
 # --------------------------------------------------------------------------- training
-
-
-def peak_rss_mb():
-    """The process's peak resident set (VmHWM), MB; None where /proc is missing."""
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) / 1024.0
-    except OSError:
-        return None
-    return None
 
 
 def make_optimizer(params, lr, impl):
@@ -272,16 +357,26 @@ def train(args):
         raise ValueError(f"test shape (features, labels) = {(te.n_features, te.n_labels)} differs from "
                          f"train {(tr.n_features, tr.n_labels)}")
     model = Net(tr.n_features, args.hidden, tr.n_labels, args.dropout, args.init_input_scale,
-                args.first_layer, dtype, gen)
+                args.first_layer, dtype, gen, output=args.output)
+    if args.output_bias == "log_prior":
+        counts = np.bincount(tr.y_indices, minlength=tr.n_labels)
+        with torch.no_grad():
+            model.b2.copy_(torch.from_numpy(np.log((counts + 1.0) / (tr.n + tr.n_labels))))
     if args.load_init:
         model.load(args.load_init)
     if args.save_init:
         np.savez(args.save_init, **model.weights())
-    opt = make_optimizer(model.parameters(), args.lr, args.adam)
+    if args.output == "sampled":
+        sparse, dense = model.sparse_parameters()
+        opts = [torch.optim.SparseAdam(sparse, lr=args.lr, betas=(0.9, 0.999), eps=1e-8),
+                make_optimizer(dense, args.lr, args.adam)]
+    else:
+        opts = [make_optimizer(model.parameters(), args.lr, args.adam)]
 
     B = args.batch_size
     steps_per_epoch = max(1, -(-tr.n // B))
     total_steps = max(1, int(round(args.epochs * steps_per_epoch)))
+    schedule = LinearDecay(opts, total_steps, args.lr_schedule)  # over the epochs, whatever stops the run
     if args.max_steps:
         total_steps = min(total_steps, args.max_steps)
     log = open(args.log, "w") if args.log else None
@@ -297,11 +392,19 @@ def train(args):
             order = epoch_order(args.seed, epoch, tr.n)
         ids = order[pos * B:(pos + 1) * B]
         xo, xf, xv, yo, yi = tr.rows(ids)
-        logits = model(torch.from_numpy(xo), torch.from_numpy(xf), torch.from_numpy(xv))
-        loss = batch_loss(logits, yo, yi)
-        opt.zero_grad()
+        x = (torch.from_numpy(xo), torch.from_numpy(xf), torch.from_numpy(xv))
+        if args.output == "sampled":
+            cand, corr, cols = sampled_block(yi, tr.n_labels, args.negatives, args.seed, step)
+            logits = model.sampled_logits(*x, torch.from_numpy(cand), torch.from_numpy(corr).to(dtype))
+            loss = batch_loss(logits, yo, cols)
+        else:
+            loss = batch_loss(model(*x), yo, yi)
+        schedule.set(step)
+        for opt in opts:
+            opt.zero_grad()
         loss.backward()
-        opt.step()
+        for opt in opts:
+            opt.step()
         loss_acc += loss.item()
         train_s += time.perf_counter() - t0
         loss_n += 1
@@ -329,6 +432,12 @@ def train(args):
         log.close()
     if args.save_final:
         np.savez(args.save_final, **model.weights())
+    if args.save_topk and te is not None:
+        t1 = time.perf_counter()
+        np.save(args.save_topk, topk(model, te, te.n, block=args.eval_block))
+        predict_s = time.perf_counter() - t1
+    else:
+        predict_s = None
 
     warm = step > WARMUP_STEPS
     rate_s = train_s - warm_s if warm else train_s
@@ -345,6 +454,8 @@ def train(args):
         "peak_rss_mb": peak_rss_mb(),
         "torch_version": torch.__version__, "threads": torch.get_num_threads(),
         "dtype": args.dtype, "first_layer": args.first_layer, "adam": args.adam,
+        "output": args.output, "negatives": args.negatives if args.output == "sampled" else None,
+        "lr_schedule": args.lr_schedule, "output_bias": args.output_bias, "predict_s": predict_s,
         "flush_denormal": not args.no_flush_denormal,
         "shape": [tr.n, tr.n_features, tr.n_labels],
     }
@@ -373,6 +484,12 @@ def parse_args(argv=None):
     ap.add_argument("--first-layer", default="embedding_bag", choices=FIRST_LAYERS)
     ap.add_argument("--adam", default="fused", choices=ADAM_IMPLS,
                     help="torch.optim.Adam implementation (default: fused; 'default': torch's own choice)")
+    ap.add_argument("--output", default="full", choices=OUTPUTS,
+                    help="full softmax, or a sampled softmax over the batch's labels and --negatives")
+    ap.add_argument("--negatives", type=int, default=16384, help="shared uniform negatives per step (sampled)")
+    ap.add_argument("--lr-schedule", default="constant", choices=("constant", "linear"))
+    ap.add_argument("--output-bias", default="zero", choices=("zero", "log_prior"))
+    ap.add_argument("--save-topk", default=None, help="write the final top 5 of every test point (.npy)")
     ap.add_argument("--no-flush-denormal", action="store_true",
                     help="leave denormal floats on (only to measure what flushing them saves)")
     ap.add_argument("--load-init", default=None, help="start from the weights in this .npz")
@@ -386,7 +503,8 @@ def parse_args(argv=None):
               ("eval_every", args.eval_every >= 0, ">= 0"), ("eval_points", args.eval_points >= 0, ">= 0"),
               ("eval_block", args.eval_block >= 0, ">= 0"),
               ("log_every", args.log_every >= 0, ">= 0"), ("max_steps", args.max_steps >= 0, ">= 0"),
-              ("time_budget", args.time_budget is None or args.time_budget > 0, "> 0")]
+              ("time_budget", args.time_budget is None or args.time_budget > 0, "> 0"),
+              ("negatives", args.negatives >= 1, ">= 1")]
     for name, ok, valid in checks:
         if not ok:
             ap.error(f"--{name.replace('_', '-')} ({getattr(args, name)}) must be {valid}")

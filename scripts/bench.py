@@ -1,10 +1,18 @@
 #!/usr/bin/env python
 """dslide against what a user would run otherwise, on the same data and machine, in one run.
 
-    python scripts/bench.py --suite quick     (about 5 minutes; what a newcomer runs)
-    python scripts/bench.py --suite full      (about 30 minutes on 2 cores)
+    python scripts/bench.py --suite quick                      (both parts, about 10 minutes)
+    python scripts/bench.py --suite full --parts main          (about 25 minutes on 2 cores)
+    python scripts/bench.py --suite full --parts peers         (about 15 minutes)
+    python scripts/bench.py --suite full --parts peers --preset amazon-tail
 
-Systems, one after the other, each with the same training-time budget:
+On a shared machine run each under the bench lock (flock /tmp/dslide-bench.lock ...);
+the full suite's two parts are two commands so that neither holds it past ~30 minutes.
+`--preset amazon-tail` takes the longer-tailed variant of the synthetic data
+(datasets/synthetic.py) instead of amazon-like.
+
+Part "main", the same network by different trainers, each with the same
+training-time budget, one after the other:
 - dslide, 1 rank x 1 thread and 2 ranks x 1 thread (mpiexec): the defaults
   for this data (an LSH output layer at 670,091 labels);
 - dense: the same network with every output neuron (exact mode: BLAS
@@ -14,23 +22,32 @@ Systems, one after the other, each with the same training-time budget:
   PyTorch DDP do), `parallel = "data"`;
 - PyTorch: the same network in PyTorch (EmbeddingBag input, full softmax,
   Adam) on the CPU, 2 threads, from scripts/bench_vs_torch.py (installed on
-  demand into .venv-torch; left out with a note when it cannot be installed).
+  demand into .venv-baselines; left out with a note when it cannot be installed).
 All share hidden 128, batch 128, Adam with lr 1e-2 held constant (a time
 budget, not an epoch count, ends each run), the same first-layer init and
 input normalisation. The target P@1 is the dense system's final P@1 minus
 one point; "time to target" is the training time (evaluations excluded) at
-the first evaluation that reaches it.
+the first evaluation that reaches it. The full suite adds BibTeX
+(../shared/data) when present: dslide's defaults against PyTorch with the
+same settings.
 
-Prints one markdown table, writes a PNG of P@1 against training time, and
-records both, with the command and the machine, in docs/benchmarks.md.
-The full suite adds BibTeX (../shared/data) when present: dslide's defaults
-against PyTorch with the same settings.
+Part "peers", what extreme-classification users run today (see peer_rows):
+dslide with its defaults (2 ranks x 1 thread, its default epochs) against
+omikuji (Parabel; 1 and 3 trees) and napkinXC (PLT) with theirs, and PyTorch
+as a careful user writes a sampled softmax with dslide's settings, 2 cores
+each, on the same files and scored by the same code, with P@k and PSP@k; on
+the synthetic data and on BibTeX when present.
+
+Each part prints a markdown table, writes a PNG of P@1 against training time
+(docs/bench_<suite>[_peers][_<preset>].png), and records both, with the
+command and the machine, in docs/benchmarks.md (scripts/_bench.py record).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -38,6 +55,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _bench as B  # noqa: E402
 
+PRESETS = ("amazon-like", "amazon-tail")
 SUITES = {
     "quick": {"data": {"preset": "amazon-like", "n_train": 20000, "n_test": 1000, "seed": 0},
               "budget": 25, "eval_points": 1000, "eval_every": (60, 10)},
@@ -88,10 +106,27 @@ def run_torch_case(data_spec: dict, budget: float, eval_points: int, threads: in
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--suite", choices=sorted(SUITES), default="quick")
+    p.add_argument("--parts", default="main,peers",
+                   help="comma-separated: main (the same network by dslide, dense, data-parallel, PyTorch), "
+                        "peers (dslide's defaults against omikuji, napkinXC, PyTorch sampled softmax)")
+    p.add_argument("--preset", choices=PRESETS, default="amazon-like", help="the synthetic data set")
     p.add_argument("--no-torch", action="store_true")
+    p.add_argument("--no-trees", action="store_true", help="leave omikuji and napkinXC out")
     p.add_argument("--no-record", action="store_true", help="do not update docs/benchmarks.md")
     a = p.parse_args(argv)
-    suite = SUITES[a.suite]
+    parts = [x.strip() for x in a.parts.split(",") if x.strip()]
+    bad = sorted(set(parts) - {"main", "peers"})
+    if bad or not parts:
+        p.error(f"--parts {a.parts!r}: choose from main, peers (comma-separated)")
+    suite = {**SUITES[a.suite], "data": {**SUITES[a.suite]["data"], "preset": a.preset}}
+    if "main" in parts:
+        main_part(a, suite)
+    if "peers" in parts:
+        peers_part(a, suite)
+    return 0
+
+
+def main_part(a, suite: dict) -> None:
     t0 = time.time()
     notes = []
     cases = [{**case, "label": f"{case['name']}, {case['ranks']} x {case['threads']}", "data": suite["data"],
@@ -120,8 +155,8 @@ def main(argv=None) -> int:
         ("peak MB/rank", lambda r: f"{r['peak_rss_mb']:,.0f}"),
     ]
     d = suite["data"]
-    shape = f"amazon-like synthetic, {d['n_train']:,} train / {d['n_test']:,} test points, 135,909 features, 670,091 labels"
-    cmd = f"python scripts/bench.py --suite {a.suite}" + (" --no-torch" if a.no_torch else "")
+    shape = f"{d['preset']} synthetic, {d['n_train']:,} train / {d['n_test']:,} test points, 135,909 features, 670,091 labels"
+    cmd = f"python scripts/bench.py --suite {a.suite} --parts main" + _preset_flag(a) + (" --no-torch" if a.no_torch else "")
     text = (f"command: `{cmd}` ({time.time() - t0:.0f} s)\n\nmachine: {B.machine()}\n\n"
             f"data: {shape}; each system {suite['budget']} s of training; P@1 curves on the first "
             f"{suite['eval_points']:,} test points, final P@1/P@5 on all of them\n\n" + B.table(rows, cols) + "\n")
@@ -130,13 +165,18 @@ def main(argv=None) -> int:
     if a.suite == "full":
         text += "\n" + bibtex_section(a.no_torch)
     print(text)
-    png = B.ROOT / "docs" / f"bench_{a.suite}.png"
+    name = f"bench_{a.suite}" + (f"_{a.preset}" if a.preset != "amazon-like" else "")
+    png = B.ROOT / "docs" / f"{name}.png"
     drew = plot(rows, png, f"P@1 against training time ({shape})")
     if not a.no_record:
-        record(a.suite, text, png if drew else None)
+        B.record(f"bench.py --suite {a.suite}" + _preset_flag(a),
+                 text + "\n" + (f"![P@1 against training time]({png.name})\n" if drew else ""))
     (B.ROOT / "runs").mkdir(exist_ok=True)
-    (B.ROOT / "runs" / f"bench_{a.suite}.json").write_text(json.dumps(rows, indent=1))
-    return 0
+    (B.ROOT / "runs" / f"{name}.json").write_text(json.dumps(rows, indent=1))
+
+
+def _preset_flag(a) -> str:
+    return f" --preset {a.preset}" if a.preset != "amazon-like" else ""
 
 
 def bibtex_section(no_torch: bool) -> str:
@@ -197,9 +237,265 @@ def plot(rows, png: Path, title: str) -> bool:
     return True
 
 
-def record(suite: str, text: str, png: Path | None) -> None:
-    img = f"![P@1 against training time](bench_{suite}.png)\n" if png is not None else ""
-    B.record(f"bench.py --suite {suite}", text + "\n" + img)
+
+
+# --------------------------------------------------------------------------- peers: what users run instead
+#
+# dslide with its defaults for the data (no settings given) against what
+# extreme-classification users run today: the tree libraries omikuji (Parabel)
+# and napkinXC (PLT), with their defaults, and a PyTorch sampled softmax as a
+# careful user writes it (scripts/_torch_train.py --output sampled: the same
+# network, negatives, input normalisation, initialisation and learning-rate
+# schedule as dslide's defaults, sparse gradients with SparseAdam, denormals
+# flushed). Every system reads the same files and is scored by the same code
+# (dslide.metrics.evaluate, propensities from the training labels with
+# pyxclib's A = 0.55, B = 1.5); training seconds leave out reading the data,
+# compiling and evaluating.
+
+PEERS_EVAL_EVERY = {"quick": 50, "full": 100}  # steps between dslide's / PyTorch's P@1 points
+PEERS_TREES = (1, 3)                           # omikuji tree counts (its default is 3)
+PEERS_THREADS = 2
+SAMPLED_NEGATIVES = 16384                      # PyTorch sampled softmax: shared uniform negatives per step
+
+
+def peer_files(spec: dict) -> tuple[Path, Path]:
+    """XMC text files of a synthetic data set (written once under runs/bench_data/), or the given paths."""
+    if "preset" not in spec:
+        return Path(spec["train"]), Path(spec["test"])
+    from dslide.data import write_xmc
+
+    d = B.ROOT / "runs" / "bench_data"
+    stem = f"{spec['preset']}-{spec['n_train']}-{spec['n_test']}-s{spec.get('seed', 0)}"
+    paths = d / f"{stem}_train.txt", d / f"{stem}_test.txt"
+    if not all(p.exists() for p in paths):
+        d.mkdir(parents=True, exist_ok=True)
+        for path, data in zip(paths, B.load_data(spec)):
+            write_xmc(path, data.X, data.Y)  # written under a temporary name, then renamed
+    return paths
+
+
+def peer_rows(train_path: Path, test_path: Path, suite_name: str, suite: dict, notes: list, *,
+              no_torch: bool, no_trees: bool, workdir: Path) -> tuple[list[dict], str]:
+    """(rows, shape): one row per system on these files (name, kind "curve" or "tree", ranks, threads,
+    train_s, predict_s, samples_per_s, curve, p@k and psp@k for k = 1, 3, 5, peak_rss_mb), and the
+    data's shape in words."""
+    import bench_trees as TR
+    import bench_vs_torch as BT
+    from dslide.config import Config
+    from dslide.data import read_xmc
+    from dslide.metrics import inverse_propensity
+
+    train, test = read_xmc(train_path), read_xmc(test_path)
+    shape = (f"{train.n_points:,} train / {test.n_points:,} test points, {train.n_features:,} features, "
+             f"{train.n_labels:,} labels")
+    inv = inverse_propensity(train.Y)
+    cfg = Config().resolve(train.n_labels)
+    every = PEERS_EVAL_EVERY[suite_name]
+    rows = []
+    case = {"name": "dslide (defaults)", "label": "dslide (defaults), 2 x 1", "ranks": 2, "threads": 1,
+            "data": {"train": str(train_path), "test": str(test_path)},
+            "config": {"eval_every": every, "eval_points": suite["eval_points"]}}
+    for r in B.run_cases([case], notes):  # a shared machine: say how busy it was as each system ended
+        rows.append({**r, "kind": "curve", "load": os.getloadavg()[0]})
+    if not no_trees:
+        for system, trees in [("omikuji", t) for t in PEERS_TREES] + [("napkinxc", 1)]:
+            label = f"omikuji {trees} tree{'s' if trees > 1 else ''}" if system == "omikuji" else "napkinXC PLT"
+            print(f"running: {label} ...", file=sys.stderr, flush=True)
+            try:
+                r = TR.run_tree(system, train_path, test_path, n_test=test.n_points, n_labels=test.n_labels,
+                                threads=PEERS_THREADS, trees=trees, workdir=workdir / "trees")
+            except (RuntimeError, ValueError, OSError) as e:
+                notes.append(f"{label} failed: {str(e).splitlines()[0]}")
+                continue
+            if not r["available"]:
+                notes.append(f"{label} left out: {r['reason']}")
+                continue
+            m = TR.score(r["topk"], test.Y, inv)
+            rows.append({"name": f"{label} ({system} {r['version']})", "kind": "tree", "family": system,
+                         "short": f"{trees} tree{'s' if trees > 1 else ''}" if system == "omikuji" else "", "ranks": 1,
+                         "threads": PEERS_THREADS, "train_s": r["train_s"], "predict_s": r["predict_s"],
+                         "samples_per_s": float("nan"), "peak_rss_mb": r["peak_rss_mb"], "curve": [], "load": os.getloadavg()[0],
+                         "params": r["params"], **m})
+    if not no_torch:
+        r = torch_peer(BT, train, test, cfg, suite, every, workdir / "torch", notes)
+        if r is not None:
+            top = r.pop("topk")
+            rows.append({**r, **TR.score(top, test.Y, inv), "load": os.getloadavg()[0]})
+    return rows, shape
+
+
+def torch_peer(BT, train, test, cfg, suite: dict, every: int, workdir: Path, notes: list) -> dict | None:
+    """PyTorch with dslide's defaults: a sampled softmax for an LSH-sized output, the full one otherwise.
+
+    The sampled softmax draws SAMPLED_NEGATIVES shared uniform negatives per step (at most 20% of the
+    labels, as dslide's lsh.min_active_share): it has no candidates from hash tables, so it keeps the
+    uniform sample dslide used before it had them (issue 13's setting), not dslide's smaller one."""
+    wide = cfg.layer_kind(len(cfg.hidden), train.n_labels) == "lsh"
+    negatives = min(SAMPLED_NEGATIVES, int(cfg.lsh.min_active_share * train.n_labels)) if wide else 0
+    name = (f"PyTorch sampled softmax ({negatives:,} negatives)" if wide
+            else "PyTorch (full softmax)")
+    print(f"running: {name} ...", file=sys.stderr, flush=True)
+    top = workdir / "top.npy"
+    extra = ["--lr-schedule", cfg.lr_schedule, "--output-bias", cfg.output_bias_init, "--save-topk", str(top)]
+    if wide:
+        extra += ["--output", "sampled", "--negatives", str(negatives)]
+    try:
+        t = BT.run_torch(train, test, hidden=cfg.hidden[0], lr=cfg.lr, batch_size=cfg.batch_size,
+                         epochs=cfg.epochs, threads=PEERS_THREADS, dropout=cfg.dropout,
+                         init_input_scale=cfg.init_input_scale, eval_every=every,
+                         eval_points=suite["eval_points"], workdir=workdir, extra_args=extra)
+    except Exception as e:  # noqa: BLE001  (the suite goes on without PyTorch, saying why)
+        notes.append(f"{name} failed: {str(e).splitlines()[0]}")
+        return None
+    if not t.get("available"):
+        notes.append(f"{name} left out: {t.get('reason')}")
+        return None
+    curve = [{"wall_s": x["wall_s"], "p@1": x["p@1"], "step": x["step"]} for x in t["log"] if "p@1" in x]
+    import numpy as np
+
+    return {"name": f"{name}, torch {t.get('torch_version', '')}", "kind": "curve", "ranks": 1,
+            "threads": PEERS_THREADS, "train_s": t["train_s"], "predict_s": t.get("predict_s") or float("nan"),
+            "samples_per_s": t["samples_per_s"], "peak_rss_mb": t.get("peak_rss_mb") or float("nan"),
+            "curve": curve, "topk": np.load(top)}
+
+
+def p1_at(r: dict, t: float):
+    """P@1 of a row after `t` training seconds: its last evaluation by then (curves), its final
+    P@1 if it had finished training by then (trees); None if nothing was measured by then."""
+    if r["kind"] == "tree":
+        return r["p@1"] if r["train_s"] <= t * 1.0001 else None
+    seen = [c["p@1"] for c in r["curve"] if c["wall_s"] <= t]
+    return seen[-1] if seen else None
+
+
+def peers_table(rows: list[dict], ref: dict | None) -> str:
+    """The peers' markdown table; `ref` (omikuji's default) sets the 'P@1 at its time' columns."""
+    def fmt(v, spec=".4f"):
+        return "-" if v is None or v != v else format(v, spec)
+
+    cols = [("system", "name"), ("ranks x threads", lambda r: f"{r['ranks']} x {r['threads']}"),
+            ("train s", lambda r: fmt(r["train_s"], ".1f")), ("predict s", lambda r: fmt(r["predict_s"], ".1f")),
+            ("samples/s", lambda r: fmt(r["samples_per_s"], ",.0f"))]
+    if ref is not None:
+        T, P = ref["train_s"], ref["p@1"]
+
+        def s_to(r):
+            t = (r["train_s"] if r["p@1"] >= P else None) if r["kind"] == "tree" else B.time_to(r["curve"], P)
+            return "not reached" if t is None else f"{t:.1f}"
+
+        cols += [(f"P@1 at {T:.1f} s", lambda r: fmt(p1_at(r, T))), (f"s to P@1 {P:.4f}", s_to)]
+    cols += [(f"{m.upper()}@{k}", (lambda r, key=f"{m}@{k}": fmt(r.get(key)))) for m in ("p", "psp") for k in (1, 3, 5)]
+    cols.append(("peak MB/rank", lambda r: fmt(r["peak_rss_mb"], ",.0f")))
+    return B.table(rows, cols)
+
+
+def peers_part(a, suite: dict) -> None:
+    t0 = time.time()
+    notes: list[str] = []
+    spec = suite["data"]
+    train_path, test_path = peer_files(spec)
+    work = B.ROOT / "runs" / f"bench_peers_{a.suite}"
+    rows, shape = peer_rows(train_path, test_path, a.suite, suite, notes, no_torch=a.no_torch,
+                            no_trees=a.no_trees, workdir=work / spec["preset"])
+    ref = next((r for r in rows if r["kind"] == "tree" and "omikuji 3" in r["name"]), None)
+    shape = f"{spec['preset']} synthetic, {shape}"
+    cmd = (f"python scripts/bench.py --suite {a.suite} --parts peers" + _preset_flag(a)
+           + (" --no-torch" if a.no_torch else "") + (" --no-trees" if a.no_trees else ""))
+    text = (f"command: `{cmd}`\n\nmachine: {B.machine()}\n\ncode: {_code_version()}\n\n"
+            f"data: {shape}; every system {PEERS_THREADS} cores (dslide: 2 ranks x 1 thread), with its own "
+            f"defaults; dslide and PyTorch train their default {_epochs(rows)} epochs. P@k and PSP@k on all test "
+            f"points by dslide.metrics (propensities from the training labels, A = 0.55, B = 1.5); the 'P@1 at' "
+            f"and 's to' columns read the P@1 curves (first {suite['eval_points']:,} test points, every "
+            f"{PEERS_EVAL_EVERY[a.suite]} steps) at omikuji's (3 trees) training time and P@1\n\n"
+            + peers_table(rows, ref) + "\n")
+    panels = [(shape, rows)]
+    shared = B.ROOT.parent / "shared" / "data"
+    if (shared / "bibtex_train.txt").exists():
+        bib, _ = peer_rows(shared / "bibtex_train.txt", shared / "bibtex_test.txt", a.suite,
+                           {**suite, "eval_points": 2515}, notes, no_torch=a.no_torch, no_trees=a.no_trees,
+                           workdir=work / "bibtex")
+        bref = next((r for r in bib if r["kind"] == "tree" and "omikuji 3" in r["name"]), None)
+        text += ("\nBibTeX (../shared/data: 4,880 train / 2,515 test, 1,836 features, 159 labels; published "
+                 "P@1: Parabel 64.53, SLEEC 65.08), the same systems and columns:\n\n"
+                 + peers_table(bib, bref) + "\n")
+        panels.append(("BibTeX, 4,880 / 2,515 points, 159 labels", bib))
+        rows = rows + [{**r, "data": "bibtex"} for r in bib]
+    else:
+        notes.append("BibTeX: ../shared/data/bibtex_*.txt not present, skipped")
+    notes.append("1-minute load average of the machine as each system ended (2 cores; a system's own 2 "
+                 "threads make about 2, more means other processes competed for the cores): " + ", ".join(f"{r['name'].split(' (')[0]}"
+                                                           + (" [BibTeX]" if r.get("data") == "bibtex" else "")
+                                                           + f" {r['load']:.1f}" for r in rows if "load" in r))
+    text += "\n" + "\n".join(f"- {n}" for n in notes) + "\n"
+    text += f"\n({time.time() - t0:.0f} s in all)\n"
+    print(text)
+    name = f"bench_{a.suite}_peers" + (f"_{a.preset}" if a.preset != "amazon-like" else "")
+    png = B.ROOT / "docs" / f"{name}.png"
+    drew = plot_peers(panels, png)
+    if not a.no_record:
+        B.record(f"bench.py --suite {a.suite} --parts peers" + _preset_flag(a),
+                 text + "\n" + (f"![P@1 against training seconds]({png.name})\n" if drew else ""))
+    (B.ROOT / "runs").mkdir(exist_ok=True)
+    (B.ROOT / "runs" / f"{name}.json").write_text(json.dumps(rows, indent=1, default=float))
+
+
+def _code_version() -> str:
+    """The checkout's commit (and whether files differ from it): dslide's defaults change over time."""
+    import subprocess
+
+    try:
+        head = subprocess.run(["git", "-C", str(B.ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, timeout=30).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(B.ROOT), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=30).stdout.strip()
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown (no git)"
+    return (head or "unknown") + (" with uncommitted changes" if dirty else "")
+
+
+def _epochs(rows) -> str:
+    ep = {r["config"]["epochs"] for r in rows if isinstance(r.get("config"), dict) and "epochs" in r["config"]}
+    return ", ".join(f"{e:g}" for e in sorted(ep)) or "default"
+
+
+def plot_peers(panels, png: Path) -> bool:
+    """P@1 against training seconds, one panel per data set: curves for the trainers, points for the trees."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("(no plot: matplotlib is not installed; pip install -e '.[plot]')", file=sys.stderr)
+        return False
+    fig, axes = plt.subplots(1, len(panels), figsize=(6.5 * len(panels), 5.5), squeeze=False)
+    for ax, (title, rows) in zip(axes[0], panels):
+        trees = {}
+        for r in rows:
+            if r["kind"] == "curve" and r["curve"]:
+                ax.plot([c["wall_s"] for c in r["curve"]], [c["p@1"] for c in r["curve"]], marker="o", ms=3,
+                        label=f"{r['name']} ({r['ranks']} x {r['threads']})")
+            elif r["kind"] == "tree":
+                trees.setdefault(r["family"], []).append(r)
+        for rs in trees.values():
+            rs.sort(key=lambda r: r["train_s"])
+            ax.plot([r["train_s"] for r in rs], [r["p@1"] for r in rs], marker="s", ms=7, ls=":",
+                    label=rs[0]["name"].split(" (")[1].rstrip(")") + " " + ", ".join(r["short"] for r in rs))
+            for r in rs:
+                ax.annotate(r["short"], (r["train_s"], r["p@1"]), fontsize=7, xytext=(4, -10),
+                            textcoords="offset points")
+        ax.set_xlabel("training seconds (reading data, compiling and evaluating left out)")
+        ax.set_ylabel("P@1")
+        ax.set_title(title, fontsize=9)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=2)
+    fig.suptitle("P@1 against training seconds, 2 cores each: dslide and PyTorch as they train "
+                 "(curves on the first test points), tree libraries when done (all test points)", fontsize=8)
+    fig.tight_layout()
+    png.parent.mkdir(exist_ok=True)
+    fig.savefig(png, dpi=110)
+    plt.close(fig)
+    return True
 
 
 if __name__ == "__main__":

@@ -6,11 +6,11 @@
     .venv/bin/python scripts/bench_vs_torch.py --data amazon-like --points 20000 \\
         --test-points 1000 --eval-points 1000 --threads 1,2 --time-budget 120
 
-PyTorch never enters the project's venv. On first use this script makes a
-separate venv, `.venv-torch/` beside `.venv/`, with `python -m venv`, and
-installs exactly `torch==2.13.0 numpy` into it (a CPU wheel of that version is
-on this machine's disk; an unpinned `torch` would fetch a multi-GB CUDA build).
-Later runs reuse it when torch imports there. When torch cannot be had, one
+PyTorch never enters the project's venv. On first use this script makes the
+baselines' venv, `.venv-baselines/` beside `.venv/` (scripts/_baselines.py),
+and installs exactly `torch==2.13.0 numpy` into it (a CPU wheel of that version
+is on this machine's disk; an unpinned `torch` would fetch a multi-GB CUDA
+build). Later runs reuse it when torch imports there. When torch cannot be had, one
 line says why and the result is `{"available": false, "reason": ...}`; the
 script then exits 0, so a benchmark suite goes on without PyTorch.
 
@@ -19,7 +19,7 @@ the torch venv's python (its docstring defines the network, loss, optimiser
 and sample order, all dslide's), with OMP_NUM_THREADS / MKL_NUM_THREADS set to
 the thread count and OMP_WAIT_POLICY=PASSIVE (`--omp-wait-policy`; see
 `run_torch`: without it a busy core elsewhere made 2-thread runs 2-5x slower). The data go to it as one `.npz` per split (`export_npz`),
-so the torch venv needs neither scipy, numba nor dslide.
+so the trainer needs neither scipy, numba nor dslide.
 
 Presets come from `datasets.synthetic.generate_split` (`small`: 50,000
 features, 20,000 labels; `amazon-like`: 135,909 features, 670,091 labels;
@@ -51,14 +51,15 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run as a script: make dslide/datasets importable from the checkout
     sys.path.insert(0, str(ROOT))
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _baselines as BL  # noqa: E402
+
 from dslide.data import XMCData  # noqa: E402
 
-TORCH_VENV = ROOT / ".venv-torch"
-TORCH_REQUIREMENTS = ("torch==2.13.0", "numpy")
+TORCH_VENV = BL.VENV
+TORCH_REQUIREMENTS = BL.REQUIREMENTS["torch"]
 TRAINER = Path(__file__).resolve().with_name("_torch_train.py")
 PRESETS = ("tiny", "small", "amazon-like", "amazon-tail")
-INSTALL_TIMEOUT_S = 1800
-PROBE_TIMEOUT_S = 300
 
 
 # --------------------------------------------------------------------------- data exchange
@@ -99,7 +100,7 @@ def import_npz(path) -> XMCData:
     return XMCData(X, Y)
 
 
-# --------------------------------------------------------------------------- the torch venv
+# --------------------------------------------------------------------------- the torch venv (scripts/_baselines.py)
 
 
 def _thread_vars(threads: int, omp_wait_policy: str | None = None) -> dict:
@@ -111,63 +112,22 @@ def _thread_vars(threads: int, omp_wait_policy: str | None = None) -> dict:
 
 
 def _child_env(threads: int | None = None, omp_wait_policy: str | None = None) -> dict:
-    env = dict(os.environ, PYTHONNOUSERSITE="1")
-    env.pop("PYTHONPATH", None)  # the child must not see the project's packages
-    if threads is not None:
-        env.update(_thread_vars(threads, omp_wait_policy))
-    return env
-
-
-def _last_line(text: str) -> str:
-    lines = [ln.strip() for ln in text.splitlines()
-             if ln.strip() and not ln.lstrip().startswith(("WARNING:", "[notice]"))]
-    return lines[-1] if lines else "(no output)"
+    return BL.child_env(None if threads is None else _thread_vars(threads, omp_wait_policy))
 
 
 def probe_torch(python) -> tuple[bool, str]:
     """(True, torch version) when `python` imports torch and numpy, else (False, why not)."""
-    try:
-        r = subprocess.run([str(python), "-c", "import numpy, torch; print(torch.__version__)"],
-                           capture_output=True, text=True, env=_child_env(), timeout=PROBE_TIMEOUT_S)
-    except (OSError, subprocess.TimeoutExpired) as e:
-        return False, f"{python} could not be run: {e}"
-    if r.returncode != 0:
-        return False, f"{python} cannot import torch and numpy: {_last_line(r.stderr)}"
-    return True, r.stdout.strip()
+    return BL.probe(python, "torch")
 
 
-def torch_python(venv=TORCH_VENV, *, install: bool = True, quiet: bool = False) -> tuple[str | None, str]:
-    """The python of the torch venv, made on demand: (path, torch version) or (None, reason).
+def torch_python(venv=None, *, install: bool = True, quiet: bool = False) -> tuple[str | None, str]:
+    """The python of the baselines' venv with torch, made on demand: (path, torch version) or (None, reason).
 
-    Reuses `venv` when torch imports there; otherwise (if `install`) creates it
-    with `python -m venv` and runs `pip install torch==2.13.0 numpy` in it.
+    Reuses `venv` (default TORCH_VENV, i.e. .venv-baselines) when torch imports
+    there; otherwise (if `install`) creates it and pip-installs TORCH_REQUIREMENTS.
     """
-    venv = Path(venv)
-    py = venv / "bin" / "python"
-    if py.exists():
-        ok, info = probe_torch(py)
-        if ok:
-            return str(py), info
-        if not install:
-            return None, info
-    elif not install:
-        return None, f"{venv} does not exist"
-    if not quiet:
-        print(f"[bench_vs_torch] installing {' '.join(TORCH_REQUIREMENTS)} into {venv} (one-off)",
-              file=sys.stderr, flush=True)
-    steps = []
-    if not py.exists():
-        steps.append(("python -m venv", [sys.executable, "-m", "venv", str(venv)]))
-    steps.append(("pip install", [str(py), "-m", "pip", "install", "--quiet", *TORCH_REQUIREMENTS]))
-    for what, cmd in steps:
-        try:
-            r = subprocess.run(cmd, capture_output=True, text=True, env=_child_env(), timeout=INSTALL_TIMEOUT_S)
-        except (OSError, subprocess.TimeoutExpired) as e:
-            return None, f"{what} failed: {e}"
-        if r.returncode != 0:
-            return None, f"{what} failed (exit {r.returncode}): {_last_line(r.stderr or r.stdout)}"
-    ok, info = probe_torch(py)
-    return (str(py), info) if ok else (None, info)
+    return BL.python_with("torch", TORCH_VENV if venv is None else venv, requirements=TORCH_REQUIREMENTS,
+                          install=install, quiet=quiet)
 
 
 # --------------------------------------------------------------------------- running
@@ -196,7 +156,7 @@ def run_torch(train: XMCData, test: XMCData | None, *, hidden: int = 128, lr: fl
     variables), omp_wait_policy.
 
     python: the interpreter to run the trainer with (no install is tried);
-    default: `.venv-torch`'s, created on demand. extra_args: more trainer
+    default: `.venv-baselines`'s, created on demand. extra_args: more trainer
     options (e.g. ("--first-layer", "sparse_mm")). workdir: where the .npz
     inputs and the log go (one run at a time per workdir). Raises RuntimeError
     when the trainer itself fails, subprocess.TimeoutExpired after `timeout` s.
@@ -359,7 +319,7 @@ def main(argv=None) -> int:
     ap.add_argument("--repeat", type=int, default=1, help="runs per thread count (the machine may be shared)")
     ap.add_argument("--omp-wait-policy", default="PASSIVE", choices=("ACTIVE", "PASSIVE", "env"),
                     help="OMP_WAIT_POLICY of the trainer (default PASSIVE, see run_torch; env: leave it)")
-    ap.add_argument("--python", default=None, help="python with torch to use (default: .venv-torch's)")
+    ap.add_argument("--python", default=None, help="python with torch to use (default: .venv-baselines')")
     ap.add_argument("--workdir", default=str(ROOT / "runs" / "bench_vs_torch"))
     ap.add_argument("--json", default=None, help="also write the results (list of dicts) to this file")
     ap.add_argument("trainer_args", nargs="*", help="after --: more _torch_train.py options")

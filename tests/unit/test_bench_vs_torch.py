@@ -1,7 +1,7 @@
 """The PyTorch reference (scripts/bench_vs_torch.py, scripts/_torch_train.py).
 
 The data exchange needs no torch. The trainer's checks run only where
-`.venv-torch` already imports torch (the tests never install it): a few Adam
+`.venv-baselines` already imports torch (the tests never install it): a few Adam
 steps of the PyTorch network must equal a plain-numpy forward, backward and
 Adam from the same initial weights, and its P@k must equal a numpy top-k.
 """
@@ -96,7 +96,7 @@ def test_export_rejects_non_binary_labels(tmp_path):
 
 
 def test_run_torch_without_torch_is_unavailable(tmp_path):
-    # The project's own venv must not have torch; that is the point of .venv-torch.
+    # The project's own venv must not have torch; that is the point of .venv-baselines.
     if subprocess.run([sys.executable, "-c", "import torch"], capture_output=True).returncode == 0:
         pytest.skip(f"{sys.executable} imports torch")
     data = _random_data(np.random.default_rng(0), 8, 10, 3)
@@ -269,3 +269,114 @@ def test_failed_install_gives_a_reason(tmp_path, monkeypatch):
     assert py is None
     assert reason.startswith("pip install failed (exit ") and "missing-0.0" in reason
     assert (tmp_path / "venv" / "bin" / "python").exists()
+
+
+# --------------------------------------------------------------------------- the sampled softmax vs numpy
+
+
+def _sampled_block(y_ids, L, S, seed, step):
+    """The trainer's documented candidate set: batch labels, then S uniform draws without them."""
+    pos = np.unique(y_ids)
+    drawn = np.random.default_rng([seed, 0x4E6, step]).choice(L, min(S, L), replace=False)
+    neg = np.setdiff1d(drawn, pos)
+    corr = np.r_[np.zeros(len(pos)), np.full(len(neg), np.log((L - len(pos)) / len(neg)))]
+    return np.r_[pos, neg].astype(np.int64), corr
+
+
+def _numpy_sampled_steps(X, Y, W, *, steps, batch_size, lr, seed, S, total, beta1=0.9, beta2=0.999, eps=1e-8):
+    """Plain-numpy replay of `--output sampled --lr-schedule linear`: (losses, final weights).
+
+    Lazy Adam (torch's SparseAdam: m, v and the weights move only in the rows a step
+    touches; step size lr sqrt(1 - beta2^t) / (1 - beta1^t), eps added to sqrt(v)) for
+    W1 (the batch's features), W2 and b2 (the candidates); ordinary Adam for b1.
+    """
+    W = {k: v.astype(np.float64).copy() for k, v in W.items()}
+    m = {k: np.zeros_like(v) for k, v in W.items()}
+    v = {k: np.zeros_like(v) for k, v in W.items()}
+    n, L = Y.shape
+    per_epoch = -(-n // batch_size)
+    losses = []
+    for t in range(1, steps + 1):
+        a = lr * max(0.0, 1 - (t - 1) / total)
+        epoch, p = divmod(t - 1, per_epoch)
+        ids = np.random.default_rng([seed, 0x5EED, epoch]).permutation(n)[p * batch_size:(p + 1) * batch_size]
+        x, y = X[ids], Y[ids]
+        B = len(ids)
+        C, corr = _sampled_block(np.nonzero(y)[1], L, S, seed, t)
+        count = y.sum(axis=1, keepdims=True)
+        T = np.divide(y, count, out=np.zeros_like(y), where=count > 0)[:, C]
+        pre = x @ W["W1"] + W["b1"]
+        h = np.maximum(pre, 0.0)
+        z = h @ W["W2"][C].T + W["b2"][C] + corr
+        zmax = z.max(axis=1, keepdims=True)
+        logp = z - zmax - np.log(np.exp(z - zmax).sum(axis=1, keepdims=True))
+        losses.append(-(T * logp).sum() / B)
+        dz = (np.exp(logp) * T.sum(axis=1, keepdims=True) - T) / B
+        dpre = (dz @ W["W2"][C]) * (pre > 0)
+        feats = np.unique(np.nonzero(x)[1])
+        touched = {"W1": (feats, (x.T @ dpre)[feats]), "W2": (C, dz.T @ h), "b2": (C, dz.sum(axis=0))}
+        for k, (rows, g) in touched.items():
+            m[k][rows] = beta1 * m[k][rows] + (1 - beta1) * g
+            v[k][rows] = beta2 * v[k][rows] + (1 - beta2) * g * g
+            W[k][rows] -= a * np.sqrt(1 - beta2 ** t) / (1 - beta1 ** t) * m[k][rows] / (np.sqrt(v[k][rows]) + eps)
+        g = dpre.sum(axis=0)
+        m["b1"] = beta1 * m["b1"] + (1 - beta1) * g
+        v["b1"] = beta2 * v["b1"] + (1 - beta2) * g * g
+        W["b1"] -= a * (m["b1"] / (1 - beta1 ** t)) / (np.sqrt(v["b1"] / (1 - beta2 ** t)) + eps)
+    return losses, W
+
+
+def test_sampled_softmax_steps_equal_numpy(tmp_path):
+    py = _torch_python()
+    rng = np.random.default_rng(12)
+    n, F, L, H, S = 64, 30, 40, 8, 10
+    train = _random_data(rng, n, F, L, empty_x={5}, empty_y={7})
+    test = _random_data(rng, 20, F, L)
+    bvt.export_npz(train, tmp_path / "train.npz")
+    bvt.export_npz(test, tmp_path / "test.npz")
+    W0 = {"W1": rng.uniform(-0.8, 0.8, (F, H)), "b1": rng.uniform(-0.2, 0.2, H),
+          "W2": rng.uniform(-1.0, 1.0, (L, H)), "b2": rng.uniform(-0.5, 0.5, L)}
+    np.savez(tmp_path / "init.npz", **W0)
+    lr, seed, batch, steps = 0.01, 3, 24, 4   # 3 steps per epoch, 2 epochs: the rate decays over 6 steps
+    cmd = [py, str(TRAINER), "--train", str(tmp_path / "train.npz"), "--test", str(tmp_path / "test.npz"),
+           "--dtype", "float64", "--hidden", str(H), "--lr", str(lr), "--batch-size", str(batch),
+           "--seed", str(seed), "--max-steps", str(steps), "--epochs", "2", "--log-every", "1",
+           "--output", "sampled", "--negatives", str(S), "--lr-schedule", "linear",
+           "--load-init", str(tmp_path / "init.npz"), "--save-final", str(tmp_path / "final.npz"),
+           "--save-topk", str(tmp_path / "top.npy"), "--log", str(tmp_path / "log.jsonl")]
+    r = subprocess.run(cmd, capture_output=True, text=True, env=bvt._child_env(1), timeout=120)
+    assert r.returncode == 0, r.stderr
+    summary = json.loads(r.stdout.strip().splitlines()[-1])
+    assert summary["output"] == "sampled" and summary["negatives"] == S and summary["predict_s"] is not None
+    log = [json.loads(line) for line in open(tmp_path / "log.jsonl")]
+    Xd = train.X.toarray().astype(np.float64)
+    norms = np.linalg.norm(Xd, axis=1, keepdims=True)
+    losses, W_ref = _numpy_sampled_steps(Xd / np.where(norms > 0, norms, 1), train.Y.toarray().astype(np.float64),
+                                         W0, steps=steps, batch_size=batch, lr=lr, seed=seed, S=S, total=6)
+    np.testing.assert_allclose([rec["loss"] for rec in log], losses, rtol=1e-6)
+    with np.load(tmp_path / "final.npz") as f:
+        W_torch = {k: f[k] for k in W0}
+    for k in W0:
+        np.testing.assert_allclose(W_torch[k] - W0[k], W_ref[k] - W0[k], rtol=1e-6, atol=1e-10, err_msg=k)
+        # lazy: some rows of the sparse tables never moved (L = 40 labels, at most 24 * 3 + 10 a step)
+        if k in ("W2", "W1"):
+            assert 0 < np.count_nonzero(np.any(W_torch[k] != W0[k], axis=1)) <= W0[k].shape[0]
+    # the saved top 5: every label scored by the final weights
+    Xt = test.X.toarray().astype(np.float64)
+    Xt /= np.linalg.norm(Xt, axis=1, keepdims=True)
+    z = np.maximum(Xt @ W_torch["W1"] + W_torch["b1"], 0) @ W_torch["W2"].T + W_torch["b2"]
+    np.testing.assert_array_equal(np.load(tmp_path / "top.npy"), np.argsort(-z, axis=1, kind="stable")[:, :5])
+
+
+def test_log_prior_output_bias(tmp_path):
+    py = _torch_python()
+    train = _random_data(np.random.default_rng(2), 30, 12, 9)
+    bvt.export_npz(train, tmp_path / "train.npz")
+    cmd = [py, str(TRAINER), "--train", str(tmp_path / "train.npz"), "--hidden", "4", "--max-steps", "1",
+           "--output", "sampled", "--negatives", "3", "--output-bias", "log_prior",
+           "--save-init", str(tmp_path / "init.npz")]
+    r = subprocess.run(cmd, capture_output=True, text=True, env=bvt._child_env(1), timeout=120)
+    assert r.returncode == 0, r.stderr
+    counts = np.asarray(train.Y.sum(axis=0)).ravel()
+    with np.load(tmp_path / "init.npz") as f:
+        np.testing.assert_allclose(f["b2"], np.log((counts + 1) / (30 + 9)), rtol=1e-6)
