@@ -103,6 +103,7 @@ def save(net: Network, run_dir, comm: Comm, extra: dict | None = None, keep: int
             "n_features": net.n_features,
             "n_labels": net.n_labels,
             "layers": net.describe(),
+            "bounds": [layer.bounds.tolist() for layer in net.layers],  # uneven shards differ from even
             "config": net.config.to_dict(),
             "rng": {"kind": "counter-based", "seed": net.config.seed, "step": net.step},
             "files": [{"name": f"rank-{r:04d}.npz", "sha256": d} for r, d in enumerate(digests)],
@@ -175,7 +176,10 @@ def load_into(net: Network, path, comm: Comm, verify: bool = True) -> dict:
     files = manifest["files"]
     if len(files) != manifest["world_size"]:
         raise CheckpointError(f"{path / 'manifest.json'} says {manifest['world_size']} ranks but lists {len(files)} files")
-    same = manifest["world_size"] == comm.size and manifest["parallel"] == net.config.parallel
+    # the same layout: as many ranks, each owning the same columns (shard weights may differ)
+    same = manifest["world_size"] == comm.size and manifest["parallel"] == net.config.parallel \
+        and manifest.get("bounds", [_even(l["n"], comm.size) for l in manifest["layers"]]) \
+        == [layer.bounds.tolist() for layer in net.layers]
     if same or manifest["parallel"] == "data":
         # data-parallel checkpoints hold the whole model in every file: read one
         own = _open(path, files[comm.rank if same else 0], verify)
@@ -220,6 +224,12 @@ def _load_resharded(net: Network, sources, whole: bool) -> None:
                     parts.append(np.asarray(src[pre + key][tuple(sl)]))
             arrays[key] = np.concatenate(parts, axis=axis)
         layer.load_state(arrays, same_layout=False)
+
+
+def _even(n: int, world: int) -> list:
+    from dslide.sharding import shard_bounds
+
+    return shard_bounds(n, world).tolist()
 
 
 def _shape(layers: list[dict]) -> str:
