@@ -402,6 +402,7 @@ class LSHLayer(Layer):
         self.query_time = 0.0
         self.last_block = (0, 0, 0)  # (labels, candidates, random) of the last training step, for reports
         self.last_ids = np.empty(0, dtype=np.int32)  # and its local ids, for checks
+        self.block_sum, self.block_steps = np.zeros(3), 0  # running totals, for `block_mean`
         self.candidates.maintain(0, self.W, self.b, self.dirty)
 
     def _make_candidates(self):
@@ -437,6 +438,8 @@ class LSHLayer(Layer):
             corr[exact.size:] = np.log((self.n_local - exact.size) / rand.size)
         C = np.concatenate([exact, rand])
         self.last_block, self.last_ids = (labels.size, cand.size, rand.size), C
+        self.block_sum += self.last_block
+        self.block_steps += 1
         return C, corr, labels.size
 
     # -- forward / backward ----------------------------------------------------------------
@@ -483,6 +486,11 @@ class LSHLayer(Layer):
 
     def maintain(self, step: int) -> str | None:
         return self.candidates.maintain(step, self.W, self.b, self.dirty)
+
+    def block_mean(self) -> dict:
+        """This rank's mean block per training step so far: labels, candidates, random neurons."""
+        m = self.block_sum / max(1, self.block_steps)
+        return {"labels": float(m[0]), "candidates": float(m[1]), "random": float(m[2])}
 
     @property
     def upkeep_s(self) -> float:
