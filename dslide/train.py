@@ -194,8 +194,8 @@ def build_index(model: Model, train: XMCData) -> dict:
         batch = make_batch(parts, None, np.arange(s, min(m, s + 4096)), net.step)
         H.append(net.hidden(batch).dense())
     info = out.build_index(np.concatenate(H), net.comm)
-    info.update({"points": m, "index_s": time.perf_counter() - t0,
-                 "share": float(np.mean(out.inference.fill_count)) / out.n})
+    kept = net.comm.allreduce_sum(np.array([float(np.mean(out.inference.fill_count))]), kind="index")[0]
+    info.update({"points": m, "index_s": time.perf_counter() - t0, "share": float(kept) / out.n})
     model.index_info = info
     return info
 
