@@ -88,7 +88,7 @@ global random state or on the numba thread count.
 
 Command line
 ------------
-``python -m datasets.synthetic --preset small --stats [--points N]
+``python -m dslide.datasets.synthetic --preset small --stats [--points N]
 [--test-points N] [--seed S] [--set FIELD=VALUE ...] [--centroid] [--out PREFIX]``
 """
 
@@ -107,7 +107,7 @@ import numpy as np
 import scipy.sparse as sp
 from numba import njit
 
-from dslide.data import XMCData
+from dslide.data import XMCData, write_xmc
 from dslide.rng import GOLDEN, mix64
 
 
@@ -697,8 +697,6 @@ def generate_split(preset: str | Preset = "small", n_train: int | None = None,
 
 def write(prefix: str, train: XMCData, test: XMCData) -> tuple[str, str]:
     """Write `<prefix>_train.txt` and `<prefix>_test.txt` in the XMC text format; return the paths."""
-    from dslide.data import write_xmc  # noqa: PLC0415  (the writer lives with the reader)
-
     paths = (f"{prefix}_train.txt", f"{prefix}_test.txt")
     for path, data in zip(paths, (train, test)):
         write_xmc(path, data.X, data.Y)
@@ -792,7 +790,7 @@ def _l2_normalise(X: sp.csr_matrix) -> sp.csr_matrix:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m datasets.synthetic", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m dslide.datasets.synthetic", description=__doc__.split("\n")[0])
     ap.add_argument("--preset", default="small", help=f"one of {', '.join(PRESETS)}")
     ap.add_argument("--points", type=int, default=None, help="train points (default: the preset's)")
     ap.add_argument("--test-points", type=int, default=None, help="test points (default: the preset's)")

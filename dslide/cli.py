@@ -415,7 +415,7 @@ def cmd_predict(args, comm) -> int:
 
 
 def cmd_data(args, comm) -> int:
-    from datasets import synthetic
+    from dslide.datasets import synthetic
 
     if comm.rank != 0:
         return 0
@@ -441,7 +441,7 @@ def _convert(args) -> int:
     if not os.path.exists(src):
         raise UsageError(f"input {src} does not exist")
     if src.endswith(".arff") or src.endswith(".arff.gz"):
-        from datasets.arff import read_arff
+        from dslide.datasets.arff import read_arff
 
         if args.labels is None and args.labels_xml is None:
             raise UsageError("converting ARFF needs the number of labels (--labels N, the last N attributes) "

@@ -377,7 +377,7 @@ class LSHLayer(Layer):
 
     def __init__(self, *args, lsh_config: LSHConfig):
         super().__init__(*args)
-        import lsh
+        from dslide import lsh
 
         self.lc = lsh_config
         self.W = np.empty((self.n_local, self.d_in), dtype=self.dtype)

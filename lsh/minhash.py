@@ -8,7 +8,7 @@ most one). For a set S,
 
     v_b(S) = min { pi[f] - start_b : f in S, pi[f] in bin b },
 
-empty bins are filled by the seeded densification of `lsh._common.densify`
+empty bins are filled by the seeded densification of `dslide.lsh._common.densify`
 (so P(v_b(S) == v_b(T)) = Jaccard(S, T) for every b), and the empty set gets a
 fixed code. `value_bits` (optional) keeps only the low bits of each value
 (b-bit minwise hashing) to shorten codes; collisions then rise to about

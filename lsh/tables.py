@@ -435,7 +435,7 @@ class HashTables:
     HashTables(family, range_pow, capacity, policy="fifo" | "reservoir", seed=0,
                max_bytes=MAX_TABLE_BYTES)
 
-    family: a hash family (lsh.make_family(...)); range_pow: bucket index bits,
+    family: a hash family (dslide.lsh.make_family(...)); range_pow: bucket index bits,
     1..24 and <= family.code_bits; capacity: slots per bucket (>= 1); seed: the
     reservoir's random streams (table l's stream derives from (seed, l)).
 
@@ -447,7 +447,7 @@ class HashTables:
     def __init__(self, family: HashFamily, range_pow: int, capacity: int, policy: str = "fifo",
                  seed: int = 0, max_bytes: int = MAX_TABLE_BYTES):
         if not isinstance(family, HashFamily):
-            raise ValueError(f"family must be a hash family from lsh.make_family, got {type(family).__name__}")
+            raise ValueError(f"family must be a hash family from dslide.lsh.make_family, got {type(family).__name__}")
         self.family = family
         self.L = family.L
         self.range_pow = check_int("range_pow", range_pow, 1, 24)

@@ -5,7 +5,7 @@
 
 Generates `--points` Amazon-670K-like points (135,909 features, 670,091 labels,
 ~64 non-zeros per point with a heavy tail, ~5 labels per point, positive
-tf-idf-like values), with `datasets.synthetic.generate('amazon-like')` when that
+tf-idf-like values), with `dslide.datasets.synthetic.generate('amazon-like')` when that
 module is importable, else with the vectorised generator below (`--generator`
 chooses). Then it times, each command in a fresh process so that ru_maxrss is
 the peak of that command alone:
@@ -111,16 +111,16 @@ def amazon_like(n_points: int, seed: int = 0):
 
 
 def generate(n_points: int, which: str):
-    """(X, Y, description) from datasets.synthetic (if available and wanted) or amazon_like."""
+    """(X, Y, description) from dslide.datasets.synthetic (if available and wanted) or amazon_like."""
     if which in ("auto", "synthetic"):
         try:
-            from datasets.synthetic import generate as synth  # noqa: PLC0415
+            from dslide.datasets.synthetic import generate as synth  # noqa: PLC0415
         except ImportError:
             if which == "synthetic":
                 raise
         else:
             d = synth("amazon-like", n_points=n_points)
-            return d.X, d.Y, "datasets.synthetic.generate('amazon-like')"
+            return d.X, d.Y, "dslide.datasets.synthetic.generate('amazon-like')"
     X, Y = amazon_like(n_points)
     return X, Y, "bench_io.amazon_like (vectorised, in this script)"
 
@@ -215,7 +215,7 @@ def main(argv=None) -> int:
     ap.add_argument("--keep", metavar="DIR", help="write the files into DIR and keep them")
     ap.add_argument("--repeat", type=int, default=3, help="runs per command, best time kept (3)")
     ap.add_argument("--generator", choices=("auto", "synthetic", "own"), default="auto",
-                    help="auto: datasets.synthetic if importable, else this script's own")
+                    help="auto: dslide.datasets.synthetic if importable, else this script's own")
     ap.add_argument("--child", choices=("generate", *COMMANDS), help=argparse.SUPPRESS)
     ap.add_argument("--path", help=argparse.SUPPRESS)
     ap.add_argument("--src", help=argparse.SUPPRESS)

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
-from datasets.synthetic import generate_split
+from dslide.datasets.synthetic import generate_split
 from dslide import checkpoint as ck
 from dslide import train as T
 from dslide.comm import Comm, allreduce_bytes

@@ -249,7 +249,7 @@ def test_sparse_gradient_is_the_restricted_softmax_gradient_and_zero_elsewhere()
 
 
 def _tiny_fit(seed, **kw):
-    from datasets.synthetic import generate_split
+    from dslide.datasets.synthetic import generate_split
     from dslide.train import fit
 
     train, test = generate_split("tiny", seed=11)
@@ -310,7 +310,7 @@ def test_lsh_hidden_layer_with_every_neuron_active_equals_exact_mode():
 def test_two_hidden_layers_with_a_sparse_one_learn():
     """input -> 64 dense -> 256 LSH -> 500 LSH. Measured: P@1 0.412 after 5 epochs
     (constant predictor 0.088); pinned at 4x the constant."""
-    from datasets.synthetic import generate_split
+    from dslide.datasets.synthetic import generate_split
     from dslide.train import evaluate, fit
 
     train, test = generate_split("tiny", seed=11)
