@@ -108,7 +108,7 @@ import scipy.sparse as sp
 from numba import njit
 
 from dslide.data import XMCData, write_xmc
-from dslide.rng import GOLDEN, mix64
+from dslide.rng import splitmix_next, unit
 
 
 # --------------------------------------------------------------------------- presets
@@ -255,7 +255,6 @@ def get_preset(preset: str | Preset, **overrides) -> Preset:
 
 # --------------------------------------------------------------------------- random numbers
 
-_S11 = np.uint64(11)
 _S32 = np.uint64(32)
 _LO32 = np.uint64(0xFFFFFFFF)
 _INV32 = 1.0 / 4294967296.0
@@ -264,15 +263,13 @@ _INV32 = 1.0 / 4294967296.0
 @njit(cache=True)
 def _next(state):
     """Next uint64 of a splitmix64 stream; state: uint64[1], advanced in place."""
-    r = mix64(state[0])  # the finaliser of state + golden ratio: SplitMix64's next output
-    state[0] += GOLDEN
-    return r
+    return splitmix_next(state, 0)
 
 
 @njit(cache=True)
 def _uniform(state):
     """Next float64 in [0, 1) (53 random bits) of the stream in `state`."""
-    return np.float64(_next(state) >> _S11) * (1.0 / 9007199254740992.0)
+    return unit(_next(state))
 
 
 @njit(cache=True)

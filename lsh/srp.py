@@ -1,4 +1,4 @@
-"""Signed random projections (SimHash; Charikar 2002) with sparse +-1 projections, as in SLIDE.
+"""dslide.lsh family "srp": signed random projections (SimHash; Charikar 2002) with sparse +-1 projections, as in SLIDE.
 
 Each of the N = K*L bits h looks at a fixed random subset S_h of
 n_nz = max(1, round(sparsity * dim)) dimensions with random signs s:

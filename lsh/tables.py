@@ -39,6 +39,8 @@ import numba
 import numpy as np
 from numba import njit, prange
 
+from dslide.rng import splitmix_next, unit
+
 from ._common import HashFamily, check_int, check_seed
 
 #: Refuse tables whose arrays would exceed this many bytes (override with max_bytes=).
@@ -49,11 +51,6 @@ MODES = ("union", "topk", "threshold")
 _FIFO, _RESERVOIR = 0, 1
 _UNION, _TOPK, _THRESHOLD = 0, 1, 2
 
-_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
-_MIX1 = np.uint64(0xBF58476D1CE4E5B9)
-_MIX2 = np.uint64(0x94D049BB133111EB)
-_INV53 = 1.0 / 9007199254740992.0  # 2**-53
-
 
 # ----------------------------------------------------------------------------
 # Serial per-bucket kernels (one table's 2-D slices)
@@ -62,12 +59,7 @@ _INV53 = 1.0 / 9007199254740992.0  # 2**-53
 @njit(cache=True)
 def _rand_below(rng, l, n):
     """Uniform int in [0, n) from table l's splitmix64 stream rng[l] (advanced in place)."""
-    s = rng[l] + _GOLDEN
-    rng[l] = s
-    z = (s ^ (s >> np.uint64(30))) * _MIX1
-    z = (z ^ (z >> np.uint64(27))) * _MIX2
-    z = z ^ (z >> np.uint64(31))
-    r = np.int64(np.float64(z >> np.uint64(11)) * _INV53 * n)
+    r = np.int64(unit(splitmix_next(rng, l)) * n)
     return min(r, n - 1)
 
 

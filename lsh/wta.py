@@ -1,4 +1,4 @@
-"""Winner-take-all hashing (Yagnik et al. 2011).
+"""dslide.lsh family "wta": winner-take-all hashing (Yagnik et al. 2011).
 
 Each of the N = K*L hashes h draws its own random permutation of range(dim)
 and keeps its first `window` entries perm_h[0..window-1]:
