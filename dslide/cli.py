@@ -451,12 +451,12 @@ def _convert(args) -> int:
         write_xmc(dst, data.X, data.Y)
         print(f"wrote {dst}: {data.n_points:,} points, {data.n_features:,} features, {data.n_labels:,} labels")
         return 0
-    if dst.endswith(".dslcache.npz") or dst == "cache":
+    if dst == "cache" or os.path.normpath(dst) == os.path.normpath(cache_path(src)):
         data = read_xmc(src, cache=True)
         print(f"cached {src} as {cache_path(src)} ({data.n_points:,} points)")
         return 0
     raise UsageError(f"do not know how to convert {src} to {dst}: valid are a mulan .arff file to XMC text, "
-                     f"or XMC text to its binary cache (OUT = 'cache' or <IN>.dslcache.npz)")
+                     f"or XMC text to its binary cache (OUT = 'cache' or <IN>.dslcache)")
 
 
 # ----------------------------------------------------------------------------

@@ -12,8 +12,8 @@ the peak of that command alone:
 
 * write_xmc                      the text file
 * read_xmc(cache=False)          the first parse
-* read_xmc (cold cache)          parse + writing <file>.dslcache.npz
-* read_xmc (cache hit)           loading the cache (large arrays are memory-mapped)
+* read_xmc (cold cache)          parse + writing the cache <file>.dslcache/ (one .npy per array)
+* read_xmc (cache hit)           loading the cache (every array memory-mapped)
 * ... + touch every page         the same, then one pass over X.data, X.indices and
                                  Y.indices, so that every mapped page is faulted in
 
@@ -29,6 +29,7 @@ import argparse
 import json
 import os
 import resource
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -126,7 +127,7 @@ def generate(n_points: int, which: str):
 
 
 def _warm_up(tmpdir: str) -> None:
-    from dslide.data import read_xmc, write_xmc  # noqa: PLC0415
+    from dslide.data import cache_path, read_xmc, write_xmc  # noqa: PLC0415
 
     X = sp.csr_matrix(np.array([[0, 1.5, 0], [2.25, 0, 1e-3]], dtype=np.float32))
     Y = sp.csr_matrix(np.array([[1, 0], [1, 1]], dtype=np.float32))
@@ -136,7 +137,7 @@ def _warm_up(tmpdir: str) -> None:
     read_xmc(path)  # parse + write cache
     read_xmc(path)  # cache hit
     os.unlink(path)
-    os.unlink(path + ".dslcache.npz")
+    shutil.rmtree(cache_path(path))
 
 
 def _generate_child(args) -> dict:
@@ -174,7 +175,7 @@ def _measure_child(args) -> dict:
         cpath = cache_path(args.path)
         for _ in range(args.repeat):
             if args.child in ("parse", "parse+cache") and os.path.exists(cpath):
-                os.unlink(cpath)
+                shutil.rmtree(cpath)
             t = time.perf_counter()
             d = read_xmc(args.path, strict=True, cache=args.child != "parse")
             if args.child == "cached+touch":
@@ -246,7 +247,8 @@ def main(argv=None) -> int:
             extra = ("--src", src) if kind == "write" else ()
             r[label] = run_child(kind, path, args.repeat, *extra)
         size_mb = os.path.getsize(path) / 1e6
-        cache_mb = os.path.getsize(path + ".dslcache.npz") / 1e6
+        cpath = path + ".dslcache"
+        cache_mb = sum(os.path.getsize(os.path.join(cpath, f)) for f in os.listdir(cpath)) / 1e6
     finally:
         if tmp is not None:
             tmp.cleanup()
