@@ -150,7 +150,7 @@ class Config:
         Empty: dense hidden layers and an "auto" output. The first layer reads
         the raw sparse features and is always dense.
     lsh: settings of every LSH layer; `lsh_layers` may give one per layer
-        (None keeps `lsh`).
+        (None, written "lsh" in TOML, keeps `lsh`).
     exact: every neuron of every layer active, no LSH (the reference path).
     lr_schedule: "linear" decays the learning rate from `lr` to 0 over the
         run's `epochs` (the last steps refine rather than jump: on small data
@@ -204,9 +204,7 @@ class Config:
         object.__setattr__(self, "kinds", tuple(self.kinds))
         if isinstance(self.lsh, dict):
             object.__setattr__(self, "lsh", LSHConfig(**self.lsh))
-        object.__setattr__(
-            self, "lsh_layers", tuple(LSHConfig(**x) if isinstance(x, dict) else x for x in self.lsh_layers)
-        )
+        object.__setattr__(self, "lsh_layers", tuple(_layer_lsh(i, x) for i, x in enumerate(self.lsh_layers)))
         for i, h in enumerate(self.hidden or ()):
             _int_range(f"hidden[{i}]", h, 1)
         n_layers = len(self.hidden) + 1 if self.hidden is not None else None
@@ -297,15 +295,32 @@ class Config:
     def from_dict(cls, values: dict) -> "Config":
         """A Config from a dict such as a parsed TOML file; unknown keys are errors with a suggestion."""
         known = {f.name for f in fields(cls)}
-        lsh_known = {f.name for f in fields(LSHConfig)}
         for k, v in values.items():
             if k not in known:
                 raise ValueError(_unknown(k, known))
             if k == "lsh" and isinstance(v, dict):
-                for kk in v:
-                    if kk not in lsh_known:
-                        raise ValueError(_unknown(f"lsh.{kk}", {f"lsh.{x}" for x in lsh_known}))
+                _check_lsh_keys("lsh", v)
         return cls(**values)
+
+
+def _check_lsh_keys(where: str, values: dict) -> None:
+    lsh_known = {f.name for f in fields(LSHConfig)}
+    for k in values:
+        if k not in lsh_known:
+            raise ValueError(_unknown(f"{where}.{k}", {f"{where}.{x}" for x in lsh_known}))
+
+
+def _layer_lsh(i: int, x):
+    """An entry of lsh_layers: an LSHConfig, a dict of its fields, or None / "lsh" (keep `lsh`)."""
+    if x is None or x == "lsh":
+        return None
+    if isinstance(x, LSHConfig):
+        return x
+    if isinstance(x, dict):
+        _check_lsh_keys(f"lsh_layers[{i}]", x)
+        return LSHConfig(**x)
+    raise ValueError(f"lsh_layers[{i}] = {x!r} must be a table of LSH settings or 'lsh' "
+                     f"(the layer keeps the [lsh] settings)")
 
 
 def _unknown(key: str, known: set[str]) -> str:

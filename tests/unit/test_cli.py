@@ -2,15 +2,24 @@
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from dslide import cli
-from dslide.config import Config
+from dslide.config import (BIAS_INITS, DTYPES, FAMILIES, INPUT_NORMS, LAYER_KINDS, LR_SCHEDULES, PARALLEL, POLICIES,
+                           SELECT_MODES, Config, LSHConfig)
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -56,6 +65,92 @@ def test_set_overrides_parse_toml_values_lists_and_tables(tmp_path):
     g = tmp_path / "saved.toml"
     g.write_text(cli.config_toml(c))
     assert cli.make_config(str(g), []) == c
+
+
+# Any valid Config, lsh_layers included, for the round-trip property below.
+_floats01 = st.floats(0.0, 1.0, allow_nan=False)
+
+
+@st.composite
+def _lsh_configs(draw):
+    L = draw(st.integers(1, 1024))
+    return LSHConfig(
+        family=draw(st.sampled_from(FAMILIES)), K=draw(st.integers(1, 32)), L=L,
+        bin_size=2 ** draw(st.integers(1, 16)), range_pow=draw(st.integers(0, 24)),
+        capacity=draw(st.integers(1, 1 << 16)), policy=draw(st.sampled_from(POLICIES)),
+        select=draw(st.sampled_from(SELECT_MODES)), threshold=draw(st.integers(1, L)),
+        min_active=draw(st.integers(0, 10**9)), min_active_share=draw(_floats01),
+        max_active=draw(st.integers(1, 10**9)), rehash_every=draw(st.integers(1, 10**9)),
+        rebuild_every=draw(st.integers(1, 10**9)), growth=draw(st.floats(1.0, 10.0)))
+
+
+@st.composite
+def _configs(draw):
+    hidden = draw(st.none() | st.lists(st.integers(1, 10**6), min_size=1, max_size=3).map(tuple))
+    n_layers = None if hidden is None else len(hidden) + 1
+    kinds, lsh_layers = (), ()
+    if n_layers is not None:
+        if draw(st.booleans()):
+            kinds = (draw(st.sampled_from(("dense", "auto"))),
+                     *draw(st.lists(st.sampled_from(LAYER_KINDS), min_size=n_layers - 1, max_size=n_layers - 1)))
+        if draw(st.booleans()):
+            lsh_layers = tuple(draw(st.lists(st.none() | _lsh_configs(), min_size=n_layers, max_size=n_layers)))
+    maybe = lambda s: st.none() | s  # noqa: E731
+    return Config(
+        hidden=hidden, kinds=kinds, lsh=draw(_lsh_configs()), lsh_layers=lsh_layers,
+        auto_lsh_ratio=draw(st.floats(1.0, 1e6)), auto_lsh_min_width=draw(st.integers(0, 10**9)),
+        exact=draw(st.booleans()), epochs=draw(maybe(st.floats(0.0, 1e6, exclude_min=True) | st.integers(1, 10**6))),
+        batch_size=draw(maybe(st.integers(1, 10**6))), lr=draw(maybe(st.floats(0.0, 10.0, exclude_min=True))),
+        lr_schedule=draw(st.sampled_from(LR_SCHEDULES)), beta1=draw(st.floats(0.0, 1.0, exclude_max=True)),
+        beta2=draw(st.floats(0.0, 1.0, exclude_max=True)), eps=draw(st.floats(0.0, 1.0, exclude_min=True)),
+        dropout=draw(maybe(st.floats(0.0, 1.0, exclude_max=True))), input_norm=draw(st.sampled_from(INPUT_NORMS)),
+        init_input_scale=draw(maybe(st.floats(0.0, 100.0, exclude_min=True))),
+        output_bias_init=draw(st.sampled_from(BIAS_INITS)), seed=draw(st.integers(0, 2**63 - 1)),
+        threads=draw(st.integers(0, 1024)), dtype=draw(st.sampled_from(DTYPES)),
+        parallel=draw(st.sampled_from(PARALLEL)), eval_every=draw(st.integers(0, 10**9)),
+        eval_points=draw(st.integers(1, 10**9)), log_every=draw(st.integers(1, 10**9)),
+        checkpoint_every=draw(st.integers(0, 10**9)))
+
+
+@settings(max_examples=300, deadline=None)
+@given(config=_configs())
+def test_every_config_round_trips_through_config_toml(config, tmp_path_factory):
+    f = tmp_path_factory.mktemp("rt") / "config.toml"
+    f.write_text(cli.config_toml(config))
+    back = cli.make_config(str(f), [])
+    assert back == config
+    # and through the checkpoint manifest's JSON (config_of)
+    assert Config.from_dict(json.loads(json.dumps(config.to_dict()))) == config
+
+
+def test_lsh_layers_are_written_as_toml_not_as_a_comment(tmp_path):
+    c = Config(hidden=(16, 8), kinds=("dense", "lsh", "lsh"), lsh_layers=(None, LSHConfig(K=4, L=9), None))
+    text = cli.config_toml(c)
+    assert "#" not in text
+    assert tomllib.loads(text)["lsh_layers"][0] == "lsh" and tomllib.loads(text)["lsh_layers"][1]["L"] == 9
+    f = tmp_path / "c.toml"
+    f.write_text(text)
+    assert cli.make_config(str(f), []).lsh_layers == (None, LSHConfig(K=4, L=9), None)
+
+
+@settings(max_examples=300, deadline=None)
+@given(v=st.text() | st.floats() | st.integers(-2**63, 2**63 - 1) | st.booleans()
+       | st.lists(st.integers(-5, 5)) | st.dictionaries(st.text(min_size=1), st.integers(0, 3), max_size=3))
+def test_toml_values_read_back_as_written(v):
+    back = tomllib.loads(f"v = {cli._toml_value(v)}")["v"]
+    if isinstance(v, float):
+        assert np.float64(back).tobytes() == np.float64(v).tobytes() or (np.isnan(v) and np.isnan(back))
+    else:
+        assert back == v and type(back) is type(v)
+
+
+@pytest.mark.parametrize("entry, message", [
+    (3, "lsh_layers[1] = 3 must be a table of LSH settings or 'lsh'"),
+    ({"KK": 3}, "unknown configuration key 'lsh_layers[1].KK'; did you mean 'lsh_layers[1].K'?"),
+])
+def test_bad_lsh_layers_entries_are_clear_errors(entry, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        Config.from_dict({"hidden": [8], "lsh_layers": [None, entry]})
 
 
 @pytest.mark.parametrize("sets, message", [
