@@ -1,5 +1,8 @@
 """Under mpiexec -n P: resume equivalence, resharding, sparse-mode agreement, bytes per step."""
 
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 from mpi4py import MPI
@@ -12,6 +15,8 @@ from dslide.config import Config, LSHConfig
 from dslide.network import Network, full_parameters
 
 WORLD = MPI.COMM_WORLD
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+import _costmodel  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -117,3 +122,26 @@ def test_bytes_per_step_equal_the_formula(tiny):
     got = {k: comm.bytes_sent.get(k, 0) for k in expected}
     assert got == (expected if P > 1 else {k: 0 for k in expected})
     assert set(k for k, v in comm.bytes_sent.items() if v) <= set(expected) | {"metrics"}
+
+
+@pytest.mark.parametrize("parallel", ["model", "data"])
+def test_the_cost_model_predicts_the_bytes_comm_counts(tiny, parallel):
+    """scripts/_costmodel.py's bytes per step and rank against Comm's counters of real steps
+    (their mean over the ranks: with uneven shards each rank sends a different amount)."""
+    train, _ = tiny
+    P = WORLD.size
+    d, B, steps = 12, 64, 4
+    cfg = _lsh_cfg(epochs=1) if parallel == "model" else _lsh_cfg(epochs=1, kinds=("dense", "dense"),
+                                                                  parallel="data")
+    comm = Comm(WORLD)
+    net = Network(cfg, train.n_features, train.n_labels, comm)
+    T.fit(train, cfg, model=T.Model(net, cfg, comm), stop_at=steps)
+    mine = sum(comm.bytes_sent.get(k, 0) for k in T.STEP_KINDS) / steps
+    mean = float(comm.allreduce_sum(np.array([mine]))[0]) / P
+    if parallel == "model":
+        predicted = _costmodel.dslide_bytes_per_step(P, B, d, 4)
+        assert mean == pytest.approx(predicted, abs=1.0)  # Comm floors the all-reduce to whole bytes
+    else:
+        predicted = _costmodel.data_parallel_bytes_per_step(P, net.n_params * 4)
+        assert mean == pytest.approx(predicted, abs=len(net.layers) * 2)  # one floor per gradient array
+    assert (mean > 0) == (P > 1)
