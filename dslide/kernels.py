@@ -147,9 +147,13 @@ def relu_active(z, cnt):
 # ----------------------------------------------------------------------------
 
 
-@njit(parallel=True, fastmath=True)
+@njit(parallel=True)
 def shift_rows(z, m):
-    """In place: z[i, :] -= m[i] (m float64 [B]; rows of -inf stay -inf)."""
+    """In place: z[i, :] -= m[i] (m float64 [B]; rows of -inf stay -inf).
+
+    No fastmath: unused slots hold -inf, and fastmath lets LLVM assume no value
+    is infinite (its result on -inf is then undefined).
+    """
     for i in prange(z.shape[0]):
         mi = z.dtype.type(m[i])
         for a in range(z.shape[1]):

@@ -5,6 +5,8 @@ moments, m = (1 - beta1) g exactly, so g = m / (1 - beta1) for every row
 that received gradient and m = 0 for the others (lazy rows).
 """
 
+import re
+
 import numpy as np
 import pytest
 import scipy.sparse as sp
@@ -341,3 +343,21 @@ def test_shared_sample_draws_distinct_sorted_uniform(n, size):
     if 0 < p < 1:
         sd = np.sqrt(trials * p * (1 - p))
         assert np.abs(hits - trials * p).max() < 5 * sd
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_shift_rows_keeps_minus_inf_slots_and_assumes_no_value_is_infinite(dtype):
+    """The LSH output pads unused slots with -inf before the softmax (network.py); shift_rows
+    runs over them, so it must not be compiled with fastmath, which lets LLVM assume no
+    value is infinite (its result on one is then undefined)."""
+    z = np.array([[1.5, -np.inf, 3.0, 0.0], [-np.inf, -np.inf, -np.inf, -np.inf], [0.25, 2.0, -np.inf, -1e30]],
+                 dtype=dtype)
+    m = np.array([3.0, 0.0, 2.0])  # a row of -inf comes with m = 0 (softmax_xent's m_safe)
+    want = z - m.astype(dtype)[:, None]
+    got = z.copy()
+    K.shift_rows(got, m)
+    np.testing.assert_array_equal(got, want)
+    assert np.isneginf(got[1]).all() and np.isneginf(got[0, 1]) and np.isneginf(got[2, 2])
+    ir = "".join(K.shift_rows.inspect_llvm().values())
+    flagged = re.findall(r"= f(?:sub|add|mul|div|cmp)[^\n]*", ir)
+    assert flagged and not [i for i in flagged if re.search(r"\b(fast|ninf|nnan)\b", i)], flagged[:3]
