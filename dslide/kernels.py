@@ -10,16 +10,20 @@ squared gradients below 1e-38 that make every later multiply slow (x86
 handles subnormals in microcode). Exponents below -80 are flushed to zero
 and Adam moments below 1e-30 likewise, so no subnormal ever enters a loop.
 
-Determinism: every sum runs in sample order inside one thread, so these
-kernels' results do not depend on the number of threads. (The BLAS products
-beside them may round differently with another thread count: a run is
-reproducible for a given seed and thread count.)
+Determinism: every sum runs in sample order inside one thread, and the
+threads split the rows of an array, never a row, so each element takes the
+same (vectorised or scalar: under fastmath they may round differently) code
+path whatever the thread count; these kernels' results do not depend on the
+number of threads (tests/unit/test_threads.py checks whole training steps at
+1 and 2 threads). The BLAS products beside them may round differently with
+another thread count: a run is reproducible for a given seed and thread count.
 """
 
 from __future__ import annotations
 
+import numba
 import numpy as np
-from numba import get_num_threads, get_thread_id, njit, prange
+from numba import get_thread_id, njit, prange
 
 from dslide import rng
 
@@ -228,13 +232,23 @@ def adam_params(lr: float, b1: float, b2: float, eps: float, t: int, dtype) -> n
 
 @njit(parallel=True, fastmath=True)
 def adam_dense(W, M, V, G, hp):
-    """Adam on every element of W (flat views of the same size)."""
-    w = W.reshape(-1)
-    m = M.reshape(-1)
-    v = V.reshape(-1)
-    g = G.reshape(-1)
-    for e in prange(w.shape[0]):
-        w[e], m[e], v[e] = _adam_elem(w[e], m[e], v[e], g[e], hp)
+    """Adam on every element of W (W, M, V, G: C-contiguous, same shape, 1-D or 2-D).
+
+    Rows in parallel, each row's elements in one loop. Under fastmath the
+    vectorised body of a loop and its scalar remainder may round differently
+    (measured: Adam on 24 elements, one of them changed between 1 and 2
+    threads when the flat array was split among the threads), so an element
+    must take the same path whatever the thread count: a row's loop does not
+    depend on it. A 1-D array is one row.
+    """
+    C = W.shape[-1]
+    w = W.reshape((-1, C))
+    m = M.reshape((-1, C))
+    v = V.reshape((-1, C))
+    g = G.reshape((-1, C))
+    for r in prange(w.shape[0]):
+        for c in range(C):
+            w[r, c], m[r, c], v[r, c] = _adam_elem(w[r, c], m[r, c], v[r, c], g[r, c], hp)
 
 
 @njit(cache=True)
@@ -397,8 +411,14 @@ def adam_rows(rows, G, gb, W, M, Vm, bias, bM, bV, hp, dirty):
 
 
 def thread_scratch(n: int, dtype) -> np.ndarray:
-    """A zeroed [threads, n] scratch array, one row per numba thread."""
-    return np.zeros((get_num_threads(), n), dtype=dtype)
+    """A zeroed [NUMBA_NUM_THREADS, n] scratch array, one row per numba thread.
+
+    Kernels index it by get_thread_id(), which is below the thread count in
+    force when they run: sized by the most threads numba can ever run
+    (set_num_threads cannot exceed NUMBA_NUM_THREADS), not by the count when
+    the layer was built, so a later set_num_threads(more) stays in bounds.
+    """
+    return np.zeros((numba.config.NUMBA_NUM_THREADS, n), dtype=dtype)
 
 
 # ----------------------------------------------------------------------------
