@@ -112,3 +112,25 @@ def test_sparse_hidden_layer_exchange_equals_one_rank_when_all_active():
     for li, ((Wp, bp), (W1, b1)) in enumerate(zip(full_parameters(net_p), full_parameters(net_1))):
         assert np.abs(Wp - W1).max() <= 1e-5, f"layer {li} W differs by {np.abs(Wp - W1).max()}"
         assert np.abs(bp - b1).max() <= 1e-5, f"layer {li}"
+
+
+def test_softmax_normaliser_merges_over_ranks_with_rows_empty_on_some():
+    """Comm.allreduce_logsumexp (the user op _lse_merge under MPI_Allreduce) against the
+    statistics of every rank gathered and merged by hand. Row r is empty (-inf, 0) on rank r
+    only, the last row on every rank."""
+    world = Comm(MPI.COMM_WORLD)
+    B = 6
+    rs = np.random.default_rng(100 + world.rank)
+    m, s = rs.uniform(-5, 5, B), rs.uniform(0.5, 3.0, B)
+    m[world.rank % (B - 1)], s[world.rank % (B - 1)] = -np.inf, 0.0
+    m[B - 1], s[B - 1] = -np.inf, 0.0
+    M, S = world.allreduce_logsumexp(m, s)
+    all_m, all_s = world.allgather_rows(m), world.allgather_rows(s)
+    for i in range(B):
+        live = np.isfinite(all_m[:, i])
+        if not live.any():
+            assert M[i] == -np.inf and S[i] == 0.0
+            continue
+        ref_M = all_m[live, i].max()
+        assert M[i] == ref_M
+        assert S[i] == pytest.approx(float(np.sum(all_s[live, i] * np.exp(all_m[live, i] - ref_M))), rel=1e-12)
