@@ -97,6 +97,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
+import os
 import sys
 import time
 import zlib
@@ -693,7 +694,10 @@ def generate_split(preset: str | Preset = "small", n_train: int | None = None,
 
 
 def write(prefix: str, train: XMCData, test: XMCData) -> tuple[str, str]:
-    """Write `<prefix>_train.txt` and `<prefix>_test.txt` in the XMC text format; return the paths."""
+    """Write `<prefix>_train.txt` and `<prefix>_test.txt` in the XMC text format; return the paths.
+
+    The prefix's directory is created if missing (`--out data/amz` on a fresh clone)."""
+    os.makedirs(os.path.dirname(os.fspath(prefix)) or ".", exist_ok=True)
     paths = (f"{prefix}_train.txt", f"{prefix}_test.txt")
     for path, data in zip(paths, (train, test)):
         write_xmc(path, data.X, data.Y)

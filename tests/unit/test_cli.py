@@ -290,6 +290,16 @@ def test_train_eval_predict_end_to_end(trained, tiny, capsys, tmp_path):
     assert hits == pytest.approx(m["p@1"])
 
 
+def test_data_gen_makes_the_directory_of_its_prefix(capsys, tmp_path, monkeypatch):
+    # the README's `dslide data gen ... --out data/amz` on a fresh clone, where data/ does not exist yet
+    monkeypatch.chdir(tmp_path)
+    code, out, err = run(["data", "gen", "--preset", "tiny", "--points", "50", "--test-points", "10",
+                          "--out", "data/sub/t"], capsys)
+    assert code == 0, err
+    assert sorted(os.listdir(tmp_path / "data" / "sub")) == ["t_test.txt", "t_train.txt"]
+    assert (tmp_path / "data" / "sub" / "t_train.txt").read_text().startswith("50 ")
+
+
 def test_data_stats_and_convert(tiny, capsys, tmp_path):
     code, out, _ = run(["data", "stats", str(tiny[1])], capsys)
     assert code == 0 and "500" in out
