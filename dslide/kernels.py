@@ -17,6 +17,15 @@ path whatever the thread count; these kernels' results do not depend on the
 number of threads (tests/unit/test_threads.py checks whole training steps at
 1 and 2 threads). The BLAS products beside them may round differently with
 another thread count: a run is reproducible for a given seed and thread count.
+
+Compilation: every kernel here, in dslide.rng and in dslide.lsh is cached on
+disk (cache=True), the parallel ones too, so only a process's first run after
+a change compiles (10 to 19 s before the first step otherwise). numba 0.68
+loads a cached parallel kernel at any thread count (tests/unit/test_numba_cache.py;
+STYLE.md's rule against it came from a crash in an older numba). numba keys
+its cache by the file that defines a kernel: after editing dslide/rng.py,
+whose functions other files' kernels inline, delete the __pycache__/*.nbi
+and *.nbc files (or touch those files).
 """
 
 from __future__ import annotations
@@ -61,7 +70,7 @@ def gather_rows(indptr, indices, data, rows):
 # ----------------------------------------------------------------------------
 
 
-@njit(parallel=True, fastmath=True)
+@njit(parallel=True, fastmath=True, cache=True)
 def csr_times_rows(indptr, indices, data, W, b, out):
     """out[i, :] = b + sum_{e in row i} data[e] * W[indices[e], :].
 
@@ -80,7 +89,7 @@ def csr_times_rows(indptr, indices, data, W, b, out):
                 out[i, k] += x * W[f, k]
 
 
-@njit(parallel=True, fastmath=True)
+@njit(parallel=True, fastmath=True, cache=True)
 def rows_dot_csr(indptr, indices, W, dz, out):
     """out[e] = W[indices[e], :] . dz[i, :] for every entry e of row i.
 
@@ -103,7 +112,7 @@ def rows_dot_csr(indptr, indices, W, dz, out):
 # ----------------------------------------------------------------------------
 
 
-@njit(parallel=True, fastmath=True)
+@njit(parallel=True, fastmath=True, cache=True)
 def active_forward(x, W, b, ids, cnt, z):
     """z[i, a] = b[ids[i, a]] + W[ids[i, a], :] . x[i, :] for a < cnt[i].
 
@@ -121,7 +130,7 @@ def active_forward(x, W, b, ids, cnt, z):
             z[i, a] = acc + b[j]
 
 
-@njit(parallel=True, fastmath=True)
+@njit(parallel=True, fastmath=True, cache=True)
 def active_backward_input(W, ids, cnt, dz, dx):
     """dx[i, :] = sum_a dz[i, a] W[ids[i, a], :]: the partial gradient of the layer input."""
     B = dx.shape[0]
@@ -136,7 +145,7 @@ def active_backward_input(W, ids, cnt, dz, dx):
                 dx[i, k] += g * W[j, k]
 
 
-@njit(parallel=True)
+@njit(parallel=True, cache=True)
 def relu_active(z, cnt):
     """In place: z[i, a] = max(z[i, a], 0) for a < cnt[i]."""
     for i in prange(z.shape[0]):
@@ -151,7 +160,7 @@ def relu_active(z, cnt):
 # ----------------------------------------------------------------------------
 
 
-@njit(parallel=True)
+@njit(parallel=True, cache=True)
 def shift_rows(z, m):
     """In place: z[i, :] -= m[i] (m float64 [B]; rows of -inf stay -inf).
 
@@ -164,7 +173,7 @@ def shift_rows(z, m):
             z[i, a] -= mi
 
 
-@njit(parallel=True)
+@njit(parallel=True, cache=True)
 def flush_sum_rows(e, out):
     """In place: e[i, a] = 0 where e < TINY (no subnormal leaves); out[i] += sum_a e[i, a] (float64)."""
     tiny = e.dtype.type(TINY)
@@ -180,7 +189,7 @@ def flush_sum_rows(e, out):
         out[i] += s
 
 
-@njit(parallel=True)
+@njit(parallel=True, cache=True)
 def scale_flush_rows(e, scale):
     """In place: e[i, :] *= scale[i], flushing results below TINY to zero."""
     tiny = e.dtype.type(TINY)
@@ -192,7 +201,7 @@ def scale_flush_rows(e, scale):
             e[i, a] = v if v >= tiny else zero
 
 
-@njit(parallel=True)
+@njit(parallel=True, cache=True)
 def relu_backward_active(dz, z, cnt):
     """In place: dz[i, a] = 0 where the ReLU output z[i, a] is 0."""
     for i in prange(dz.shape[0]):
@@ -230,7 +239,7 @@ def adam_params(lr: float, b1: float, b2: float, eps: float, t: int, dtype) -> n
     return np.array([b1, 1.0 - b1, b2, 1.0 - b2, lr * c2 / (1.0 - b1**t), eps * c2, TINY, 0.0], dtype=dtype)
 
 
-@njit(parallel=True, fastmath=True)
+@njit(parallel=True, fastmath=True, cache=True)
 def adam_dense(W, M, V, G, hp):
     """Adam on every element of W (W, M, V, G: C-contiguous, same shape, 1-D or 2-D).
 
@@ -284,7 +293,7 @@ def group_by_row(rows, n_rows, count, order):
     return touched[:T], start
 
 
-@njit(parallel=True, fastmath=True)
+@njit(parallel=True, fastmath=True, cache=True)
 def rows_grad_adam(touched, start, order, samples, coefs, V, W, M, Vm, bias, bM, bV, hp, gbuf, dirty):
     """Lazy Adam on the rows of W that received gradient.
 
@@ -326,7 +335,7 @@ def rows_grad_adam(touched, start, order, samples, coefs, V, W, M, Vm, bias, bM,
 # ----------------------------------------------------------------------------
 
 
-@njit(parallel=True, fastmath=True)
+@njit(parallel=True, fastmath=True, cache=True)
 def rows_grad(touched, start, order, samples, coefs, V, G):
     """G[r, :] = sum_{e: rows[e] = r} coefs[e] * V[samples[e], :] for the touched rows
     (the gradient `rows_grad_adam` applies, written out densely; other rows untouched)."""
@@ -379,7 +388,7 @@ def shared_sample(k, n, size, mark):
     return keep
 
 
-@njit(parallel=True)
+@njit(parallel=True, cache=True)
 def select_active(q_ptr, q_ids, max_active, shared_pos, ids, cnt):
     """Each sample's own active neurons: its LSH candidates (q_ptr/q_ids, local
     ids, best first) that are not in the shared block (shared_pos[j] >= 0),
@@ -398,7 +407,7 @@ def select_active(q_ptr, q_ids, max_active, shared_pos, ids, cnt):
         cnt[i] = c
 
 
-@njit(parallel=True, fastmath=True)
+@njit(parallel=True, fastmath=True, cache=True)
 def adam_rows(rows, G, gb, W, M, Vm, bias, bM, bV, hp, dirty):
     """Adam on rows `rows` of W (and bias) with their gradients G [len(rows), d], gb [len(rows)]."""
     d = W.shape[1]
@@ -426,7 +435,7 @@ def thread_scratch(n: int, dtype) -> np.ndarray:
 # ----------------------------------------------------------------------------
 
 
-@njit(parallel=True)
+@njit(parallel=True, cache=True)
 def dropout_mask(k, sample_ids, n, rate, out):
     """out[i, j] = 1 / (1 - rate) with probability 1 - rate, else 0, from stream k at (sample, j)."""
     keep = 1.0 / (1.0 - rate)

@@ -86,7 +86,7 @@ def stream_key(seed: int, *words: int) -> np.uint64:
     return np.uint64(k)
 
 
-@njit(parallel=True)
+@njit(parallel=True, cache=True)
 def init_neuron_major(k, start, W, scale):
     """W[j - start, f] = U(-scale, scale) drawn at (key k, neuron j, input f).
 
@@ -99,7 +99,7 @@ def init_neuron_major(k, start, W, scale):
             W[r, f] = (2.0 * uniform(kj, f) - 1.0) * scale
 
 
-@njit(parallel=True)
+@njit(parallel=True, cache=True)
 def init_input_major(k, start, W, scale):
     """W[f, j - start] = U(-scale, scale) drawn at (key k, neuron j, input f).
 

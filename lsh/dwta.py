@@ -61,7 +61,7 @@ def dwta_values(X, bin_dims, bin_size, n_bins, probe_a, probe_b):
     return out
 
 
-@njit(parallel=True)
+@njit(parallel=True, cache=True)
 def dwta_hash(X, bin_dims, bin_size, K, L, probe_a, probe_b, range_pow, code_bits, red_a, red_b):
     """Bucket codes int32 [n, L] of X float32 [n, dim] (parallel over row blocks)."""
     n = X.shape[0]

@@ -169,7 +169,7 @@ def reservoir_remove(bk, fill, offered, c1, c2, b, item):
 # Parallel kernels (over tables for writes, over queries for reads)
 # ----------------------------------------------------------------------------
 
-@njit(parallel=True)
+@njit(parallel=True, cache=True)
 def insert_all(codes_lm, buckets, fill, head, offered, c1, c2, rng, policy):
     """Clear and fill every table with items 0..m-1 in id order.
 
@@ -200,7 +200,7 @@ def insert_all(codes_lm, buckets, fill, head, offered, c1, c2, rng, policy):
                 reservoir_insert(bk, fl, of, d1, d2, rng, l, cl[i], i)
 
 
-@njit(parallel=True)
+@njit(parallel=True, cache=True)
 def update_items(ids, new_codes, item_codes_lm, buckets, fill, head, offered, c1, c2, rng, policy):
     """Re-insert items `ids` (int64 [r]) at their new codes new_codes int32 [r, L].
 
@@ -383,7 +383,7 @@ def compact_results(bound, sizes, tmp_ids, tmp_cnt):
     return indptr, ids, counts
 
 
-@njit(parallel=True)
+@njit(parallel=True, cache=True)
 def query_kernel(codes, buckets, fill, counters, id_bits, mode, top_m, t):
     """Candidates of each query from its L buckets.
 
