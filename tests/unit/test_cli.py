@@ -258,6 +258,15 @@ def test_incompatible_checkpoint_is_a_clear_error(trained, tmp_path):
     net = Network(ck.config_of(path), 1000, 500, Comm())
     with pytest.raises(ck.CheckpointError, match="does not match the checksum"):
         ck.load_into(net, ck.latest(broken), Comm())
+    ck.load_into(net, ck.latest(broken), Comm(), verify=False)  # unless not asked to verify
+    # a file damaged inside an array (the checksum runs beside the load and explains its failure)
+    (broken / "checkpoints" / path.name / "manifest.json").write_text((path / "manifest.json").read_text())
+    rank0 = broken / "checkpoints" / path.name / "rank-0000.npz"
+    raw = bytearray(rank0.read_bytes())
+    raw[len(raw) // 2] ^= 0xFF
+    rank0.write_bytes(bytes(raw))
+    with pytest.raises(ck.CheckpointError, match="rank-0000.npz does not match the checksum"):
+        ck.load_into(Network(ck.config_of(path), 1000, 500, Comm()), ck.latest(broken), Comm())
 
 
 # -- end to end ----------------------------------------------------------------------------
