@@ -236,6 +236,7 @@ RESUME_SETTABLE = {"epochs", "eval_every", "eval_points", "log_every", "checkpoi
 
 
 def cmd_train(args, comm) -> int:
+    import dslide
     from dslide import checkpoint as ck
     from dslide import train as T
     from dslide.metrics import inverse_propensity
@@ -283,8 +284,11 @@ def cmd_train(args, comm) -> int:
     progress = Progress(comm, total, model.network.step, args.quiet, run_dir / "log.jsonl", config.batch_size)
 
     fault = os.environ.get("DSLIDE_FAULT", "")
+    first_step_done = []
 
     def callback(event, m, info):
+        if event == "step" and not first_step_done:
+            first_step_done.append(time.perf_counter())
         if event == "step" and fault == f"raise-rank{comm.rank}-step{info}":  # test hook
             raise RuntimeError(f"injected fault on rank {comm.rank} at step {info}")
         progress(event, m, info)
@@ -300,6 +304,11 @@ def cmd_train(args, comm) -> int:
     wall = time.perf_counter() - t0
     ck.save(model.network, run_dir, comm, extra={"history": model.history})
     metrics = _final_metrics(model, history, test, train, wall, inverse_propensity)
+    # seconds from the process's start to the end of its first step: imports, data, the
+    # network's construction, and the first step, in which numba loads (or compiles) its kernels
+    startup = comm.allgather_object(first_step_done[0] - dslide.IMPORTED_AT if first_step_done else None)
+    if None not in startup:
+        metrics["startup_s"] = max(startup)
     if comm.rank == 0:
         (run_dir / "metrics.json").write_text(json.dumps(metrics, indent=1) + "\n")
     _say(comm, _summary(metrics, run_dir))
@@ -349,6 +358,9 @@ def _summary(m: dict, run_dir: Path) -> str:
     s.append(f"{m['samples_per_s']:,.0f} samples/s over {m['steps']} steps ({m['world_size']} rank(s) x "
              f"{m['threads']} thread(s)); {m['bytes_per_step']:,.0f} bytes/step per rank"
              + (f" ({100 * ratio:.3f}% of a data-parallel all-reduce)" if m["world_size"] > 1 else ""))
+    if "startup_s" in m:
+        s.append(f"start-up {m['startup_s']:.1f}s (process start to the end of the first step, "
+                 f"{m['warmup_s']:.1f}s of it in that step)")
     s.append(f"run directory: {run_dir} (metrics.json, log.jsonl, config.toml, checkpoints/)")
     return "\n".join(s)
 
@@ -373,10 +385,13 @@ def _load_model(run_dir: str, comm):
 def cmd_eval(args, comm) -> int:
     import scipy.sparse as sp
 
+    import dslide
     from dslide import train as T
     from dslide.metrics import evaluate, inverse_propensity
 
+    t_load = time.perf_counter()
     model = _load_model(args.model, comm)
+    load_s = time.perf_counter() - t_load
     data = _read(args.data, "--data")
     _check_shape(data, model, args.data)
     t0 = time.perf_counter()
@@ -386,6 +401,9 @@ def cmd_eval(args, comm) -> int:
                  inv_prop=inverse_propensity(data.Y) if data.n_points >= 3 else None)
     m.update({"mode": "lsh" if args.lsh else "exact", "points": data.n_points, "predict_s": dt,
               "samples_per_s": data.n_points / max(dt, 1e-9), "world_size": comm.size,
+              # seconds from the process's start until scoring began, and of it loading the model
+              "startup_s": max(comm.allgather_object(t0 - dslide.IMPORTED_AT)),
+              "load_model_s": max(comm.allgather_object(load_s)),
               "peak_rss_mb": comm.allgather_object(round(T.peak_rss_mb(), 1))})
     if comm.rank == 0:
         Path(args.model, "metrics.json").write_text(json.dumps({**_old_metrics(args.model), "eval": m}, indent=1) + "\n")
@@ -394,7 +412,8 @@ def cmd_eval(args, comm) -> int:
         print("  ".join(f"nDCG@{k} {m[f'ndcg@{k}']:.4f}" for k in ks))
         if "psp@1" in m:
             print("  ".join(f"PSP@{k} {m[f'psp@{k}']:.4f}" for k in ks))
-        print(f"{data.n_points:,} points in {dt:.2f}s ({m['mode']} scoring)")
+        print(f"{data.n_points:,} points in {dt:.2f}s ({m['mode']} scoring), after {m['startup_s']:.1f}s of start-up "
+              f"({m['load_model_s']:.1f}s loading the model)")
     return 0
 
 

@@ -289,6 +289,9 @@ def test_train_eval_predict_end_to_end(trained, tiny, capsys, tmp_path):
 
     code, out, _ = run(["eval", "--model", str(trained), "--data", str(tiny[1])], capsys)
     assert code == 0 and f"P@1 {m['p@1']:.4f}" in out and "PSP@5" in out
+    ev = json.loads((trained / "metrics.json").read_text())["eval"]
+    assert 0 < ev["load_model_s"] < ev["startup_s"]  # (in this process start-up began with the test session)
+    assert f"after {ev['startup_s']:.1f}s of start-up ({ev['load_model_s']:.1f}s loading the model)" in out
     pred = tmp_path / "pred.txt"
     code, out, _ = run(["predict", "--model", str(trained), "--data", str(tiny[1]), "--k", "3", "--out", str(pred)],
                        capsys)

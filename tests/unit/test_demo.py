@@ -4,6 +4,7 @@ import json
 import os
 import re
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -16,8 +17,10 @@ def demo(tmp_path_factory):
     """One run of demo.sh (1 epoch, 2 ranks) in a temporary directory: (process, run directory)."""
     tmp = tmp_path_factory.mktemp("demo")
     env = {**os.environ, "DEMO_EPOCHS": "1", "DEMO_DATA": str(tmp / "data" / "small"), "DEMO_RUN": str(tmp / "run")}
+    t = time.perf_counter()
     p = subprocess.run(["bash", str(ROOT / "scripts" / "demo.sh"), "--quiet"], capture_output=True, text=True,
                        env=env, timeout=300)
+    p.wall_s = time.perf_counter() - t
     return p, tmp / "run"
 
 
@@ -32,6 +35,9 @@ def test_demo_trains_two_ranks_prints_what_metrics_json_holds_and_exits_zero(dem
     # one epoch of `small` (20,000 labels): 0.46 measured; the most frequent label alone scores 0.07
     assert metrics["p@1"] > 0.3, metrics
     assert re.search(r"samples/s over \d+ steps \(2 rank\(s\) x 1 thread\(s\)\)", p.stdout)
+    # start-up: from the process's start to the end of its first step, which it contains
+    assert metrics["warmup_s"] < metrics["startup_s"] < p.wall_s
+    assert f"start-up {metrics['startup_s']:.1f}s" in p.stdout
 
 
 def test_demo_draws_the_runs_progress(demo):
