@@ -36,10 +36,9 @@ import numpy as np
 
 from dslide.comm import Comm
 from dslide.config import Config
-from dslide.network import LSHLayer, Network
+from dslide.network import Network
 
 FORMAT = 1
-_PARAMS = ("W", "b", "W.m", "W.v", "b.m", "b.v")
 
 
 class CheckpointError(ValueError):
@@ -227,24 +226,22 @@ def _load_into(net: Network, path: Path, comm: Comm, digests: list | None) -> di
         # data-parallel checkpoints hold the whole model in every file: read one
         own = _open(path, files[comm.rank if same else 0], digests)
         if manifest["parallel"] == "data" and not same:
-            _load_resharded(net, [own], np.array([0, 0]), whole=True)
+            _load_resharded(net, [own], whole=True)
         else:
             for layer in net.layers:
                 pre = f"layer{layer.index}/"
-                arrays = {k[len(pre):]: own[k] for k in own.files if k.startswith(pre)}
-                if isinstance(layer, LSHLayer):
-                    layer.load_state(arrays, tables=True)
-                else:
-                    layer.load_state(arrays)
+                layer.load_state({k[len(pre):]: own[k] for k in own.files if k.startswith(pre)}, same_layout=True)
     else:
         sources = [_open(path, e, digests) for e in files]
-        _load_resharded(net, sources, None, whole=False)
+        _load_resharded(net, sources, whole=False)
     net.step = int(manifest["step"])
     return manifest
 
 
-def _load_resharded(net: Network, sources, _unused, whole: bool) -> None:
-    """Each layer's slice [lo, hi) assembled from the old ranks' slices."""
+def _load_resharded(net: Network, sources, whole: bool) -> None:
+    """Each layer's slice [lo, hi) assembled from the old ranks' slices along the axes the
+    layer names (`shard_axes`); arrays every rank holds alike come from the first file,
+    and each layer rebuilds its own derived state."""
     for layer in net.layers:
         pre = f"layer{layer.index}/"
         if whole:
@@ -253,8 +250,12 @@ def _load_resharded(net: Network, sources, _unused, whole: bool) -> None:
             sizes = [src[pre + "b"].shape[0] for src in sources]
             bounds = np.concatenate(([0], np.cumsum(sizes)))
         arrays = {}
-        for key in _PARAMS:
-            axis = layer.column_axis[key.split(".")[0]]
+        for key, axis in layer.shard_axes().items():
+            if pre + key not in sources[0].files:
+                continue
+            if axis is None:
+                arrays[key] = np.asarray(sources[0][pre + key])
+                continue
             parts = []
             for r, src in enumerate(sources):
                 a, b = max(layer.lo, bounds[r]), min(layer.hi, bounds[r + 1])
@@ -263,11 +264,7 @@ def _load_resharded(net: Network, sources, _unused, whole: bool) -> None:
                     sl[axis] = slice(a - bounds[r], b - bounds[r])
                     parts.append(np.asarray(src[pre + key][tuple(sl)]))
             arrays[key] = np.concatenate(parts, axis=axis)
-        if isinstance(layer, LSHLayer):
-            arrays["schedule"] = np.asarray(sources[0][pre + "schedule"])
-            layer.load_state(arrays, tables=False)
-        else:
-            layer.load_state(arrays)
+        layer.load_state(arrays, same_layout=False)
 
 
 def _shape(layers: list[dict]) -> str:

@@ -345,6 +345,7 @@ def _final_metrics(model, history, test, train, wall, inverse_propensity) -> dic
         "threads": T._threads(model.config),
         "parallel": model.config.parallel,
         "timers_s": {k: round(v, 3) for k, v in net.timers.items()},
+        "index": model.index_info,
     })
     return out
 
@@ -395,11 +396,13 @@ def cmd_eval(args, comm) -> int:
     data = _read(args.data, "--data")
     _check_shape(data, model, args.data)
     t0 = time.perf_counter()
-    pred = T.predict_topk(model, data.X, args.k, exact=not args.lsh)
+    stats = {}
+    pred = T.predict_topk(model, data.X, args.k, exact=not args.lsh, stats=stats)
     dt = time.perf_counter() - t0
     m = evaluate(sp.csr_matrix(data.Y), pred, k=args.k,
                  inv_prop=inverse_propensity(data.Y) if data.n_points >= 3 else None)
     m.update({"mode": "lsh" if args.lsh else "exact", "points": data.n_points, "predict_s": dt,
+              "scored_share": stats["scored_share"],
               "samples_per_s": data.n_points / max(dt, 1e-9), "world_size": comm.size,
               # seconds from the process's start until scoring began, and of it loading the model
               "startup_s": max(comm.allgather_object(t0 - dslide.IMPORTED_AT)),
@@ -412,8 +415,9 @@ def cmd_eval(args, comm) -> int:
         print("  ".join(f"nDCG@{k} {m[f'ndcg@{k}']:.4f}" for k in ks))
         if "psp@1" in m:
             print("  ".join(f"PSP@{k} {m[f'psp@{k}']:.4f}" for k in ks))
-        print(f"{data.n_points:,} points in {dt:.2f}s ({m['mode']} scoring), after {m['startup_s']:.1f}s of start-up "
-              f"({m['load_model_s']:.1f}s loading the model)")
+        print(f"{data.n_points:,} points in {dt:.2f}s ({m['mode']} scoring: "
+              f"{100 * m['scored_share']:.2f}% of the labels scored per point), after {m['startup_s']:.1f}s of "
+              f"start-up ({m['load_model_s']:.1f}s loading the model)")
     return 0
 
 
@@ -439,7 +443,8 @@ def cmd_predict(args, comm) -> int:
     data = _read(args.data, "--data")
     if data.n_features != model.n_features:
         raise UsageError(f"{args.data} has {data.n_features} features; the model was trained on {model.n_features}")
-    ids, scores = T.predict_topk_scores(model, data.X, args.k, exact=not args.lsh)
+    stats = {}
+    ids, scores = T.predict_topk_scores(model, data.X, args.k, exact=not args.lsh, stats=stats)
     if comm.rank == 0:
         out = Path(args.out)
         tmp = out.with_name(out.name + ".tmp")
@@ -447,7 +452,8 @@ def cmd_predict(args, comm) -> int:
             for row_i, row_s in zip(ids, scores):
                 f.write(" ".join(f"{i}:{s:.6g}" for i, s in zip(row_i, row_s) if i >= 0) + "\n")
         os.replace(tmp, out)
-        print(f"wrote the top {args.k} labels of {data.n_points:,} points to {out} (label:score per line)")
+        print(f"wrote the top {args.k} labels of {data.n_points:,} points to {out} (label:score per line; "
+              f"{100 * stats['scored_share']:.2f}% of the labels scored per point)")
     return 0
 
 

@@ -10,7 +10,8 @@ Megatron-LM's tensor-parallel layers):
 
     forward                               backward
     allgather_columns   [B, n_r] -> [B, n]   reduce_scatter_columns [B, n] -> [B, n_r]
-    allgather_sparse    CSR_r    -> CSR      reduce_scatter_sparse  vals   -> vals_r
+    allgather_block     [B, m_r] -> [B, m]   reduce_scatter_columns [B, m] -> [B, m_r]
+                        (blocks of columns with their ids, m_r varying by rank and step)
     allreduce_logsumexp (max, sumexp)        (none: with the global statistics the
                                               softmax gradient p - y is local)
 
@@ -127,45 +128,32 @@ class Comm:
         self._count(kind, (self.size - 1) * mine * B * partial.itemsize)
         return np.ascontiguousarray(recv.T)
 
-    # -- forward: all-gather of sparse rows; backward: reduce-scatter of their values --
+    # -- forward: all-gather of column blocks with ids; backward: reduce_scatter_columns --
 
-    def allgather_sparse(self, counts: np.ndarray, ids: np.ndarray, vals: np.ndarray, kind: str = "allgather_sparse"):
-        """Gather each rank's sparse rows (per-sample counts [B], ids, vals).
+    def allgather_block(self, local: np.ndarray, ids: np.ndarray, kind: str = "allgather_block"):
+        """Y = [Y_0 ... Y_{P-1}] for blocks of columns whose number varies by rank and step.
 
-        Returns (all_counts int32 [P, B], all_ids, all_vals) in rank-major order:
-        rank 0's entries for samples 0..B-1, then rank 1's, and so on.
-        Backward partner: `reduce_scatter_sparse` over the same layout.
+        local float [B, m_r], ids int32 [m_r] (the columns' global ids). Returns
+        (Y float [B, m], ids int32 [m], bounds int64 [P + 1]): rank r's columns
+        are bounds[r]:bounds[r+1]. Backward partner: `reduce_scatter_columns`
+        with those bounds.
         """
+        ids = np.ascontiguousarray(ids, dtype=np.int32)
         if self.size == 1:
-            return counts.reshape(1, -1).astype(np.int32), ids, vals
-        B = counts.shape[0]
-        all_counts = np.empty((self.size, B), dtype=np.int32)
-        self._mpi.Allgather(np.ascontiguousarray(counts, dtype=np.int32), all_counts)
-        totals = all_counts.sum(axis=1).astype(np.int64)
-        displs = np.concatenate(([0], np.cumsum(totals)[:-1]))
-        all_ids = np.empty(int(totals.sum()), dtype=ids.dtype)
-        all_vals = np.empty(int(totals.sum()), dtype=vals.dtype)
-        self._mpi.Allgatherv(np.ascontiguousarray(ids), [all_ids, (totals, displs)])
-        self._mpi.Allgatherv(np.ascontiguousarray(vals), [all_vals, (totals, displs)])
-        others = int(totals.sum() - totals[self.rank])
-        self._count(kind, (self.size - 1) * B * 4 + others * (ids.itemsize + vals.itemsize))
-        return all_counts, all_ids, all_vals
-
-    def reduce_scatter_sparse(self, partial: np.ndarray, totals: np.ndarray, kind: str = "reduce_scatter_sparse") -> np.ndarray:
-        """Sum the ranks' partial gradients of gathered sparse values; keep your own.
-
-        partial: [sum(totals)] values in the rank-major layout of `allgather_sparse`;
-        totals: int64 [P], the number of entries each rank contributed.
-        Returns this rank's [totals[rank]] summed values, in the order it sent them.
-        """
-        if self.size == 1:
-            return partial
-        from mpi4py import MPI
-
-        recv = np.empty(int(totals[self.rank]), dtype=partial.dtype)
-        self._mpi.Reduce_scatter(np.ascontiguousarray(partial), recv, recvcounts=np.asarray(totals), op=MPI.SUM)
-        self._count(kind, (self.size - 1) * recv.nbytes)
-        return recv
+            return local, ids, np.array([0, ids.shape[0]], dtype=np.int64)
+        B = local.shape[0]
+        counts = np.empty(self.size, dtype=np.int64)
+        self._mpi.Allgather(np.array([ids.shape[0]], dtype=np.int64), counts)
+        bounds = np.concatenate(([0], np.cumsum(counts))).astype(np.int64)
+        m = int(bounds[-1])
+        all_ids = np.empty(m, dtype=np.int32)
+        self._mpi.Allgatherv(ids, [all_ids, (counts, bounds[:-1])])
+        send = np.ascontiguousarray(local.T)
+        recv = np.empty((m, B), dtype=local.dtype)
+        self._mpi.Allgatherv(send, [recv, (counts * B, bounds[:-1] * B)])
+        others = m - ids.shape[0]
+        self._count(kind, (self.size - 1) * 8 + others * (4 + B * local.itemsize))
+        return np.ascontiguousarray(recv.T), all_ids, bounds
 
     # -- the softmax normaliser across ranks ---------------------------------------
 

@@ -16,7 +16,6 @@ import difflib
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-FAMILIES = ("dwta", "srp", "wta")
 POLICIES = ("fifo", "reservoir")
 SELECT_MODES = ("topk", "threshold", "union")
 LAYER_KINDS = ("auto", "dense", "lsh")
@@ -53,44 +52,71 @@ def _float_range(name: str, value: Any, lo: float, hi: float, lo_open=False, hi_
 
 @dataclass(frozen=True)
 class LSHConfig:
-    """Hashing and active-set settings of an LSH-sparse layer.
+    """How an LSH-sparse layer picks its neurons, and its inference index.
 
-    Active set of a sample: its own neurons, i.e. its true labels (output
-    layer, training) then its LSH candidates (`select`: the top `max_active`
-    by how many of the L tables returned them, those returned by >=
-    `threshold` tables, or the union), at most `max_active` in all; plus
-    `min_active` random neurons drawn afresh each step and shared by the
-    whole batch (so every sample has at least `min_active`, and they cost one
-    BLAS product), but never more than `min_active_share` of the layer's
-    neurons (`random_count`), so a narrower layer samples proportionally
-    fewer. Both counts are for the whole layer; each rank takes its share of
-    them.
+    Each training step a layer computes one block of neurons for the whole
+    batch: in the output layer the batch's labels; the union of the samples'
+    candidates from the layer's tables, at most `max_active` per sample (0:
+    none, plain sampled softmax); and `min_active` neurons drawn uniformly
+    afresh each step (never more than `min_active_share` of the layer:
+    `random_count`), which stand for all the others (log-Q correction). Counts
+    are for the whole layer; each rank takes its share of them.
 
-    Tables are rehashed (changed neurons re-inserted) every `rehash_every` steps
-    and rebuilt from scratch every `rebuild_every` steps; both periods grow by
-    the factor `growth` after each use, as weights settle (SLIDE, Chen et al. 2020).
+    family: where candidates come from (one of lsh.LAYER_FAMILIES):
+      "anchor" (default): `anchors` k-means centres of the layer's inputs,
+        learnt online from the batches; a sample's candidates are the
+        `max_active` neurons scoring highest (w.x + b, biases included) at its
+        nearest anchor, refilled from the current weights every
+        `rehash_every` steps (the period growing by `growth` after each use);
+      "dwta", "srp", "wta": SLIDE's item hashing: neurons hashed with K hashes
+        per table into L fixed-capacity tables (2**range_pow buckets of
+        `capacity`, `policy` for a full bucket), a sample's candidates chosen
+        by `select` ("topk": most tables first; "threshold": found by >=
+        `threshold` tables, at most L; "union"); changed neurons re-hashed every
+        `rehash_every` steps and the tables rebuilt every `rebuild_every`.
+      K and L left at None take the family's defaults (anchor: L = 1;
+      item hashing: K = 6, L = 50).
+
+    Inference (`dslide eval --lsh`, `predict --lsh`): at the end of training
+    the output layer gets an index built from its final weights:
+    `index_anchors` k-means anchors of the hidden vectors of at most
+    `index_points` training points, each bucket the `index_share` of the
+    labels that score highest there; a query scores exactly what the buckets
+    of its `index_probes` nearest anchors hold. index_anchors = 0: no index.
     """
 
-    family: str = "dwta"
-    K: int = 6
-    L: int = 50
+    family: str = "anchor"
+    K: int | None = None
+    L: int | None = None
+    anchors: int = 256
     bin_size: int = 8
     range_pow: int = 0
     capacity: int = 64
     policy: str = "fifo"
     select: str = "topk"
     threshold: int = 2
-    min_active: int = 16384
+    min_active: int = 2048
     min_active_share: float = 0.2
-    max_active: int = 256
-    rehash_every: int = 100
+    max_active: int = 512
+    rehash_every: int = 50
     rebuild_every: int = 1000
-    growth: float = 1.2
+    growth: float = 1.3
+    index_anchors: int = 2048
+    index_share: float = 0.01
+    index_probes: int = 1
+    index_points: int = 50000
 
     def __post_init__(self):
-        _choice("lsh.family", self.family, FAMILIES)
+        from dslide.lsh import LAYER_FAMILIES
+
+        _choice("lsh.family", self.family, LAYER_FAMILIES)
+        if self.K is None:
+            object.__setattr__(self, "K", 6)
+        if self.L is None:
+            object.__setattr__(self, "L", 1 if self.family == "anchor" else 50)
         _int_range("lsh.K", self.K, 1, 32)
         _int_range("lsh.L", self.L, 1, 1024)
+        _int_range("lsh.anchors", self.anchors, 1, 1 << 20)
         _int_range("lsh.bin_size", self.bin_size, 2, 1 << 16)
         if self.bin_size & (self.bin_size - 1):
             raise ValueError(f"lsh.bin_size = {self.bin_size} must be a power of two (it is packed into code bits)")
@@ -98,13 +124,17 @@ class LSHConfig:
         _int_range("lsh.capacity", self.capacity, 1, 1 << 16)
         _choice("lsh.policy", self.policy, POLICIES)
         _choice("lsh.select", self.select, SELECT_MODES)
-        _int_range("lsh.threshold", self.threshold, 1, self.L)
+        _int_range("lsh.threshold", self.threshold, 1, None if self.family == "anchor" else self.L)
         _int_range("lsh.min_active", self.min_active, 0)
         _float_range("lsh.min_active_share", self.min_active_share, 0.0, 1.0)
-        _int_range("lsh.max_active", self.max_active, 1)
+        _int_range("lsh.max_active", self.max_active, 0)
         _int_range("lsh.rehash_every", self.rehash_every, 1)
         _int_range("lsh.rebuild_every", self.rebuild_every, 1)
         _float_range("lsh.growth", self.growth, 1.0, 10.0)
+        _int_range("lsh.index_anchors", self.index_anchors, 0, 1 << 20)
+        _float_range("lsh.index_share", self.index_share, 0.0, 1.0, lo_open=True)
+        _int_range("lsh.index_probes", self.index_probes, 1, 1024)
+        _int_range("lsh.index_points", self.index_points, 1)
 
     def random_count(self, width: int) -> int:
         """Shared random neurons per step in a layer of `width` neurons (all ranks together)."""

@@ -89,71 +89,6 @@ def csr_times_rows(indptr, indices, data, W, b, out):
                 out[i, k] += x * W[f, k]
 
 
-@njit(parallel=True, fastmath=True, cache=True)
-def rows_dot_csr(indptr, indices, W, dz, out):
-    """out[e] = W[indices[e], :] . dz[i, :] for every entry e of row i.
-
-    The gradient of a sparse input's stored values: W float [d_in, n],
-    dz float [B, n], out float [nnz].
-    """
-    B = indptr.shape[0] - 1
-    n = W.shape[1]
-    for i in prange(B):
-        for e in range(indptr[i], indptr[i + 1]):
-            f = indices[e]
-            acc = 0.0
-            for k in range(n):
-                acc += W[f, k] * dz[i, k]
-            out[e] = acc
-
-
-# ----------------------------------------------------------------------------
-# sparse (LSH) layers: z[i, a] = b[j] + W[j] . x[i] for j = ids[i, a]
-# ----------------------------------------------------------------------------
-
-
-@njit(parallel=True, fastmath=True, cache=True)
-def active_forward(x, W, b, ids, cnt, z):
-    """z[i, a] = b[ids[i, a]] + W[ids[i, a], :] . x[i, :] for a < cnt[i].
-
-    x float [B, d]; W float [n, d] (neuron-major); b float [n];
-    ids int32 [B, A] (local neuron ids, padded); cnt int32 [B]; z float [B, A].
-    """
-    B = x.shape[0]
-    d = x.shape[1]
-    for i in prange(B):
-        for a in range(cnt[i]):
-            j = ids[i, a]
-            acc = 0.0
-            for k in range(d):
-                acc += W[j, k] * x[i, k]
-            z[i, a] = acc + b[j]
-
-
-@njit(parallel=True, fastmath=True, cache=True)
-def active_backward_input(W, ids, cnt, dz, dx):
-    """dx[i, :] = sum_a dz[i, a] W[ids[i, a], :]: the partial gradient of the layer input."""
-    B = dx.shape[0]
-    d = dx.shape[1]
-    for i in prange(B):
-        for k in range(d):
-            dx[i, k] = 0.0
-        for a in range(cnt[i]):
-            j = ids[i, a]
-            g = dz[i, a]
-            for k in range(d):
-                dx[i, k] += g * W[j, k]
-
-
-@njit(parallel=True, cache=True)
-def relu_active(z, cnt):
-    """In place: z[i, a] = max(z[i, a], 0) for a < cnt[i]."""
-    for i in prange(z.shape[0]):
-        for a in range(cnt[i]):
-            if z[i, a] < 0.0:
-                z[i, a] = 0.0
-
-
 # ----------------------------------------------------------------------------
 # softmax cross-entropy, split over ranks (the exponentials are numpy's SIMD
 # np.exp; these kernels are the fused passes around them)
@@ -200,14 +135,6 @@ def scale_flush_rows(e, scale):
             v = e[i, a] * c
             e[i, a] = v if v >= tiny else zero
 
-
-@njit(parallel=True, cache=True)
-def relu_backward_active(dz, z, cnt):
-    """In place: dz[i, a] = 0 where the ReLU output z[i, a] is 0."""
-    for i in prange(dz.shape[0]):
-        for a in range(cnt[i]):
-            if z[i, a] <= 0.0:
-                dz[i, a] = 0.0
 
 
 # ----------------------------------------------------------------------------
@@ -388,24 +315,6 @@ def shared_sample(k, n, size, mark):
     return keep
 
 
-@njit(parallel=True, cache=True)
-def select_active(q_ptr, q_ids, max_active, shared_pos, ids, cnt):
-    """Each sample's own active neurons: its LSH candidates (q_ptr/q_ids, local
-    ids, best first) that are not in the shared block (shared_pos[j] >= 0),
-    at most max_active. Outputs ids int32 [B, max_active], cnt int32 [B].
-    """
-    B = q_ptr.shape[0] - 1
-    for i in prange(B):
-        c = 0
-        for e in range(q_ptr[i], q_ptr[i + 1]):
-            if c >= max_active:
-                break
-            j = q_ids[e]
-            if shared_pos[j] < 0:
-                ids[i, c] = j
-                c += 1
-        cnt[i] = c
-
 
 @njit(parallel=True, fastmath=True, cache=True)
 def adam_rows(rows, G, gb, W, M, Vm, bias, bM, bV, hp, dirty):
@@ -417,6 +326,16 @@ def adam_rows(rows, G, gb, W, M, Vm, bias, bM, bV, hp, dirty):
             W[r, k], M[r, k], Vm[r, k] = _adam_elem(W[r, k], M[r, k], Vm[r, k], G[t, k], hp)
         bias[r], bM[r], bV[r] = _adam_elem(bias[r], bM[r], bV[r], gb[t], hp)
         dirty[r] = 1
+
+
+@njit(parallel=True, fastmath=True, cache=True)
+def adam_rows_nobias(rows, G, W, M, Vm, hp):
+    """Adam on rows `rows` of W with their gradients G [len(rows), d] (distinct rows)."""
+    d = W.shape[1]
+    for t in prange(rows.shape[0]):
+        r = rows[t]
+        for k in range(d):
+            W[r, k], M[r, k], Vm[r, k] = _adam_elem(W[r, k], M[r, k], Vm[r, k], G[t, k], hp)
 
 
 def thread_scratch(n: int, dtype) -> np.ndarray:

@@ -2,20 +2,27 @@
 
 With P ranks, layer l of n_l neurons is split into contiguous column slices
 (`dslide.sharding`); rank r holds W_r, b_r, their Adam moments and, for an
-LSH layer, hash tables over its own neurons only. One training step:
+LSH layer, the tables over its own neurons only. One training step:
 
     forward   x_0 = X (sparse features, the same batch on every rank)
-              z_r = x_{l-1} W_r + b_r          each rank its own slice
-              x_l = allgather(relu(z_r))       dense: [B, n_l]; LSH: (id, value) pairs
+              z_r = x_{l-1} W_r[:, C_r] + b_r[C_r]   each rank its active columns C_r
+                    (a dense layer: all of them; an LSH layer: one block per step)
+              x_l = allgather(relu(z_r))              [B, sum_r |C_r|] with the columns' ids
               output: p = softmax over the active neurons of all ranks, its
               normaliser from one all-reduce of per-sample (max, sum exp)
     backward  dz_r = p - y on the rank's own active neurons
-              dx_{l-1} = reduce_scatter(sum_r dz_r W_r^T)   each rank keeps its slice
+              dx_{l-1} = reduce_scatter(sum_r dz_r W_r[:, C_r]^T)   each rank keeps its columns
               W_r, b_r <- Adam on the rows that received gradient (lazy)
 
 Weights of neuron j of layer l depend only on (seed, l, j), so the model is
 the same whatever P is; a dense layer's exact computation on P ranks equals
 the 1-rank one up to float rounding of the cross-rank sums.
+
+Every layer speaks one protocol (`Layer`): forward(x, batch, train) ->
+(Out, tape); backward(g, tape) -> (gradient of its input, parameter
+gradients); update(grads, hp); maintain(step); state() / shard_axes() /
+load_state(). What backward needs travels in the tape; the network moves
+activations between ranks and calls nothing else.
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ import scipy.sparse as sp
 
 from dslide import kernels as K
 from dslide import rng
+from dslide.candidates import make_candidates
 from dslide.comm import Comm
 from dslide.config import Config, LSHConfig
 from dslide.sharding import scaled_count, shard_bounds
@@ -62,84 +70,41 @@ class Batch:
         return self.n_global or self.size
 
 
-class CSRInput:
-    """The raw sparse features of a batch (no gradient flows into them)."""
+@dataclass
+class Act:
+    """A layer's output on every rank, after the all-gather: the next layer's input.
 
-    def __init__(self, indptr, indices, data):
-        self.indptr, self.indices, self.data = indptr, indices, data
-
-
-class DenseAct:
-    """Full activations a [B, n] replicated on every rank, after an all-gather.
-
-    `scatter` is the backward partner: the ranks' partial gradients of `a`
-    are summed and each rank keeps its own columns.
+    a float [B, m]: the values of m columns; ids int32 [m]: their global
+    neuron ids (None: every neuron of the layer, in order, m = n); bounds
+    int64 [P + 1]: rank r computed columns bounds[r]:bounds[r+1]; n: the
+    layer's width; mask float [B, m] or None: the dropout applied to `a`
+    (its backward applies it to the gradient too).
     """
 
-    def __init__(self, a, bounds, mask=None):
-        self.a, self.bounds, self.mask = a, bounds, mask
+    a: np.ndarray
+    ids: np.ndarray | None
+    bounds: np.ndarray
+    n: int
+    mask: np.ndarray | None = None
 
-    def scatter(self, comm: Comm, partial):
-        if self.mask is not None:
-            partial *= self.mask
-        return comm.reduce_scatter_columns(partial, self.bounds)
-
-
-class SparseAct:
-    """Gathered sparse activations: sample-major CSR over global neuron ids.
-
-    `perm[e]` is the rank-major position (the order of the all-gather) of the
-    sample-major entry e; `totals[r]` how many entries rank r contributed.
-    """
-
-    def __init__(self, all_counts, all_ids, all_vals, n):
-        P, B = all_counts.shape
-        self.totals = all_counts.sum(axis=1).astype(np.int64)
-        self.n = n
-        # rank-major: rank r's entries of sample i start at rank_start[r] + cum[r, i]
-        cum = np.zeros((P, B + 1), dtype=np.int64)
-        np.cumsum(all_counts, axis=1, out=cum[:, 1:])
-        rank_start = np.concatenate(([0], np.cumsum(self.totals)[:-1]))
-        per_sample = all_counts.sum(axis=0)
-        self.indptr = np.zeros(B + 1, dtype=np.int64)
-        np.cumsum(per_sample, out=self.indptr[1:])
-        # order samples first, ranks second
-        src = (rank_start[:, None] + cum[:, :-1]).T.reshape(-1)
-        lens = all_counts.T.reshape(-1).astype(np.int64)
-        starts = np.repeat(src - np.concatenate(([0], np.cumsum(lens)[:-1])), lens)
-        self.perm = starts + np.arange(int(lens.sum()), dtype=np.int64)
-        self.indices = all_ids[self.perm]
-        self.data = all_vals[self.perm]
-
-    def dense(self, dtype):
-        B = self.indptr.shape[0] - 1
-        out = np.zeros((B, self.n), dtype=dtype)
-        rows = np.repeat(np.arange(B), np.diff(self.indptr))
-        out[rows, self.indices] = self.data
+    def dense(self) -> np.ndarray:
+        """The activations as float [B, n] (zero outside the active columns)."""
+        if self.ids is None:
+            return self.a
+        out = np.zeros((self.a.shape[0], self.n), dtype=self.a.dtype)
+        out[:, self.ids] = self.a
         return out
 
-    def take(self, dense_grad):
-        """Values of a dense [B, n] gradient at this activation's entries (sample-major)."""
-        rows = np.repeat(np.arange(self.indptr.shape[0] - 1), np.diff(self.indptr))
-        return dense_grad[rows, self.indices]
 
-    def scatter(self, comm: Comm, partial_vals):
-        rank_major = np.empty_like(partial_vals)
-        rank_major[self.perm] = partial_vals
-        return comm.reduce_scatter_sparse(rank_major, self.totals)
+@dataclass
+class Out:
+    """A layer's own output slice: a float [B, m_r] at global ids int32 [m_r] (None: all its
+    columns, in order). An output layer in training also gives its targets (rows, cols into a,
+    weights) and the number of its neurons the block stands for (for checks)."""
 
-
-class _Adam:
-    """Adam moments of one parameter array."""
-
-    def __init__(self, shape, dtype):
-        self.m = np.zeros(shape, dtype=dtype)
-        self.v = np.zeros(shape, dtype=dtype)
-
-
-def _entries_of_csr(indptr):
-    """int32 [nnz]: the row (sample) of every stored entry of a CSR matrix."""
-    return np.repeat(np.arange(indptr.shape[0] - 1, dtype=np.int32), np.diff(indptr))
+    a: np.ndarray
+    ids: np.ndarray | None
+    targets: tuple | None = None
 
 
 def label_targets(Y, lo: int, hi: int):
@@ -155,51 +120,113 @@ def label_targets(Y, lo: int, hi: int):
     return rows[sel], yi[sel].astype(np.int64) - lo, w[sel]
 
 
-def softmax_xent(comm: Comm, blocks, target_block: int, targets, lab_ptr, mean_over: int) -> float:
-    """Softmax cross-entropy over logits split into blocks here and over ranks.
+# ----------------------------------------------------------------------------
+# softmax cross-entropy over logits split over ranks: local statistics,
+# exchange (Network), finish
+# ----------------------------------------------------------------------------
 
-    blocks: float arrays [B, *] of this rank's logits for each sample (-inf
-    where a slot is unused); targets (rows, cols, weights) index blocks[target_block].
-    The normaliser of sample i is S_i = sum over all blocks of all ranks of
-    exp(z - M_i), from one all-reduce of per-sample (max, sum). In place, every
-    block becomes dz = (p - y) / N (N = mean_over, the whole batch's size); a
-    sample without labels gets dz = 0. Returns this rank's share of the
-    batch's mean loss, -sum y log p / N.
+
+def softmax_stats(z):
+    """Per sample, this rank's (m_i = max_j z_ij, s_i = sum_j exp(z_ij - m_i)) as float64 [B] each.
+
+    In place, z becomes exp(z - m) (rows of -inf: m = -inf, s = 0, z = 0);
+    values below kernels.TINY are flushed to zero (no subnormal leaves).
+    """
+    B = z.shape[0]
+    m = np.full(B, -np.inf)
+    if z.shape[1]:
+        np.maximum(m, z.max(axis=1), out=m)
+    m_safe = np.where(np.isfinite(m), m, 0.0)
+    K.shift_rows(z, m_safe)
+    np.exp(z, out=z)
+    se = np.zeros(B)
+    K.flush_sum_rows(z, se)
+    return m, se
+
+
+def softmax_finish(e, m, gmax, gsum, targets, y_logit, lab_ptr, mean_over: int) -> float:
+    """dz = (p - y) / N in place of e = exp(z - m) (from `softmax_stats`), given the
+    normaliser (gmax, gsum) of every rank's logits; returns this rank's share of
+    the batch's mean loss -sum y log p / N (N = mean_over).
+
+    targets (rows, cols, weights) index e; y_logit float64: the logits at the
+    targets, read before `softmax_stats`. A sample without labels gets dz = 0.
     """
     B = lab_ptr.shape[0] - 1
     N = mean_over
-    m = np.full(B, -np.inf)
-    for z in blocks:
-        if z.shape[1]:
-            np.maximum(m, z.max(axis=1), out=m)
-    rows, cols, w = targets
-    y_logit = blocks[target_block][rows, cols].astype(np.float64)
-    m_safe = np.where(np.isfinite(m), m, 0.0)
-    se = np.zeros(B)
-    for z in blocks:
-        K.shift_rows(z, m_safe)
-        np.exp(z, out=z)
-        K.flush_sum_rows(z, se)
-    gmax, gsum = comm.allreduce_logsumexp(m, se)
     ok = (np.diff(lab_ptr) > 0) & (gsum > 0)
+    m_safe = np.where(np.isfinite(m), m, 0.0)
     scale = np.zeros(B)
     scale[ok] = np.exp(m_safe[ok] - gmax[ok]) / gsum[ok] / N
-    for z in blocks:
-        K.scale_flush_rows(z, scale)
-    np.subtract.at(blocks[target_block], (rows, cols), (w / N).astype(blocks[target_block].dtype))
+    K.scale_flush_rows(e, scale)
+    rows, cols, w = targets
+    np.subtract.at(e, (rows, cols), (w / N).astype(e.dtype))
     return float(np.sum(w * (np.log(gsum[rows]) + gmax[rows] - y_logit))) / N
 
 
+# ----------------------------------------------------------------------------
+# parameter gradients (what backward hands to update)
+# ----------------------------------------------------------------------------
+
+
+@dataclass
+class Grads:
+    """Gradients of some rows of a layer's parameters.
+
+    rows int32 [R] or None (every row); G float [R or all, d] (rows of the
+    layer's W in its own layout); gb float [n_r] of the bias (every column) or
+    None when the bias gradient goes with the rows (gbr float [R]).
+    For a dense layer over raw sparse features G is not materialised:
+    `sparse` = (touched, start, order, samples, data, dz) for the fused kernel.
+    """
+
+    rows: np.ndarray | None = None
+    G: np.ndarray | None = None
+    gb: np.ndarray | None = None
+    gbr: np.ndarray | None = None
+    sparse: tuple | None = None
+
+    def arrays(self) -> list:
+        """The arrays a data-parallel exchange sums over ranks."""
+        return [a for a in (self.G, self.gb, self.gbr) if a is not None]
+
+
+class _Adam:
+    """Adam moments of one parameter array."""
+
+    def __init__(self, shape, dtype):
+        self.m = np.zeros(shape, dtype=dtype)
+        self.v = np.zeros(shape, dtype=dtype)
+
+
+# ----------------------------------------------------------------------------
+# layers
+# ----------------------------------------------------------------------------
+
+
 class Layer:
-    """Common state of a layer slice: sizes, shard, parameters, optimiser."""
+    """Common state of a layer slice: sizes, shard, parameters, optimiser.
+
+    The protocol every kind implements:
+        forward(x, batch, train) -> (Out, tape)   x: the batch's CSR features
+                                                  (first layer) or an Act
+        backward(g, tape) -> (dx, Grads)          g float [B, m_r]: gradient of
+                                                  this rank's outputs; dx: partial
+                                                  gradient of x's columns [B, m]
+                                                  (None for raw features)
+        update(grads, hp)                         Adam on what received gradient
+        maintain(step) -> str | None              periodic upkeep (LSH tables)
+        state() -> {name: array}, shard_axes() -> {name: axis | None}, load_state(arrays, same_layout)
+    """
 
     kind = "?"
 
-    def __init__(self, index, d_in, n, is_output, comm: Comm, config: Config, dtype, grad_comm=None):
+    def __init__(self, index, d_in, n, is_output, comm: Comm, config: Config, dtype, dense_grads=False):
         self.index, self.d_in, self.n, self.is_output = index, d_in, n, is_output
         self.comm, self.config, self.dtype = comm, config, np.dtype(dtype)
-        # data parallel: every rank holds the whole layer and gradients are summed over grad_comm
-        self.grad_comm = grad_comm
+        # data parallel: every rank holds the whole layer and gradients are summed over ranks,
+        # which needs them as whole arrays
+        self.dense_grads = dense_grads
         self.bounds = shard_bounds(n, comm.size)
         self.lo, self.hi = int(self.bounds[comm.rank]), int(self.bounds[comm.rank + 1])
         self.n_local = self.hi - self.lo
@@ -214,30 +241,26 @@ class Layer:
             self.scale = np.sqrt(6.0 / (d_in + n))
         self.init_key = rng.stream_key(config.seed, rng.INIT, index)
 
-    def adam_params(self, step):
-        c = self.config
-        return K.adam_params(c.lr * self.lr_factor(step), c.beta1, c.beta2, c.eps, step, self.dtype)
-
-    #: steps of the whole run, for the learning-rate schedule (set by `fit`; 0: constant)
-    total_steps = 0
-
-    def lr_factor(self, step: int) -> float:
-        """Learning-rate multiplier of step `step` (1-based): linear decay to 0 at `total_steps`."""
-        if self.config.lr_schedule == "constant" or not self.total_steps:
-            return 1.0
-        return max(0.0, 1.0 - (step - 1) / self.total_steps)
+    def maintain(self, step: int) -> str | None:
+        return None
 
     # -- state (checkpoints) ---------------------------------------------------------
-
-    #: axis of the neuron (column) index in each parameter array, for resharding
-    column_axis = {"W": 1, "b": 0}
 
     def state(self) -> dict:
         """This slice's arrays by name (views, not copies)."""
         return {"W": self.W, "b": self.b, "W.m": self.opt_W.m, "W.v": self.opt_W.v,
                 "b.m": self.opt_b.m, "b.v": self.opt_b.v}
 
-    def load_state(self, arrays: dict) -> None:
+    def shard_axes(self) -> dict:
+        """For each array of `state`: the axis along which ranks split it (the neuron axis),
+        None for an array every rank holds whole and alike; arrays not named here are
+        this rank's own derived state, rebuilt when the layout changes."""
+        c = self.neuron_axis
+        return {"W": c, "W.m": c, "W.v": c, "b": 0, "b.m": 0, "b.v": 0}
+
+    def load_state(self, arrays: dict, same_layout: bool = True) -> None:
+        """Restore a slice from `state()`-named arrays (for a new layout: the ones in
+        `shard_axes`, already cut to this rank's columns)."""
         for name, arr in Layer.state(self).items():
             if name not in arrays:
                 raise ValueError(f"layer {self.index}: checkpoint lacks {name!r}")
@@ -252,14 +275,15 @@ class DenseLayer(Layer):
     """Every neuron computed: Y_r = act(X W_r + b_r), W = [W_0 ... W_{P-1}].
 
     W_r float [d_in, n_r] input-major (rows are input features, so a sparse
-    input sums a few rows); b_r float [n_r]. Dense inputs go through BLAS.
+    input sums a few rows and a block input takes a few rows); b_r float [n_r].
     Rank r owns columns [lo, hi) of the layer.
     """
 
     kind = "dense"
+    neuron_axis = 1
 
-    def __init__(self, *args):
-        super().__init__(*args)
+    def __init__(self, *args, **kw):
+        super().__init__(*args, **kw)
         self.W = np.empty((self.d_in, self.n_local), dtype=self.dtype)
         rng.init_input_major(self.init_key, self.lo, self.W, self.scale)
         self.b = np.zeros(self.n_local, dtype=self.dtype)
@@ -269,83 +293,57 @@ class DenseLayer(Layer):
         self._gbuf = K.thread_scratch(self.n_local, self.dtype)
         self._dirty = np.zeros(self.d_in, dtype=np.uint8)
 
-    # -- forward ---------------------------------------------------------------------
-
-    def logits(self, inp):
-        """z_r = x W_r + b_r: float [B, n_r]."""
-        if isinstance(inp, (CSRInput, SparseAct)):
-            B = inp.indptr.shape[0] - 1
-            z = np.empty((B, self.n_local), dtype=self.dtype)
-            K.csr_times_rows(inp.indptr, inp.indices, inp.data.astype(self.dtype, copy=False), self.W, self.b, z)
-            return z
-        z = inp.a @ self.W
-        z += self.b
-        return z
-
-    def forward(self, inp, batch: Batch, train: bool):
-        """Hidden: returns relu(z_r) [B, n_r]. Output: the partial loss (training) or z_r."""
-        self.inp = inp
-        z = self.logits(inp)
+    def forward(self, x, batch: Batch, train: bool):
+        """Hidden: relu(x W_r + b_r) [B, n_r]; output: the logits. x: CSR features or an Act."""
+        if isinstance(x, Act):
+            z = x.a @ (self.W if x.ids is None else self.W[x.ids])
+            z += self.b
+        else:
+            indptr, indices, data = x
+            z = np.empty((indptr.shape[0] - 1, self.n_local), dtype=self.dtype)
+            K.csr_times_rows(indptr, indices, data.astype(self.dtype, copy=False), self.W, self.b, z)
         if not self.is_output:
             np.maximum(z, 0, out=z)
-            self.out = z
-            return z
-        if not train:
-            return z
-        self.dz = z  # overwritten in place: z is not needed after the softmax
-        return softmax_xent(self.comm, [z], 0, label_targets(batch.Y, self.lo, self.hi), batch.Y[0], batch.mean_over)
+        targets = label_targets(batch.Y, self.lo, self.hi) if (self.is_output and train) else None
+        return Out(z, None, targets), (x, None if self.is_output else z)
 
-    # -- backward --------------------------------------------------------------------
-
-    def backward(self, grad_local, step: int):
-        """Gradient wrt this slice's output [B, n_r] (None for the output layer,
-        which kept its own) -> partial gradient wrt the input (summed over
-        ranks by the input's `scatter`), or None for raw features."""
-        if self.is_output:
-            dz = self.dz
-        else:
-            dz = grad_local
-            dz *= self.out > 0
-        inp = self.inp
-        dx = None
-        if isinstance(inp, SparseAct):
-            dx = np.empty(inp.indices.shape[0], dtype=self.dtype)
-            K.rows_dot_csr(inp.indptr, inp.indices, self.W, dz, dx)
-        elif isinstance(inp, DenseAct):
-            dx = dz @ self.W.T
-        self.update(inp, dz, step)
-        self.inp = self.out = self.dz = None
-        return dx
-
-    def update(self, inp, dz, step):
-        hp = self.adam_params(step)
-        gb = dz.sum(axis=0)
-        if self.grad_comm is not None:
-            self.grad_comm.allreduce_sum_inplace(gb)
-        K.adam_dense(self.b, self.opt_b.m, self.opt_b.v, gb, hp)
-        if isinstance(inp, DenseAct):
-            G = inp.a.T @ dz
-            if self.grad_comm is not None:
-                self.grad_comm.allreduce_sum_inplace(G)
-            K.adam_dense(self.W, self.opt_W.m, self.opt_W.v, G, hp)
-            return
-        # sparse input: only the rows of features present in the batch get gradient
-        order = np.empty(inp.indices.shape[0], dtype=np.int64)
-        touched, start = K.group_by_row(inp.indices, self.d_in, self._count, order)
-        samples = _entries_of_csr(inp.indptr)
-        data = inp.data.astype(self.dtype, copy=False)
-        if self.grad_comm is not None:
-            # data parallel, as DDP does it: the whole dense gradient is all-reduced
+    def backward(self, g, tape):
+        x, out = tape
+        if out is not None:
+            g *= out > 0
+        gb = g.sum(axis=0)
+        if isinstance(x, Act):
+            Wx = self.W if x.ids is None else self.W[x.ids]
+            dx = g @ Wx.T
+            G = x.a.T @ g
+            if x.ids is not None and self.dense_grads:
+                full = np.zeros_like(self.W)
+                full[x.ids] = G
+                return dx, Grads(None, full, gb)
+            return dx, Grads(x.ids, G, gb)
+        # raw sparse features: only the rows of features present in the batch get gradient
+        indptr, indices, data = x
+        order = np.empty(indices.shape[0], dtype=np.int64)
+        touched, start = K.group_by_row(indices, self.d_in, self._count, order)
+        samples = np.repeat(np.arange(indptr.shape[0] - 1, dtype=np.int32), np.diff(indptr))
+        data = data.astype(self.dtype, copy=False)
+        if self.dense_grads:  # as DDP does it: the whole gradient, for the all-reduce
             G = np.zeros_like(self.W)
-            K.rows_grad(touched, start, order, samples, data, dz, G)
-            self.grad_comm.allreduce_sum_inplace(G)
-            K.adam_dense(self.W, self.opt_W.m, self.opt_W.v, G, hp)
-            return
-        empty = np.empty(0, dtype=self.dtype)
-        K.rows_grad_adam(touched, start, order, samples, data, dz,
-                         self.W, self.opt_W.m, self.opt_W.v, empty, empty, empty, hp, self._gbuf, self._dirty)
+            K.rows_grad(touched, start, order, samples, data, g, G)
+            return None, Grads(None, G, gb)
+        return None, Grads(sparse=(touched, start, order, samples, data, g), gb=gb)
 
-    # -- views for checks, checkpoints and inference ---------------------------------
+    def update(self, grads: Grads, hp) -> None:
+        K.adam_dense(self.b, self.opt_b.m, self.opt_b.v, grads.gb, hp)
+        if grads.sparse is not None:
+            touched, start, order, samples, data, g = grads.sparse
+            empty = np.empty(0, dtype=self.dtype)
+            K.rows_grad_adam(touched, start, order, samples, data, g, self.W, self.opt_W.m, self.opt_W.v,
+                             empty, empty, empty, hp, self._gbuf, self._dirty)
+        elif grads.rows is None:
+            K.adam_dense(self.W, self.opt_W.m, self.opt_W.v, grads.G, hp)
+        else:
+            K.adam_rows_nobias(grads.rows, grads.G, self.W, self.opt_W.m, self.opt_W.v, hp)
 
     def neuron_major(self):
         """W_r^T as float [n_r, d_in] (a view)."""
@@ -353,238 +351,265 @@ class DenseLayer(Layer):
 
 
 class LSHLayer(Layer):
-    """Only selected neurons computed: z[i, j] = W[j] . x_i + b[j] for j in active(i).
+    """A few neurons per step: z[i, c] = W[C[c]] . x_i + b[C[c]] for the step's block C.
 
     W_r float [n_r, d_in] neuron-major (each neuron's weight vector is
-    contiguous: it is what the hash tables index and what a dot product
-    reads). Rank r queries its own tables over its own neurons [lo, hi).
+    contiguous: what the tables score and a block gathers). Rank r selects and
+    computes its own neurons [lo, hi).
 
-    In training, a sample's active set on rank r has two parts:
-    - the shared block C, scored for every sample of the batch with one BLAS
-      product x W[C]^T: in the output layer, every label of the batch owned
-      here (each sample's own labels are its positives, the other samples'
-      labels its negatives: for those columns the gradient is the full
-      softmax gradient, so frequent labels are held down exactly as often as
-      they are pushed up), then the rank's share of `min_active` neurons drawn
-      uniformly afresh each step, which stand for all the other neurons of the
-      slice: in the softmax each counts (n_r - |labels|) / |random| times
-      (log-Q correction of sampled softmax, Jean et al. 2015);
-    - its own LSH candidates not in C (hard negatives), at most `max_active`.
-    At inference only the LSH candidates are scored.
+    In training, rank r's block C (one per step, shared by the batch, scored
+    with one BLAS product x W[C]^T) holds, in this order:
+    - in the output layer, every label of the batch owned here (each sample's
+      own labels are its positives, the other samples' labels its negatives:
+      frequent labels are held down as often as they are pushed up);
+    - the union of the samples' candidates from the rank's tables (at most
+      `max_active` per sample: the neurons likely to score high for them);
+    - the rank's share of `min_active` neurons drawn uniformly from the rest
+      afresh each step, which stand for all the other neurons of the slice: in
+      the output layer's softmax each counts (n_r - |labels + candidates|) /
+      |random| times (log-Q correction of sampled softmax, Jean et al. 2015).
+    Labels and candidates are scored exactly, so the estimate of each sample's
+    normaliser is unbiased and exact where the candidates hold its mass.
+
+    At inference a hidden LSH layer computes every neuron; the output layer
+    scores every label (exact) or what its inference index retrieves
+    (`build_index`: anchor tables built from the final weights).
     """
 
     kind = "lsh"
+    neuron_axis = 0
 
-    def __init__(self, *args, lsh_config: LSHConfig):
-        super().__init__(*args)
-        from dslide import lsh
-
-        self.lc = lsh_config
+    def __init__(self, *args, lsh_config: LSHConfig, **kw):
+        super().__init__(*args, **kw)
+        self.lc = lc = lsh_config
         self.W = np.empty((self.n_local, self.d_in), dtype=self.dtype)
         rng.init_neuron_major(self.init_key, self.lo, self.W, self.scale)
         self.b = np.zeros(self.n_local, dtype=self.dtype)
         self.opt_W = _Adam(self.W.shape, self.dtype)
         self.opt_b = _Adam(self.b.shape, self.dtype)
-        lc = lsh_config
-        self.max_active = min(scaled_count(lc.max_active, self.n_local, self.n), self.n_local)
+        self.max_active = min(scaled_count(lc.max_active, self.n_local, self.n), self.n_local) if lc.max_active else 0
         n_random = lc.random_count(self.n)
         self.n_random = min(scaled_count(n_random, self.n_local, self.n), self.n_local) if n_random else 0
-        params = {"bin_size": lc.bin_size} if lc.family == "dwta" else {}
-        # Hash functions derive from the seed and the layer only, never from the rank.
-        self.family = lsh.make_family(lc.family, self.d_in, lc.K, lc.L, _seed31(self.config.seed, 7, self.index), **params)
-        self.range_pow = lc.range_pow or self.auto_range_pow(self.n_local, lc.capacity, self.family.code_bits)
-        self.tables = lsh.HashTables(self.family, self.range_pow, lc.capacity, policy=lc.policy,
-                                     seed=_seed31(self.config.seed, 8, self.index, self.lo))
-        self.tables.build(self.W)
-        self.neg_key = rng.stream_key(self.config.seed, rng.NEGATIVES, self.index, self.lo)
-        self._shared_pos = np.full(self.n_local, -1, dtype=np.int32)
+        seed = self.config.seed
+        # Hash functions and anchors derive from the seed and the layer only, never from the rank.
+        self.candidates = make_candidates(lc.family, self.d_in, self.n_local, self.max_active, lc,
+                                          (_seed31(seed, 7, self.index), _seed31(seed, 8, self.index, self.lo)))
+        self.neg_key = rng.stream_key(seed, rng.NEGATIVES, self.index, self.lo)
+        self._pos = np.full(self.n_local, -1, dtype=np.int32)
         self._mark = np.zeros(self.n_local, dtype=np.uint8)
-        self._count = np.zeros(self.n_local, dtype=np.int32)
-        self._gbuf = K.thread_scratch(self.d_in, self.dtype)
         self.dirty = np.zeros(self.n_local, dtype=np.uint8)
-        self.rehash_period = float(lc.rehash_every)
-        self.rebuild_period = float(lc.rebuild_every)
-        self.next_rehash = lc.rehash_every
-        self.next_rebuild = lc.rebuild_every
+        self.inference = None  # inference tables (lsh.AnchorTables), from build_index
         self.query_time = 0.0
+        self.last_block = (0, 0, 0)  # (labels, candidates, random) of the last training step, for reports
+        self.last_ids = np.empty(0, dtype=np.int32)  # and its local ids, for checks
+        self.candidates.maintain(0, self.W, self.b, self.dirty)
 
-    @staticmethod
-    def auto_range_pow(n_local: int, capacity: int, code_bits: int) -> int:
-        """Buckets for about `capacity / 4` neurons each on average, within the code's bits."""
-        want = int(np.ceil(np.log2(max(4.0 * n_local / capacity, 2.0))))
-        return int(min(max(want, 1), code_bits, 24))
+    # -- the step's block ----------------------------------------------------------------
 
-    # -- active sets -------------------------------------------------------------------
-
-    def candidates(self, x):
-        lc = self.lc
-        t0 = time.perf_counter()
-        if lc.select == "topk":
-            out = self.tables.query(x, mode="topk", m=self.max_active)
-        elif lc.select == "threshold":
-            out = self.tables.query(x, mode="threshold", t=lc.threshold)
-        else:
-            out = self.tables.query(x, mode="union")
-        self.query_time += time.perf_counter() - t0
-        return out
-
-    def shared_block(self, batch: Batch, train: bool):
-        """(C, correction) of a step: the shared neurons (sorted local ids of the
-        batch's labels here, then random ones) and what each adds to its logit."""
-        if not train:
-            return np.empty(0, dtype=np.int32), np.empty(0, dtype=self.dtype)
+    def block(self, x, batch: Batch):
+        """(C int32 [m] local ids, corr float [m] added to their logits, n_labels) of a training step."""
         if self.is_output:
             g = batch.Y[1]
             labels = np.unique(g[(g >= self.lo) & (g < self.hi)]).astype(np.int32) - self.lo
         else:
             labels = np.empty(0, dtype=np.int32)
-        corr = np.zeros(labels.shape[0], dtype=self.dtype)
-        if self.n_random == 0:
-            return labels, corr
-        drawn = K.shared_sample(rng.stream_key(self.neg_key, batch.step), self.n_local, self.n_random, self._mark)
-        rand = np.setdiff1d(drawn, labels, assume_unique=True).astype(np.int32)
-        if rand.shape[0] == 0:
-            return labels, corr
-        weight = 1.0
-        if self.is_output:  # the random neurons stand for every neuron of the slice not in `labels`
-            weight = (self.n_local - labels.shape[0]) / rand.shape[0]
-        C = np.concatenate([labels, rand])
-        corr = np.concatenate([corr, np.full(rand.shape[0], np.log(weight), dtype=self.dtype)])
-        return C, corr
-
-    def select(self, x, batch: Batch, train: bool):
-        """(C, correction, ids, cnt) of a batch: see the class docstring."""
-        B = x.shape[0]
-        C, corr = self.shared_block(batch, train)
-        q_ptr, q_ids, _ = self.candidates(x)
-        ids = np.empty((B, self.max_active), dtype=np.int32)
-        cnt = np.empty(B, dtype=np.int32)
-        self._shared_pos[C] = np.arange(C.shape[0], dtype=np.int32)
-        K.select_active(q_ptr, q_ids, self.max_active, self._shared_pos, ids, cnt)
-        self._shared_pos[C] = -1
-        return C, corr, ids, cnt
+        t0 = time.perf_counter()
+        cand = self.candidates.batch(x)
+        self.query_time += time.perf_counter() - t0
+        if labels.size and cand.size:
+            cand = cand[~np.isin(cand, labels, assume_unique=True)]
+        exact = np.concatenate([labels, cand]).astype(np.int32)
+        rand = np.empty(0, dtype=np.int32)
+        if self.n_random and exact.size < self.n_local:
+            drawn = K.shared_sample(rng.stream_key(self.neg_key, batch.step), self.n_local, self.n_random, self._mark)
+            self._mark[exact] = 1
+            rand = drawn[self._mark[drawn] == 0]
+            self._mark[exact] = 0
+        corr = np.zeros(exact.size + rand.size, dtype=self.dtype)
+        if self.is_output and rand.size:
+            # the random neurons stand for every neuron of the slice not scored exactly
+            corr[exact.size:] = np.log((self.n_local - exact.size) / rand.size)
+        C = np.concatenate([exact, rand])
+        self.last_block, self.last_ids = (labels.size, cand.size, rand.size), C
+        return C, corr, labels.size
 
     # -- forward / backward ----------------------------------------------------------------
 
     def forward(self, x, batch: Batch, train: bool):
-        """x float [B, d_in] dense. Hidden: (per-sample counts, global ids, values) of
-        the active outputs. Output: the partial loss (training) or (ids, cnt, z)."""
-        self.x = x
-        C, corr, ids, cnt = self.select(x, batch, train)
-        z = np.zeros(ids.shape, dtype=self.dtype)
-        K.active_forward(x, self.W, self.b, ids, cnt, z)
-        self.WC = self.W[C]  # a copy: the backward pass needs the weights before the update
-        zC = x @ self.WC.T
-        zC += self.b[C]
-        self.C, self.ids, self.cnt = C, ids, cnt
-        if not self.is_output:
-            K.relu_active(z, cnt)
-            np.maximum(zC, 0, out=zC)
-            self.z, self.zC = z, zC
-            own = np.arange(ids.shape[1])[None, :] < cnt[:, None]
-            counts = cnt + C.shape[0]
-            gids = np.concatenate([ids, np.broadcast_to(C, (x.shape[0], C.shape[0]))], axis=1)
-            vals = np.concatenate([z, zC], axis=1)
-            keep = np.concatenate([own, np.ones(zC.shape, dtype=bool)], axis=1)
-            self._keep = keep
-            return counts.astype(np.int32), (gids[keep] + self.lo).astype(np.int32), vals[keep]
+        """x: an Act (expanded to float [B, d_in]). Training: the step's block;
+        inference: every neuron (a hidden layer; the output layer goes through `topk`)."""
+        xd = x.dense()
         if not train:
-            return ids, cnt, z
-        zC += corr
-        z[np.arange(z.shape[1])[None, :] >= cnt[:, None]] = -np.inf
-        rows, cols, w = label_targets(batch.Y, self.lo, self.hi)
-        self._shared_pos[C] = np.arange(C.shape[0], dtype=np.int32)
-        cols = self._shared_pos[cols].astype(np.int64)  # every label of the batch is in C
-        self._shared_pos[C] = -1
-        loss = softmax_xent(self.comm, [z, zC], 1, (rows, cols, w), batch.Y[0], batch.mean_over)
-        self.dz, self.dzC = z, zC
-        return loss
-
-    def backward(self, grad_vals, step: int):
-        """grad_vals: for a hidden layer, the gradient of its own active outputs in
-        the order `forward` returned them (None for the output layer). Returns
-        the partial gradient wrt the dense input, float [B, d_in]."""
+            z = xd @ self.W.T
+            z += self.b
+            if not self.is_output:
+                np.maximum(z, 0, out=z)
+            return Out(z, None), (x, xd, None, self.W, None if self.is_output else z)
+        C, corr, n_labels = self.block(xd, batch)
+        WC = self.W[C]  # a copy: the backward pass needs the weights before the update
+        z = xd @ WC.T
+        z += self.b[C]
+        z += corr
+        targets = None
         if self.is_output:
-            dz, dzC = self.dz, self.dzC
+            rows, cols, w = label_targets(batch.Y, self.lo, self.hi)
+            self._pos[C[:n_labels]] = np.arange(n_labels, dtype=np.int32)
+            cols = self._pos[cols].astype(np.int64)  # every label of the batch leads the block
+            self._pos[C[:n_labels]] = -1
+            targets = (rows, cols, w)
         else:
-            full = np.zeros(self._keep.shape, dtype=self.dtype)
-            full[self._keep] = grad_vals
-            A = self.z.shape[1]
-            dz, dzC = np.ascontiguousarray(full[:, :A]), np.ascontiguousarray(full[:, A:])
-            K.relu_backward_active(dz, self.z, self.cnt)
-            dzC *= self.zC > 0
-        dx = np.empty_like(self.x)
-        K.active_backward_input(self.W, self.ids, self.cnt, dz, dx)
-        if self.C.shape[0]:
-            dx += dzC @ self.WC
-        self.update(dz, dzC, step)
-        self.x = self.z = self.zC = self.dz = self.dzC = self.WC = None
-        return dx
+            np.maximum(z, 0, out=z)
+        return Out(z, (C + self.lo).astype(np.int32), targets), (x, xd, C, WC, None if self.is_output else z)
 
-    def update(self, dz, dzC, step):
-        hp = self.adam_params(step)
-        mask = np.arange(dz.shape[1])[None, :] < self.cnt[:, None]
-        rows = self.ids[mask]
-        samples = np.nonzero(mask)[0].astype(np.int32)
-        coefs = dz[mask]
-        order = np.empty(rows.shape[0], dtype=np.int64)
-        touched, start = K.group_by_row(rows, self.n_local, self._count, order)
-        K.rows_grad_adam(touched, start, order, samples, coefs, self.x, self.W, self.opt_W.m, self.opt_W.v,
-                         self.b, self.opt_b.m, self.opt_b.v, hp, self._gbuf, self.dirty)
-        if self.C.shape[0]:
-            # C and every sample's own neurons are disjoint, so no row gets two steps
-            G = dzC.T @ self.x
-            K.adam_rows(self.C, G, dzC.sum(axis=0), self.W, self.opt_W.m, self.opt_W.v,
-                        self.b, self.opt_b.m, self.opt_b.v, hp, self.dirty)
+    def backward(self, g, tape):
+        x, xd, C, WC, out = tape
+        if out is not None:
+            g *= out > 0
+        dx = g @ WC
+        if x.ids is not None:
+            dx = np.ascontiguousarray(dx[:, x.ids])
+        G = g.T @ xd
+        return dx, Grads(C, G, gbr=g.sum(axis=0))
 
-    # -- LSH upkeep --------------------------------------------------------------------------
+    def update(self, grads: Grads, hp) -> None:
+        K.adam_rows(grads.rows, grads.G, grads.gbr, self.W, self.opt_W.m, self.opt_W.v,
+                    self.b, self.opt_b.m, self.opt_b.v, hp, self.dirty)
 
     def maintain(self, step: int) -> str | None:
-        """Rehash changed neurons or rebuild the tables when their time has come."""
-        g = self.lc.growth
-        if step >= self.next_rebuild:
-            self.tables.build(self.W)
-            self.dirty[:] = 0
-            self.rebuild_period *= g
-            self.next_rebuild = step + max(1, int(round(self.rebuild_period)))
-            self.next_rehash = step + max(1, int(round(self.rehash_period)))
-            return "rebuild"
-        if step >= self.next_rehash:
-            changed = np.flatnonzero(self.dirty).astype(np.int32)
-            if changed.size:
-                self.tables.update(changed, self.W[changed])
-            self.dirty[:] = 0
-            self.rehash_period *= g
-            self.next_rehash = step + max(1, int(round(self.rehash_period)))
-            return "rehash"
-        return None
+        return self.candidates.maintain(step, self.W, self.b, self.dirty)
+
+    @property
+    def upkeep_s(self) -> float:
+        return self.candidates.upkeep_s
+
+    # -- inference index ----------------------------------------------------------------
+
+    def build_index(self, H, comm: Comm) -> dict:
+        """Inference tables from the final weights: anchors = k-means of the inputs H
+        float [n, d_in] (the same on every rank), each bucket the labels that score
+        highest at its anchor, `index_share` of the layer in all (a threshold agreed
+        across ranks, so P ranks keep what 1 rank keeps). Returns timings."""
+        from dslide import lsh
+
+        lc = self.lc
+        t0 = time.perf_counter()
+        A = min(lc.index_anchors, H.shape[0])
+        T = max(1, int(np.ceil(lc.index_share * self.n)))
+        tables = lsh.AnchorTables(self.d_in, 1, A, min(T, self.n_local), _seed31(self.config.seed, 9, self.index))
+        tables.fit_anchors(H)
+        t1 = time.perf_counter()
+        self.inference = tables
+        fill_index(self, comm, T)
+        return {"kmeans_s": t1 - t0, "fill_s": time.perf_counter() - t1, "anchors": A, "bucket": T}
+
+    def topk(self, x, k: int):
+        """This rank's best k neurons per input among what the inference index retrieves:
+        (scores float64 [B, k], global ids int64 [B, k], n_scored int64 [B])."""
+        if self.inference is None:
+            raise ValueError("this model has no inference index for --lsh: it is built at the end of "
+                             "training (lsh.index_anchors > 0); score every label instead (exact)")
+        t0 = time.perf_counter()
+        s, i, n = self.inference.topk(x, self.W, self.b, k, self.lc.index_probes)
+        i[i >= 0] += self.lo
+        self.query_time += time.perf_counter() - t0
+        return s, i, n
+
+    # -- state ------------------------------------------------------------------------------
 
     def neuron_major(self):
         return self.W
 
-    column_axis = {"W": 0, "b": 0}
-
     def state(self) -> dict:
         out = super().state()
         out["dirty"] = self.dirty
-        out["schedule"] = np.array([self.rehash_period, self.rebuild_period, self.next_rehash, self.next_rebuild])
-        out.update({f"tables.{k}": v for k, v in self.tables.state_arrays().items()})
+        out.update(self.candidates.state())
+        if self.inference is not None:
+            out.update({f"index.{k}": v for k, v in self.inference.state_arrays().items()})
+            out["index.bucket"] = np.array([self.inference.bucket_target], dtype=np.int64)
         return out
 
-    def load_state(self, arrays: dict, tables: bool = True) -> None:
-        """Restore a slice; without `tables` (a resharded checkpoint) the tables are rebuilt."""
-        base = {k: v for k, v in arrays.items() if k in ("W", "b", "W.m", "W.v", "b.m", "b.v")}
-        Layer.load_state(self, base)
-        if "schedule" in arrays:
-            rp, bp, nr, nb = np.asarray(arrays["schedule"], dtype=np.float64)
-            self.rehash_period, self.rebuild_period = float(rp), float(bp)
-            self.next_rehash, self.next_rebuild = int(nr), int(nb)
-        if tables:
+    def load_state(self, arrays: dict, same_layout: bool = True) -> None:
+        """Restore a slice; for a new layout the tables are rebuilt from the weights
+        (and the inference index refilled from its anchors)."""
+        super().load_state(arrays, same_layout)
+        if same_layout:
             self.dirty[...] = np.asarray(arrays["dirty"])
-            self.tables.load_state_arrays({k[len("tables."):]: v for k, v in arrays.items() if k.startswith("tables.")})
+            self.candidates.load_state(arrays)
         else:
             self.dirty[...] = 0
-            self.tables.build(self.W)
+            self.candidates = make_candidates(self.lc.family, self.d_in, self.n_local, self.max_active, self.lc,
+                                              (_seed31(self.config.seed, 7, self.index),
+                                               _seed31(self.config.seed, 8, self.index, self.lo)))
+            anchor = {k: v for k, v in arrays.items() if k.startswith("anchor.")}
+            if anchor and bool(np.asarray(anchor["anchor.ready"])[0]):
+                # the anchors are the same on every rank: keep them, refill from the weights
+                self.candidates.tables.load_state_arrays({
+                    "anchors": anchor["anchor.anchors"], "counts": anchor["anchor.counts"],
+                    "buckets": np.zeros((self.lc.L, self.lc.anchors, 0), np.int32),
+                    "fill": np.zeros((self.lc.L, self.lc.anchors), np.int32), "ready": np.array([True])})
+            self.candidates.maintain(0, self.W, self.b, self.dirty)
+            if "anchor.schedule" in anchor:
+                self.candidates.refill.load(anchor["anchor.schedule"])
+        if "index.anchors" in arrays:
+            from dslide import lsh
+
+            anchors = np.asarray(arrays["index.anchors"])
+            tables = lsh.AnchorTables(self.d_in, 1, anchors.shape[1], 1, _seed31(self.config.seed, 9, self.index))
+            tables.bucket_target = int(np.asarray(arrays["index.bucket"])[0])
+            self.inference = tables
+            if same_layout:
+                tables.load_state_arrays({k[len("index."):]: v for k, v in arrays.items()
+                                          if k.startswith("index.") and k != "index.bucket"})
+            else:
+                tables.anchors[...] = anchors
+                tables.ready = True
+                fill_index(self, self.comm, tables.bucket_target)
+
+    def shard_axes(self) -> dict:
+        out = super().shard_axes()
+        out.update({"anchor.anchors": None, "anchor.counts": None, "anchor.ready": None, "anchor.schedule": None,
+                    "index.anchors": None, "index.bucket": None})
+        return out
+
+
+def fill_index(layer: LSHLayer, comm: Comm, T: int) -> None:
+    """Fill layer.index's buckets: per anchor, this rank's labels among the T best of the
+    whole layer (a threshold found by bisection over ranks: P all-reduces of A counts)."""
+    from dslide import lsh
+
+    tables = layer.inference
+    ids, scores = lsh.anchors.score_top(tables.anchors[0], layer.W, layer.b, min(T, layer.n_local))
+    keys = _order_keys(scores)
+    theta = kth_largest(keys, T, comm)
+    fill = (keys >= theta[:, None]).sum(axis=1).astype(np.int32)  # rows are sorted best first
+    tables.set_buckets(ids[None], fill[None])
+    tables.bucket_target = T
+
+
+def _order_keys(scores) -> np.ndarray:
+    """int64 keys that order like the float32 scores (the IEEE bit pattern, sign-folded)."""
+    i = np.ascontiguousarray(scores, dtype=np.float32).view(np.int32).astype(np.int64)
+    return np.where(i < 0, -(i & 0x7FFFFFFF) - 1, i)
+
+
+def kth_largest(keys, k: int, comm: Comm) -> np.ndarray:
+    """Per row, the k-th largest key over every rank's rows keys int64 [A, T_r]:
+    the largest t with sum_r |{keys >= t}| >= k (bisection; -2^31 - 1 when fewer
+    than k keys exist). Every rank gets the same thresholds."""
+    A = keys.shape[0]
+    lo = np.full(A, -(2**31) - 1, dtype=np.int64)
+    hi = np.full(A, 2**31 - 1, dtype=np.int64)
+    if comm.size == 1:
+        if keys.shape[1] >= k:
+            return np.sort(keys, axis=1)[:, keys.shape[1] - k]
+        return lo
+    while (lo < hi).any():
+        mid = (lo + hi + 1) // 2
+        cnt = comm.allreduce_sum((keys >= mid[:, None]).sum(axis=1).astype(np.int64), kind="index")
+        ok = cnt >= k
+        lo = np.where(ok, mid, lo)
+        hi = np.where(ok, hi, mid - 1)
+    return lo
 
 
 def _seed31(*words) -> int:
@@ -595,7 +620,8 @@ def _seed31(*words) -> int:
 class Network:
     """The layers of one rank, and one training step over a batch."""
 
-    def __init__(self, config: Config, n_features: int, n_labels: int, comm: Comm | None = None):
+    def __init__(self, config: Config, n_features: int, n_labels: int, comm: Comm | None = None,
+                 total_steps: int | None = None):
         config = config.resolve(n_labels)
         self.config = config
         self.world = comm or Comm()
@@ -604,9 +630,10 @@ class Network:
             if any(config.layer_kind(i, w) == "lsh" for i, w in enumerate([*config.hidden, n_labels])):
                 raise ValueError("parallel = 'data' all-reduces dense gradients and needs dense layers; "
                                  "set exact = true (or kinds to 'dense'), or use parallel = 'model'")
-            self.comm, grad_comm = Comm(), (self.world if self.world.size > 1 else None)
+            self.comm = Comm()
+            self.grad_comm = self.world if self.world.size > 1 else None
         else:
-            self.comm, grad_comm = self.world, None
+            self.comm, self.grad_comm = self.world, None
         self.dtype = np.dtype(config.dtype)
         widths = [n_features, *config.hidden, n_labels]
         for i, w in enumerate(widths[1:]):
@@ -615,14 +642,16 @@ class Network:
                                  f"every rank needs at least one neuron of every layer")
         self.layers: list[Layer] = []
         for i in range(len(widths) - 1):
-            args = (i, widths[i], widths[i + 1], i == len(widths) - 2, self.comm, config, self.dtype, grad_comm)
+            args = (i, widths[i], widths[i + 1], i == len(widths) - 2, self.comm, config, self.dtype)
+            dense_grads = self.grad_comm is not None
             if config.layer_kind(i, widths[i + 1]) == "lsh":
-                self.layers.append(LSHLayer(*args, lsh_config=config.layer_lsh(i)))
+                self.layers.append(LSHLayer(*args, lsh_config=config.layer_lsh(i), dense_grads=dense_grads))
             else:
-                self.layers.append(DenseLayer(*args))
+                self.layers.append(DenseLayer(*args, dense_grads=dense_grads))
         self.n_features, self.n_labels = n_features, n_labels
         self.widths = widths
         self.step = 0
+        self.total_steps = total_steps
         self.timers = defaultdict(float)  # seconds per phase, for benchmarks
 
     @property
@@ -645,33 +674,53 @@ class Network:
         out = self.layers[-1]
         prior = np.log((label_counts[out.lo:out.hi] + 1.0) / (n_points + self.n_labels))
         out.b[:] = prior.astype(self.dtype)
+        out.maintain(0)  # tables that rank by score see the new biases
 
     def set_total_steps(self, total: int) -> None:
         """The length of the run, for the learning-rate schedule."""
-        for layer in self.layers:
-            layer.total_steps = total
+        self.total_steps = int(total)
+
+    def lr_factor(self, step: int) -> float:
+        """Learning-rate multiplier of step `step` (1-based): linear decay to 0 at total_steps."""
+        if self.config.lr_schedule == "constant":
+            return 1.0
+        if not self.total_steps:
+            raise ValueError("lr_schedule = 'linear' decays over the run, whose length is unknown: call "
+                             "set_total_steps(n) first (fit does), or use lr_schedule = 'constant'")
+        return max(0.0, 1.0 - (step - 1) / self.total_steps)
+
+    def adam_params(self, step: int):
+        c = self.config
+        return K.adam_params(c.lr * self.lr_factor(step), c.beta1, c.beta2, c.eps, step, self.dtype)
 
     def train_step(self, batch: Batch) -> float:
         """Forward, backward and update on one batch; returns this rank's partial loss
         (the batch's mean loss is the sum of the partial losses over ranks)."""
         self.step = batch.step
+        hp = self.adam_params(batch.step)
         t0 = time.perf_counter()
-        acts = []
-        act = CSRInput(*batch.X)
+        x, acts, tapes = batch.X, [], []
         for layer in self.layers[:-1]:
-            act = self._forward_hidden(layer, act, batch, train=True)
-            acts.append(act)
-        out = self.layers[-1]
-        loss = out.forward(self._input_for(out, act), batch, train=True)
+            out, tape = layer.forward(x, batch, True)
+            x = self._gather(layer, out, batch, train=True)
+            acts.append(x)
+            tapes.append(tape)
+        out_layer = self.layers[-1]
+        out, tape = out_layer.forward(x, batch, True)
+        tapes.append(tape)
+        loss, g = self._softmax(out, batch)
         t1 = time.perf_counter()
-        grad = out.backward(None, batch.step)
-        for layer, act in zip(reversed(self.layers[:-1]), reversed(acts)):
-            grad = self._grad_for(act, grad, self.layers[layer.index + 1])
-            grad = layer.backward(act.scatter(self.comm, grad), batch.step)
+        for layer in reversed(self.layers):
+            dx, grads = layer.backward(g, tapes[layer.index])
+            if self.grad_comm is not None:
+                for arr in grads.arrays():
+                    self.grad_comm.allreduce_sum_inplace(arr)
+            layer.update(grads, hp)
+            if layer.index > 0:
+                g = self._scatter(acts[layer.index - 1], dx)
         t2 = time.perf_counter()
         for layer in self.layers:
-            if isinstance(layer, LSHLayer):
-                layer.maintain(batch.step)
+            layer.maintain(batch.step)
         t3 = time.perf_counter()
         tm = self.timers
         tm["forward"] += t1 - t0
@@ -681,75 +730,71 @@ class Network:
             if isinstance(layer, LSHLayer):
                 tm["lsh_query"] += layer.query_time
                 layer.query_time = 0.0
-        return float(loss)
+        return loss
 
-    def _input_for(self, layer, act):
-        """What a layer reads: LSH layers read dense vectors (sparse activations are expanded)."""
-        if isinstance(layer, LSHLayer) and isinstance(act, SparseAct):
-            return act.dense(self.dtype)
-        if isinstance(layer, LSHLayer) and isinstance(act, DenseAct):
-            return act.a
-        return act
+    def _softmax(self, out: Out, batch: Batch):
+        """The loss share and dz = (p - y) / N of the output slice: local statistics, one
+        all-reduce of per-sample (max, sum exp), finish."""
+        z = out.a
+        rows, cols, _ = out.targets
+        y_logit = z[rows, cols].astype(np.float64)
+        m, se = softmax_stats(z)
+        gmax, gsum = self.comm.allreduce_logsumexp(m, se)
+        loss = softmax_finish(z, m, gmax, gsum, out.targets, y_logit, batch.Y[0], batch.mean_over)
+        return loss, z
 
-    def _grad_for(self, act, grad, consumer):
-        """The consumer's input gradient in the representation `act.scatter` expects."""
-        if isinstance(act, SparseAct) and isinstance(consumer, LSHLayer):
-            return act.take(grad)
-        return grad
-
-    def _forward_hidden(self, layer, act, batch, train):
-        c = self.config
-        if isinstance(layer, DenseLayer):
-            local = layer.forward(act, batch, train)
-            full = self.comm.allgather_columns(local, layer.bounds)
-            mask = None
+    def _gather(self, layer: Layer, out: Out, batch: Batch, train: bool) -> Act:
+        """All ranks' output slices as the next layer's input (forward partner of `_scatter`)."""
+        if out.ids is None:
+            a = self.comm.allgather_columns(out.a, layer.bounds)
+            act = Act(a, None, layer.bounds, layer.n)
+            c = self.config
             if train and c.dropout > 0:
-                mask = np.empty_like(full)
+                mask = np.empty_like(a)
                 K.dropout_mask(rng.stream_key(c.seed, rng.DROPOUT, layer.index, batch.step), batch.sample_ids,
-                               full.shape[1], c.dropout, mask)
-                full = full * mask
-            return DenseAct(full, layer.bounds, mask)
-        counts, ids, vals = layer.forward(self._input_for(layer, act), batch, train)
-        return SparseAct(*self.comm.allgather_sparse(counts, ids, vals), layer.n)
+                               a.shape[1], c.dropout, mask)
+                act.a, act.mask = a * mask, mask
+            return act
+        a, ids, bounds = self.comm.allgather_block(out.a, out.ids)
+        return Act(a, ids, bounds, layer.n)
+
+    def _scatter(self, act: Act, partial):
+        """Backward partner of `_gather`: the ranks' partial gradients of act's columns summed,
+        each rank keeping its own."""
+        if act.mask is not None:
+            partial *= act.mask
+        return self.comm.reduce_scatter_columns(np.ascontiguousarray(partial, dtype=self.dtype), act.bounds)
 
     # -- inference ----------------------------------------------------------------------------
 
     def hidden(self, batch: Batch):
-        """The last hidden representation of a batch (inference: no dropout, no labels)."""
-        act = CSRInput(*batch.X)
+        """The last hidden representation of a batch (inference: no dropout, no labels):
+        an Act, or the CSR features when there is no hidden layer."""
+        x = batch.X
         for layer in self.layers[:-1]:
-            act = self._forward_hidden(layer, act, batch, train=False)
-        return act
+            out, _ = layer.forward(x, batch, False)
+            x = self._gather(layer, out, batch, train=False)
+        return x
 
     def local_topk(self, batch: Batch, k: int, exact: bool):
-        """This rank's best k output neurons per sample: (scores [B, k], global ids int64 [B, k]).
+        """This rank's best k output neurons per sample: (scores [B, k], global ids int64 [B, k],
+        neurons scored int64 [B]).
 
         exact: every neuron of the slice scored (blocked matrix products);
-        otherwise an LSH layer scores only the neurons its tables retrieve.
+        otherwise an LSH output layer scores what its inference index retrieves.
         Missing entries (fewer than k candidates) have score -inf and id -1.
         """
         out = self.layers[-1]
-        x = self._input_for(out, self.hidden(batch))
+        x = self.hidden(batch)
         B = batch.size
         if exact or isinstance(out, DenseLayer):
-            if isinstance(x, DenseAct):
-                x = x.a
-            elif isinstance(x, (SparseAct, CSRInput)):
-                x = sp.csr_matrix((x.data, x.indices, x.indptr), shape=(B, out.d_in))
-            return _blocked_topk(x, out.neuron_major(), out.b, k, out.lo)
-        ids, cnt, z = out.forward(x, batch, train=False)  # no labels, no shared random set
-        scores = np.full((B, k), -np.inf, dtype=np.float64)
-        gids = np.full((B, k), -1, dtype=np.int64)
-        for i in range(B):  # B rows of at most max_active: cheap next to the products above
-            c = cnt[i]
-            kk = min(k, c)
-            if kk == 0:
-                continue
-            part = np.argpartition(-z[i, :c], kk - 1)[:kk]
-            part = part[np.lexsort((ids[i, part], -z[i, part]))]
-            scores[i, :kk] = z[i, part]
-            gids[i, :kk] = ids[i, part] + out.lo
-        return scores, gids
+            if isinstance(x, Act):
+                x = x.dense()
+            else:
+                x = sp.csr_matrix((x[2], x[1], x[0]), shape=(B, out.d_in))
+            s, i = _blocked_topk(x, out.neuron_major(), out.b, k, out.lo)
+            return s, i, np.full(B, out.n_local, dtype=np.int64)
+        return out.topk(x.dense(), k)
 
 
 def _blocked_topk(x, Wn, b, k, lo, block=8192):

@@ -27,7 +27,7 @@ from dslide.network import Batch, LSHLayer, Network, merge_topk
 from dslide.sharding import shard_range
 
 #: byte counters that belong to training steps (the rest: evaluation, logging, checks)
-STEP_KINDS = ("allgather", "reduce_scatter", "allgather_sparse", "reduce_scatter_sparse", "softmax_stats", "gradients")
+STEP_KINDS = ("allgather", "reduce_scatter", "allgather_block", "softmax_stats", "gradients")
 
 
 @dataclass
@@ -38,6 +38,7 @@ class Model:
     config: Config
     comm: Comm
     history: list = field(default_factory=list)
+    index_info: dict = field(default_factory=dict)
 
     @property
     def n_features(self) -> int:
@@ -135,7 +136,7 @@ def init_from_data(model: Model, train: XMCData) -> None:
 
 def fit(train: XMCData, config: Config | None = None, test: XMCData | None = None, *,
         comm: Comm | None = None, model: Model | None = None, callback=None,
-        verbose: bool = False, stop_at: int | None = None) -> tuple[Model, list]:
+        verbose: bool = False, stop_at: int | None = None, index: bool = True) -> tuple[Model, list]:
     """Train a network on `train`; returns (model, history).
 
     history: a list of dicts, one per logging point: step, epoch, samples,
@@ -151,6 +152,8 @@ def fit(train: XMCData, config: Config | None = None, test: XMCData | None = Non
     (under MPI every rank must return it at the same step: agree through
     `model.comm`, e.g. `comm.allreduce_max`).
     stop_at: end after this global step (the rest of the schedule is kept).
+    index: at the end, build the LSH output layer's inference index from the
+    final weights (`build_index`; its timings land in model.index_info).
     """
     if model is None:
         model = build_network((train.n_features, train.n_labels), config or Config(), comm)
@@ -163,7 +166,38 @@ def fit(train: XMCData, config: Config | None = None, test: XMCData | None = Non
     threads = _threads(config)
     numba.set_num_threads(threads)
     with threadpool_limits(_blas_threads(net, threads), user_api="blas"):
-        return _fit(model, train, test, callback, verbose, threads, stop_at)
+        model, history = _fit(model, train, test, callback, verbose, threads, stop_at)
+    if index:
+        with threadpool_limits(threads, user_api="blas"):
+            build_index(model, train)
+    return model, history
+
+
+def build_index(model: Model, train: XMCData) -> dict:
+    """The inference index of an LSH output layer, from its final weights: anchors from the
+    hidden vectors of at most `lsh.index_points` training points (a sample chosen by the
+    seed, the same on every rank). Returns (and keeps in model.index_info) its timings;
+    {} when the output layer is dense or lsh.index_anchors is 0."""
+    net = model.network
+    out = net.layers[-1]
+    if not isinstance(out, LSHLayer) or out.lc.index_anchors == 0:
+        return {}
+    t0 = time.perf_counter()
+    n = train.n_points
+    m = min(n, out.lc.index_points)
+    rows = np.sort(np.random.default_rng([model.config.seed, 0x1DE]).choice(n, m, replace=False))
+    X = normalise_inputs(train.X[rows], model.config.input_norm, net.dtype)
+    parts = _csr_parts(X)
+    H = []
+    for s in range(0, m, 4096):
+        batch = make_batch(parts, None, np.arange(s, min(m, s + 4096)), net.step)
+        H.append(net.hidden(batch).dense())
+    info = out.build_index(np.concatenate(H), net.comm)
+    info.update({"points": m, "index_s": time.perf_counter() - t0,
+                 "share": float(np.mean(out.inference.fill_count)) / out.n})
+    model.index_info = info
+    return info
+
 
 
 def _fit(model, train, test, callback, verbose, threads, stop_at):
@@ -260,12 +294,15 @@ def format_record(r: dict) -> str:
     return s
 
 
-def predict_topk_scores(model: Model, X: sp.csr_matrix, k: int, exact: bool = True, batch_size: int = 1024):
+def predict_topk_scores(model: Model, X: sp.csr_matrix, k: int, exact: bool = True, batch_size: int = 1024,
+                        stats: dict | None = None):
     """Top k labels per point and their scores (logits): (ids int64 [n, k], scores float64 [n, k]).
 
     exact: every output neuron scored; otherwise an LSH output layer scores
-    only what its tables retrieve. With P ranks each scores its own slice and
-    the candidates (B x k per rank) are merged, so every rank gets the result.
+    only what its inference index retrieves. With P ranks each scores its own
+    slice and the candidates (B x k per rank) are merged, so every rank gets
+    the result. stats (a dict) receives "scored_share": the mean share of the
+    labels scored per point.
     """
     net = model.network
     if X.shape[1] != net.n_features:
@@ -275,19 +312,24 @@ def predict_topk_scores(model: Model, X: sp.csr_matrix, k: int, exact: bool = Tr
     n = Xn.shape[0]
     ids = np.empty((n, k), dtype=np.int64)
     scores = np.empty((n, k), dtype=np.float64)
+    scored = 0
     for s in range(0, n, batch_size):
         rows = np.arange(s, min(n, s + batch_size))
         batch = make_batch(parts, None, rows, net.step)
-        ls, li = net.local_topk(batch, k, exact)
+        ls, li, ln = net.local_topk(batch, k, exact)
         # the layers' communicator: a stand-in in data-parallel mode, where every rank has it all
         ms, mi = merge_topk(net.comm.allgather_rows(ls), net.comm.allgather_rows(li), k)
         scores[rows], ids[rows] = ms, mi
+        scored += int(ln.sum())
+    if stats is not None:
+        total = float(net.comm.allreduce_sum(np.array([scored], dtype=np.float64))[0])
+        stats["scored_share"] = total / max(1, n) / net.n_labels
     return ids, scores
 
 
-def predict_topk(model: Model, X: sp.csr_matrix, k: int, exact: bool = True) -> np.ndarray:
+def predict_topk(model: Model, X: sp.csr_matrix, k: int, exact: bool = True, stats: dict | None = None) -> np.ndarray:
     """Top k label indices per point, best first: int64 [n, k] (-1 where fewer than k were scored)."""
-    return predict_topk_scores(model, X, k, exact)[0]
+    return predict_topk_scores(model, X, k, exact, stats=stats)[0]
 
 
 def evaluate(model: Model, data: XMCData, k: int = 5, exact: bool = True, inv_prop=None) -> dict:

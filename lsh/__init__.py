@@ -16,6 +16,13 @@ range_pow=None) -> int32 [n, L]` bucket codes (parallel over rows);
 
 `HashTables(family, range_pow, capacity, policy)` stores the tables as flat
 int32 arrays and offers build / update / query.
+
+`AnchorTables` (lsh.anchors) is the data-dependent alternative for maximum
+inner product search with biases: queries hash to their nearest k-means
+anchor, whose bucket holds the items scoring highest there.
+
+LAYER_FAMILIES: what an LSH layer of dslide can pick its neurons with
+("anchor", then the item-hashing families that hash dense vectors).
 """
 
 from __future__ import annotations
@@ -24,10 +31,13 @@ from ._common import HashFamily
 from .dwta import DWTA
 from .minhash import MinHash
 from .srp import SRP
+from . import anchors
+from .anchors import AnchorTables
 from .tables import HashTables
 from .wta import WTA
 
 FAMILIES = {"srp": SRP, "dwta": DWTA, "wta": WTA, "minhash": MinHash}
+LAYER_FAMILIES = ("anchor", "dwta", "srp", "wta")
 
 
 def make_family(name: str, dim: int, K: int, L: int, seed: int, **params) -> HashFamily:
@@ -46,4 +56,4 @@ def make_family(name: str, dim: int, K: int, L: int, seed: int, **params) -> Has
     return cls(dim, K, L, seed, **params)
 
 
-__all__ = ["FAMILIES", "make_family", "HashFamily", "HashTables", "SRP", "DWTA", "WTA", "MinHash"]
+__all__ = ["FAMILIES", "LAYER_FAMILIES", "AnchorTables", "make_family", "HashFamily", "HashTables", "SRP", "DWTA", "WTA", "MinHash"]

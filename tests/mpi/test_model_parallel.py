@@ -26,7 +26,7 @@ def _data(seed=0, n=96, F=40, L=13):
 
 
 def _train(cfg, X, Y, comm, steps):
-    net = Network(cfg, X.shape[1], Y.shape[1], comm)
+    net = Network(cfg, X.shape[1], Y.shape[1], comm, total_steps=steps)
     xp, yp = _csr_parts(X), _csr_parts(Y, np.float32)
     order = epoch_order(cfg.seed, 0, X.shape[0])
     losses = []
@@ -86,7 +86,7 @@ def _train_dp(cfg, X, Y, comm, steps):
     from dslide.sharding import shard_range
     from dslide.train import batch_rows
 
-    net = Network(cfg, X.shape[1], Y.shape[1], comm)
+    net = Network(cfg, X.shape[1], Y.shape[1], comm, total_steps=steps)
     xp, yp = _csr_parts(X), _csr_parts(Y, np.float32)
     losses = []
     for step in range(1, steps + 1):

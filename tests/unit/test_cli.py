@@ -13,8 +13,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dslide import cli
-from dslide.config import (BIAS_INITS, DTYPES, FAMILIES, INPUT_NORMS, LAYER_KINDS, LR_SCHEDULES, PARALLEL, POLICIES,
-                           SELECT_MODES, Config, LSHConfig)
+from dslide.config import (BIAS_INITS, DTYPES, INPUT_NORMS, LAYER_KINDS, LR_SCHEDULES, PARALLEL, POLICIES, SELECT_MODES,
+                           Config, LSHConfig)
+from dslide.lsh import LAYER_FAMILIES
 
 try:
     import tomllib
@@ -73,15 +74,20 @@ _floats01 = st.floats(0.0, 1.0, allow_nan=False)
 
 @st.composite
 def _lsh_configs(draw):
-    L = draw(st.integers(1, 1024))
+    family = draw(st.sampled_from(LAYER_FAMILIES))
+    L = draw(st.none() | st.integers(1, 1024))  # None: the family's default
+    max_threshold = 10**6 if family == "anchor" else (L or 50)
     return LSHConfig(
-        family=draw(st.sampled_from(FAMILIES)), K=draw(st.integers(1, 32)), L=L,
-        bin_size=2 ** draw(st.integers(1, 16)), range_pow=draw(st.integers(0, 24)),
-        capacity=draw(st.integers(1, 1 << 16)), policy=draw(st.sampled_from(POLICIES)),
-        select=draw(st.sampled_from(SELECT_MODES)), threshold=draw(st.integers(1, L)),
+        family=family, K=draw(st.none() | st.integers(1, 32)), L=L,
+        anchors=draw(st.integers(1, 1 << 20)), bin_size=2 ** draw(st.integers(1, 16)),
+        range_pow=draw(st.integers(0, 24)), capacity=draw(st.integers(1, 1 << 16)),
+        policy=draw(st.sampled_from(POLICIES)), select=draw(st.sampled_from(SELECT_MODES)),
+        threshold=draw(st.integers(1, max_threshold)),
         min_active=draw(st.integers(0, 10**9)), min_active_share=draw(_floats01),
-        max_active=draw(st.integers(1, 10**9)), rehash_every=draw(st.integers(1, 10**9)),
-        rebuild_every=draw(st.integers(1, 10**9)), growth=draw(st.floats(1.0, 10.0)))
+        max_active=draw(st.integers(0, 10**9)), rehash_every=draw(st.integers(1, 10**9)),
+        rebuild_every=draw(st.integers(1, 10**9)), growth=draw(st.floats(1.0, 10.0)),
+        index_anchors=draw(st.integers(0, 1 << 20)), index_share=draw(st.floats(0.0, 1.0, exclude_min=True)),
+        index_probes=draw(st.integers(1, 1024)), index_points=draw(st.integers(1, 10**9)))
 
 
 @st.composite
@@ -158,7 +164,7 @@ def test_bad_lsh_layers_entries_are_clear_errors(entry, message):
     (["lsh.KK=3"], "unknown configuration key 'lsh.KK'; did you mean 'lsh.K'?"),
     (["lr=-1"], "lr = -1 must be in (0.0, 10.0]"),
     (["dropout=1.5"], "dropout = 1.5 must be in [0.0, 1.0)"),
-    (["lsh.family=foo"], "lsh.family = 'foo' is not valid; choose one of 'dwta', 'srp', 'wta'"),
+    (["lsh.family=foo"], "lsh.family = 'foo' is not valid; choose one of 'anchor', 'dwta', 'srp', 'wta'"),
     (["hidden=0"], "hidden[0] = 0 must be >= 1"),
     (["batch_size=abc"], "batch_size = 'abc' must be an integer"),
     (["lr"], "expected key=value"),
@@ -183,24 +189,24 @@ def test_config_validation_names_field_value_and_range():
 
 
 @pytest.mark.parametrize("width, n_random, kind", [
-    (670_091, 16_384, "lsh"),   # capped by min_active
-    (20_000, 4_000, "lsh"),     # 20% of the layer: 4 * (4,000 + 256) = 17,024 <= 20,000
-    (12_000, 2_400, "lsh"),     # the minimum width
-    (11_999, 2_399, "dense"),
+    (670_091, 2_048, "lsh"),   # capped by min_active
+    (12_000, 2_048, "lsh"),    # the minimum width: 4 * (2,048 + 512) = 10,240 <= 12,000
+    (11_999, 2_048, "dense"),
+    (5_000, 1_000, "dense"),   # 20% of the layer
     (159, 31, "dense"),
 ])
 def test_random_negatives_scale_with_width_and_set_the_automatic_layer_kind(width, n_random, kind):
     cfg = Config(hidden=(16,))
-    assert cfg.lsh.random_count(width) == n_random == min(16_384, int(0.2 * width))
+    assert cfg.lsh.random_count(width) == n_random == min(2_048, int(0.2 * width))
     assert cfg.layer_kind(1, width) == kind
     assert cfg.layer_kind(0, width) == "dense"          # the input layer is always dense
     assert Config(hidden=(16,), exact=True).layer_kind(1, width) == "dense"
     no_min = Config(hidden=(16,), auto_lsh_min_width=0)
-    # without the minimum width, the ratio alone: 4 * (1,024 + 256) = 5,120 is LSH, 5,100 (1,020) is not
-    assert [no_min.layer_kind(1, w) for w in (5_100, 5_120)] == ["dense", "lsh"]
+    # without the minimum width, the ratio alone: 4 * (2,047 + 512) = 10,236 is LSH, 10,235 is not
+    assert [no_min.layer_kind(1, w) for w in (10_235, 10_236)] == ["dense", "lsh"]
     no_random = Config(hidden=(16,), auto_lsh_min_width=0, lsh={"min_active_share": 0.0})
     assert no_random.lsh.random_count(width) == 0
-    assert no_random.layer_kind(1, width) == ("lsh" if width >= 4 * 256 else "dense")
+    assert no_random.layer_kind(1, width) == ("lsh" if width >= 4 * 512 else "dense")
 
 
 # -- error paths -------------------------------------------------------------------------

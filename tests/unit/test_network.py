@@ -7,6 +7,7 @@ that received gradient and m = 0 for the others (lazy rows).
 
 import re
 
+import numba
 import numpy as np
 import pytest
 import scipy.sparse as sp
@@ -66,7 +67,8 @@ def _ref_loss(params, X, Y):
 
 def test_exact_gradients_match_central_finite_differences():
     X, Y = _tiny_problem()
-    cfg = Config(hidden=(6, 5), exact=True, dtype="float64", input_norm="none", seed=3, dropout=0.0)
+    cfg = Config(hidden=(6, 5), exact=True, dtype="float64", input_norm="none", seed=3, dropout=0.0,
+                 lr_schedule="constant")
     net = Network(cfg, X.shape[1], Y.shape[1])
     params = _params_dense(net)
     loss = net.train_step(_batch(X, Y))
@@ -153,13 +155,17 @@ def test_init_does_not_depend_on_layout():
 
 def _lsh_config(n_active_min, n_active_max, **kw):
     kw.setdefault("min_active_share", 1.0)  # exactly n_active_min random neurons, however narrow the layer
-    return LSHConfig(family="dwta", K=2, L=4, bin_size=4, min_active=n_active_min, max_active=n_active_max, **kw)
+    kw.setdefault("family", "dwta")
+    if kw["family"] == "dwta":
+        kw.update(K=2, L=4, bin_size=4)
+    return LSHConfig(min_active=n_active_min, max_active=n_active_max, **kw)
 
 
 def test_lsh_layer_with_every_neuron_active_equals_exact_mode():
     X, Y = _tiny_problem(n=30, L=9)
     L = Y.shape[1]
-    exact = Config(hidden=(6,), exact=True, dtype="float64", input_norm="none", seed=4, dropout=0.0)
+    exact = Config(hidden=(6,), exact=True, dtype="float64", input_norm="none", seed=4, dropout=0.0,
+                   lr_schedule="constant")
     sparse = exact.replace(exact=False, kinds=("dense", "lsh"), lsh=_lsh_config(L, L))
     net_e = Network(exact, X.shape[1], L)
     net_s = Network(sparse, X.shape[1], L)
@@ -168,7 +174,7 @@ def test_lsh_layer_with_every_neuron_active_equals_exact_mode():
         np.testing.assert_array_equal(We, Ws)
     loss_e = net_e.train_step(_batch(X, Y))
     loss_s = net_s.train_step(_batch(X, Y))
-    assert net_s.layers[1].C.size == L and not net_s.layers[1].cnt.any()  # all in the shared block
+    assert sum(net_s.layers[1].last_block) == L  # every neuron in the step's block
     assert loss_s == pytest.approx(loss_e, rel=1e-12)
     for (gWe, gbe), (gWs, gbs) in zip(_grads(net_e, exact.beta1), _grads(net_s, exact.beta1)):
         np.testing.assert_allclose(gWs, gWe, rtol=1e-10, atol=1e-14)
@@ -179,38 +185,47 @@ def test_random_negatives_per_step_are_capped_by_the_share_of_the_layer():
     X, Y = _tiny_problem(n=20, L=300, density=0.4, label_density=0.008)
     for share, expected in ((1.0, 100), (0.2, 60), (0.0, 0)):  # min(100, int(share * 300))
         cfg = Config(hidden=(8,), kinds=("dense", "lsh"), input_norm="none", seed=2, dropout=0.0,
-                     lsh=_lsh_config(100, 10, min_active_share=share))
+                     lr_schedule="constant", lsh=_lsh_config(100, 0, min_active_share=share))
         net = Network(cfg, X.shape[1], Y.shape[1])
         assert net.layers[1].n_random == expected
         net.train_step(_batch(X, Y))
         n_labels = np.unique(Y.indices).size
-        # the shared block: the batch's labels, then `expected` distinct random neurons less those among the labels
-        assert max(n_labels, expected) <= net.layers[1].C.size <= n_labels + expected
-        assert (net.layers[1].C.size == n_labels) == (expected == 0)
+        # the block: the batch's labels, (no candidates: max_active 0) then `expected` distinct
+        # random neurons less those among the labels
+        n_lab, n_cand, n_rand = net.layers[1].last_block
+        assert (n_lab, n_cand) == (n_labels, 0)
+        assert max(n_labels, expected) <= n_lab + n_rand <= n_labels + expected
+        assert (n_rand == 0) == (expected == 0)
 
 
-def test_sparse_gradient_is_the_restricted_softmax_gradient_and_zero_elsewhere():
-    """Active set of sample i: the shared block (all labels of the batch, then random
-    neurons whose logits carry the log-Q correction) and its own LSH candidates."""
+@pytest.mark.parametrize("family", ["anchor", "dwta"])
+def test_sparse_gradient_is_the_restricted_softmax_gradient_and_zero_elsewhere(family):
+    """The step's block: every label of the batch, the union of the samples' candidates (scored
+    exactly, no correction), then random neurons whose logits carry the log-Q correction
+    log((n - |labels + candidates|) / |random|); every sample's softmax runs over the block."""
     X, Y = _tiny_problem(n=40, L=300, density=0.4, label_density=0.008)
     n_out = Y.shape[1]
     cfg = Config(hidden=(8,), kinds=("dense", "lsh"), dtype="float64", input_norm="none", seed=2, dropout=0.0,
-                 lsh=_lsh_config(6, 10))
+                 lr_schedule="constant", lsh=_lsh_config(6, 10, family=family, anchors=4))
     net = Network(cfg, X.shape[1], n_out)
+    out = net.layers[1]
+    if family == "anchor":  # place the anchors and fill the buckets: candidates from the first step on
+        x = np.maximum(X.toarray() @ net.layers[0].W + net.layers[0].b, 0)
+        out.candidates.batch(x)
+        out.maintain(0)
     params = _params_dense(net)
     loss = net.train_step(_batch(X, Y))
-    out = net.layers[1]
     U = np.unique(Y.indices)
-    assert np.array_equal(out.C[: U.size], U), "the batch's labels lead the shared block"
-    rand = out.C[U.size:]
-    assert 0 < rand.size <= 6 and not np.isin(rand, U).any()
-    corr = np.log((n_out - U.size) / rand.size)
-    own = [out.ids[i, : out.cnt[i]] for i in range(X.shape[0])]
-    assert max(o.size for o in own) > 0 and all(o.size <= 10 for o in own)
-    assert all(not np.isin(o, out.C).any() for o in own), "own candidates are disjoint from the shared block"
+    n_lab, n_cand, n_rand = out.last_block
+    C = out.last_ids
+    assert n_lab == U.size and np.array_equal(C[:U.size], U), "the batch's labels lead the block"
+    cand, rand = C[U.size:U.size + n_cand], C[U.size + n_cand:]
+    assert n_cand > 0 and np.all(np.diff(cand) > 0) and not np.isin(cand, U).any()
+    assert 0 < rand.size <= 6 and not np.isin(rand, C[:U.size + n_cand]).any()
+    corr = np.log((n_out - U.size - n_cand) / rand.size)
     labels = [Y.indices[Y.indptr[i]:Y.indptr[i + 1]] for i in range(X.shape[0])]
 
-    # numpy reference: softmax over each sample's active set only
+    # numpy reference: softmax over the block only
     (W0, b0), (W1, b1) = params
     A0 = X.toarray()
     z0 = A0 @ W0 + b0
@@ -218,22 +233,19 @@ def test_sparse_gradient_is_the_restricted_softmax_gradient_and_zero_elsewhere()
     n = X.shape[0]
     gW1, gb1, dh = np.zeros_like(W1), np.zeros_like(b1), np.zeros_like(h)
     ref_loss = 0.0
-    active = []
+    shift = np.concatenate([np.zeros(U.size + n_cand), np.full(rand.size, corr)])
     for i in range(n):
-        a = np.concatenate([U, rand, own[i]])
-        active.append(a)
         if labels[i].size == 0:
             continue
-        shift = np.concatenate([np.zeros(U.size), np.full(rand.size, corr), np.zeros(own[i].size)])
-        z = h[i] @ W1[:, a] + b1[a] + shift
+        z = h[i] @ W1[:, C] + b1[C] + shift
         p = np.exp(z - z.max())
         p /= p.sum()
-        t = np.isin(a, labels[i]) / labels[i].size
+        t = np.isin(C, labels[i]) / labels[i].size
         ref_loss += -(t * np.log(p)).sum() / n
         dz = (p - t) / n
-        gW1[:, a] += np.outer(h[i], dz)
-        gb1[a] += dz
-        dh[i] = W1[:, a] @ dz
+        gW1[:, C] += np.outer(h[i], dz)
+        gb1[C] += dz
+        dh[i] = W1[:, C] @ dz
     dz0 = dh * (z0 > 0)
     gW0 = A0.T @ dz0
     gb0 = dz0.sum(axis=0)
@@ -243,7 +255,7 @@ def test_sparse_gradient_is_the_restricted_softmax_gradient_and_zero_elsewhere()
     np.testing.assert_allclose(gb1_s, gb1, rtol=1e-9, atol=1e-13)
     np.testing.assert_allclose(g0, gW0, rtol=1e-9, atol=1e-13)
     np.testing.assert_allclose(gb0_s, gb0, rtol=1e-9, atol=1e-13)
-    never = np.setdiff1d(np.arange(n_out), np.concatenate(active))
+    never = np.setdiff1d(np.arange(n_out), C)
     assert never.size > 0 and not g1[:, never].any(), "inactive neurons get no gradient"
 
 
@@ -270,7 +282,10 @@ def test_same_seed_same_weights_different_seed_different():
         np.testing.assert_array_equal(la.W, lb.W)
         np.testing.assert_array_equal(la.b, lb.b)
         assert not np.array_equal(la.W, lc.W)
-    np.testing.assert_array_equal(a.network.layers[1].tables.buckets, b.network.layers[1].tables.buckets)
+    ta, tb = a.network.layers[1].candidates.state(), b.network.layers[1].candidates.state()
+    assert ta.keys() == tb.keys()
+    for key in ta:
+        np.testing.assert_array_equal(ta[key], tb[key])
 
 
 def test_training_on_tiny_beats_the_best_constant_predictor_by_far():
@@ -294,7 +309,8 @@ def test_lsh_hidden_layer_with_every_neuron_active_equals_exact_mode():
     """A sparse hidden layer: its (id, value) outputs feed a dense layer through the
     sparse-input path; with every neuron active it must compute the exact network."""
     X, Y = _tiny_problem(n=30, L=9)
-    exact = Config(hidden=(6, 10), exact=True, dtype="float64", input_norm="none", seed=8, dropout=0.0)
+    exact = Config(hidden=(6, 10), exact=True, dtype="float64", input_norm="none", seed=8, dropout=0.0,
+                   lr_schedule="constant")
     sparse = exact.replace(exact=False, kinds=("dense", "lsh", "dense"),
                            lsh_layers=(None, _lsh_config(10, 10), None))
     net_e = Network(exact, X.shape[1], Y.shape[1])
@@ -358,7 +374,10 @@ def test_shift_rows_keeps_minus_inf_slots_and_assumes_no_value_is_infinite(dtype
     K.shift_rows(got, m)
     np.testing.assert_array_equal(got, want)
     assert np.isneginf(got[1]).all() and np.isneginf(got[0, 1]) and np.isneginf(got[2, 2])
-    ir = "".join(K.shift_rows.inspect_llvm().values())
+    # the kernel as its decorator compiles it (numba does not inspect code loaded from its cache)
+    fresh = numba.njit(**{k: v for k, v in K.shift_rows.targetoptions.items() if k != "nopython"})(K.shift_rows.py_func)
+    fresh(z.copy(), m)
+    ir = "".join(fresh.inspect_llvm().values())
     flagged = re.findall(r"= f(?:sub|add|mul|div|cmp)[^\n]*", ir)
     assert flagged and not [i for i in flagged if re.search(r"\b(fast|ninf|nnan)\b", i)], flagged[:3]
 
@@ -405,13 +424,13 @@ def test_output_bias_starts_at_the_smoothed_log_prior():
     assert not zero.network.layers[-1].b.any()
 
 
-def test_fit_gives_the_layers_the_length_of_the_whole_run_even_when_stopped_early():
+def test_fit_gives_the_network_the_length_of_the_whole_run_even_when_stopped_early():
     from dslide.data import XMCData
     from dslide.train import fit
 
     X, Y = _tiny_problem(seed=3)  # 24 points
     cfg = Config(hidden=(5,), batch_size=8, epochs=2.0, threads=1, lr=1e-2, dropout=0.0)
     model, _ = fit(XMCData(sp.csr_matrix(X, dtype=np.float32), Y), cfg, stop_at=1)
-    assert [layer.total_steps for layer in model.network.layers] == [6, 6]  # ceil(24 / 8) * 2
-    assert model.network.layers[0].lr_factor(6) == pytest.approx(1 / 6)
-    assert model.network.layers[0].lr_factor(7) == 0.0
+    assert model.network.total_steps == 6  # ceil(24 / 8) * 2
+    assert model.network.lr_factor(6) == pytest.approx(1 / 6)
+    assert model.network.lr_factor(7) == 0.0

@@ -104,6 +104,6 @@ def test_a_training_run_compiles_no_dslide_kernel_when_the_cache_is_warm():
     the parallel ones included - from numba's cache: no compilation."""
     _fresh(_STEP, threads=1)
     stats = _fresh(_STEP, threads=2)
-    assert sum(1 for _, _, parallel in stats.values() if parallel) >= 15  # the step's parallel kernels ran
+    assert sum(1 for _, _, parallel in stats.values() if parallel) >= 8  # the step's parallel kernels ran
     compiled = {k: v for k, v in stats.items() if v[1]}
     assert not compiled, compiled

@@ -1,0 +1,200 @@
+"""Where an LSH layer's candidate neurons come from, and their upkeep.
+
+A candidate source gives, for a training batch, the sorted union of the
+neurons its tables retrieve for the batch's inputs (at most `per_sample` per
+input); the layer scores that union for the whole batch as one shared block,
+so candidates cost what random neurons cost (one BLAS product).
+
+    AnchorCandidates   family "anchor" (default): query-side k-means anchors
+                       over the layer's inputs, each bucket the neurons scoring
+                       highest at its anchor (lsh.anchors). The anchors learn
+                       online from every training batch; the buckets are
+                       refilled from the current weights on a schedule.
+    HashCandidates     families "dwta", "srp", "wta": SLIDE's item hashing,
+                       neurons hashed into fixed-capacity tables
+                       (lsh.HashTables), re-hashed and rebuilt on a schedule.
+
+Schedules: a period starts at `lsh.rehash_every` steps and grows by
+`lsh.growth` after each use (weights settle as training goes on; SLIDE,
+Chen et al. 2020). Item hashing also rebuilds every `lsh.rebuild_every` steps
+(growing likewise).
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from dslide import lsh
+from dslide.config import LSHConfig
+
+
+class _Schedule:
+    """Steps at which a periodic job runs: period p0, then p0 * g, p0 * g^2, ..."""
+
+    def __init__(self, period: float, growth: float, first: int):
+        self.period, self.growth, self.next = float(period), float(growth), int(first)
+
+    def due(self, step: int) -> bool:
+        return step >= self.next
+
+    def done(self, step: int) -> None:
+        self.next = step + max(1, int(round(self.period)))
+        self.period *= self.growth
+
+    def state(self) -> np.ndarray:
+        return np.array([self.period, self.growth, self.next], dtype=np.float64)
+
+    def load(self, arr) -> None:
+        p, g, nxt = np.asarray(arr, dtype=np.float64)
+        self.period, self.growth, self.next = float(p), float(g), int(nxt)
+
+
+class AnchorCandidates:
+    """Candidates from anchor tables over the layer's inputs (see lsh.anchors)."""
+
+    kind = "anchor"
+
+    def __init__(self, d_in: int, n_local: int, per_sample: int, lc: LSHConfig, seed: int):
+        self.per_sample = per_sample
+        self.tables = lsh.AnchorTables(d_in, lc.L, lc.anchors, max(1, per_sample), seed)
+        self.refill = _Schedule(lc.rehash_every, lc.growth, 0)
+        self.filled = False
+        self.upkeep_s = 0.0
+        self._mark = np.zeros(n_local, np.uint8)
+
+    def batch(self, x) -> np.ndarray:
+        """Sorted local ids: the union of the training batch's buckets (empty before the first
+        fill); the batch x float [B, d_in] then moves the anchors (the first ones place them)."""
+        if not self.tables.ready:
+            self.tables.observe(x)
+            return np.empty(0, np.int32)
+        codes = self.tables.codes(x)
+        out = np.empty(0, np.int32)
+        if self.filled and self.per_sample:
+            out = self.tables.candidates(codes, self.per_sample, self._mark)
+        self.tables.observe(x, codes)
+        return out
+
+    def maintain(self, step: int, W, b, dirty) -> str | None:
+        """Refill the buckets from the current weights when due (and as soon as anchors exist)."""
+        if not self.tables.ready or self.per_sample == 0:
+            return None
+        if self.filled and not self.refill.due(step):
+            return None
+        t0 = time.perf_counter()
+        self.tables.fill(W, b)
+        self.filled = True
+        self.refill.done(step)
+        dirty[:] = 0
+        self.upkeep_s += time.perf_counter() - t0
+        return "refill"
+
+    def state(self) -> dict:
+        out = {f"anchor.{k}": v for k, v in self.tables.state_arrays().items()}
+        out["anchor.schedule"] = self.refill.state()
+        out["anchor.filled"] = np.array([self.filled])
+        return out
+
+    def load_state(self, arrays: dict) -> None:
+        self.tables.load_state_arrays({k[len("anchor."):]: v for k, v in arrays.items()
+                                       if k.startswith("anchor.") and k not in ("anchor.schedule", "anchor.filled")})
+        self.refill.load(arrays["anchor.schedule"])
+        self.filled = bool(np.asarray(arrays["anchor.filled"])[0])
+
+
+class HashCandidates:
+    """Candidates from item-hashing tables (SLIDE's DWTA, SimHash or WTA)."""
+
+    kind = "hash"
+
+    def __init__(self, d_in: int, n_local: int, per_sample: int, lc: LSHConfig, family_seed: int, table_seed: int):
+        self.per_sample = per_sample
+        self.lc = lc
+        params = {"bin_size": lc.bin_size} if lc.family == "dwta" else {}
+        self.family = lsh.make_family(lc.family, d_in, lc.K, lc.L, family_seed, **params)
+        range_pow = lc.range_pow or auto_range_pow(n_local, lc.capacity, self.family.code_bits)
+        self.tables = lsh.HashTables(self.family, range_pow, lc.capacity, policy=lc.policy, seed=table_seed)
+        self.rehash = _Schedule(lc.rehash_every, lc.growth, lc.rehash_every)
+        self.rebuild = _Schedule(lc.rebuild_every, lc.growth, lc.rebuild_every)
+        self.built = False
+        self.upkeep_s = 0.0
+
+    def batch(self, x) -> np.ndarray:
+        if not self.built or self.per_sample == 0:
+            return np.empty(0, np.int32)
+        lc = self.lc
+        if lc.select == "topk":
+            _, ids, _ = self.tables.query(x, mode="topk", m=self.per_sample)
+        elif lc.select == "threshold":
+            ptr, ids, _ = self.tables.query(x, mode="threshold", t=lc.threshold)
+            ids = _cut_rows(ptr, ids, self.per_sample)
+        else:
+            ptr, ids, _ = self.tables.query(x, mode="union")
+            ids = _cut_rows(ptr, ids, self.per_sample, spread=True)
+        return np.unique(ids).astype(np.int32)
+
+    def maintain(self, step: int, W, b, dirty) -> str | None:
+        t0 = time.perf_counter()
+        what = None
+        if not self.built or self.rebuild.due(step):
+            self.tables.build(W)
+            self.built = True
+            dirty[:] = 0
+            if step:
+                self.rebuild.done(step)
+                self.rehash.done(step)
+            what = "rebuild"
+        elif self.rehash.due(step):
+            changed = np.flatnonzero(dirty).astype(np.int32)
+            if changed.size:
+                self.tables.update(changed, W[changed])
+            dirty[:] = 0
+            self.rehash.done(step)
+            what = "rehash"
+        self.upkeep_s += time.perf_counter() - t0
+        return what
+
+    def state(self) -> dict:
+        out = {f"tables.{k}": v for k, v in self.tables.state_arrays().items()}
+        out["tables.schedule"] = np.concatenate([self.rehash.state(), self.rebuild.state()])
+        out["tables.built"] = np.array([self.built])
+        return out
+
+    def load_state(self, arrays: dict) -> None:
+        self.tables.load_state_arrays({k[len("tables."):]: v for k, v in arrays.items()
+                                       if k.startswith("tables.") and k not in ("tables.schedule", "tables.built")})
+        s = np.asarray(arrays["tables.schedule"])
+        self.rehash.load(s[:3])
+        self.rebuild.load(s[3:])
+        self.built = bool(np.asarray(arrays["tables.built"])[0])
+
+
+def _cut_rows(ptr, ids, limit: int, spread: bool = False) -> np.ndarray:
+    """The first `limit` ids of each CSR row (rows sorted by id in union mode: a
+    random-looking but fixed cut would favour low ids, so `spread` takes every
+    k-th id instead of the first ones)."""
+    lens = np.diff(ptr)
+    if lens.size == 0 or lens.max() <= limit:
+        return ids
+    out = []
+    for i in range(lens.size):
+        row = ids[ptr[i]:ptr[i + 1]]
+        if row.size > limit:
+            row = row[np.linspace(0, row.size - 1, limit).astype(np.int64)] if spread else row[:limit]
+        out.append(row)
+    return np.concatenate(out)
+
+
+def auto_range_pow(n_local: int, capacity: int, code_bits: int) -> int:
+    """Buckets for about `capacity / 4` neurons each on average, within the code's bits."""
+    want = int(np.ceil(np.log2(max(4.0 * n_local / capacity, 2.0))))
+    return int(min(max(want, 1), code_bits, 24))
+
+
+def make_candidates(family: str, d_in: int, n_local: int, per_sample: int, lc: LSHConfig, seeds: tuple):
+    """The candidate source of an LSH layer; seeds = (family/anchor seed, table seed)."""
+    if family == "anchor":
+        return AnchorCandidates(d_in, n_local, per_sample, lc, seeds[0])
+    return HashCandidates(d_in, n_local, per_sample, lc, seeds[0], seeds[1])
