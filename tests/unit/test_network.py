@@ -434,3 +434,22 @@ def test_fit_gives_the_network_the_length_of_the_whole_run_even_when_stopped_ear
     assert model.network.total_steps == 6  # ceil(24 / 8) * 2
     assert model.network.lr_factor(6) == pytest.approx(1 / 6)
     assert model.network.lr_factor(7) == 0.0
+
+
+def test_max_active_zero_trains_with_no_candidates_in_any_block():
+    """lsh.max_active = 0 is plain sampled softmax: every step's block holds the batch's
+    labels and random neurons only, and the model still learns: measured P@1 0.532 after
+    5 epochs against 0.088 for the most frequent label (pinned at 4x)."""
+    from dslide.datasets.synthetic import generate_split
+    from dslide.train import evaluate, fit
+
+    train, test = generate_split("tiny", seed=11)
+    cfg = Config(hidden=(32,), kinds=("dense", "lsh"), threads=1, epochs=5, batch_size=64, lr=1e-2, dropout=0.0,
+                 lsh=LSHConfig(min_active=100, max_active=0))
+    blocks = []
+    model, hist = fit(train, cfg, callback=lambda ev, m, info: blocks.append(m.network.layers[1].last_block)
+                      if ev == "step" else None, index=False)
+    assert len(blocks) == hist[-1]["step"] and all(c == 0 and r > 0 for _, c, r in blocks)
+    counts = np.asarray(train.Y.sum(axis=0)).ravel()
+    constant = float(test.Y[:, int(counts.argmax())].sum()) / test.n_points
+    assert evaluate(model, test)["p@1"] >= 4 * constant
