@@ -57,9 +57,9 @@ About 24 M non-zeros/s parsing and 9 M/s writing on one core, a cache hit in
 
 from __future__ import annotations
 
+import errno
 import gzip
 import math
-import errno
 import os
 import shutil
 import tempfile
