@@ -174,9 +174,9 @@ class Config:
         fixed cost per sample for its hash queries and its candidates, scored
         one by one; so "auto" is LSH when the layer is at least
         `auto_lsh_ratio` times wider than the neurons it computes and at least
-        `auto_lsh_min_width` wide. Measured at hidden 128, 2 threads, on
-        `small` with 5,120/10,000/14,000/20,000 labels: LSH/dense samples/s
-        0.68/0.94/1.19/1.40, P@1 +0.0/+0.9/+1.0/+2.6 points).
+        `auto_lsh_min_width` wide: scripts/bench_auto_lsh.py trains `small`
+        with both kinds of output at several label counts and records their
+        samples/s and P@1 in docs/benchmarks.md).
         Empty: dense hidden layers and an "auto" output. The first layer reads
         the raw sparse features and is always dense.
     lsh: settings of every LSH layer; `lsh_layers` may give one per layer
