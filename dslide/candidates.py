@@ -26,7 +26,7 @@ import time
 
 import numpy as np
 
-import lsh
+from dslide import lsh
 from dslide.config import LSHConfig
 
 

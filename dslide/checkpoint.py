@@ -29,6 +29,7 @@ import hashlib
 import json
 import os
 import shutil
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -151,20 +152,65 @@ def config_of(path) -> Config:
     return Config.from_dict(d)
 
 
-def _open(path: Path, entry: dict, verify: bool):
+class _Digest(threading.Thread):
+    """The SHA-256 of a checkpoint file, computed in a second thread while the file loads
+    (hashlib and file reads release the GIL); `check` waits for it and compares."""
+
+    def __init__(self, f: Path, want: str, manifest: Path):
+        super().__init__(daemon=True)
+        self.f, self.want, self.manifest = f, want, manifest
+        self.got, self.error = None, None
+        self.start()
+
+    def run(self):
+        try:
+            self.got = _sha256(self.f)
+        except OSError as e:
+            self.error = e
+
+    def check(self) -> None:
+        self.join()
+        if self.error is not None:
+            raise CheckpointError(f"{self.f} could not be read to verify it: {self.error}")
+        if self.got != self.want:
+            raise CheckpointError(f"{self.f} does not match the checksum in {self.manifest}: the file is corrupt "
+                                  f"or from another checkpoint")
+
+
+def _open(path: Path, entry: dict, digests: list | None):
+    """np.load of a rank file; with `digests`, its checksum starts in a second thread (appended there)."""
     f = path / entry["name"]
     if not f.exists():
         raise CheckpointError(f"{path / 'manifest.json'} lists {entry['name']}, which is missing")
-    if verify and _sha256(f) != entry["sha256"]:
-        raise CheckpointError(f"{f} does not match the checksum in {path / 'manifest.json'}: the file is corrupt "
-                              f"or from another checkpoint")
+    if digests is not None:
+        digests.append(_Digest(f, entry["sha256"], path / "manifest.json"))
     return np.load(f, allow_pickle=False, mmap_mode="r")
 
 
 def load_into(net: Network, path, comm: Comm, verify: bool = True) -> dict:
     """Restore `net` (built with the checkpoint's config, on any number of ranks)
-    from checkpoint directory `path`. Returns the manifest."""
+    from checkpoint directory `path`. Returns the manifest.
+
+    verify: check each file read against the SHA-256 in the manifest. The digests
+    run in second threads while the arrays load; a mismatch raises
+    CheckpointError before this returns (the network's state is then undefined),
+    and explains a load that failed on a corrupt file.
+    """
     path = Path(path)
+    digests = [] if verify else None
+    try:
+        manifest = _load_into(net, path, comm, digests)
+    except Exception:
+        for d in digests or ():
+            d.check()  # a corrupt file is the better explanation of a failed load
+        raise
+    for d in digests or ():
+        d.check()
+    comm.barrier()
+    return manifest
+
+
+def _load_into(net: Network, path: Path, comm: Comm, digests: list | None) -> dict:
     manifest = read_manifest(path)
     if manifest["layers"] != net.describe() or manifest["n_features"] != net.n_features \
             or manifest["n_labels"] != net.n_labels:
@@ -178,7 +224,7 @@ def load_into(net: Network, path, comm: Comm, verify: bool = True) -> dict:
     same = manifest["world_size"] == comm.size and manifest["parallel"] == net.config.parallel
     if same or manifest["parallel"] == "data":
         # data-parallel checkpoints hold the whole model in every file: read one
-        own = _open(path, files[comm.rank if same else 0], verify)
+        own = _open(path, files[comm.rank if same else 0], digests)
         if manifest["parallel"] == "data" and not same:
             _load_resharded(net, [own], whole=True)
         else:
@@ -186,10 +232,9 @@ def load_into(net: Network, path, comm: Comm, verify: bool = True) -> dict:
                 pre = f"layer{layer.index}/"
                 layer.load_state({k[len(pre):]: own[k] for k in own.files if k.startswith(pre)}, same_layout=True)
     else:
-        sources = [_open(path, e, verify) for e in files]
+        sources = [_open(path, e, digests) for e in files]
         _load_resharded(net, sources, whole=False)
     net.step = int(manifest["step"])
-    comm.barrier()
     return manifest
 
 

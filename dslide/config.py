@@ -109,7 +109,7 @@ class LSHConfig:
     index_points: int = 50000
 
     def __post_init__(self):
-        from lsh import LAYER_FAMILIES
+        from dslide.lsh import LAYER_FAMILIES
 
         _choice("lsh.family", self.family, LAYER_FAMILIES)
         if self.K is None:
@@ -177,13 +177,13 @@ class Config:
         fixed cost per sample for its hash queries and its candidates, scored
         one by one; so "auto" is LSH when the layer is at least
         `auto_lsh_ratio` times wider than the neurons it computes and at least
-        `auto_lsh_min_width` wide. Measured at hidden 128, 2 threads, on
-        `small` with 5,120/10,000/14,000/20,000 labels: LSH/dense samples/s
-        0.68/0.94/1.19/1.40, P@1 +0.0/+0.9/+1.0/+2.6 points).
+        `auto_lsh_min_width` wide: scripts/bench_auto_lsh.py trains `small`
+        with both kinds of output at several label counts and records their
+        samples/s and P@1 in docs/benchmarks.md).
         Empty: dense hidden layers and an "auto" output. The first layer reads
         the raw sparse features and is always dense.
     lsh: settings of every LSH layer; `lsh_layers` may give one per layer
-        (None keeps `lsh`).
+        (None, written "lsh" in TOML, keeps `lsh`).
     exact: every neuron of every layer active, no LSH (the reference path).
     lr_schedule: "linear" decays the learning rate from `lr` to 0 over the
         run's `epochs` (the last steps refine rather than jump: on small data
@@ -244,9 +244,7 @@ class Config:
         object.__setattr__(self, "kinds", tuple(self.kinds))
         if isinstance(self.lsh, dict):
             object.__setattr__(self, "lsh", LSHConfig(**self.lsh))
-        object.__setattr__(
-            self, "lsh_layers", tuple(LSHConfig(**x) if isinstance(x, dict) else x for x in self.lsh_layers)
-        )
+        object.__setattr__(self, "lsh_layers", tuple(_layer_lsh(i, x) for i, x in enumerate(self.lsh_layers)))
         for i, h in enumerate(self.hidden or ()):
             _int_range(f"hidden[{i}]", h, 1)
         n_layers = len(self.hidden) + 1 if self.hidden is not None else None
@@ -339,15 +337,32 @@ class Config:
     def from_dict(cls, values: dict) -> "Config":
         """A Config from a dict such as a parsed TOML file; unknown keys are errors with a suggestion."""
         known = {f.name for f in fields(cls)}
-        lsh_known = {f.name for f in fields(LSHConfig)}
         for k, v in values.items():
             if k not in known:
                 raise ValueError(_unknown(k, known))
             if k == "lsh" and isinstance(v, dict):
-                for kk in v:
-                    if kk not in lsh_known:
-                        raise ValueError(_unknown(f"lsh.{kk}", {f"lsh.{x}" for x in lsh_known}))
+                _check_lsh_keys("lsh", v)
         return cls(**values)
+
+
+def _check_lsh_keys(where: str, values: dict) -> None:
+    lsh_known = {f.name for f in fields(LSHConfig)}
+    for k in values:
+        if k not in lsh_known:
+            raise ValueError(_unknown(f"{where}.{k}", {f"{where}.{x}" for x in lsh_known}))
+
+
+def _layer_lsh(i: int, x):
+    """An entry of lsh_layers: an LSHConfig, a dict of its fields, or None / "lsh" (keep `lsh`)."""
+    if x is None or x == "lsh":
+        return None
+    if isinstance(x, LSHConfig):
+        return x
+    if isinstance(x, dict):
+        _check_lsh_keys(f"lsh_layers[{i}]", x)
+        return LSHConfig(**x)
+    raise ValueError(f"lsh_layers[{i}] = {x!r} must be a table of LSH settings or 'lsh' "
+                     f"(the layer keeps the [lsh] settings)")
 
 
 def _unknown(key: str, known: set[str]) -> str:

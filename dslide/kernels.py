@@ -10,16 +10,29 @@ squared gradients below 1e-38 that make every later multiply slow (x86
 handles subnormals in microcode). Exponents below -80 are flushed to zero
 and Adam moments below 1e-30 likewise, so no subnormal ever enters a loop.
 
-Determinism: every sum runs in sample order inside one thread, so these
-kernels' results do not depend on the number of threads. (The BLAS products
-beside them may round differently with another thread count: a run is
-reproducible for a given seed and thread count.)
+Determinism: every sum runs in sample order inside one thread, and the
+threads split the rows of an array, never a row, so each element takes the
+same (vectorised or scalar: under fastmath they may round differently) code
+path whatever the thread count; these kernels' results do not depend on the
+number of threads (tests/unit/test_threads.py checks whole training steps at
+1 and 2 threads). The BLAS products beside them may round differently with
+another thread count: a run is reproducible for a given seed and thread count.
+
+Compilation: every kernel here, in dslide.rng and in dslide.lsh is cached on
+disk (cache=True), the parallel ones too, so only a process's first run after
+a change compiles (10 to 19 s before the first step otherwise). numba 0.68
+loads a cached parallel kernel at any thread count (tests/unit/test_numba_cache.py;
+STYLE.md's rule against it came from a crash in an older numba). numba keys
+its cache by the file that defines a kernel: after editing dslide/rng.py,
+whose functions other files' kernels inline, delete the __pycache__/*.nbi
+and *.nbc files (or touch those files).
 """
 
 from __future__ import annotations
 
+import numba
 import numpy as np
-from numba import get_num_threads, get_thread_id, njit, prange
+from numba import get_thread_id, njit, prange
 
 from dslide import rng
 
@@ -57,7 +70,7 @@ def gather_rows(indptr, indices, data, rows):
 # ----------------------------------------------------------------------------
 
 
-@njit(parallel=True, fastmath=True)
+@njit(parallel=True, fastmath=True, cache=True)
 def csr_times_rows(indptr, indices, data, W, b, out):
     """out[i, :] = b + sum_{e in row i} data[e] * W[indices[e], :].
 
@@ -82,16 +95,20 @@ def csr_times_rows(indptr, indices, data, W, b, out):
 # ----------------------------------------------------------------------------
 
 
-@njit(parallel=True, fastmath=True)
+@njit(parallel=True, cache=True)
 def shift_rows(z, m):
-    """In place: z[i, :] -= m[i] (m float64 [B]; rows of -inf stay -inf)."""
+    """In place: z[i, :] -= m[i] (m float64 [B]; rows of -inf stay -inf).
+
+    No fastmath: unused slots hold -inf, and fastmath lets LLVM assume no value
+    is infinite (its result on -inf is then undefined).
+    """
     for i in prange(z.shape[0]):
         mi = z.dtype.type(m[i])
         for a in range(z.shape[1]):
             z[i, a] -= mi
 
 
-@njit(parallel=True)
+@njit(parallel=True, cache=True)
 def flush_sum_rows(e, out):
     """In place: e[i, a] = 0 where e < TINY (no subnormal leaves); out[i] += sum_a e[i, a] (float64)."""
     tiny = e.dtype.type(TINY)
@@ -107,7 +124,7 @@ def flush_sum_rows(e, out):
         out[i] += s
 
 
-@njit(parallel=True)
+@njit(parallel=True, cache=True)
 def scale_flush_rows(e, scale):
     """In place: e[i, :] *= scale[i], flushing results below TINY to zero."""
     tiny = e.dtype.type(TINY)
@@ -149,15 +166,25 @@ def adam_params(lr: float, b1: float, b2: float, eps: float, t: int, dtype) -> n
     return np.array([b1, 1.0 - b1, b2, 1.0 - b2, lr * c2 / (1.0 - b1**t), eps * c2, TINY, 0.0], dtype=dtype)
 
 
-@njit(parallel=True, fastmath=True)
+@njit(parallel=True, fastmath=True, cache=True)
 def adam_dense(W, M, V, G, hp):
-    """Adam on every element of W (flat views of the same size)."""
-    w = W.reshape(-1)
-    m = M.reshape(-1)
-    v = V.reshape(-1)
-    g = G.reshape(-1)
-    for e in prange(w.shape[0]):
-        w[e], m[e], v[e] = _adam_elem(w[e], m[e], v[e], g[e], hp)
+    """Adam on every element of W (W, M, V, G: C-contiguous, same shape, 1-D or 2-D).
+
+    Rows in parallel, each row's elements in one loop. Under fastmath the
+    vectorised body of a loop and its scalar remainder may round differently
+    (measured: Adam on 24 elements, one of them changed between 1 and 2
+    threads when the flat array was split among the threads), so an element
+    must take the same path whatever the thread count: a row's loop does not
+    depend on it. A 1-D array is one row.
+    """
+    C = W.shape[-1]
+    w = W.reshape((-1, C))
+    m = M.reshape((-1, C))
+    v = V.reshape((-1, C))
+    g = G.reshape((-1, C))
+    for r in prange(w.shape[0]):
+        for c in range(C):
+            w[r, c], m[r, c], v[r, c] = _adam_elem(w[r, c], m[r, c], v[r, c], g[r, c], hp)
 
 
 @njit(cache=True)
@@ -193,7 +220,7 @@ def group_by_row(rows, n_rows, count, order):
     return touched[:T], start
 
 
-@njit(parallel=True, fastmath=True)
+@njit(parallel=True, fastmath=True, cache=True)
 def rows_grad_adam(touched, start, order, samples, coefs, V, W, M, Vm, bias, bM, bV, hp, gbuf, dirty):
     """Lazy Adam on the rows of W that received gradient.
 
@@ -235,7 +262,7 @@ def rows_grad_adam(touched, start, order, samples, coefs, V, W, M, Vm, bias, bM,
 # ----------------------------------------------------------------------------
 
 
-@njit(parallel=True, fastmath=True)
+@njit(parallel=True, fastmath=True, cache=True)
 def rows_grad(touched, start, order, samples, coefs, V, G):
     """G[r, :] = sum_{e: rows[e] = r} coefs[e] * V[samples[e], :] for the touched rows
     (the gradient `rows_grad_adam` applies, written out densely; other rows untouched)."""
@@ -289,7 +316,7 @@ def shared_sample(k, n, size, mark):
 
 
 
-@njit(parallel=True, fastmath=True)
+@njit(parallel=True, fastmath=True, cache=True)
 def adam_rows(rows, G, gb, W, M, Vm, bias, bM, bV, hp, dirty):
     """Adam on rows `rows` of W (and bias) with their gradients G [len(rows), d], gb [len(rows)]."""
     d = W.shape[1]
@@ -301,7 +328,7 @@ def adam_rows(rows, G, gb, W, M, Vm, bias, bM, bV, hp, dirty):
         dirty[r] = 1
 
 
-@njit(parallel=True, fastmath=True)
+@njit(parallel=True, fastmath=True, cache=True)
 def adam_rows_nobias(rows, G, W, M, Vm, hp):
     """Adam on rows `rows` of W with their gradients G [len(rows), d] (distinct rows)."""
     d = W.shape[1]
@@ -312,8 +339,14 @@ def adam_rows_nobias(rows, G, W, M, Vm, hp):
 
 
 def thread_scratch(n: int, dtype) -> np.ndarray:
-    """A zeroed [threads, n] scratch array, one row per numba thread."""
-    return np.zeros((get_num_threads(), n), dtype=dtype)
+    """A zeroed [NUMBA_NUM_THREADS, n] scratch array, one row per numba thread.
+
+    Kernels index it by get_thread_id(), which is below the thread count in
+    force when they run: sized by the most threads numba can ever run
+    (set_num_threads cannot exceed NUMBA_NUM_THREADS), not by the count when
+    the layer was built, so a later set_num_threads(more) stays in bounds.
+    """
+    return np.zeros((numba.config.NUMBA_NUM_THREADS, n), dtype=dtype)
 
 
 # ----------------------------------------------------------------------------
@@ -321,7 +354,7 @@ def thread_scratch(n: int, dtype) -> np.ndarray:
 # ----------------------------------------------------------------------------
 
 
-@njit(parallel=True)
+@njit(parallel=True, cache=True)
 def dropout_mask(k, sample_ids, n, rate, out):
     """out[i, j] = 1 / (1 - rate) with probability 1 - rate, else 0, from stream k at (sample, j)."""
     keep = 1.0 / (1.0 - rate)

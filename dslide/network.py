@@ -503,7 +503,7 @@ class LSHLayer(Layer):
         float [n, d_in] (the same on every rank), each bucket the labels that score
         highest at its anchor, `index_share` of the layer in all (a threshold agreed
         across ranks, so P ranks keep what 1 rank keeps). Returns timings."""
-        import lsh
+        from dslide import lsh
 
         lc = self.lc
         t0 = time.perf_counter()
@@ -563,7 +563,7 @@ class LSHLayer(Layer):
             if "anchor.schedule" in anchor:
                 self.candidates.refill.load(anchor["anchor.schedule"])
         if "index.anchors" in arrays:
-            import lsh
+            from dslide import lsh
 
             anchors = np.asarray(arrays["index.anchors"])
             tables = lsh.AnchorTables(self.d_in, 1, anchors.shape[1], 1, _seed31(self.config.seed, 9, self.index))
@@ -587,7 +587,7 @@ class LSHLayer(Layer):
 def fill_index(layer: LSHLayer, comm: Comm, T: int) -> None:
     """Fill layer.index's buckets: per anchor, this rank's labels among the T best of the
     whole layer (a threshold found by bisection over ranks: P all-reduces of A counts)."""
-    import lsh
+    from dslide import lsh
 
     tables = layer.inference
     ids, scores = lsh.anchors.score_top(tables.anchors[0], layer.W, layer.b, min(T, layer.n_local))

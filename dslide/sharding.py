@@ -40,24 +40,6 @@ def shard_bounds(n: int, world: int) -> np.ndarray:
     return r * base + np.minimum(r, extra)
 
 
-def shard_sizes(n: int, world: int) -> np.ndarray:
-    """int64 [world]: number of neurons each rank owns."""
-    return np.diff(shard_bounds(n, world))
-
-
-def owner_of(j, n: int, world: int):
-    """Rank owning neuron (or label) j; j may be an int or an integer array."""
-    _check(n, world)
-    base, extra = divmod(n, world)
-    j_arr = np.asarray(j, dtype=np.int64)
-    if np.any((j_arr < 0) | (j_arr >= n)):
-        raise ValueError(f"neuron index out of range [0, {n})")
-    # The first `extra` ranks own base + 1 neurons each: `cut` neurons in all.
-    cut = extra * (base + 1)
-    owner = np.where(j_arr < cut, j_arr // (base + 1), extra + (j_arr - cut) // max(base, 1))
-    return int(owner) if np.ndim(owner) == 0 else owner
-
-
 def scaled_count(total: int, n_local: int, n: int) -> int:
     """A per-layer budget (active neurons, say) scaled to a shard of n_local of n neurons.
 

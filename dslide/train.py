@@ -105,11 +105,10 @@ def _blas_threads(net: Network, threads: int) -> int:
 
     numba's kernels and the BLAS products take turns on the same cores. When
     idle OpenBLAS threads sleep (dslide.BLAS_THREADS_SLEEP: importing dslide
-    before numpy arranges it), the products get every thread: measured on
-    amazon-like data, 2 threads, 4,127 samples/s against 3,427 with one-thread
-    BLAS. When they spin, an LSH network's many numba kernels wait for them
-    (3x slower steps), so its products run on one thread; all-dense networks,
-    whose time is BLAS, get every thread either way.
+    before numpy arranges it), the products get every thread. When they spin,
+    an LSH network's many numba kernels wait for them (3x slower steps), so
+    its products run on one thread; all-dense networks, whose time is BLAS,
+    get every thread either way.
     """
     if dslide.BLAS_THREADS_SLEEP:
         return threads

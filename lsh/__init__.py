@@ -1,5 +1,8 @@
 """Locality-sensitive hash families and fixed-capacity hash tables (numba kernels).
 
+Installed as `dslide.lsh` (setup.cfg maps this folder there); kernels import
+nothing of dslide but its SplitMix64 (`dslide.rng`).
+
 Families (one module each) share one interface: `Family(dim, K, L, seed, **params)`
 draws its parameter arrays from `np.random.default_rng(seed)` alone;
 attributes name, dim, K, L, code_bits; `hash(vectors float32 [n, dim],

@@ -133,7 +133,7 @@ def _top_of_row(row, T, ids_out, scores_out):
         scores_out[t] = -vals[order[t]]
 
 
-@njit(parallel=True)
+@njit(parallel=True, cache=True)
 def top_rows(S, T, out_ids, out_scores):
     """Per row of S [m, n]: the T largest entries, best first (ties to the lower column):
     column indices into out_ids int32 [m, T], values into out_scores float32 [m, T]."""
@@ -203,7 +203,7 @@ def union_of_buckets(codes, buckets, fill, limit, total, mark):
     return res
 
 
-@njit(parallel=True, fastmath=True)
+@njit(parallel=True, fastmath=True, cache=True)
 def topk_of_buckets(X, W, b, codes, buckets, fill, k, marks, out_scores, out_ids, n_scored):
     """Exact re-ranking of what the buckets retrieve: per query, the k best of the union of its buckets.
 

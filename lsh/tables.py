@@ -39,6 +39,8 @@ import numba
 import numpy as np
 from numba import njit, prange
 
+from dslide.rng import splitmix_next, unit
+
 from ._common import HashFamily, check_int, check_seed
 
 #: Refuse tables whose arrays would exceed this many bytes (override with max_bytes=).
@@ -49,11 +51,6 @@ MODES = ("union", "topk", "threshold")
 _FIFO, _RESERVOIR = 0, 1
 _UNION, _TOPK, _THRESHOLD = 0, 1, 2
 
-_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
-_MIX1 = np.uint64(0xBF58476D1CE4E5B9)
-_MIX2 = np.uint64(0x94D049BB133111EB)
-_INV53 = 1.0 / 9007199254740992.0  # 2**-53
-
 
 # ----------------------------------------------------------------------------
 # Serial per-bucket kernels (one table's 2-D slices)
@@ -62,12 +59,7 @@ _INV53 = 1.0 / 9007199254740992.0  # 2**-53
 @njit(cache=True)
 def _rand_below(rng, l, n):
     """Uniform int in [0, n) from table l's splitmix64 stream rng[l] (advanced in place)."""
-    s = rng[l] + _GOLDEN
-    rng[l] = s
-    z = (s ^ (s >> np.uint64(30))) * _MIX1
-    z = (z ^ (z >> np.uint64(27))) * _MIX2
-    z = z ^ (z >> np.uint64(31))
-    r = np.int64(np.float64(z >> np.uint64(11)) * _INV53 * n)
+    r = np.int64(unit(splitmix_next(rng, l)) * n)
     return min(r, n - 1)
 
 
@@ -177,7 +169,7 @@ def reservoir_remove(bk, fill, offered, c1, c2, b, item):
 # Parallel kernels (over tables for writes, over queries for reads)
 # ----------------------------------------------------------------------------
 
-@njit(parallel=True)
+@njit(parallel=True, cache=True)
 def insert_all(codes_lm, buckets, fill, head, offered, c1, c2, rng, policy):
     """Clear and fill every table with items 0..m-1 in id order.
 
@@ -208,7 +200,7 @@ def insert_all(codes_lm, buckets, fill, head, offered, c1, c2, rng, policy):
                 reservoir_insert(bk, fl, of, d1, d2, rng, l, cl[i], i)
 
 
-@njit(parallel=True)
+@njit(parallel=True, cache=True)
 def update_items(ids, new_codes, item_codes_lm, buckets, fill, head, offered, c1, c2, rng, policy):
     """Re-insert items `ids` (int64 [r]) at their new codes new_codes int32 [r, L].
 
@@ -391,7 +383,7 @@ def compact_results(bound, sizes, tmp_ids, tmp_cnt):
     return indptr, ids, counts
 
 
-@njit(parallel=True)
+@njit(parallel=True, cache=True)
 def query_kernel(codes, buckets, fill, counters, id_bits, mode, top_m, t):
     """Candidates of each query from its L buckets.
 
@@ -435,7 +427,7 @@ class HashTables:
     HashTables(family, range_pow, capacity, policy="fifo" | "reservoir", seed=0,
                max_bytes=MAX_TABLE_BYTES)
 
-    family: a hash family (lsh.make_family(...)); range_pow: bucket index bits,
+    family: a hash family (dslide.lsh.make_family(...)); range_pow: bucket index bits,
     1..24 and <= family.code_bits; capacity: slots per bucket (>= 1); seed: the
     reservoir's random streams (table l's stream derives from (seed, l)).
 
@@ -447,7 +439,7 @@ class HashTables:
     def __init__(self, family: HashFamily, range_pow: int, capacity: int, policy: str = "fifo",
                  seed: int = 0, max_bytes: int = MAX_TABLE_BYTES):
         if not isinstance(family, HashFamily):
-            raise ValueError(f"family must be a hash family from lsh.make_family, got {type(family).__name__}")
+            raise ValueError(f"family must be a hash family from dslide.lsh.make_family, got {type(family).__name__}")
         self.family = family
         self.L = family.L
         self.range_pow = check_int("range_pow", range_pow, 1, 24)

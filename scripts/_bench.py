@@ -74,7 +74,7 @@ def load_data(spec: dict):
     """(train, test) XMCData from {"preset", "n_train", "n_test", "seed", other preset fields such as
     "n_labels"} or {"train", "test"} paths."""
     if "preset" in spec:
-        from datasets.synthetic import generate_split
+        from dslide.datasets.synthetic import generate_split
 
         overrides = {k: v for k, v in spec.items() if k not in ("preset", "n_train", "n_test", "seed")}
         return generate_split(spec["preset"], n_train=spec.get("n_train"), n_test=spec.get("n_test"),

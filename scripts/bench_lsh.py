@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Benchmark lsh.HashTables on an Amazon-670K-shaped output layer against brute force.
+"""Benchmark dslide.lsh.HashTables on an Amazon-670K-shaped output layer against brute force.
 
 Data (synthetic, structured): W float32 [670091, 128], neuron-major. Items
 belong to `--clusters` clusters with power-law sizes (a few big, many small,
@@ -47,7 +47,7 @@ for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
 import numba  # noqa: E402
 import numpy as np  # noqa: E402
 
-import lsh  # noqa: E402
+from dslide import lsh  # noqa: E402
 
 # family,K,L,rp (range_pow),C (capacity)[,policy][,mode][,m|t][,family params]
 DEFAULT_SETTINGS = [
