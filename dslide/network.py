@@ -20,7 +20,7 @@ the 1-rank one up to float rounding of the cross-rank sums.
 
 Every layer speaks one protocol (`Layer`): forward(x, batch, train) ->
 (Out, tape); backward(g, tape) -> (gradient of its input, parameter
-gradients); update(grads, hp); maintain(step); state() / shard_axes() /
+gradients); update(grads, hp, step); maintain(step); state() / shard_axes() /
 load_state(). What backward needs travels in the tape; the network moves
 activations between ranks and calls nothing else.
 """
@@ -192,11 +192,27 @@ class Grads:
 
 
 class _Adam:
-    """Adam moments of one parameter array."""
+    """Adam moments m, v of one parameter array, stored as `moment_dtype` (a float type, or
+    uint16 bit patterns for "bfloat16"; see kernels.py).
 
-    def __init__(self, shape, dtype):
+    key: the array's stream key for stochastic rounding; origin (r0, c0, stride): element
+    (r, c) of the local array is global element (r + r0) * stride + c + c0 of the layer's
+    (so the rounding does not depend on how the layer is split over ranks).
+    """
+
+    def __init__(self, shape, moment_dtype: str, key, origin):
+        dtype = K.MOMENT_DTYPES[moment_dtype]
+        self.rounds = moment_dtype == "bfloat16"
+        # np.zeros maps zero pages lazily: rows that never receive gradient cost no memory
         self.m = np.zeros(shape, dtype=dtype)
         self.v = np.zeros(shape, dtype=dtype)
+        self.key, self.origin = key, origin
+
+    def rounding(self, step: int) -> np.ndarray:
+        """The kernels' `rk` argument for this step."""
+        if not self.rounds:
+            return K.NO_ROUNDING
+        return K.rounding_key(self.key, step, *self.origin)
 
 
 # ----------------------------------------------------------------------------
@@ -214,7 +230,9 @@ class Layer:
                                                   this rank's outputs; dx: partial
                                                   gradient of x's columns [B, m]
                                                   (None for raw features)
-        update(grads, hp)                         Adam on what received gradient
+        update(grads, hp, step)                   Adam on what received gradient (step:
+                                                  the global step, which keys the rounding
+                                                  of bfloat16 moments)
         maintain(step) -> str | None              periodic upkeep (LSH tables)
         state() -> {name: array}, shard_axes() -> {name: axis | None}, load_state(arrays, same_layout)
     """
@@ -241,6 +259,13 @@ class Layer:
             self.scale = np.sqrt(6.0 / (d_in + n))
         self.init_key = rng.stream_key(config.seed, rng.INIT, index)
 
+    def _optimiser(self, w_origin) -> None:
+        """Adam state for W (its global layout: w_origin = (r0, c0, stride)) and b."""
+        md = self.config.moment_dtype
+        key = rng.stream_key(self.config.seed, rng.ROUNDING, self.index)
+        self.opt_W = _Adam(self.W.shape, md, rng.stream_key(key, 0), w_origin)
+        self.opt_b = _Adam(self.b.shape, md, rng.stream_key(key, 1), (0, self.lo, self.n))
+
     def maintain(self, step: int) -> str | None:
         return None
 
@@ -264,10 +289,14 @@ class Layer:
         for name, arr in Layer.state(self).items():
             if name not in arrays:
                 raise ValueError(f"layer {self.index}: checkpoint lacks {name!r}")
-            new = np.asarray(arrays[name])
-            if new.shape != arr.shape:
-                raise ValueError(f"layer {self.index}: checkpoint's {name!r} has shape {new.shape}, "
-                                 f"this network's slice needs {arr.shape}")
+            new = arrays[name]
+            if new is arr:  # filled in place by the caller
+                continue
+            new = np.asarray(new)
+            if new.shape != arr.shape or new.dtype != arr.dtype:
+                raise ValueError(f"layer {self.index}: checkpoint's {name!r} is {new.dtype} {new.shape}, "
+                                 f"this network's slice needs {arr.dtype} {arr.shape}"
+                                 + (" (Adam moments of another adam_dtype)" if "." in name else ""))
             arr[...] = new
 
 
@@ -287,8 +316,7 @@ class DenseLayer(Layer):
         self.W = np.empty((self.d_in, self.n_local), dtype=self.dtype)
         rng.init_input_major(self.init_key, self.lo, self.W, self.scale)
         self.b = np.zeros(self.n_local, dtype=self.dtype)
-        self.opt_W = _Adam(self.W.shape, self.dtype)
-        self.opt_b = _Adam(self.b.shape, self.dtype)
+        self._optimiser((0, self.lo, self.n))  # W [d_in, n_r]: column c is neuron lo + c
         self._count = np.zeros(self.d_in, dtype=np.int32)
         self._gbuf = K.thread_scratch(self.n_local, self.dtype)
         self._dirty = np.zeros(self.d_in, dtype=np.uint8)
@@ -333,17 +361,18 @@ class DenseLayer(Layer):
             return None, Grads(None, G, gb)
         return None, Grads(sparse=(touched, start, order, samples, data, g), gb=gb)
 
-    def update(self, grads: Grads, hp) -> None:
-        K.adam_dense(self.b, self.opt_b.m, self.opt_b.v, grads.gb, hp)
+    def update(self, grads: Grads, hp, step: int = 0) -> None:
+        rW, rb = self.opt_W.rounding(step), self.opt_b.rounding(step)
+        K.adam_dense(self.b, self.opt_b.m, self.opt_b.v, grads.gb, hp, rb)
         if grads.sparse is not None:
             touched, start, order, samples, data, g = grads.sparse
             empty = np.empty(0, dtype=self.dtype)
             K.rows_grad_adam(touched, start, order, samples, data, g, self.W, self.opt_W.m, self.opt_W.v,
-                             empty, empty, empty, hp, self._gbuf, self._dirty)
+                             empty, empty, empty, hp, self._gbuf, self._dirty, rW)
         elif grads.rows is None:
-            K.adam_dense(self.W, self.opt_W.m, self.opt_W.v, grads.G, hp)
+            K.adam_dense(self.W, self.opt_W.m, self.opt_W.v, grads.G, hp, rW)
         else:
-            K.adam_rows_nobias(grads.rows, grads.G, self.W, self.opt_W.m, self.opt_W.v, hp)
+            K.adam_rows_nobias(grads.rows, grads.G, self.W, self.opt_W.m, self.opt_W.v, hp, rW)
 
     def neuron_major(self):
         """W_r^T as float [n_r, d_in] (a view)."""
@@ -385,8 +414,7 @@ class LSHLayer(Layer):
         self.W = np.empty((self.n_local, self.d_in), dtype=self.dtype)
         rng.init_neuron_major(self.init_key, self.lo, self.W, self.scale)
         self.b = np.zeros(self.n_local, dtype=self.dtype)
-        self.opt_W = _Adam(self.W.shape, self.dtype)
-        self.opt_b = _Adam(self.b.shape, self.dtype)
+        self._optimiser((self.lo, 0, self.d_in))  # W [n_r, d_in]: row r is neuron lo + r
         self.max_active = min(scaled_count(lc.max_active, self.n_local, self.n), self.n_local) if lc.max_active else 0
         n_random = lc.random_count(self.n)
         self.n_random = min(scaled_count(n_random, self.n_local, self.n), self.n_local) if n_random else 0
@@ -471,9 +499,10 @@ class LSHLayer(Layer):
         G = g.T @ xd
         return dx, Grads(C, G, gbr=g.sum(axis=0))
 
-    def update(self, grads: Grads, hp) -> None:
+    def update(self, grads: Grads, hp, step: int = 0) -> None:
         K.adam_rows(grads.rows, grads.G, grads.gbr, self.W, self.opt_W.m, self.opt_W.v,
-                    self.b, self.opt_b.m, self.opt_b.v, hp, self.dirty)
+                    self.b, self.opt_b.m, self.opt_b.v, hp, self.dirty,
+                    self.opt_W.rounding(step), self.opt_b.rounding(step))
 
     def maintain(self, step: int) -> str | None:
         return self.candidates.maintain(step, self.W, self.b, self.dirty)
@@ -719,7 +748,7 @@ class Network:
             if self.grad_comm is not None:
                 for arr in grads.arrays():
                     self.grad_comm.allreduce_sum_inplace(arr)
-            layer.update(grads, hp)
+            layer.update(grads, hp, batch.step)
             if layer.index > 0:
                 g = self._scatter(acts[layer.index - 1], dx)
         t2 = time.perf_counter()
