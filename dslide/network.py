@@ -271,8 +271,11 @@ class Layer:
 
     # -- state (checkpoints) ---------------------------------------------------------
 
-    def state(self) -> dict:
-        """This slice's arrays by name (views, not copies)."""
+    def state(self, weights_only: bool = False) -> dict:
+        """This slice's arrays by name (the live arrays, not copies); weights_only: what
+        inference needs (no optimiser state, nothing only training uses)."""
+        if weights_only:
+            return {"W": self.W, "b": self.b}
         return {"W": self.W, "b": self.b, "W.m": self.opt_W.m, "W.v": self.opt_W.v,
                 "b.m": self.opt_b.m, "b.v": self.opt_b.v}
 
@@ -283,10 +286,12 @@ class Layer:
         c = self.neuron_axis
         return {"W": c, "W.m": c, "W.v": c, "b": 0, "b.m": 0, "b.v": 0}
 
-    def load_state(self, arrays: dict, same_layout: bool = True) -> None:
+    def load_state(self, arrays: dict, same_layout: bool = True, weights_only: bool = False) -> None:
         """Restore a slice from `state()`-named arrays (for a new layout: the ones in
-        `shard_axes`, already cut to this rank's columns)."""
-        for name, arr in Layer.state(self).items():
+        `shard_axes`, already cut to this rank's columns). An entry that is the live array
+        itself (from `state()`) was filled in place. weights_only: the arrays of
+        `state(weights_only=True)` only; the optimiser state is left as it is."""
+        for name, arr in Layer.state(self, weights_only).items():
             if name not in arrays:
                 raise ValueError(f"layer {self.index}: checkpoint lacks {name!r}")
             new = arrays[name]
@@ -548,19 +553,39 @@ class LSHLayer(Layer):
     def neuron_major(self):
         return self.W
 
-    def state(self) -> dict:
-        out = super().state()
-        out["dirty"] = self.dirty
-        out.update(self.candidates.state())
+    def state(self, weights_only: bool = False) -> dict:
+        out = super().state(weights_only)
+        if not weights_only:
+            out["dirty"] = self.dirty
+            out.update(self.candidates.state())
         if self.inference is not None:
             out.update({f"index.{k}": v for k, v in self.inference.state_arrays().items()})
             out["index.bucket"] = np.array([self.inference.bucket_target], dtype=np.int64)
         return out
 
-    def load_state(self, arrays: dict, same_layout: bool = True) -> None:
+    def load_state(self, arrays: dict, same_layout: bool = True, weights_only: bool = False) -> None:
         """Restore a slice; for a new layout the tables are rebuilt from the weights
-        (and the inference index refilled from its anchors)."""
-        super().load_state(arrays, same_layout)
+        (and the inference index refilled from its anchors). weights_only: the weights
+        and the inference index; the training candidates stay as built."""
+        super().load_state(arrays, same_layout, weights_only)
+        if not weights_only:
+            self._load_candidates(arrays, same_layout)
+        if "index.anchors" in arrays:
+            import lsh
+
+            anchors = np.asarray(arrays["index.anchors"])
+            tables = lsh.AnchorTables(self.d_in, 1, anchors.shape[1], 1, _seed31(self.config.seed, 9, self.index))
+            tables.bucket_target = int(np.asarray(arrays["index.bucket"])[0])
+            self.inference = tables
+            if same_layout:
+                tables.load_state_arrays({k[len("index."):]: v for k, v in arrays.items()
+                                          if k.startswith("index.") and k != "index.bucket"})
+            else:
+                tables.anchors[...] = anchors
+                tables.ready = True
+                fill_index(self, self.comm, tables.bucket_target)
+
+    def _load_candidates(self, arrays: dict, same_layout: bool) -> None:
         if same_layout:
             self.dirty[...] = np.asarray(arrays["dirty"])
             self.candidates.load_state(arrays)
@@ -579,20 +604,6 @@ class LSHLayer(Layer):
             self.candidates.maintain(0, self.W, self.b, self.dirty)
             if "anchor.schedule" in anchor:
                 self.candidates.refill.load(anchor["anchor.schedule"])
-        if "index.anchors" in arrays:
-            import lsh
-
-            anchors = np.asarray(arrays["index.anchors"])
-            tables = lsh.AnchorTables(self.d_in, 1, anchors.shape[1], 1, _seed31(self.config.seed, 9, self.index))
-            tables.bucket_target = int(np.asarray(arrays["index.bucket"])[0])
-            self.inference = tables
-            if same_layout:
-                tables.load_state_arrays({k[len("index."):]: v for k, v in arrays.items()
-                                          if k.startswith("index.") and k != "index.bucket"})
-            else:
-                tables.anchors[...] = anchors
-                tables.ready = True
-                fill_index(self, self.comm, tables.bucket_target)
 
     def shard_axes(self) -> dict:
         out = super().shard_axes()

@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -153,11 +154,9 @@ def test_incompatible_checkpoint_is_a_clear_error(trained, tmp_path):
         ck.load_into(net, path, Comm())
     # a manifest that does not match its files
     manifest = json.loads((path / "manifest.json").read_text())
-    manifest["files"][0]["sha256"] = "0" * 64
+    manifest["ranks"][0]["arrays"]["layer1/W"]["sha256"] = "0" * 64
     broken = tmp_path / "broken"
-    (broken / "checkpoints" / path.name).mkdir(parents=True)
-    for f in path.iterdir():
-        (broken / "checkpoints" / path.name / f.name).write_bytes(f.read_bytes())
+    shutil.copytree(path, broken / "checkpoints" / path.name)
     (broken / "checkpoints" / path.name / "manifest.json").write_text(json.dumps(manifest))
     (broken / "checkpoints" / "LATEST").write_text(path.name)
     net = Network(ck.config_of(path), 1000, 500, Comm())
