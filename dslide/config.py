@@ -70,8 +70,11 @@ class LSHConfig:
         nearest anchor, refilled from the current weights every
         `rehash_every` steps (the period growing by `growth` after each use);
       "dwta", "srp", "wta": SLIDE's item hashing: neurons hashed with K hashes
-        per table into L fixed-capacity tables (2**range_pow buckets of
-        `capacity`, `policy` for a full bucket), a sample's candidates chosen
+        per table into L tables of 2**range_pow buckets (0: from the rank's
+        neurons, 8 to 16 a bucket); capacity 0 (default): buckets hold exactly
+        their neurons (lsh.CompactTables: 4 bytes per neuron and table, plus
+        its code); capacity > 0: fixed-capacity buckets, `policy` for a full
+        one (lsh.HashTables), a sample's candidates chosen
         by `select` ("topk": most tables first; "threshold": found by >=
         `threshold` tables, at most L; "union"); changed neurons re-hashed every
         `rehash_every` steps and the tables rebuilt every `rebuild_every`.
@@ -92,7 +95,7 @@ class LSHConfig:
     anchors: int = 256
     bin_size: int = 8
     range_pow: int = 0
-    capacity: int = 64
+    capacity: int = 0
     policy: str = "fifo"
     select: str = "topk"
     threshold: int = 2
@@ -122,7 +125,7 @@ class LSHConfig:
         if self.bin_size & (self.bin_size - 1):
             raise ValueError(f"lsh.bin_size = {self.bin_size} must be a power of two (it is packed into code bits)")
         _int_range("lsh.range_pow", self.range_pow, 0, 24)
-        _int_range("lsh.capacity", self.capacity, 1, 1 << 16)
+        _int_range("lsh.capacity", self.capacity, 0, 1 << 16)
         _choice("lsh.policy", self.policy, POLICIES)
         _choice("lsh.select", self.select, SELECT_MODES)
         _int_range("lsh.threshold", self.threshold, 1, None if self.family == "anchor" else self.L)
