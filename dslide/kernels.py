@@ -54,6 +54,16 @@ def gather_rows(indptr, indices, data, rows):
     return out_ptr, out_idx, out_val
 
 
+@njit(cache=True)
+def row_norms(indptr, data, out):
+    """out[i] = sqrt(sum of data[e]^2 over row i), summed in float64; 1 for a row of zeros."""
+    for i in range(indptr.shape[0] - 1):
+        s = 0.0
+        for e in range(indptr[i], indptr[i + 1]):
+            s += float(data[e]) * float(data[e])
+        out[i] = np.sqrt(s) if s > 0.0 else 1.0
+
+
 # ----------------------------------------------------------------------------
 # dense layers over sparse inputs: z[i] = b + sum_f x[i, f] W[f]
 # ----------------------------------------------------------------------------

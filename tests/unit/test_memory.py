@@ -76,7 +76,7 @@ _CHILD = textwrap.dedent("""
     F, L, B = 20000, 200000, 128
     adam = sys.argv[1] if sys.argv[1] != "none" else None
     cfg = Config(hidden=(64,), kinds=("dense", "lsh"), adam_dtype=adam, batch_size=B, lr=1e-3,
-                 lr_schedule="constant", lsh=LSHConfig(min_active_share=0.2, min_active=40000))
+                 lr_schedule="constant", lsh=LSHConfig(min_active_share=0.2, min_active=40000, index_anchors=0))
     rs = np.random.default_rng(0)
     X = sp.random(2000, F, density=0.003, format="csr", random_state=1, dtype=np.float32)
     X.data[:] = 1.0
