@@ -619,21 +619,32 @@ def fill_index(layer: LSHLayer, comm: Comm, T: int) -> None:
 
     tables = layer.inference
     ids, scores = lsh.anchors.score_top(tables.anchors[0], layer.W, layer.b, min(T, layer.n_local))
-    keys = _order_keys(scores)
+    # in place, and int32: this runs after training with every weight resident, over
+    # [A, T] arrays (2048 x 6,701 at 670,091 labels); 13 instead of 26 bytes an entry
+    keys = _order_keys(scores, in_place=True)
     theta = kth_largest(keys, T, comm)
     fill = (keys >= theta[:, None]).sum(axis=1).astype(np.int32)  # rows are sorted best first
+    del keys, scores
     # what a bucket keeps, by id: queries then read the weight rows in address order
     # (25-30% faster scoring than in score order, measured at 670,091 labels)
-    live = np.arange(ids.shape[1])[None, :] < fill[:, None]
-    ids = np.sort(np.where(live, ids, np.iinfo(np.int32).max), axis=1).astype(np.int32)
+    ids[np.arange(ids.shape[1])[None, :] >= fill[:, None]] = np.iinfo(np.int32).max
+    ids.sort(axis=1)
     tables.set_buckets(ids[None], fill[None])
     tables.bucket_target = T
 
 
-def _order_keys(scores) -> np.ndarray:
-    """int64 keys that order like the float32 scores (the IEEE bit pattern, sign-folded)."""
-    i = np.ascontiguousarray(scores, dtype=np.float32).view(np.int32).astype(np.int64)
-    return np.where(i < 0, -(i & 0x7FFFFFFF) - 1, i)
+def _order_keys(scores, in_place: bool = False) -> np.ndarray:
+    """Integer keys that order like the float32 scores (the IEEE bit pattern, sign-folded):
+    int64, or with in_place int32 written over the scores' own memory (float32, C-contiguous)."""
+    if not in_place:
+        i = np.ascontiguousarray(scores, dtype=np.float32).view(np.int32).astype(np.int64)
+        return np.where(i < 0, -(i & 0x7FFFFFFF) - 1, i)
+    keys = scores.view(np.int32)
+    mag = keys & 0x7FFFFFFF
+    np.negative(mag, out=mag)
+    mag -= 1
+    np.copyto(keys, mag, where=keys < 0)
+    return keys
 
 
 def kth_largest(keys, k: int, comm: Comm) -> np.ndarray:
