@@ -113,10 +113,10 @@ def account(config: Config, n_features: int, n_labels: int, world_size: int = 1,
             t_local = min(T, n_local)
             share = min(t_local, int(np.ceil(T * n_local / n)))  # what this rank keeps per anchor
             out["index"] += A * d * 4 + A * (8 + 4) + A * share * 4
-            pts = min(lc.index_points, 10**9)
-            # hidden vectors of the sampled points, one block of 64 anchors' scores,
-            # the top-T ids and scores, their int64 keys and the sorted ids
-            out["index_build"] = pts * d * 4 + 64 * n_local * 4 + A * t_local * (4 + 4 + 8 + 8)
+            pts = lc.index_points
+            # hidden vectors of the sampled points, one block of 64 anchors' scores, the
+            # top-T ids and scores (keys in place), a key temporary and a mask (fill_index)
+            out["index_build"] = pts * d * 4 + 64 * n_local * 4 + A * t_local * (4 + 4 + 4 + 1)
     out["step"] = step_peak
     out["total"] = sum(out[k] for k in ("weights", "moments", "tables", "index", "scratch", "step"))
     resident = out["total"] - out["step"]
