@@ -114,9 +114,13 @@ def account(config: Config, n_features: int, n_labels: int, world_size: int = 1,
             share = min(t_local, int(np.ceil(T * n_local / n)))  # what this rank keeps per anchor
             out["index"] += A * d * 4 + A * (8 + 4) + A * share * 4
             pts = lc.index_points
-            # hidden vectors of the sampled points, one block of 64 anchors' scores, the
-            # top-T ids and scores (keys in place), a key temporary and a mask (fill_index)
-            out["index_build"] = pts * d * 4 + 64 * n_local * 4 + A * t_local * (4 + 4 + 4 + 1)
+            # the hidden vectors of the sampled points, and the larger of k-means (a block of
+            # distances, the seeding subset, float64 sums) and fill_index (a block of 64
+            # anchors' scores, the top-T ids and scores with keys in place, a key temporary
+            # and a mask)
+            kmeans = 8192 * A * 4 + 4 * A * d * 4 + A * d * 8
+            fill = 64 * n_local * 4 + A * t_local * (4 + 4 + 4 + 1)
+            out["index_build"] = pts * d * 4 + max(kmeans, fill)
     out["step"] = step_peak
     out["total"] = sum(out[k] for k in ("weights", "moments", "tables", "index", "scratch", "step"))
     resident = out["total"] - out["step"]

@@ -204,11 +204,11 @@ def build_index(model: Model, train: XMCData) -> dict:
     rows = np.sort(np.random.default_rng([model.config.seed, 0x1DE]).choice(n, m, replace=False))
     parts = _csr_parts(train.X, net.dtype)
     norms = input_norms(train.X, model.config.input_norm)
-    H = []
+    H = np.empty((m, out.d_in), np.float32)  # filled in place: no list of blocks to concatenate
     for s in range(0, m, 4096):
         batch = make_batch(parts, None, rows[s:s + 4096], net.step, norms=norms)
-        H.append(net.hidden(batch).dense())
-    info = out.build_index(np.concatenate(H), net.comm)
+        H[s:s + 4096] = net.hidden(batch).dense()
+    info = out.build_index(H, net.comm)
     info.update({"points": m, "index_s": time.perf_counter() - t0,
                  "share": float(np.mean(out.inference.fill_count)) / out.n})
     model.index_info = info

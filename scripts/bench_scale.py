@@ -207,7 +207,7 @@ def scale_cases(args) -> list[dict]:
                 out.append({"name": f"hidden {h}, {adam} moments, {ranks}x{threads}", "part": "scale",
                             "hidden": h, "adam": adam, "ranks": ranks, "threads": threads,
                             "train": tr, "test": te, "samples": args.samples, "eval_points": args.eval_points,
-                            "index": adam == "bfloat16", "checkpoint": str(RUNS / "bench_scale_ckpt"),
+                            "index": True, "checkpoint": str(RUNS / "bench_scale_ckpt"),
                             "config": {"hidden": [h], "adam_dtype": adam, "eval_every": 0}})
     return out
 
