@@ -6,6 +6,7 @@ The same command runs on one process and under `mpiexec -n P`:
     dslide train --resume RUN_DIR --train F --test F
     dslide eval --model RUN_DIR --data F [--k 5] [--exact | --lsh]
     dslide predict --model RUN_DIR --data F --k K --out PRED.txt
+    dslide export --model RUN_DIR --out NEW_RUN_DIR     weights only, for deployment
     dslide data gen --preset tiny|small|amazon-like|amazon-tail [--points N] --out PREFIX
     dslide data convert IN OUT
     dslide data stats F
@@ -232,7 +233,8 @@ class Progress:
 # train
 # ----------------------------------------------------------------------------
 
-RESUME_SETTABLE = {"epochs", "eval_every", "eval_points", "log_every", "checkpoint_every", "threads"}
+RESUME_SETTABLE = {"epochs", "eval_every", "eval_points", "log_every", "checkpoint_every", "checkpoint_moments",
+                   "threads"}
 
 
 def cmd_train(args, comm) -> int:
@@ -401,8 +403,23 @@ def _load_model(run_dir: str, comm):
     config = ck.config_of(path)
     manifest = ck.read_manifest(path)
     model = T.build_network((manifest["n_features"], manifest["n_labels"]), config, comm)
-    ck.load_into(model.network, path, comm)
+    # inference needs the weights and the index only: Adam's moments are never read (nor
+    # allocated: their zero pages stay unmapped)
+    ck.load_into(model.network, path, comm, weights_only=True)
     return model
+
+
+def cmd_export(args, comm) -> int:
+    from dslide import checkpoint as ck
+
+    if comm.rank == 0:
+        target = ck.export(args.model, args.out)
+        manifest = ck.read_manifest(target)
+        print(f"wrote {args.out}: the weights of {manifest['n_params']:,} parameters at step {manifest['step']} "
+              f"({ck.size_bytes(target) / 2**20:,.1f} MiB, {manifest['world_size']} rank(s)); "
+              f"use it with eval/predict --model {args.out}")
+    comm.barrier()
+    return 0
 
 
 def cmd_eval(args, comm) -> int:
@@ -573,6 +590,11 @@ def parser() -> argparse.ArgumentParser:
     r = model_command("predict", "write the top-k labels of each point", exact_flag=False)
     r.add_argument("--out", required=True, metavar="PRED.txt")
 
+    x = sub.add_parser("export", help="copy a run's latest checkpoint without optimiser state (for eval/predict)")
+    x.add_argument("--model", required=True, metavar="RUN_DIR")
+    x.add_argument("--out", required=True, metavar="NEW_RUN_DIR")
+    x.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+
     d = sub.add_parser("data", help="generate, convert and inspect data sets")
     dsub = d.add_subparsers(dest="data_cmd", required=True)
     gen = dsub.add_parser("gen", help="write a synthetic data set (PREFIX_train.txt, PREFIX_test.txt)")
@@ -598,7 +620,8 @@ def main(argv=None) -> int:
     from dslide.comm import Comm
 
     comm = Comm.world()
-    commands = {"train": cmd_train, "eval": cmd_eval, "predict": cmd_predict, "data": cmd_data}
+    commands = {"train": cmd_train, "eval": cmd_eval, "predict": cmd_predict, "export": cmd_export,
+                "data": cmd_data}
     try:
         return commands[args.cmd](args, comm)
     except KeyboardInterrupt:

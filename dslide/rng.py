@@ -30,7 +30,7 @@ _S11 = np.uint64(11)
 _INV53 = 1.0 / 9007199254740992.0  # 2**-53
 
 # Purposes: the second word of a key, so streams for different uses never meet.
-INIT, DROPOUT, NEGATIVES, SHUFFLE, EVAL = 1, 2, 3, 4, 5
+INIT, DROPOUT, NEGATIVES, SHUFFLE, EVAL, ROUNDING = 1, 2, 3, 4, 5, 6
 
 
 @njit(cache=True, inline="always")

@@ -15,7 +15,9 @@ range_pow=None) -> int32 [n, L]` bucket codes (parallel over rows);
     minhash  densified one-permutation MinHash of the non-zero set (also CSR input)
 
 `HashTables(family, range_pow, capacity, policy)` stores the tables as flat
-int32 arrays and offers build / update / query.
+int32 arrays of fixed-capacity buckets and offers build / update / query;
+`CompactTables(family, range_pow)` does the same with buckets sized to what
+they hold (lsh.compact).
 
 `AnchorTables` (lsh.anchors) is the data-dependent alternative for maximum
 inner product search with biases: queries hash to their nearest k-means
@@ -33,6 +35,7 @@ from .minhash import MinHash
 from .srp import SRP
 from . import anchors
 from .anchors import AnchorTables
+from .compact import CompactTables
 from .tables import HashTables
 from .wta import WTA
 
@@ -56,4 +59,4 @@ def make_family(name: str, dim: int, K: int, L: int, seed: int, **params) -> Has
     return cls(dim, K, L, seed, **params)
 
 
-__all__ = ["FAMILIES", "LAYER_FAMILIES", "AnchorTables", "make_family", "HashFamily", "HashTables", "SRP", "DWTA", "WTA", "MinHash"]
+__all__ = ["FAMILIES", "LAYER_FAMILIES", "AnchorTables", "CompactTables", "make_family", "HashFamily", "HashTables", "SRP", "DWTA", "WTA", "MinHash"]

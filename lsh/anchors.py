@@ -333,7 +333,11 @@ def kmeans(X, A: int, seed: int, iters: int = 6, block: int = 8192, seed_points:
         C[live] = (sums[live] / counts[live, None]).astype(np.float32)
         dead = np.flatnonzero(~live)
         if dead.size:
-            far = np.argsort(-np.einsum("ij,ij->i", X - C[codes], X - C[codes]), kind="stable")[:dead.size]
+            own = np.empty(n, np.float32)
+            for s in range(0, n, block):  # in blocks: [n, d] temporaries would double X
+                diff = X[s:s + block] - C[codes[s:s + block]]
+                own[s:s + block] = np.einsum("ij,ij->i", diff, diff)
+            far = np.argsort(-own, kind="stable")[:dead.size]
             C[dead] = X[far]
     return C
 

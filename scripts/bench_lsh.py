@@ -134,7 +134,8 @@ def recall(indptr, ids, truth):
 
 def run_setting(s, W, Q, truth, repeat):
     fam = lsh.make_family(s["family"], W.shape[1], s["K"], s["L"], seed=1, **s["params"])
-    T = lsh.HashTables(fam, s["rp"], s["C"], policy=s["policy"], seed=1)
+    # C=0: buckets sized to what they hold (lsh.CompactTables)
+    T = lsh.HashTables(fam, s["rp"], s["C"], policy=s["policy"], seed=1) if s["C"] else lsh.CompactTables(fam, s["rp"])
     # Compile outside the timings (numba parallel kernels are compiled per process).
     T.build(W[:512])
     T.query(Q[:4], mode=s["mode"], m=s["m"], t=s["t"])
@@ -155,8 +156,8 @@ def run_setting(s, W, Q, truth, repeat):
 def describe(s):
     extra = "".join(f", {k}={v}" for k, v in s["params"].items())
     sel = {"topk": f" m={s['m']}", "threshold": f" t={s['t']}"}.get(s["mode"], "")
-    return (f"{s['family']} K={s['K']} L={s['L']}{extra} rp={s['rp']} C={s['C']} "
-            f"{s['policy']} {s['mode']}{sel}")
+    table = f"C={s['C']} {s['policy']}" if s["C"] else "compact"
+    return f"{s['family']} K={s['K']} L={s['L']}{extra} rp={s['rp']} {table} {s['mode']}{sel}"
 
 
 def trained_layer(args) -> None:

@@ -3,6 +3,7 @@
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -254,24 +255,23 @@ def test_incompatible_checkpoint_is_a_clear_error(trained, tmp_path):
         ck.load_into(net, path, Comm())
     # a manifest that does not match its files
     manifest = json.loads((path / "manifest.json").read_text())
-    manifest["files"][0]["sha256"] = "0" * 64
+    manifest["ranks"][0]["arrays"]["layer1/W"]["sha256"] = "0" * 64
     broken = tmp_path / "broken"
-    (broken / "checkpoints" / path.name).mkdir(parents=True)
-    for f in path.iterdir():
-        (broken / "checkpoints" / path.name / f.name).write_bytes(f.read_bytes())
+    shutil.copytree(path, broken / "checkpoints" / path.name)
     (broken / "checkpoints" / path.name / "manifest.json").write_text(json.dumps(manifest))
     (broken / "checkpoints" / "LATEST").write_text(path.name)
     net = Network(ck.config_of(path), 1000, 500, Comm())
     with pytest.raises(ck.CheckpointError, match="does not match the checksum"):
         ck.load_into(net, ck.latest(broken), Comm())
     ck.load_into(net, ck.latest(broken), Comm(), verify=False)  # unless not asked to verify
-    # a file damaged inside an array (the checksum runs beside the load and explains its failure)
+    # a file damaged inside an array
     (broken / "checkpoints" / path.name / "manifest.json").write_text((path / "manifest.json").read_text())
-    rank0 = broken / "checkpoints" / path.name / "rank-0000.npz"
-    raw = bytearray(rank0.read_bytes())
+    entry = manifest["ranks"][0]
+    w_file = broken / "checkpoints" / path.name / entry["dir"] / entry["arrays"]["layer1/W"]["file"]
+    raw = bytearray(w_file.read_bytes())
     raw[len(raw) // 2] ^= 0xFF
-    rank0.write_bytes(bytes(raw))
-    with pytest.raises(ck.CheckpointError, match="rank-0000.npz does not match the checksum"):
+    w_file.write_bytes(bytes(raw))
+    with pytest.raises(ck.CheckpointError, match=f"{w_file.name}.*does not match the checksum"):
         ck.load_into(Network(ck.config_of(path), 1000, 500, Comm()), ck.latest(broken), Comm())
 
 

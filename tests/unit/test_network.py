@@ -471,3 +471,18 @@ def test_item_hashing_candidates_cap_takes_rank_by_rank():
                     seen.add(int(ids[ptr[i] + t]))
                     order.append(int(ids[ptr[i] + t]))
         np.testing.assert_array_equal(_rank_major_union(ptr, ids, total), sorted(order[:total]))
+
+
+def test_order_keys_in_place_are_the_int64_keys_in_int32():
+    from dslide.network import _order_keys
+
+    rs = np.random.default_rng(4)
+    s = np.concatenate([rs.normal(size=500) * 10.0 ** rs.integers(-20, 20, 500), [0.0, -0.0, -np.inf, np.inf]])
+    s = s.astype(np.float32).reshape(4, -1)
+    want = _order_keys(s)
+    got = _order_keys(s.copy(), in_place=True)
+    assert got.dtype == np.int32
+    np.testing.assert_array_equal(got.astype(np.int64), want)
+    flat, keys = s.ravel(), want.ravel()
+    nz = flat != 0  # -0.0 and 0.0 are equal floats with distinct keys
+    assert (np.diff(keys[nz][np.argsort(flat[nz], kind="stable")]) > 0).all()
