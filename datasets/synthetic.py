@@ -88,7 +88,7 @@ global random state or on the numba thread count.
 
 Command line
 ------------
-``python -m datasets.synthetic --preset small --stats [--points N]
+``python -m dslide.datasets.synthetic --preset small --stats [--points N]
 [--test-points N] [--seed S] [--set FIELD=VALUE ...] [--centroid] [--out PREFIX]``
 """
 
@@ -97,6 +97,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
+import os
 import sys
 import time
 import zlib
@@ -107,8 +108,8 @@ import numpy as np
 import scipy.sparse as sp
 from numba import njit
 
-from dslide.data import XMCData
-from dslide.rng import GOLDEN, mix64
+from dslide.data import XMCData, write_xmc
+from dslide.rng import splitmix_next, unit
 
 
 # --------------------------------------------------------------------------- presets
@@ -255,7 +256,6 @@ def get_preset(preset: str | Preset, **overrides) -> Preset:
 
 # --------------------------------------------------------------------------- random numbers
 
-_S11 = np.uint64(11)
 _S32 = np.uint64(32)
 _LO32 = np.uint64(0xFFFFFFFF)
 _INV32 = 1.0 / 4294967296.0
@@ -264,15 +264,13 @@ _INV32 = 1.0 / 4294967296.0
 @njit(cache=True)
 def _next(state):
     """Next uint64 of a splitmix64 stream; state: uint64[1], advanced in place."""
-    r = mix64(state[0])  # the finaliser of state + golden ratio: SplitMix64's next output
-    state[0] += GOLDEN
-    return r
+    return splitmix_next(state, 0)
 
 
 @njit(cache=True)
 def _uniform(state):
     """Next float64 in [0, 1) (53 random bits) of the stream in `state`."""
-    return np.float64(_next(state) >> _S11) * (1.0 / 9007199254740992.0)
+    return unit(_next(state))
 
 
 @njit(cache=True)
@@ -696,9 +694,10 @@ def generate_split(preset: str | Preset = "small", n_train: int | None = None,
 
 
 def write(prefix: str, train: XMCData, test: XMCData) -> tuple[str, str]:
-    """Write `<prefix>_train.txt` and `<prefix>_test.txt` in the XMC text format; return the paths."""
-    from dslide.data import write_xmc  # noqa: PLC0415  (the writer lives with the reader)
+    """Write `<prefix>_train.txt` and `<prefix>_test.txt` in the XMC text format; return the paths.
 
+    The prefix's directory is created if missing (`--out data/amz` on a fresh clone)."""
+    os.makedirs(os.path.dirname(os.fspath(prefix)) or ".", exist_ok=True)
     paths = (f"{prefix}_train.txt", f"{prefix}_test.txt")
     for path, data in zip(paths, (train, test)):
         write_xmc(path, data.X, data.Y)
@@ -792,7 +791,7 @@ def _l2_normalise(X: sp.csr_matrix) -> sp.csr_matrix:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m datasets.synthetic", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m dslide.datasets.synthetic", description=__doc__.split("\n")[0])
     ap.add_argument("--preset", default="small", help=f"one of {', '.join(PRESETS)}")
     ap.add_argument("--points", type=int, default=None, help="train points (default: the preset's)")
     ap.add_argument("--test-points", type=int, default=None, help="test points (default: the preset's)")

@@ -9,6 +9,12 @@ __version__ = "0.1.0"
 
 import os as _os
 import sys as _sys
+import time as _time
+
+#: time.perf_counter() when dslide was first imported. For the dslide command that is
+#: the process's start but for the interpreter's own (its imports of numpy, scipy and
+#: numba come later): the origin of the start-up times in metrics.json.
+IMPORTED_AT = _time.perf_counter()
 
 # numba's parallel kernels (GNU OpenMP) and the BLAS products (OpenBLAS)
 # take turns on the same cores. By default both keep their idle threads

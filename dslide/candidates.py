@@ -11,8 +11,10 @@ so candidates cost what random neurons cost (one BLAS product).
                        online from every training batch; the buckets are
                        refilled from the current weights on a schedule.
     HashCandidates     families "dwta", "srp", "wta": SLIDE's item hashing,
-                       neurons hashed into fixed-capacity tables
-                       (lsh.HashTables), re-hashed and rebuilt on a schedule.
+                       neurons hashed into tables whose buckets hold exactly
+                       their neurons (lsh.CompactTables; lsh.capacity = 0, the
+                       default) or fixed-capacity ones (lsh.HashTables),
+                       re-hashed and rebuilt on a schedule.
 
 Schedules: a period starts at `lsh.rehash_every` steps and grows by
 `lsh.growth` after each use (weights settle as training goes on; SLIDE,
@@ -26,7 +28,7 @@ import time
 
 import numpy as np
 
-import lsh
+from dslide import lsh
 from dslide.config import LSHConfig
 
 
@@ -116,7 +118,10 @@ class HashCandidates:
         params = {"bin_size": lc.bin_size} if lc.family == "dwta" else {}
         self.family = lsh.make_family(lc.family, d_in, lc.K, lc.L, family_seed, **params)
         range_pow = lc.range_pow or auto_range_pow(n_local, lc.capacity, self.family.code_bits)
-        self.tables = lsh.HashTables(self.family, range_pow, lc.capacity, policy=lc.policy, seed=table_seed)
+        if lc.capacity:
+            self.tables = lsh.HashTables(self.family, range_pow, lc.capacity, policy=lc.policy, seed=table_seed)
+        else:
+            self.tables = lsh.CompactTables(self.family, range_pow)
         self.rehash = _Schedule(lc.rehash_every, lc.growth, lc.rehash_every)
         self.rebuild = _Schedule(lc.rebuild_every, lc.growth, lc.rebuild_every)
         self.built = False
@@ -202,8 +207,11 @@ def _rank_major_union(ptr, ids, total: int) -> np.ndarray:
 
 
 def auto_range_pow(n_local: int, capacity: int, code_bits: int) -> int:
-    """Buckets for about `capacity / 4` neurons each on average, within the code's bits."""
-    want = int(np.ceil(np.log2(max(4.0 * n_local / capacity, 2.0))))
+    """Buckets for about `capacity / 4` neurons each on average (fixed capacity: few buckets
+    overflow), or 8 to 16 (capacity 0, compact tables: fewer, larger buckets lose recall,
+    measured by scripts/bench_lsh.py), within the code's bits."""
+    load = capacity / 4.0 if capacity else 16.0
+    want = int(np.ceil(np.log2(max(n_local / load, 2.0))))
     return int(min(max(want, 1), code_bits, 24))
 
 

@@ -1,34 +1,50 @@
-"""Sharded checkpoints: one file per rank plus a manifest, written atomically.
+"""Sharded checkpoints: one directory of .npy files per rank plus a manifest, written atomically.
 
 Layout of a run directory:
 
-    RUN_DIR/checkpoints/step-000001200/rank-0000.npz   each rank's slices
-                                      /rank-0001.npz
-                                      /manifest.json   written last
-    RUN_DIR/checkpoints/LATEST                         name of the newest complete one
+    RUN_DIR/checkpoints/step-000001200/rank-0000/layer0.W.npy     each rank's slices,
+                                                /layer0.W.m.npy   one file per array
+                                      /rank-0001/...
+                                      /manifest.json              written last
+    RUN_DIR/checkpoints/LATEST                                    name of the newest complete one
 
-A checkpoint is written into its own directory, each file under a temporary
-name then renamed; the manifest (config, world size, step, network shape,
-the files' SHA-256) comes last, and only then is LATEST replaced (write to a
-temporary name, `os.replace`). A kill at any moment leaves LATEST naming a
-complete checkpoint; older ones are deleted only after that.
+Every array goes to its own file, written under a temporary name in chunks
+(its SHA-256 computed on the way, no second read), fsynced and renamed: a
+save needs no memory beyond one chunk, whatever the model's size. The
+manifest (config, world size, step, network shape, each file's SHA-256,
+shape, dtype and whether inference needs it) comes last, and only then is
+LATEST replaced (write to a temporary name, `os.replace`). A kill at any
+moment leaves LATEST naming a complete checkpoint; older ones are deleted
+only after that.
 
-Loading never unpickles (`np.load(..., allow_pickle=False)`). With the same
-number of ranks every rank reads its own file, hash tables included, and the
-run continues exactly. With another number of ranks each rank reads the
-columns it now owns from the old files (resharding) and rebuilds its hash
-tables from the weights.
+Reading goes straight into the network's own arrays (the ones its layers'
+`state()` returns), chunk by chunk with `readinto`, hashing as it reads: no
+second copy of a layer in memory, and no memory map either (mapped file
+pages would count in the process's resident memory). With the same number
+of ranks each rank reads its own directory, hash tables included, and the
+run continues exactly. With another number of ranks each rank reads, from
+the old files, only the slices of the columns it now owns (resharding; those
+files are verified by a second thread reading them whole) and rebuilds its
+hash tables from the weights.
 
-Randomness needs no state: every draw is a function of (seed, step, ...),
-and the data order of (seed, epoch); the step is in the manifest.
+A weights-only checkpoint (`checkpoint_moments = false`, or `dslide export`
+of a full one) holds what inference needs: each layer's W and b and the
+output layer's inference index. `eval` and `predict` read only those from
+any checkpoint; resuming training from a weights-only one is refused.
+
+Loading never unpickles. Randomness needs no state: every draw is a function
+of (seed, step, ...), and the data order of (seed, epoch); the step is in
+the manifest.
 """
 
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
 import shutil
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -37,7 +53,8 @@ from dslide.comm import Comm
 from dslide.config import Config
 from dslide.network import Network
 
-FORMAT = 1
+FORMAT = 2
+CHUNK = 64 << 20  # bytes per read/write call: the extra memory a save or load needs
 
 
 class CheckpointError(ValueError):
@@ -67,8 +84,191 @@ def _write_atomic(path: Path, data: bytes) -> None:
     os.replace(tmp, path)
 
 
-def save(net: Network, run_dir, comm: Comm, extra: dict | None = None, keep: int = 1) -> Path:
-    """Write a checkpoint of every rank's slices (collective: every rank calls it)."""
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+# ----------------------------------------------------------------------------
+# one array <-> one .npy file, in bounded memory
+# ----------------------------------------------------------------------------
+
+
+def _npy_header(arr: np.ndarray) -> bytes:
+    buf = io.BytesIO()
+    d = {"descr": np.lib.format.dtype_to_descr(arr.dtype), "fortran_order": False, "shape": arr.shape}
+    try:
+        np.lib.format.write_array_header_1_0(buf, d)
+    except ValueError:  # a header over 64 KiB (never for our shapes)
+        buf = io.BytesIO()
+        np.lib.format.write_array_header_2_0(buf, d)
+    return buf.getvalue()
+
+
+def write_npy(path: Path, arr: np.ndarray) -> str:
+    """Write `arr` as a .npy file atomically (temporary name, fsync, rename), CHUNK bytes at a
+    time; returns the file's SHA-256."""
+    arr = np.asarray(arr)
+    h = hashlib.sha256()
+    tmp = path.with_name("." + path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        head = _npy_header(arr)
+        h.update(head)
+        f.write(head)
+        rows = arr.reshape(-1) if arr.flags.c_contiguous else None
+        if rows is not None:
+            raw = memoryview(rows.view(np.uint8)) if arr.size else memoryview(b"")
+            for a in range(0, len(raw), CHUNK):
+                h.update(raw[a:a + CHUNK])
+                f.write(raw[a:a + CHUNK])
+        else:  # a strided view: contiguous copies of a few rows at a time
+            lead = arr.reshape(arr.shape[0], -1) if arr.ndim > 1 else arr.reshape(-1, 1)
+            step = max(1, CHUNK // max(1, lead[0].nbytes))
+            for a in range(0, lead.shape[0], step):
+                block = np.ascontiguousarray(lead[a:a + step]).view(np.uint8).reshape(-1)
+                h.update(block)
+                f.write(block)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    return h.hexdigest()
+
+
+class _NpyFile:
+    """An open .npy file: its shape, dtype and where the data starts."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.f = open(path, "rb")
+        try:
+            version = np.lib.format.read_magic(self.f)
+            if version == (1, 0):
+                shape, fortran, dtype = np.lib.format.read_array_header_1_0(self.f)
+            else:
+                shape, fortran, dtype = np.lib.format.read_array_header_2_0(self.f)
+        except ValueError as e:
+            self.f.close()
+            raise CheckpointError(f"{path} is not a valid .npy file: {e}") from None
+        if fortran or dtype.hasobject:
+            self.f.close()
+            raise CheckpointError(f"{path} holds a {'Fortran-ordered' if fortran else 'object'} array; "
+                                  f"checkpoints hold C-ordered plain arrays")
+        self.shape, self.dtype, self.offset = tuple(shape), dtype, self.f.tell()
+
+    def close(self):
+        self.f.close()
+
+    def _readinto(self, out_bytes: memoryview, h=None) -> None:
+        pos = 0
+        while pos < len(out_bytes):
+            n = self.f.readinto(out_bytes[pos:pos + CHUNK])
+            if not n:
+                raise CheckpointError(f"{self.path} is truncated: expected {np.prod(self.shape)} "
+                                      f"{self.dtype} values of shape {self.shape}")
+            if h is not None:
+                h.update(out_bytes[pos:pos + n])
+            pos += n
+
+    def read_all(self, out: np.ndarray, h=None) -> None:
+        """The whole array into `out` (C-contiguous, its shape and dtype); h: a hash object
+        fed the file's bytes from the start (header included)."""
+        if out.shape != self.shape or out.dtype != self.dtype:
+            raise CheckpointError(f"{self.path} holds {self.dtype} {self.shape}, expected {out.dtype} {out.shape}")
+        self.f.seek(0)
+        head = self.f.read(self.offset)
+        if h is not None:
+            h.update(head)
+        if out.size:
+            self._readinto(memoryview(out.reshape(-1).view(np.uint8)), h)
+        if h is not None and self.f.read(1):
+            raise CheckpointError(f"{self.path} has bytes after its array")
+
+    def read_slice(self, axis: int, a: int, b: int, out: np.ndarray) -> None:
+        """Entries [a, b) along `axis` into out (the slice's shape; a view into a larger
+        array is fine): a contiguous byte range read directly when nothing precedes the
+        axis, otherwise blocks of leading rows through a buffer of about CHUNK bytes."""
+        shape = self.shape
+        outer = int(np.prod(shape[:axis], dtype=np.int64))
+        n = shape[axis]
+        inner = int(np.prod(shape[axis + 1:], dtype=np.int64))
+        item = self.dtype.itemsize
+        want = shape[:axis] + (b - a,) + shape[axis + 1:]
+        if out.shape != want or out.dtype != self.dtype:
+            raise CheckpointError(f"{self.path}: slice [{a}, {b}) of axis {axis} needs a "
+                                  f"{self.dtype} {want} target, got {out.dtype} {out.shape}")
+        if out.size == 0:
+            return
+        if outer == 1 and out.flags.c_contiguous:
+            self.f.seek(self.offset + a * inner * item)
+            self._readinto(memoryview(out.reshape(-1).view(np.uint8)))
+            return
+        row = n * inner * item
+        step = max(1, CHUNK // row)
+        buf = np.empty((step, n, inner), self.dtype)
+        if out.flags.c_contiguous:
+            dst = out.reshape(outer, b - a, inner)
+        elif out.ndim == 2 and axis == 1:  # columns of a larger matrix: a strided view
+            dst = out[:, :, None]
+        else:
+            raise CheckpointError(f"{self.path}: cannot read axis {axis} of {shape} into a strided target")
+        for o in range(0, outer, step):
+            k = min(step, outer - o)
+            self.f.seek(self.offset + o * row)
+            self._readinto(memoryview(buf[:k].reshape(-1).view(np.uint8)))
+            dst[o:o + k] = buf[:k, a:b]
+
+
+class _Digest(threading.Thread):
+    """The SHA-256 of a file computed in a second thread (hashlib and file reads release the
+    GIL) while the main thread reads slices of it; `check` waits for it and compares."""
+
+    def __init__(self, f: Path, want: str, manifest: Path):
+        super().__init__(daemon=True)
+        self.f, self.want, self.manifest = f, want, manifest
+        self.got, self.error = None, None
+        self.start()
+
+    def run(self):
+        try:
+            self.got = _sha256(self.f)
+        except OSError as e:
+            self.error = e
+
+    def check(self) -> None:
+        self.join()
+        if self.error is not None:
+            raise CheckpointError(f"{self.f} could not be read to verify it: {self.error}")
+        if self.got != self.want:
+            raise _mismatch(self.f, self.manifest)
+
+
+def _mismatch(f: Path, manifest: Path) -> CheckpointError:
+    return CheckpointError(f"{f} does not match the checksum in {manifest}: the file is corrupt "
+                           f"or from another checkpoint")
+
+
+# ----------------------------------------------------------------------------
+# saving
+# ----------------------------------------------------------------------------
+
+
+def _file_name(key: str) -> str:
+    """'layer0/W.m' -> 'layer0.W.m.npy'."""
+    return key.replace("/", ".") + ".npy"
+
+
+def save(net: Network, run_dir, comm: Comm, extra: dict | None = None, keep: int = 1,
+         weights_only: bool | None = None) -> Path:
+    """Write a checkpoint of every rank's slices (collective: every rank calls it).
+
+    weights_only: only what inference needs (W, b, the inference index); default:
+    not config.checkpoint_moments. Such a checkpoint cannot be resumed from.
+    """
+    if weights_only is None:
+        weights_only = not net.config.checkpoint_moments
     root = Path(run_dir) / "checkpoints"
     name = None
     if comm.rank == 0:
@@ -81,32 +281,36 @@ def save(net: Network, run_dir, comm: Comm, extra: dict | None = None, keep: int
         (root / name).mkdir()
     name = comm.bcast_object(name)
     target = root / name
-    arrays = {}
+    own = target / f"rank-{comm.rank:04d}"
+    own.mkdir()
+    listing = {}
     for layer in net.layers:
-        for key, arr in layer.state().items():
-            arrays[f"layer{layer.index}/{key}"] = arr
-    path = target / f"rank-{comm.rank:04d}.npz"
-    tmp = target / f".rank-{comm.rank:04d}.npz.tmp"
-    with open(tmp, "wb") as f:
-        np.savez(f, **arrays)
-        f.flush()
-        os.fsync(f.fileno())
+        inference = set(layer.state(weights_only=True))
+        for key, arr in layer.state(weights_only=weights_only).items():
+            full = f"layer{layer.index}/{key}"
+            fname = _file_name(full)
+            digest = write_npy(own / fname, arr)
+            listing[full] = {"file": fname, "sha256": digest, "shape": list(np.shape(arr)),
+                             "dtype": np.lib.format.dtype_to_descr(np.asarray(arr).dtype),
+                             "inference": key in inference}
+    _fsync_dir(own)
     _fault("checkpoint-rank-file")
-    os.replace(tmp, path)
-    digests = comm.allgather_object(_sha256(path))
+    listings = comm.allgather_object(listing)
     if comm.rank == 0:
         manifest = {
             "format": FORMAT,
+            "contents": "weights" if weights_only else "full",
             "step": net.step,
             "world_size": comm.size,
             "parallel": net.config.parallel,
             "n_features": net.n_features,
             "n_labels": net.n_labels,
+            "n_params": net.n_params,
             "layers": net.describe(),
             "bounds": [layer.bounds.tolist() for layer in net.layers],  # uneven shards differ from even
             "config": net.config.to_dict(),
             "rng": {"kind": "counter-based", "seed": net.config.seed, "step": net.step},
-            "files": [{"name": f"rank-{r:04d}.npz", "sha256": d} for r, d in enumerate(digests)],
+            "ranks": [{"dir": f"rank-{r:04d}", "arrays": lst} for r, lst in enumerate(listings)],
             "extra": extra or {},
         }
         _write_atomic(target / "manifest.json", json.dumps(manifest, indent=1).encode())
@@ -118,6 +322,46 @@ def save(net: Network, run_dir, comm: Comm, extra: dict | None = None, keep: int
             shutil.rmtree(p, ignore_errors=True)
     comm.barrier()
     return target
+
+
+def export(run_dir, out_dir) -> Path:
+    """A new run directory `out_dir` holding the weights of `run_dir`'s latest checkpoint
+    (W, b and the inference index of every rank, no optimiser state), for deployment:
+    `eval` and `predict` take it as --model. Files are copied one by one (no MPI, bounded
+    memory); the configuration and metrics come along. Returns the new checkpoint's path."""
+    src = latest(run_dir)
+    manifest = read_manifest(src)
+    out_dir = Path(out_dir)
+    if out_dir.exists() and any(out_dir.iterdir()):
+        raise CheckpointError(f"{out_dir} exists and is not empty; export writes a new run directory")
+    root = out_dir / "checkpoints"
+    target = root / src.name
+    target.mkdir(parents=True)
+    for extra_file in ("config.toml", "metrics.json"):
+        if (Path(run_dir) / extra_file).exists():
+            shutil.copyfile(Path(run_dir) / extra_file, out_dir / extra_file)
+    ranks = []
+    for entry in manifest["ranks"]:
+        (target / entry["dir"]).mkdir()
+        kept = {k: v for k, v in entry["arrays"].items() if v["inference"]}
+        for k, v in kept.items():
+            tmp = target / entry["dir"] / ("." + v["file"] + ".tmp")
+            shutil.copyfile(src / entry["dir"] / v["file"], tmp)
+            if _sha256(tmp) != v["sha256"]:
+                raise _mismatch(src / entry["dir"] / v["file"], src / "manifest.json")
+            os.replace(tmp, target / entry["dir"] / v["file"])
+        _fsync_dir(target / entry["dir"])
+        ranks.append({"dir": entry["dir"], "arrays": kept})
+    manifest = {**manifest, "contents": "weights", "ranks": ranks,
+                "extra": {**manifest.get("extra", {}), "exported_from": str(src)}}
+    _write_atomic(target / "manifest.json", json.dumps(manifest, indent=1).encode())
+    _write_atomic(root / "LATEST", (src.name + "\n").encode())
+    return target
+
+
+# ----------------------------------------------------------------------------
+# loading
+# ----------------------------------------------------------------------------
 
 
 def latest(run_dir) -> Path:
@@ -141,7 +385,8 @@ def read_manifest(path) -> dict:
     except (OSError, json.JSONDecodeError) as e:
         raise CheckpointError(f"{path / 'manifest.json'} is unreadable: {e}") from None
     if manifest.get("format") != FORMAT:
-        raise CheckpointError(f"{path} has checkpoint format {manifest.get('format')!r}; this dslide reads {FORMAT}")
+        raise CheckpointError(f"{path} has checkpoint format {manifest.get('format')!r} (format 1: one .npz per "
+                              f"rank, from an older dslide); this dslide reads format {FORMAT}")
     return manifest
 
 
@@ -152,19 +397,65 @@ def config_of(path) -> Config:
     return Config.from_dict(d)
 
 
-def _open(path: Path, entry: dict, verify: bool):
-    f = path / entry["name"]
-    if not f.exists():
-        raise CheckpointError(f"{path / 'manifest.json'} lists {entry['name']}, which is missing")
-    if verify and _sha256(f) != entry["sha256"]:
-        raise CheckpointError(f"{f} does not match the checksum in {path / 'manifest.json'}: the file is corrupt "
-                              f"or from another checkpoint")
-    return np.load(f, allow_pickle=False, mmap_mode="r")
+def size_bytes(path) -> int:
+    """Bytes of a checkpoint's files (every rank's)."""
+    return sum(f.stat().st_size for f in Path(path).rglob("*") if f.is_file())
 
 
-def load_into(net: Network, path, comm: Comm, verify: bool = True) -> dict:
-    """Restore `net` (built with the checkpoint's config, on any number of ranks)
-    from checkpoint directory `path`. Returns the manifest."""
+class _Reader:
+    """One old rank's arrays of a checkpoint: opens and verifies its files as they are read."""
+
+    def __init__(self, path: Path, entry: dict, verify: bool):
+        self.dir, self.arrays, self.verify = path / entry["dir"], entry["arrays"], verify
+        self.manifest = path / "manifest.json"
+        self.digests = []
+
+    def has(self, key: str) -> bool:
+        return key in self.arrays
+
+    def open(self, key: str) -> _NpyFile:
+        f = self.dir / self.arrays[key]["file"]
+        if not f.exists():
+            raise CheckpointError(f"{self.manifest} lists {f.relative_to(self.dir.parent)}, which is missing")
+        return _NpyFile(f)
+
+    def read_all(self, key: str, out: np.ndarray | None) -> np.ndarray:
+        """The whole array: into `out` when it has the file's shape and dtype, else a new array."""
+        npy = self.open(key)
+        try:
+            if out is None or out.shape != npy.shape or out.dtype != npy.dtype or not out.flags.c_contiguous:
+                out = np.empty(npy.shape, npy.dtype)
+            h = hashlib.sha256() if self.verify else None
+            npy.read_all(out, h)
+        finally:
+            npy.close()
+        if h is not None and h.hexdigest() != self.arrays[key]["sha256"]:
+            raise _mismatch(npy.path, self.manifest)
+        return out
+
+    def read_slice(self, key: str, axis: int, a: int, b: int, out: np.ndarray) -> None:
+        npy = self.open(key)
+        try:
+            if self.verify:
+                self.digests.append(_Digest(npy.path, self.arrays[key]["sha256"], self.manifest))
+            npy.read_slice(axis, a, b, out)
+        finally:
+            npy.close()
+
+    def check(self) -> None:
+        for d in self.digests:
+            d.check()
+
+
+def load_into(net: Network, path, comm: Comm, verify: bool = True, weights_only: bool = False) -> dict:
+    """Restore `net` (built with the checkpoint's config, on any number of ranks) from
+    checkpoint directory `path`. Returns the manifest.
+
+    weights_only: read W, b and the inference index only (eval, predict); Adam's moments
+    stay unallocated (zero pages). Without it a weights-only checkpoint is refused.
+    verify: check every file read against its SHA-256 in the manifest (a mismatch raises
+    CheckpointError; the network's state is then undefined).
+    """
     path = Path(path)
     manifest = read_manifest(path)
     if manifest["layers"] != net.describe() or manifest["n_features"] != net.n_features \
@@ -173,57 +464,89 @@ def load_into(net: Network, path, comm: Comm, verify: bool = True) -> dict:
             f"{path} holds a network of shape {_shape(manifest['layers'])} over {manifest['n_features']} features "
             f"and {manifest['n_labels']} labels; this run's is {_shape(net.describe())} over {net.n_features} "
             f"features and {net.n_labels} labels")
-    files = manifest["files"]
-    if len(files) != manifest["world_size"]:
-        raise CheckpointError(f"{path / 'manifest.json'} says {manifest['world_size']} ranks but lists {len(files)} files")
+    if manifest.get("contents") == "weights" and not weights_only:
+        raise CheckpointError(
+            f"{path} holds weights only (saved with checkpoint_moments = false, or by dslide export): "
+            f"eval and predict can use it, but training cannot resume from it (Adam's moments and the "
+            f"hash tables are not in it); resume from a full checkpoint, or start a new run")
+    ranks = manifest["ranks"]
+    if len(ranks) != manifest["world_size"]:
+        raise CheckpointError(f"{path / 'manifest.json'} says {manifest['world_size']} ranks but lists {len(ranks)}")
     # the same layout: as many ranks, each owning the same columns (shard weights may differ)
+    # (checkpoints without "bounds" were split evenly over their ranks, or not at all in data mode)
+    saved = manifest.get("bounds") or [_even(l["n"], manifest["world_size"] if manifest["parallel"] == "model" else 1)
+                                       for l in manifest["layers"]]
     same = manifest["world_size"] == comm.size and manifest["parallel"] == net.config.parallel \
-        and manifest.get("bounds", [_even(l["n"], comm.size) for l in manifest["layers"]]) \
-        == [layer.bounds.tolist() for layer in net.layers]
+        and saved == [layer.bounds.tolist() for layer in net.layers]
     if same or manifest["parallel"] == "data":
-        # data-parallel checkpoints hold the whole model in every file: read one
-        own = _open(path, files[comm.rank if same else 0], verify)
+        # data-parallel checkpoints hold the whole model in every rank's files: read one
+        reader = _Reader(path, ranks[comm.rank if same else 0], verify)
         if manifest["parallel"] == "data" and not same:
-            _load_resharded(net, [own], whole=True)
+            _load_resharded(net, [reader], whole=True, weights_only=weights_only)
         else:
-            for layer in net.layers:
-                pre = f"layer{layer.index}/"
-                layer.load_state({k[len(pre):]: own[k] for k in own.files if k.startswith(pre)}, same_layout=True)
+            _load_same(net, reader, weights_only)
+        readers = [reader]
     else:
-        sources = [_open(path, e, verify) for e in files]
-        _load_resharded(net, sources, whole=False)
+        readers = [_Reader(path, e, verify) for e in ranks]
+        _load_resharded(net, readers, whole=False, weights_only=weights_only)
+    for r in readers:
+        r.check()
     net.step = int(manifest["step"])
     comm.barrier()
     return manifest
 
 
-def _load_resharded(net: Network, sources, whole: bool) -> None:
+def _wanted(reader: _Reader, key: str, weights_only: bool) -> bool:
+    return reader.has(key) and (not weights_only or reader.arrays[key]["inference"])
+
+
+def _load_same(net: Network, reader: _Reader, weights_only: bool) -> None:
+    """Every array of this rank's own files, read into the layer's live arrays where they exist."""
+    for layer in net.layers:
+        pre = f"layer{layer.index}/"
+        live = layer.state(weights_only=weights_only)
+        arrays = {}
+        for full in reader.arrays:
+            if full.startswith(pre) and _wanted(reader, full, weights_only):
+                key = full[len(pre):]
+                arrays[key] = reader.read_all(full, live.get(key))
+        layer.load_state(arrays, same_layout=True, weights_only=weights_only)
+
+
+def _load_resharded(net: Network, readers: list, whole: bool, weights_only: bool) -> None:
     """Each layer's slice [lo, hi) assembled from the old ranks' slices along the axes the
-    layer names (`shard_axes`); arrays every rank holds alike come from the first file,
-    and each layer rebuilds its own derived state."""
+    layer names (`shard_axes`), read straight into its live arrays; arrays every rank holds
+    alike come from the first rank's files, and each layer rebuilds its own derived state."""
     for layer in net.layers:
         pre = f"layer{layer.index}/"
         if whole:
             bounds = np.array([0, layer.n])
         else:
-            sizes = [src[pre + "b"].shape[0] for src in sources]
+            sizes = [r.arrays[pre + "b"]["shape"][0] for r in readers]
             bounds = np.concatenate(([0], np.cumsum(sizes)))
+        live = layer.state(weights_only=weights_only)
         arrays = {}
         for key, axis in layer.shard_axes().items():
-            if pre + key not in sources[0].files:
+            if not _wanted(readers[0], pre + key, weights_only):
                 continue
             if axis is None:
-                arrays[key] = np.asarray(sources[0][pre + key])
+                arrays[key] = readers[0].read_all(pre + key, None)
                 continue
-            parts = []
-            for r, src in enumerate(sources):
+            meta = readers[0].arrays[pre + key]
+            shape = list(meta["shape"])
+            shape[axis] = layer.hi - layer.lo
+            dtype = np.dtype(np.lib.format.descr_to_dtype(meta["dtype"]))
+            out = live.get(key)
+            if out is None or list(out.shape) != shape or out.dtype != dtype:
+                out = np.empty(shape, dtype)
+            for r, reader in enumerate(readers):
                 a, b = max(layer.lo, bounds[r]), min(layer.hi, bounds[r + 1])
                 if a < b:
-                    sl = [slice(None)] * src[pre + key].ndim
-                    sl[axis] = slice(a - bounds[r], b - bounds[r])
-                    parts.append(np.asarray(src[pre + key][tuple(sl)]))
-            arrays[key] = np.concatenate(parts, axis=axis)
-        layer.load_state(arrays, same_layout=False)
+                    sl = [slice(None)] * len(shape)
+                    sl[axis] = slice(a - layer.lo, b - layer.lo)
+                    reader.read_slice(pre + key, axis, int(a - bounds[r]), int(b - bounds[r]), out[tuple(sl)])
+            arrays[key] = out
+        layer.load_state(arrays, same_layout=False, weights_only=weights_only)
 
 
 def _even(n: int, world: int) -> list:

@@ -6,6 +6,7 @@ The same command runs on one process and under `mpiexec -n P`:
     dslide train --resume RUN_DIR --train F --test F
     dslide eval --model RUN_DIR --data F [--k 5] [--exact | --lsh]
     dslide predict --model RUN_DIR --data F --k K --out PRED.txt
+    dslide export --model RUN_DIR --out NEW_RUN_DIR     weights only, for deployment
     dslide data gen --preset tiny|small|amazon-like|amazon-tail [--points N] --out PREFIX
     dslide data convert IN OUT
     dslide data stats F
@@ -21,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 import time
 import traceback
@@ -103,35 +105,57 @@ def make_config(config_file: str | None, sets: list[str]):
 
 
 def config_toml(config) -> str:
-    """The configuration as TOML (what the run directory keeps and --config reads back)."""
+    """The configuration as TOML (what the run directory keeps and --config reads back).
+
+    Settings that are None ("from the data") are left out and read back as
+    None; an entry of lsh_layers that keeps the [lsh] settings (None) is
+    written "lsh", the others as inline tables. make_config(file) of the
+    text gives back an equal Config (tests/unit/test_cli.py checks it for
+    any valid Config).
+    """
     d = config.to_dict()
     lines, tables = [], []
     for k, v in d.items():
-        if v is None:  # "from the data": left out, which reads back as None
+        if v is None:
             continue
         if isinstance(v, dict):
             tables.append((k, v))
         elif k == "lsh_layers":
             if v:
-                lines.append(f"# lsh_layers: {json.dumps(v)}")
+                lines.append(f"{k} = {_toml_value(['lsh' if x is None else x for x in v])}")
         else:
-            lines.append(f"{k} = {_toml_value(v)}")
+            lines.append(f"{_toml_key(k)} = {_toml_value(v)}")
     for name, table in tables:
         lines.append(f"\n[{name}]")
-        lines.extend(f"{k} = {_toml_value(v)}" for k, v in table.items())
+        lines.extend(f"{_toml_key(k)} = {_toml_value(v)}" for k, v in table.items())
     return "\n".join(lines) + "\n"
 
 
 def _toml_value(v) -> str:
+    """One TOML value (TOML 1.0) of a bool, int, float, str, list/tuple or dict (an inline table)."""
     if isinstance(v, bool):
         return "true" if v else "false"
-    if isinstance(v, (int, float)):
+    if isinstance(v, int):
+        return str(v)
+    if isinstance(v, float):
+        # repr: the shortest text that reads back as the same double, in a form
+        # TOML takes as it is (1e-05, 0.001, inf, -inf, nan)
         return repr(v)
     if isinstance(v, str):
-        return json.dumps(v)
+        return '"' + "".join(_TOML_ESCAPES.get(c) or (f"\\u{ord(c):04x}" if ord(c) < 0x20 or c == "\x7f" else c)
+                             for c in v) + '"'
     if isinstance(v, (list, tuple)):
         return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    if isinstance(v, dict):
+        return "{" + ", ".join(f"{_toml_key(k)} = {_toml_value(x)}" for k, x in v.items()) + "}"
     raise TypeError(f"cannot write {v!r} as TOML")
+
+
+def _toml_key(k: str) -> str:
+    return k if re.fullmatch(r"[A-Za-z0-9_-]+", k) else _toml_value(k)
+
+
+_TOML_ESCAPES = {'"': '\\"', "\\": "\\\\", "\b": "\\b", "\t": "\\t", "\n": "\\n", "\f": "\\f", "\r": "\\r"}
 
 
 # ----------------------------------------------------------------------------
@@ -209,11 +233,12 @@ class Progress:
 # train
 # ----------------------------------------------------------------------------
 
-RESUME_SETTABLE = {"epochs", "eval_every", "eval_points", "log_every", "checkpoint_every", "threads",
-                   "replicas", "sync", "sync_every", "shard_weights"}  # the layout: any, on resume
+RESUME_SETTABLE = {"epochs", "eval_every", "eval_points", "log_every", "checkpoint_every", "checkpoint_moments",
+                   "threads", "replicas", "sync", "sync_every", "shard_weights"}  # the layout: any, on resume
 
 
 def cmd_train(args, comm) -> int:
+    import dslide
     from dslide import checkpoint as ck
     from dslide import train as T
 
@@ -263,8 +288,11 @@ def cmd_train(args, comm) -> int:
     progress = Progress(comm, total, model.network.step, args.quiet, run_dir / "log.jsonl", config.batch_size)
 
     fault = os.environ.get("DSLIDE_FAULT", "")
+    first_step_done = []
 
     def callback(event, m, info):
+        if event == "step" and not first_step_done:
+            first_step_done.append(time.perf_counter())
         if event == "step" and fault == f"raise-rank{comm.rank}-step{info}":  # test hook
             raise RuntimeError(f"injected fault on rank {comm.rank} at step {info}")
         progress(event, m, info)
@@ -281,6 +309,11 @@ def cmd_train(args, comm) -> int:
     wall = time.perf_counter() - t0
     T.save_model(model, save)
     metrics = _final_metrics(model, history, test, wall, inv_prop)
+    # seconds from the process's start to the end of its first step: imports, data, the
+    # network's construction, and the first step, in which numba loads (or compiles) its kernels
+    startup = comm.allgather_object(first_step_done[0] - dslide.IMPORTED_AT if first_step_done else None)
+    if None not in startup:
+        metrics["startup_s"] = max(startup)
     if comm.rank == 0:
         (run_dir / "metrics.json").write_text(json.dumps(metrics, indent=1) + "\n")
     _say(comm, _summary(metrics, run_dir))
@@ -355,6 +388,9 @@ def _summary(m: dict, run_dir: Path) -> str:
     s.append(f"{m['samples_per_s']:,.0f} samples/s over {m['steps']} steps ({m['world_size']} rank(s) x "
              f"{m['threads']} thread(s)); {m['bytes_per_step']:,.0f} bytes/step per rank"
              + (f" ({100 * ratio:.3f}% of a data-parallel all-reduce)" if m["world_size"] > 1 else ""))
+    if "startup_s" in m:
+        s.append(f"start-up {m['startup_s']:.1f}s (process start to the end of the first step, "
+                 f"{m['warmup_s']:.1f}s of it in that step)")
     s.append(f"run directory: {run_dir} (metrics.json, log.jsonl, config.toml, propensity.npz, checkpoints/)")
     return "\n".join(s)
 
@@ -373,18 +409,36 @@ def _load_model(run_dir: str, comm):
     config = ck.config_of(path).replace(replicas=1, shard_weights=())
     manifest = ck.read_manifest(path)
     model = T.build_network((manifest["n_features"], manifest["n_labels"]), config, comm)
-    ck.load_into(model.network, path, comm)
+    # inference needs the weights and the index only: Adam's moments are never read (nor
+    # allocated: their zero pages stay unmapped)
+    ck.load_into(model.network, path, comm, weights_only=True)
     return model
+
+
+def cmd_export(args, comm) -> int:
+    from dslide import checkpoint as ck
+
+    if comm.rank == 0:
+        target = ck.export(args.model, args.out)
+        manifest = ck.read_manifest(target)
+        print(f"wrote {args.out}: the weights of {manifest['n_params']:,} parameters at step {manifest['step']} "
+              f"({ck.size_bytes(target) / 2**20:,.1f} MiB, {manifest['world_size']} rank(s)); "
+              f"use it with eval/predict --model {args.out}")
+    comm.barrier()
+    return 0
 
 
 def cmd_eval(args, comm) -> int:
     import scipy.sparse as sp
 
+    import dslide
     from dslide import propensity
     from dslide import train as T
     from dslide.metrics import evaluate
 
+    t_load = time.perf_counter()
     model = _load_model(args.model, comm)
+    load_s = time.perf_counter() - t_load
     data = _read(args.data, "--data")
     _check_shape(data, model, args.data)
     # the training labels' propensities, saved with the run: never the evaluated file's
@@ -398,6 +452,9 @@ def cmd_eval(args, comm) -> int:
               "mode": "lsh" if args.lsh else "exact", "points": data.n_points, "predict_s": dt,
               "scored_share": stats["scored_share"],
               "samples_per_s": data.n_points / max(dt, 1e-9), "world_size": comm.size,
+              # seconds from the process's start until scoring began, and of it loading the model
+              "startup_s": max(comm.allgather_object(t0 - dslide.IMPORTED_AT)),
+              "load_model_s": max(comm.allgather_object(load_s)),
               "peak_rss_mb": comm.allgather_object(round(T.peak_rss_mb(), 1))})
     if comm.rank == 0:
         Path(args.model, "metrics.json").write_text(json.dumps({**_old_metrics(args.model), "eval": m}, indent=1) + "\n")
@@ -410,7 +467,8 @@ def cmd_eval(args, comm) -> int:
             print(f"PSP@k left out: {propensity.path_in(args.model)} is missing (the run was trained on "
                   f"fewer than 3 points, or before runs saved their training labels' propensities)")
         print(f"{data.n_points:,} points in {dt:.2f}s ({m['mode']} scoring: "
-              f"{100 * m['scored_share']:.2f}% of the labels scored per point)")
+              f"{100 * m['scored_share']:.2f}% of the labels scored per point), after {m['startup_s']:.1f}s of "
+              f"start-up ({m['load_model_s']:.1f}s loading the model)")
     return 0
 
 
@@ -456,7 +514,7 @@ def cmd_predict(args, comm) -> int:
 
 
 def cmd_data(args, comm) -> int:
-    from datasets import synthetic
+    from dslide.datasets import synthetic
 
     if comm.rank != 0:
         return 0
@@ -482,7 +540,7 @@ def _convert(args) -> int:
     if not os.path.exists(src):
         raise UsageError(f"input {src} does not exist")
     if src.endswith(".arff") or src.endswith(".arff.gz"):
-        from datasets.arff import read_arff
+        from dslide.datasets.arff import read_arff
 
         if args.labels is None and args.labels_xml is None:
             raise UsageError("converting ARFF needs the number of labels (--labels N, the last N attributes) "
@@ -492,12 +550,12 @@ def _convert(args) -> int:
         write_xmc(dst, data.X, data.Y)
         print(f"wrote {dst}: {data.n_points:,} points, {data.n_features:,} features, {data.n_labels:,} labels")
         return 0
-    if dst.endswith(".dslcache.npz") or dst == "cache":
+    if dst == "cache" or os.path.normpath(dst) == os.path.normpath(cache_path(src)):
         data = read_xmc(src, cache=True)
         print(f"cached {src} as {cache_path(src)} ({data.n_points:,} points)")
         return 0
     raise UsageError(f"do not know how to convert {src} to {dst}: valid are a mulan .arff file to XMC text, "
-                     f"or XMC text to its binary cache (OUT = 'cache' or <IN>.dslcache.npz)")
+                     f"or XMC text to its binary cache (OUT = 'cache' or <IN>.dslcache)")
 
 
 # ----------------------------------------------------------------------------
@@ -538,6 +596,11 @@ def parser() -> argparse.ArgumentParser:
     r = model_command("predict", "write the top-k labels of each point", exact_flag=False)
     r.add_argument("--out", required=True, metavar="PRED.txt")
 
+    x = sub.add_parser("export", help="copy a run's latest checkpoint without optimiser state (for eval/predict)")
+    x.add_argument("--model", required=True, metavar="RUN_DIR")
+    x.add_argument("--out", required=True, metavar="NEW_RUN_DIR")
+    x.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+
     d = sub.add_parser("data", help="generate, convert and inspect data sets")
     dsub = d.add_subparsers(dest="data_cmd", required=True)
     gen = dsub.add_parser("gen", help="write a synthetic data set (PREFIX_train.txt, PREFIX_test.txt)")
@@ -563,7 +626,8 @@ def main(argv=None) -> int:
     from dslide.comm import Comm
 
     comm = Comm.world()
-    commands = {"train": cmd_train, "eval": cmd_eval, "predict": cmd_predict, "data": cmd_data}
+    commands = {"train": cmd_train, "eval": cmd_eval, "predict": cmd_predict, "export": cmd_export,
+                "data": cmd_data}
     try:
         return commands[args.cmd](args, comm)
     except KeyboardInterrupt:

@@ -21,6 +21,7 @@ SELECT_MODES = ("topk", "threshold", "union")
 LAYER_KINDS = ("auto", "dense", "lsh")
 INPUT_NORMS = ("l2", "none")
 DTYPES = ("float32", "float64")
+ADAM_DTYPES = ("float32", "float64", "bfloat16")
 PARALLEL = ("model", "data")
 NARROW_OUTPUT = 4096  # labels: at most this many take the "narrow output" defaults
 LR_SCHEDULES = ("linear", "constant")
@@ -71,8 +72,11 @@ class LSHConfig:
         nearest anchor, refilled from the current weights every
         `rehash_every` steps (the period growing by `growth` after each use);
       "dwta", "srp", "wta": SLIDE's item hashing: neurons hashed with K hashes
-        per table into L fixed-capacity tables (2**range_pow buckets of
-        `capacity`, `policy` for a full bucket), a sample's candidates chosen
+        per table into L tables of 2**range_pow buckets (0: from the rank's
+        neurons, 8 to 16 a bucket); capacity 0 (default): buckets hold exactly
+        their neurons (lsh.CompactTables: 4 bytes per neuron and table, plus
+        its code); capacity > 0: fixed-capacity buckets, `policy` for a full
+        one (lsh.HashTables), a sample's candidates chosen
         by `select` ("topk": most tables first; "threshold": found by >=
         `threshold` tables, at most L; "union"); changed neurons re-hashed every
         `rehash_every` steps and the tables rebuilt every `rebuild_every`.
@@ -93,7 +97,7 @@ class LSHConfig:
     anchors: int = 256
     bin_size: int = 8
     range_pow: int = 0
-    capacity: int = 64
+    capacity: int = 0
     policy: str = "fifo"
     select: str = "topk"
     threshold: int = 2
@@ -110,7 +114,7 @@ class LSHConfig:
     index_points: int = 50000
 
     def __post_init__(self):
-        from lsh import LAYER_FAMILIES
+        from dslide.lsh import LAYER_FAMILIES
 
         _choice("lsh.family", self.family, LAYER_FAMILIES)
         if self.K is None:
@@ -124,7 +128,7 @@ class LSHConfig:
         if self.bin_size & (self.bin_size - 1):
             raise ValueError(f"lsh.bin_size = {self.bin_size} must be a power of two (it is packed into code bits)")
         _int_range("lsh.range_pow", self.range_pow, 0, 24)
-        _int_range("lsh.capacity", self.capacity, 1, 1 << 16)
+        _int_range("lsh.capacity", self.capacity, 0, 1 << 16)
         _choice("lsh.policy", self.policy, POLICIES)
         _choice("lsh.select", self.select, SELECT_MODES)
         _int_range("lsh.threshold", self.threshold, 1, None if self.family == "anchor" else self.L)
@@ -178,13 +182,13 @@ class Config:
         fixed cost per sample for its hash queries and its candidates, scored
         one by one; so "auto" is LSH when the layer is at least
         `auto_lsh_ratio` times wider than the neurons it computes and at least
-        `auto_lsh_min_width` wide. Measured at hidden 128, 2 threads, on
-        `small` with 5,120/10,000/14,000/20,000 labels: LSH/dense samples/s
-        0.68/0.94/1.19/1.40, P@1 +0.0/+0.9/+1.0/+2.6 points).
+        `auto_lsh_min_width` wide: scripts/bench_auto_lsh.py trains `small`
+        with both kinds of output at several label counts and records their
+        samples/s and P@1 in docs/benchmarks.md).
         Empty: dense hidden layers and an "auto" output. The first layer reads
         the raw sparse features and is always dense.
     lsh: settings of every LSH layer; `lsh_layers` may give one per layer
-        (None keeps `lsh`).
+        (None, written "lsh" in TOML, keeps `lsh`).
     exact: every neuron of every layer active, no LSH (the reference path).
     lr_schedule: "linear" decays the learning rate from `lr` to 0 over the
         run's `epochs` (the last steps refine rather than jump: on small data
@@ -197,6 +201,15 @@ class Config:
         softmax starts from the label prior instead of having to learn it, which
         sampled softmax does slowly because most labels are rarely sampled;
         "zero" starts from 0.
+    adam_dtype: how Adam's two moments are stored; None: like the parameters
+        (`dtype`). "bfloat16" (with float32 parameters) halves them: 8 bytes per
+        parameter in all instead of 12; the update is computed in float32, m
+        rounded to nearest and v stochastically (kernels.py says why).
+        Measured on amazon-like data: P@1 within 0.5 point of float32 moments
+        (scripts/bench_scale.py, docs/benchmarks.md).
+    checkpoint_moments: checkpoints hold Adam's moments (needed to resume);
+        false writes weights only (half or a third of the bytes; for
+        deployment: eval and predict read weights only anyway).
     parallel: "model" splits every layer's neurons over the ranks (dslide);
         "data" gives every rank the whole model and all-reduces gradients
         (the baseline of Horovod and PyTorch DDP).
@@ -243,6 +256,7 @@ class Config:
     seed: int = 0
     threads: int = 0
     dtype: str = "float32"
+    adam_dtype: str | None = None
     parallel: str = "model"
     propensity_a: float = 0.55
     propensity_b: float = 1.5
@@ -255,6 +269,7 @@ class Config:
     eval_points: int = 2000
     log_every: int = 50
     checkpoint_every: int = 0
+    checkpoint_moments: bool = True
 
     def __post_init__(self):
         if self.hidden is not None:
@@ -263,9 +278,7 @@ class Config:
         object.__setattr__(self, "kinds", tuple(self.kinds))
         if isinstance(self.lsh, dict):
             object.__setattr__(self, "lsh", LSHConfig(**self.lsh))
-        object.__setattr__(
-            self, "lsh_layers", tuple(LSHConfig(**x) if isinstance(x, dict) else x for x in self.lsh_layers)
-        )
+        object.__setattr__(self, "lsh_layers", tuple(_layer_lsh(i, x) for i, x in enumerate(self.lsh_layers)))
         for i, h in enumerate(self.hidden or ()):
             _int_range(f"hidden[{i}]", h, 1)
         n_layers = len(self.hidden) + 1 if self.hidden is not None else None
@@ -302,6 +315,11 @@ class Config:
         _int_range("seed", self.seed, 0, 2**63 - 1)
         _int_range("threads", self.threads, 0, 1024)
         _choice("dtype", self.dtype, DTYPES)
+        if self.adam_dtype is not None:
+            _choice("adam_dtype", self.adam_dtype, ADAM_DTYPES)
+            if self.adam_dtype == "bfloat16" and self.dtype != "float32":
+                raise ValueError(f"adam_dtype = 'bfloat16' needs dtype = 'float32' (got {self.dtype!r}): "
+                                 f"the update is computed in float32")
         _choice("parallel", self.parallel, PARALLEL)
         _int_range("replicas", self.replicas, 1, 62)
         _choice("sync", self.sync, SYNC_MODES)
@@ -319,6 +337,8 @@ class Config:
         _int_range("eval_points", self.eval_points, 1)
         _int_range("log_every", self.log_every, 1)
         _int_range("checkpoint_every", self.checkpoint_every, 0)
+        if not isinstance(self.checkpoint_moments, bool):
+            raise ValueError(f"checkpoint_moments = {self.checkpoint_moments!r} must be true or false")
 
     # -- defaults from the data ---------------------------------------------------------
 
@@ -339,6 +359,11 @@ class Config:
         return all(getattr(self, k) is not None for k in self.FROM_DATA)
 
     # -- per-layer views ------------------------------------------------------------
+
+    @property
+    def moment_dtype(self) -> str:
+        """The storage of Adam's moments: adam_dtype, or dtype when it is None."""
+        return self.adam_dtype or self.dtype
 
     def layer_kind(self, index: int, width: int) -> str:
         """'dense' or 'lsh' for layer `index` (0-based; the output is last) of `width` neurons."""
@@ -368,14 +393,11 @@ class Config:
     def from_dict(cls, values: dict) -> "Config":
         """A Config from a dict such as a parsed TOML file; unknown keys are errors with a suggestion."""
         known = {f.name for f in fields(cls)}
-        lsh_known = {f.name for f in fields(LSHConfig)}
         for k, v in values.items():
             if k not in known:
                 raise ValueError(_unknown(k, known))
             if k == "lsh" and isinstance(v, dict):
-                for kk in v:
-                    if kk not in lsh_known:
-                        raise ValueError(_unknown(f"lsh.{kk}", {f"lsh.{x}" for x in lsh_known}))
+                _check_lsh_keys("lsh", v)
         return cls(**values)
 
 
@@ -398,6 +420,26 @@ def _shard_weights(value):
             raise ValueError(f"shard_weights[{i}] = {w!r} must be a number > 0 (shares are in proportion "
                              f"to the weights)")
     return tuple(float(w) for w in weights)
+
+
+def _check_lsh_keys(where: str, values: dict) -> None:
+    lsh_known = {f.name for f in fields(LSHConfig)}
+    for k in values:
+        if k not in lsh_known:
+            raise ValueError(_unknown(f"{where}.{k}", {f"{where}.{x}" for x in lsh_known}))
+
+
+def _layer_lsh(i: int, x):
+    """An entry of lsh_layers: an LSHConfig, a dict of its fields, or None / "lsh" (keep `lsh`)."""
+    if x is None or x == "lsh":
+        return None
+    if isinstance(x, LSHConfig):
+        return x
+    if isinstance(x, dict):
+        _check_lsh_keys(f"lsh_layers[{i}]", x)
+        return LSHConfig(**x)
+    raise ValueError(f"lsh_layers[{i}] = {x!r} must be a table of LSH settings or 'lsh' "
+                     f"(the layer keeps the [lsh] settings)")
 
 
 def _unknown(key: str, known: set[str]) -> str:

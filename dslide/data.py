@@ -44,30 +44,30 @@ pass, with its own decimal-to-float32 conversion (within 1 ulp of the nearest
 float32, exact but for float64 landing on a float32 rounding midpoint). On the
 first invalid byte the kernel stops and returns an error code and a byte
 offset; Python turns those into ``file:line: what was expected, got 'token'``.
-After a successful parse the arrays are saved beside the source in
-``<path>.dslcache.npz`` and later memory-mapped from there (see :func:`read_xmc`).
+After a successful parse the arrays are saved beside the source, one ``.npy``
+file each in the directory ``<path>.dslcache/``, and later memory-mapped from
+there with ``np.load(mmap_mode=...)`` (see :func:`read_xmc`).
 
 Writing: a numba kernel formats rows into a byte buffer, ~16 MB at a time, each
 value as the shortest decimal that this reader turns back into the same float32.
 
-About 24 M non-zeros/s parsing and 10 M/s writing on one core, a cache hit in
-~10 ms for 12.7 M non-zeros (scripts/bench_io.py).
+About 24 M non-zeros/s parsing and 9 M/s writing on one core, a cache hit in
+~6 ms for 12.7 M non-zeros (scripts/bench_io.py, docs/benchmarks.md).
 """
 
 from __future__ import annotations
 
+import errno
 import gzip
 import math
 import os
-import struct
+import shutil
 import tempfile
 import warnings
-import zipfile
 import zlib
 from dataclasses import dataclass
 
 import numpy as np
-import numpy.lib.format as npformat
 import scipy.sparse as sp
 from numba import njit
 
@@ -111,12 +111,9 @@ class XMCCacheWarning(UserWarning):
     """The binary cache beside an XMC file could not be read or written (the text was used)."""
 
 
-_CACHE_ALIGN = 64                 # cache arrays start at multiples of this file offset
-_MMAP_MIN_BYTES = 1 << 20         # smaller cache arrays are read, not mapped
-
 # Bump whenever the parse result for the same bytes could change (format rules,
-# array layout): every existing cache file then misses.
-CACHE_VERSION = 2
+# array layout): every existing cache then misses.
+CACHE_VERSION = 3
 
 _GZIP_MAGIC = b"\x1f\x8b"
 _FLT_MIN_NORMAL = 1.1754943508222875e-38
@@ -596,8 +593,8 @@ def _format_rows(r0, r1, x_indptr, x_indices, x_data, y_indptr, y_indices, out):
 
 
 def cache_path(path) -> str:
-    """The binary cache file of XMC text file `path`: ``<path>.dslcache.npz``."""
-    return os.fspath(path) + ".dslcache.npz"
+    """The binary cache of XMC text file `path`: the directory ``<path>.dslcache``."""
+    return os.fspath(path) + ".dslcache"
 
 
 def _read_bytes(path: str) -> tuple[np.ndarray, os.stat_result]:
@@ -760,61 +757,25 @@ def _cache_key(st: os.stat_result) -> np.ndarray:
     return np.array([CACHE_VERSION, st.st_size, st.st_mtime_ns], dtype=np.int64)
 
 
-def _load_cache(cpath: str, st: os.stat_result):
-    """The cached arrays if cpath exists and matches st; None if absent or stale.
+def _load_cache(cdir: str, st: os.stat_result):
+    """The cached arrays if the cache directory cdir exists and matches st; None if absent or stale.
 
-    Large arrays are memory-mapped copy-on-write (see read_xmc); small ones are read.
-    Raises (OSError, ValueError, zipfile.BadZipFile, KeyError, EOFError) if unreadable.
+    Every array is memory-mapped copy-on-write (np.load(mmap_mode="c")): an
+    ordinary writable array whose pages come from the page cache on first
+    touch, shared by the ranks of a node until one writes to it.
+    Raises (OSError, ValueError, EOFError) if unreadable.
     """
-    try:
-        f = open(cpath, "rb")
-    except FileNotFoundError:
+    if not os.path.isdir(cdir):
+        if os.path.lexists(cdir):
+            raise ValueError("not a directory")
         return None
-    with f:
-        # np.load(npz)[name] streams each member through zipfile (256 KiB chunks, a
-        # CRC and a copy each) into fresh memory: ~30 ms for 100 MB, most of it
-        # zeroing and copying pages. The members are stored uncompressed at
-        # 64-byte-aligned offsets (_savez_aligned), so each array's bytes can be
-        # mapped straight from the page cache instead, and ranks on one node share
-        # them. Truncation, a wrong size, a foreign file or out-of-range indices are
-        # still caught (zip directory, .npy header, checks below); other bit rot
-        # inside an array is left to the file system, as for any cache.
-        infos = {i.filename: i for i in zipfile.ZipFile(f).infolist()}
-
-        def member(name):
-            info = infos[name + ".npy"]
-            if info.compress_type != zipfile.ZIP_STORED:
-                raise ValueError(f"member {name} is compressed")
-            f.seek(info.header_offset)
-            local = f.read(30)
-            if len(local) != 30 or local[:4] != b"PK\x03\x04":
-                raise zipfile.BadZipFile(f"bad local header for member {name}")
-            start = info.header_offset + 30 + int.from_bytes(local[26:28], "little") \
-                + int.from_bytes(local[28:30], "little")
-            f.seek(start)
-            version = npformat.read_magic(f)
-            if version == (1, 0):
-                shape, fortran, dtype = npformat.read_array_header_1_0(f)
-            elif version in ((2, 0), (3, 0)):
-                shape, fortran, dtype = npformat.read_array_header_2_0(f)
-            else:
-                raise ValueError(f"member {name}: unsupported .npy version {version}")
-            if dtype.hasobject or len(shape) > 1:
-                raise ValueError(f"member {name}: unexpected {dtype} array of shape {shape}")
-            offset = f.tell()
-            count = int(np.prod(shape, dtype=np.int64))
-            if offset + count * dtype.itemsize != start + info.file_size:
-                raise ValueError(f"member {name}: {count} x {dtype} does not fill its "
-                                 f"{info.file_size} bytes")
-            if count * dtype.itemsize >= _MMAP_MIN_BYTES and offset % _CACHE_ALIGN == 0:
-                a = np.memmap(f, dtype=dtype, mode="c", offset=offset, shape=shape)
-                return np.asarray(a)  # a plain ndarray view; it keeps the mapping alive
-            return np.fromfile(f, dtype=dtype, count=count).reshape(shape)
-
-        key = member("key")
-        if key.shape != (3,) or not np.array_equal(key, _cache_key(st)):
-            return None
-        arrays = {k: member(k) for k in _CACHE_KEYS}
+    key = np.load(os.path.join(cdir, "key.npy"), allow_pickle=False)
+    if key.shape != (3,) or not np.array_equal(key, _cache_key(st)):
+        return None
+    arrays = {}
+    for k in _CACHE_KEYS:
+        # np.asarray: a plain ndarray view of the np.memmap; it keeps the mapping alive
+        arrays[k] = np.asarray(np.load(os.path.join(cdir, k + ".npy"), mmap_mode="c", allow_pickle=False))
     # A well-formed file of the wrong shape, or indices that would let a kernel
     # (numba checks no bounds) read out of bounds, must not get through.
     if arrays["shape"].shape != (3,) or arrays["header_points"].shape != ():
@@ -836,50 +797,68 @@ def _load_cache(cpath: str, st: os.stat_result):
     return arrays
 
 
-def _savez_aligned(f, arrays) -> None:
-    """np.savez(f, **arrays) (uncompressed; np.load reads it), with each array's
-    data at a 64-byte-aligned file offset so that _load_cache can map it.
+def _is_valid_cache(cdir: str, st: os.stat_result) -> bool:
+    """Whether cdir holds a good cache of the source as `st` describes it."""
+    try:
+        return _load_cache(cdir, st) is not None
+    except (OSError, ValueError, EOFError):
+        return False
 
-    A .npy header pads the data to a multiple of 64 bytes from the .npy start, so
-    it is enough to align where each member's .npy starts: a padding record in
-    the local header's extra field (id 0xD935, as zipalign uses) does that.
+
+def _save_cache(cdir: str, st: os.stat_result, arrays) -> None:
+    """Write the cache directory atomically; skip silently where the directory is not writable.
+
+    The arrays go, one plain .npy each, into a fresh temporary directory that is
+    then renamed to cdir, so a reader sees a complete cache or none. A cache
+    already there for the same source (another rank or process wrote it
+    meanwhile) is kept; a stale or broken one is moved aside first and deleted
+    after the rename (readers that mapped its files keep them until they let go).
     """
-    with zipfile.ZipFile(f, mode="w", compression=zipfile.ZIP_STORED, allowZip64=True) as zf:
-        for name, a in arrays.items():
-            fname = name + ".npy"
-            zinfo = zipfile.ZipInfo(fname, date_time=(1980, 1, 1, 0, 0, 0))
-            zinfo.compress_type = zipfile.ZIP_STORED
-            # local header: 30 bytes, the name, our extra, then the 20-byte zip64
-            # extra zipfile appends with force_zip64 (as np.savez uses)
-            base = f.tell() + 30 + len(fname.encode("ascii")) + 4 + 20
-            pad = -base % _CACHE_ALIGN
-            zinfo.extra = struct.pack("<HH", 0xD935, pad) + bytes(pad)
-            with zf.open(zinfo, "w", force_zip64=True) as w:
-                npformat.write_array(w, np.asanyarray(a), allow_pickle=False)
-
-
-def _save_cache(cpath: str, st: os.stat_result, arrays) -> None:
-    """Write the cache atomically; skip silently where the directory is not writable."""
-    directory = os.path.dirname(cpath) or "."
+    directory = os.path.dirname(cdir) or "."
     try:
         # A directory without any write bit is meant to be read-only even where
         # root could write to it (e.g. a shared data directory): leave it alone.
         if not os.access(directory, os.W_OK) or not os.stat(directory).st_mode & 0o222:
             return
-        fd, tmp = tempfile.mkstemp(dir=directory, prefix=os.path.basename(cpath)[:-len("npz")],
-                                   suffix=".tmp")
+        tmp = tempfile.mkdtemp(dir=directory, prefix=os.path.basename(cdir) + ".", suffix=".tmp")
     except OSError:
         return  # read-only directory or file system: no cache, by design
+    key = _cache_key(st)
+    old = None
     try:
-        with os.fdopen(fd, "wb") as f:
-            _savez_aligned(f, {"key": _cache_key(st), **arrays})
-        os.replace(tmp, cpath)
+        for name, a in {**arrays, "key": key}.items():
+            np.save(os.path.join(tmp, name + ".npy"), np.asanyarray(a), allow_pickle=False)
+        os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes 0700; give the directory the usual mode
+        for attempt in range(3):
+            try:
+                os.rename(tmp, cdir)
+                break
+            except OSError as e:
+                if e.errno not in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR) or attempt == 2:
+                    raise
+            if _is_valid_cache(cdir, st):  # another process wrote the same cache meanwhile
+                shutil.rmtree(tmp, ignore_errors=True)
+                return
+            old = old or tempfile.mkdtemp(dir=directory, prefix=os.path.basename(cdir) + ".", suffix=".old")
+            try:
+                os.rename(cdir, os.path.join(old, str(attempt)))
+            except FileNotFoundError:
+                pass  # another writer moved it away first
+        legacy = cdir + ".npz"  # the single-file cache of CACHE_VERSION <= 2: replaced by this one
+        if os.path.isfile(legacy):
+            os.unlink(legacy)
     except OSError as e:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        warnings.warn(f"could not write the cache {cpath}: {e}", XMCCacheWarning, stacklevel=3)
+        shutil.rmtree(tmp, ignore_errors=True)
+        warnings.warn(f"could not write the cache {cdir}: {e}", XMCCacheWarning, stacklevel=3)
+    finally:
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+
+
+def _umask() -> int:
+    umask = os.umask(0)  # the only way to read it; restored at once (not thread-safe)
+    os.umask(umask)
+    return umask
 
 
 def read_xmc(path, *, strict: bool = True, cache: bool = True) -> XMCData:
@@ -895,17 +874,17 @@ def read_xmc(path, *, strict: bool = True, cache: bool = True) -> XMCData:
     strict: when the header's point count differs from the number of data lines,
         raise XMCFormatError (True) or warn (XMCFormatWarning) and use the body's
         count (False). Everything else is checked the same either way.
-    cache: keep a binary copy of the parsed arrays in ``<path>.dslcache.npz``
-        (an uncompressed npz that np.load reads, arrays at 64-byte-aligned
-        offsets, written to a temporary name and renamed into place) and load it
+    cache: keep a binary copy of the parsed arrays in the directory
+        ``<path>.dslcache/`` (one plain ``.npy`` per array and ``key.npy``,
+        written into a temporary directory and renamed into place) and load it
         instead of parsing while the source keeps its size and modification time
-        (mtime_ns) and CACHE_VERSION is unchanged. Arrays of 1 MiB or more are
-        memory-mapped copy-on-write from the cache: ordinary writable arrays
+        (mtime_ns) and CACHE_VERSION is unchanged. The arrays are memory-mapped
+        copy-on-write (``np.load(mmap_mode="c")``): ordinary writable arrays
         whose pages come from the page cache on first touch (shared by the ranks
         of a node until written). So never modify a cache file in place (delete
-        it, or let read_xmc replace it): truncating a mapped file crashes its
-        readers with SIGBUS. An
-        unreadable cache is reported with a warning and rewritten. Where the
+        the directory, or let read_xmc replace it): truncating a mapped file
+        crashes its readers with SIGBUS. An unreadable cache is reported with a
+        warning and rewritten. Where the
         directory is not writable, or has no write bit in its mode (read-only by
         intent, even for root), no cache is kept, silently. A read that raises
         leaves no cache behind.
@@ -920,7 +899,7 @@ def read_xmc(path, *, strict: bool = True, cache: bool = True) -> XMCData:
     if cache:
         try:
             arrays = _load_cache(cpath, st)
-        except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as e:
+        except (OSError, ValueError, EOFError) as e:
             warnings.warn(f"ignoring the unreadable cache {cpath} ({type(e).__name__}: {e}); "
                           "parsing the text and rewriting it", XMCCacheWarning, stacklevel=2)
             arrays = None
@@ -998,9 +977,7 @@ def write_xmc(path, X, Y) -> None:
     directory = os.path.dirname(path) or "."
     fd, tmp = tempfile.mkstemp(dir=directory, prefix=os.path.basename(path) + ".", suffix=".tmp")
     try:
-        umask = os.umask(0)  # the only way to read it; restored at once (not thread-safe)
-        os.umask(umask)
-        os.fchmod(fd, 0o666 & ~umask)  # mkstemp makes 0600; give the file the usual mode
+        os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes 0600; give the file the usual mode
         with os.fdopen(fd, "wb") as raw:
             out = gzip.GzipFile(fileobj=raw, mode="wb", compresslevel=6, mtime=0) \
                 if path.endswith(".gz") else raw

@@ -10,16 +10,31 @@ squared gradients below 1e-38 that make every later multiply slow (x86
 handles subnormals in microcode). Exponents below -80 are flushed to zero
 and Adam moments below 1e-30 likewise, so no subnormal ever enters a loop.
 
-Determinism: every sum runs in sample order inside one thread, so these
-kernels' results do not depend on the number of threads. (The BLAS products
-beside them may round differently with another thread count: a run is
-reproducible for a given seed and thread count.)
+Determinism: every sum runs in sample order inside one thread, and the
+threads split the rows of an array, never a row, so each element takes the
+same (vectorised or scalar: under fastmath they may round differently) code
+path whatever the thread count; these kernels' results do not depend on the
+number of threads (tests/unit/test_threads.py checks whole training steps at
+1 and 2 threads). The BLAS products beside them may round differently with
+another thread count: a run is reproducible for a given seed and thread count.
+
+Compilation: every kernel here, in dslide.rng and in dslide.lsh is cached on
+disk (cache=True), the parallel ones too, so only a process's first run after
+a change compiles (10 to 19 s before the first step otherwise). numba 0.68
+loads a cached parallel kernel at any thread count (tests/unit/test_numba_cache.py;
+STYLE.md's rule against it came from a crash in an older numba). numba keys
+its cache by the file that defines a kernel: after editing dslide/rng.py,
+whose functions other files' kernels inline, delete the __pycache__/*.nbi
+and *.nbc files (or touch those files).
 """
 
 from __future__ import annotations
 
+import numba
 import numpy as np
-from numba import get_num_threads, get_thread_id, njit, prange
+from llvmlite import ir
+from numba import get_num_threads, get_thread_id, njit, prange, types
+from numba.extending import intrinsic, overload
 
 from dslide import rng
 
@@ -52,12 +67,22 @@ def gather_rows(indptr, indices, data, rows):
     return out_ptr, out_idx, out_val
 
 
+@njit(cache=True)
+def row_norms(indptr, data, out):
+    """out[i] = sqrt(sum of data[e]^2 over row i), summed in float64; 1 for a row of zeros."""
+    for i in range(indptr.shape[0] - 1):
+        s = 0.0
+        for e in range(indptr[i], indptr[i + 1]):
+            s += float(data[e]) * float(data[e])
+        out[i] = np.sqrt(s) if s > 0.0 else 1.0
+
+
 # ----------------------------------------------------------------------------
 # dense layers over sparse inputs: z[i] = b + sum_f x[i, f] W[f]
 # ----------------------------------------------------------------------------
 
 
-@njit(parallel=True, fastmath=True)
+@njit(parallel=True, fastmath=True, cache=True)
 def csr_times_rows(indptr, indices, data, W, b, out):
     """out[i, :] = b + sum_{e in row i} data[e] * W[indices[e], :].
 
@@ -82,16 +107,20 @@ def csr_times_rows(indptr, indices, data, W, b, out):
 # ----------------------------------------------------------------------------
 
 
-@njit(parallel=True, fastmath=True)
+@njit(parallel=True, cache=True)
 def shift_rows(z, m):
-    """In place: z[i, :] -= m[i] (m float64 [B]; rows of -inf stay -inf)."""
+    """In place: z[i, :] -= m[i] (m float64 [B]; rows of -inf stay -inf).
+
+    No fastmath: unused slots hold -inf, and fastmath lets LLVM assume no value
+    is infinite (its result on -inf is then undefined).
+    """
     for i in prange(z.shape[0]):
         mi = z.dtype.type(m[i])
         for a in range(z.shape[1]):
             z[i, a] -= mi
 
 
-@njit(parallel=True)
+@njit(parallel=True, cache=True)
 def flush_sum_rows(e, out):
     """In place: e[i, a] = 0 where e < TINY (no subnormal leaves); out[i] += sum_a e[i, a] (float64)."""
     tiny = e.dtype.type(TINY)
@@ -107,7 +136,7 @@ def flush_sum_rows(e, out):
         out[i] += s
 
 
-@njit(parallel=True)
+@njit(parallel=True, cache=True)
 def scale_flush_rows(e, scale):
     """In place: e[i, :] *= scale[i], flushing results below TINY to zero."""
     tiny = e.dtype.type(TINY)
@@ -118,6 +147,171 @@ def scale_flush_rows(e, scale):
             v = e[i, a] * c
             e[i, a] = v if v >= tiny else zero
 
+
+
+# ----------------------------------------------------------------------------
+# Adam moments in reduced precision: bfloat16 as uint16 bit patterns
+# ----------------------------------------------------------------------------
+#
+# bfloat16 is the upper half of a float32 (sign, the same 8 exponent bits, 7
+# mantissa bits), so widening is exact and the range is float32's: TINY is a
+# normal bfloat16 and the flush above keeps subnormals out as before. numpy
+# has no bfloat16, so moments are stored as uint16 [same shape] and every
+# Adam kernel widens them to float32, updates in float32 and narrows back.
+#
+# Narrowing: m rounds to nearest (ties to even). v rounds stochastically:
+# with beta2 = 0.999 one step changes v by 0.1%, under half a bfloat16 unit
+# (2^-8 = 0.4%), so rounded to nearest v would never decay and would grow
+# only for gradients 3x its size (measured in numpy over 600 steps with
+# shrinking gradients: v 21% off float32, the update 9% off; stochastically
+# rounded 2.4% and 1.9%). The random bits are a function of (key, step,
+# the element's global position) only: results do not depend on threads or ranks.
+
+
+@intrinsic
+def _f32_bits(typingctx, x):
+    """The IEEE bit pattern of a float32 as uint32 (a bit cast, no conversion)."""
+    if x != types.float32:
+        return None
+
+    def codegen(context, builder, sig, args):
+        return builder.bitcast(args[0], ir.IntType(32))
+
+    return types.uint32(types.float32), codegen
+
+
+@intrinsic
+def _bits_f32(typingctx, u):
+    """The float32 whose bit pattern is the low 32 bits of unsigned integer u
+    (numba widens uint32 arithmetic to 64 bits)."""
+    if not isinstance(u, types.Integer):
+        return None
+
+    def codegen(context, builder, sig, args):
+        x = args[0]
+        if u.bitwidth > 32:
+            x = builder.trunc(x, ir.IntType(32))
+        elif u.bitwidth < 32:
+            x = builder.zext(x, ir.IntType(32))
+        return builder.bitcast(x, ir.FloatType())
+
+    return types.float32(u), codegen
+
+
+@njit(cache=True, inline="always")
+def bf16_to_f32(h):
+    """A bfloat16 (uint16 bits) widened exactly to float32."""
+    return _bits_f32(np.uint32(h) << np.uint32(16))
+
+
+@njit(cache=True, inline="always")
+def f32_to_bf16(x):
+    """float32 -> bfloat16 bits (uint16), rounded to nearest, ties to even.
+
+    No branch for NaN (it would stop the loops vectorising): a quiet NaN, the only
+    kind arithmetic produces, has bit 22 set and stays a NaN; a value that rounds
+    past the largest finite bfloat16 becomes inf, as in IEEE rounding.
+    """
+    u = _f32_bits(np.float32(x))
+    return np.uint16((u + np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16))
+
+
+@njit(cache=True, inline="always")
+def f32_to_bf16_stochastic(x, r):
+    """float32 -> bfloat16 bits rounded up with probability (the dropped low 16 bits) / 2^16,
+    given r uniform in [0, 2^16): unbiased, E[result] = x. A quiet NaN stays a NaN."""
+    u = _f32_bits(np.float32(x))
+    return np.uint16((u + np.uint32(r)) >> np.uint32(16))
+
+
+def _get(a, i):
+    """a[i] widened to the compute type (float32 for bfloat16 bits)."""
+    raise NotImplementedError  # numba only
+
+
+@overload(_get, inline="always", jit_options={"cache": True})
+def _get_impl(a, i):
+    if isinstance(a, types.Array) and a.dtype == types.uint16:
+        return lambda a, i: bf16_to_f32(a[i])
+    return lambda a, i: a[i]
+
+
+def _put_nearest(a, i, x):
+    """a[i] = x, narrowed to nearest for bfloat16 bits."""
+    raise NotImplementedError
+
+
+@overload(_put_nearest, inline="always", jit_options={"cache": True})
+def _put_nearest_impl(a, i, x):
+    if isinstance(a, types.Array) and a.dtype == types.uint16:
+        def impl(a, i, x):
+            a[i] = f32_to_bf16(x)
+        return impl
+
+    def impl(a, i, x):
+        a[i] = x
+    return impl
+
+
+@njit(cache=True, inline="always")
+def _fmix32(x):
+    """MurmurHash3's 32-bit finaliser (a bijection with full avalanche); 32-bit multiplies
+    vectorise where SplitMix64's 64-bit ones do not (measured: Adam with 64-bit rounding
+    bits 1.5x slower than in float32, with these as fast)."""
+    x = np.uint32(x ^ (x >> np.uint32(16)))
+    x = np.uint32(x * np.uint32(0x85EBCA6B))
+    x = np.uint32(x ^ (x >> np.uint32(13)))
+    x = np.uint32(x * np.uint32(0xC2B2AE35))
+    return np.uint32(x ^ (x >> np.uint32(16)))
+
+
+@njit(cache=True, inline="always")
+def row_seed(key, pos):
+    """32-bit seed of the elements from global position pos (uint64) on, for stream key
+    (uint64): element pos + k draws `_fmix32(seed + k)` (folded once per row, so the inner
+    loop is 32-bit arithmetic)."""
+    x = np.uint32(np.uint32(key) ^ np.uint32(key >> np.uint64(32)))
+    return np.uint32(x + np.uint32(pos) + np.uint32(pos >> np.uint64(32)) * np.uint32(0x9E3779B9))
+
+
+def _put_stochastic(a, i, x, seed):
+    """a[i] = x, narrowed stochastically for bfloat16 bits with 16 bits of `_fmix32(seed)`
+    (seed uint32 from `row_seed`); plain stores ignore the seed."""
+    raise NotImplementedError
+
+
+@overload(_put_stochastic, inline="always", jit_options={"cache": True})
+def _put_stochastic_impl(a, i, x, seed):
+    if isinstance(a, types.Array) and a.dtype == types.uint16:
+        def impl(a, i, x, seed):
+            a[i] = f32_to_bf16_stochastic(x, _fmix32(seed) >> np.uint32(16))
+        return impl
+
+    def impl(a, i, x, seed):
+        a[i] = x
+    return impl
+
+
+MOMENT_DTYPES = {"float32": np.float32, "float64": np.float64, "bfloat16": np.uint16}
+"""Storage of Adam's moments by configuration name (bfloat16: uint16 bit patterns)."""
+
+
+def to_bfloat16(x) -> np.ndarray:
+    """float array -> bfloat16 bits uint16 (nearest, ties to even), for checks and conversions."""
+    u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+
+
+def from_bfloat16(h) -> np.ndarray:
+    """bfloat16 bits uint16 -> float32 (exact)."""
+    return (np.asarray(h, dtype=np.uint16).astype(np.uint32) << 16).view(np.float32)
+
+
+def rounding_key(seed_key, step: int, r0: int, c0: int, stride: int) -> np.ndarray:
+    """What the Adam kernels need for stochastic rounding of one parameter array, uint64 [4]:
+    [stream key of this step, r0, c0, stride]; element (r, c) of the local array is global
+    position (r + r0) * stride + c + c0, so the bits do not depend on the layout over ranks."""
+    return np.array([rng.stream_key(int(seed_key), step), r0, c0, stride], dtype=np.uint64)
 
 
 # ----------------------------------------------------------------------------
@@ -142,6 +336,27 @@ def _adam_elem(w, m, v, g, hp):
     return w - hp[4] * m / (np.sqrt(v) + hp[5]), m, v
 
 
+@njit(cache=True, inline="always")
+def _adam_row(w, m, v, g, hp, rk, r):
+    """Adam on row views w, m, v (moments float or bfloat16 bits) with gradient row g;
+    r: the row's local index (its stochastic-rounding position, see `rounding_key`)."""
+    seed = row_seed(rk[0], (np.uint64(r) + rk[1]) * rk[3] + rk[2])
+    for k in range(w.shape[0]):
+        wk, mk, vk = _adam_elem(w[k], _get(m, k), _get(v, k), g[k], hp)
+        w[k] = wk
+        _put_nearest(m, k, mk)
+        _put_stochastic(v, k, vk, np.uint32(seed + np.uint32(k)))
+
+
+@njit(cache=True, inline="always")
+def _adam_one(w, m, v, i, g, hp, rk):
+    """Adam on element i of 1-D w, m, v (a bias), global position i + rk[2] (row 0)."""
+    wk, mk, vk = _adam_elem(w[i], _get(m, i), _get(v, i), g, hp)
+    w[i] = wk
+    _put_nearest(m, i, mk)
+    _put_stochastic(v, i, vk, row_seed(rk[0], rk[1] * rk[3] + rk[2] + np.uint64(i)))
+
+
 def adam_params(lr: float, b1: float, b2: float, eps: float, t: int, dtype) -> np.ndarray:
     """Adam's constants at step t >= 1 as an array of `dtype` for the kernels:
     [b1, 1 - b1, b2, 1 - b2, lr_t, eps_t, TINY, 0]."""
@@ -149,15 +364,27 @@ def adam_params(lr: float, b1: float, b2: float, eps: float, t: int, dtype) -> n
     return np.array([b1, 1.0 - b1, b2, 1.0 - b2, lr * c2 / (1.0 - b1**t), eps * c2, TINY, 0.0], dtype=dtype)
 
 
-@njit(parallel=True, fastmath=True)
-def adam_dense(W, M, V, G, hp):
-    """Adam on every element of W (flat views of the same size)."""
-    w = W.reshape(-1)
-    m = M.reshape(-1)
-    v = V.reshape(-1)
-    g = G.reshape(-1)
-    for e in prange(w.shape[0]):
-        w[e], m[e], v[e] = _adam_elem(w[e], m[e], v[e], g[e], hp)
+NO_ROUNDING = np.zeros(4, dtype=np.uint64)
+"""`rounding_key` stand-in for moments stored in a float type (nothing is drawn). Callers pass
+it explicitly: an omitted array argument is typed by its value, which numba's on-disk cache
+cannot match across processes (the kernel would compile in every run)."""
+
+
+@njit(parallel=True, fastmath=True, cache=True)
+def adam_dense(W, M, V, G, hp, rk=NO_ROUNDING):
+    """Adam on every element of W (W, M, V, G: C-contiguous, same shape, 1-D or 2-D;
+    M, V float or bfloat16 bits; rk from `rounding_key` for W's layout).
+
+    Rows in parallel, each row's elements in one loop, so an element takes the
+    same (vectorised or scalar) path whatever the thread count. A 1-D array is one row.
+    """
+    C = W.shape[-1]
+    w = W.reshape((-1, C))
+    m = M.reshape((-1, C))
+    v = V.reshape((-1, C))
+    g = G.reshape((-1, C))
+    for r in prange(w.shape[0]):
+        _adam_row(w[r], m[r], v[r], g[r], hp, rk, r)
 
 
 @njit(cache=True)
@@ -193,8 +420,9 @@ def group_by_row(rows, n_rows, count, order):
     return touched[:T], start
 
 
-@njit(parallel=True, fastmath=True)
-def rows_grad_adam(touched, start, order, samples, coefs, V, W, M, Vm, bias, bM, bV, hp, gbuf, dirty):
+@njit(parallel=True, fastmath=True, cache=True)
+def rows_grad_adam(touched, start, order, samples, coefs, V, W, M, Vm, bias, bM, bV, hp, gbuf, dirty,
+                   rk=NO_ROUNDING, rkb=NO_ROUNDING):
     """Lazy Adam on the rows of W that received gradient.
 
     The gradient of row r is g_r = sum_{e: rows[e] = r} coefs[e] * V[samples[e], :]
@@ -204,9 +432,10 @@ def rows_grad_adam(touched, start, order, samples, coefs, V, W, M, Vm, bias, bM,
     the input values and V the output gradients.
 
     touched int32 [T], start int64 [T+1], order int64 [E] from `group_by_row`;
-    samples int32 [E]; coefs float [E]; V float [B, d]; W, M, Vm float [R, d];
-    bias, bM, bV float [R] or empty; hp from `adam_params`; gbuf float [threads, d] scratch;
-    dirty uint8 [R] set to 1 for every updated row.
+    samples int32 [E]; coefs float [E]; V float [B, d]; W float [R, d], M, Vm [R, d] float
+    or bfloat16 bits; bias, bM, bV [R] or empty; hp from `adam_params`; gbuf float
+    [threads, d] scratch; dirty uint8 [R] set to 1 for every updated row; rk, rkb:
+    `rounding_key` of W and of the bias.
     """
     d = W.shape[1]
     has_bias = bias.shape[0] > 0
@@ -223,10 +452,9 @@ def rows_grad_adam(touched, start, order, samples, coefs, V, W, M, Vm, bias, bM,
             gb += c
             for k in range(d):
                 g[k] += c * V[s, k]
-        for k in range(d):
-            W[r, k], M[r, k], Vm[r, k] = _adam_elem(W[r, k], M[r, k], Vm[r, k], g[k], hp)
+        _adam_row(W[r], M[r], Vm[r], g, hp, rk, r)
         if has_bias:
-            bias[r], bM[r], bV[r] = _adam_elem(bias[r], bM[r], bV[r], gb, hp)
+            _adam_one(bias, bM, bV, r, gb, hp, rkb)
         dirty[r] = 1
 
 
@@ -235,7 +463,7 @@ def rows_grad_adam(touched, start, order, samples, coefs, V, W, M, Vm, bias, bM,
 # ----------------------------------------------------------------------------
 
 
-@njit(parallel=True, fastmath=True)
+@njit(parallel=True, fastmath=True, cache=True)
 def rows_grad(touched, start, order, samples, coefs, V, G):
     """G[r, :] = sum_{e: rows[e] = r} coefs[e] * V[samples[e], :] for the touched rows
     (the gradient `rows_grad_adam` applies, written out densely; other rows untouched)."""
@@ -289,31 +517,34 @@ def shared_sample(k, n, size, mark):
 
 
 
-@njit(parallel=True, fastmath=True)
-def adam_rows(rows, G, gb, W, M, Vm, bias, bM, bV, hp, dirty):
-    """Adam on rows `rows` of W (and bias) with their gradients G [len(rows), d], gb [len(rows)]."""
-    d = W.shape[1]
+@njit(parallel=True, fastmath=True, cache=True)
+def adam_rows(rows, G, gb, W, M, Vm, bias, bM, bV, hp, dirty, rk=NO_ROUNDING, rkb=NO_ROUNDING):
+    """Adam on rows `rows` of W (and bias) with their gradients G [len(rows), d], gb [len(rows)]
+    (moments float or bfloat16 bits; rk, rkb: `rounding_key` of W and of the bias)."""
     for t in prange(rows.shape[0]):
         r = rows[t]
-        for k in range(d):
-            W[r, k], M[r, k], Vm[r, k] = _adam_elem(W[r, k], M[r, k], Vm[r, k], G[t, k], hp)
-        bias[r], bM[r], bV[r] = _adam_elem(bias[r], bM[r], bV[r], gb[t], hp)
+        _adam_row(W[r], M[r], Vm[r], G[t], hp, rk, r)
+        _adam_one(bias, bM, bV, r, gb[t], hp, rkb)
         dirty[r] = 1
 
 
-@njit(parallel=True, fastmath=True)
-def adam_rows_nobias(rows, G, W, M, Vm, hp):
+@njit(parallel=True, fastmath=True, cache=True)
+def adam_rows_nobias(rows, G, W, M, Vm, hp, rk=NO_ROUNDING):
     """Adam on rows `rows` of W with their gradients G [len(rows), d] (distinct rows)."""
-    d = W.shape[1]
     for t in prange(rows.shape[0]):
         r = rows[t]
-        for k in range(d):
-            W[r, k], M[r, k], Vm[r, k] = _adam_elem(W[r, k], M[r, k], Vm[r, k], G[t, k], hp)
+        _adam_row(W[r], M[r], Vm[r], G[t], hp, rk, r)
 
 
 def thread_scratch(n: int, dtype) -> np.ndarray:
-    """A zeroed [threads, n] scratch array, one row per numba thread."""
-    return np.zeros((get_num_threads(), n), dtype=dtype)
+    """A zeroed [NUMBA_NUM_THREADS, n] scratch array, one row per numba thread.
+
+    Kernels index it by get_thread_id(), which is below the thread count in
+    force when they run: sized by the most threads numba can ever run
+    (set_num_threads cannot exceed NUMBA_NUM_THREADS), not by the count when
+    the layer was built, so a later set_num_threads(more) stays in bounds.
+    """
+    return np.zeros((numba.config.NUMBA_NUM_THREADS, n), dtype=dtype)
 
 
 # ----------------------------------------------------------------------------
@@ -321,7 +552,7 @@ def thread_scratch(n: int, dtype) -> np.ndarray:
 # ----------------------------------------------------------------------------
 
 
-@njit(parallel=True)
+@njit(parallel=True, cache=True)
 def dropout_mask(k, sample_ids, n, rate, out):
     """out[i, j] = 1 / (1 - rate) with probability 1 - rate, else 0, from stream k at (sample, j)."""
     keep = 1.0 / (1.0 - rate)

@@ -20,7 +20,7 @@ the 1-rank one up to float rounding of the cross-rank sums.
 
 Every layer speaks one protocol (`Layer`): forward(x, batch, train) ->
 (Out, tape); backward(g, tape) -> (gradient of its input, parameter
-gradients); update(grads, hp); maintain(step); state() / shard_axes() /
+gradients); update(grads, hp, step); maintain(step); state() / shard_axes() /
 load_state(). What backward needs travels in the tape; the network moves
 activations between ranks and calls nothing else.
 """
@@ -192,11 +192,27 @@ class Grads:
 
 
 class _Adam:
-    """Adam moments of one parameter array."""
+    """Adam moments m, v of one parameter array, stored as `moment_dtype` (a float type, or
+    uint16 bit patterns for "bfloat16"; see kernels.py).
 
-    def __init__(self, shape, dtype):
+    key: the array's stream key for stochastic rounding; origin (r0, c0, stride): element
+    (r, c) of the local array is global element (r + r0) * stride + c + c0 of the layer's
+    (so the rounding does not depend on how the layer is split over ranks).
+    """
+
+    def __init__(self, shape, moment_dtype: str, key, origin):
+        dtype = K.MOMENT_DTYPES[moment_dtype]
+        self.rounds = moment_dtype == "bfloat16"
+        # np.zeros maps zero pages lazily: rows that never receive gradient cost no memory
         self.m = np.zeros(shape, dtype=dtype)
         self.v = np.zeros(shape, dtype=dtype)
+        self.key, self.origin = key, origin
+
+    def rounding(self, step: int) -> np.ndarray:
+        """The kernels' `rk` argument for this step."""
+        if not self.rounds:
+            return K.NO_ROUNDING
+        return K.rounding_key(self.key, step, *self.origin)
 
 
 # ----------------------------------------------------------------------------
@@ -214,7 +230,9 @@ class Layer:
                                                   this rank's outputs; dx: partial
                                                   gradient of x's columns [B, m]
                                                   (None for raw features)
-        update(grads, hp)                         Adam on what received gradient
+        update(grads, hp, step)                   Adam on what received gradient (step:
+                                                  the global step, which keys the rounding
+                                                  of bfloat16 moments)
         maintain(step) -> str | None              periodic upkeep (LSH tables)
         state() -> {name: array}, shard_axes() -> {name: axis | None}, load_state(arrays, same_layout)
         sync_arrays() -> (rows, whole)            what replicas average (dslide.replicas)
@@ -248,6 +266,13 @@ class Layer:
             self.scale = np.sqrt(6.0 / (d_in + n))
         self.init_key = rng.stream_key(config.seed, rng.INIT, index)
 
+    def _optimiser(self, w_origin) -> None:
+        """Adam state for W (its global layout: w_origin = (r0, c0, stride)) and b."""
+        md = self.config.moment_dtype
+        key = rng.stream_key(self.config.seed, rng.ROUNDING, self.index)
+        self.opt_W = _Adam(self.W.shape, md, rng.stream_key(key, 0), w_origin)
+        self.opt_b = _Adam(self.b.shape, md, rng.stream_key(key, 1), (0, self.lo, self.n))
+
     def maintain(self, step: int) -> str | None:
         return None
 
@@ -265,8 +290,11 @@ class Layer:
 
     # -- state (checkpoints) ---------------------------------------------------------
 
-    def state(self) -> dict:
-        """This slice's arrays by name (views, not copies)."""
+    def state(self, weights_only: bool = False) -> dict:
+        """This slice's arrays by name (the live arrays, not copies); weights_only: what
+        inference needs (no optimiser state, nothing only training uses)."""
+        if weights_only:
+            return {"W": self.W, "b": self.b}
         return {"W": self.W, "b": self.b, "W.m": self.opt_W.m, "W.v": self.opt_W.v,
                 "b.m": self.opt_b.m, "b.v": self.opt_b.v}
 
@@ -277,16 +305,22 @@ class Layer:
         c = self.neuron_axis
         return {"W": c, "W.m": c, "W.v": c, "b": 0, "b.m": 0, "b.v": 0}
 
-    def load_state(self, arrays: dict, same_layout: bool = True) -> None:
+    def load_state(self, arrays: dict, same_layout: bool = True, weights_only: bool = False) -> None:
         """Restore a slice from `state()`-named arrays (for a new layout: the ones in
-        `shard_axes`, already cut to this rank's columns)."""
-        for name, arr in Layer.state(self).items():
+        `shard_axes`, already cut to this rank's columns). An entry that is the live array
+        itself (from `state()`) was filled in place. weights_only: the arrays of
+        `state(weights_only=True)` only; the optimiser state is left as it is."""
+        for name, arr in Layer.state(self, weights_only).items():
             if name not in arrays:
                 raise ValueError(f"layer {self.index}: checkpoint lacks {name!r}")
-            new = np.asarray(arrays[name])
-            if new.shape != arr.shape:
-                raise ValueError(f"layer {self.index}: checkpoint's {name!r} has shape {new.shape}, "
-                                 f"this network's slice needs {arr.shape}")
+            new = arrays[name]
+            if new is arr:  # filled in place by the caller
+                continue
+            new = np.asarray(new)
+            if new.shape != arr.shape or new.dtype != arr.dtype:
+                raise ValueError(f"layer {self.index}: checkpoint's {name!r} is {new.dtype} {new.shape}, "
+                                 f"this network's slice needs {arr.dtype} {arr.shape}"
+                                 + (" (Adam moments of another adam_dtype)" if "." in name else ""))
             arr[...] = new
 
 
@@ -306,8 +340,7 @@ class DenseLayer(Layer):
         self.W = np.empty((self.d_in, self.n_local), dtype=self.dtype)
         rng.init_input_major(self.init_key, self.lo, self.W, self.scale)
         self.b = np.zeros(self.n_local, dtype=self.dtype)
-        self.opt_W = _Adam(self.W.shape, self.dtype)
-        self.opt_b = _Adam(self.b.shape, self.dtype)
+        self._optimiser((0, self.lo, self.n))  # W [d_in, n_r]: column c is neuron lo + c
         self._count = np.zeros(self.d_in, dtype=np.int32)
         self._gbuf = K.thread_scratch(self.n_local, self.dtype)
         self.touched = np.zeros(self.d_in, dtype=np.uint8)
@@ -352,18 +385,19 @@ class DenseLayer(Layer):
             return None, Grads(None, G, gb)
         return None, Grads(sparse=(touched, start, order, samples, data, g), gb=gb)
 
-    def update(self, grads: Grads, hp) -> None:
-        K.adam_dense(self.b, self.opt_b.m, self.opt_b.v, grads.gb, hp)
+    def update(self, grads: Grads, hp, step: int = 0) -> None:
+        rW, rb = self.opt_W.rounding(step), self.opt_b.rounding(step)
+        K.adam_dense(self.b, self.opt_b.m, self.opt_b.v, grads.gb, hp, rb)
         if grads.sparse is not None:
             touched, start, order, samples, data, g = grads.sparse
             empty = np.empty(0, dtype=self.dtype)
             K.rows_grad_adam(touched, start, order, samples, data, g, self.W, self.opt_W.m, self.opt_W.v,
-                             empty, empty, empty, hp, self._gbuf, self.touched)
+                             empty, empty, empty, hp, self._gbuf, self.touched, rW, K.NO_ROUNDING)
         elif grads.rows is None:
-            K.adam_dense(self.W, self.opt_W.m, self.opt_W.v, grads.G, hp)
+            K.adam_dense(self.W, self.opt_W.m, self.opt_W.v, grads.G, hp, rW)
             self.touched[:] = 1
         else:
-            K.adam_rows_nobias(grads.rows, grads.G, self.W, self.opt_W.m, self.opt_W.v, hp)
+            K.adam_rows_nobias(grads.rows, grads.G, self.W, self.opt_W.m, self.opt_W.v, hp, rW)
             self.touched[grads.rows] = 1
 
     def neuron_major(self):
@@ -406,8 +440,7 @@ class LSHLayer(Layer):
         self.W = np.empty((self.n_local, self.d_in), dtype=self.dtype)
         rng.init_neuron_major(self.init_key, self.lo, self.W, self.scale)
         self.b = np.zeros(self.n_local, dtype=self.dtype)
-        self.opt_W = _Adam(self.W.shape, self.dtype)
-        self.opt_b = _Adam(self.b.shape, self.dtype)
+        self._optimiser((self.lo, 0, self.d_in))  # W [n_r, d_in]: row r is neuron lo + r
         self.max_active = min(scaled_count(lc.max_active, self.n_local, self.n), self.n_local) if lc.max_active else 0
         self.max_candidates = scaled_count(lc.max_candidates, self.n_local, self.n) if lc.max_candidates else 0
         n_random = lc.random_count(self.n)
@@ -424,6 +457,7 @@ class LSHLayer(Layer):
         self.query_time = 0.0
         self.last_block = (0, 0, 0)  # (labels, candidates, random) of the last training step, for reports
         self.last_ids = np.empty(0, dtype=np.int32)  # and its local ids, for checks
+        self.block_sum, self.block_steps = np.zeros(3), 0  # running totals, for `block_mean`
         self.candidates.maintain(0, self.W, self.b, self.dirty)
 
     def _make_candidates(self):
@@ -459,6 +493,8 @@ class LSHLayer(Layer):
             corr[exact.size:] = np.log((self.n_local - exact.size) / rand.size)
         C = np.concatenate([exact, rand])
         self.last_block, self.last_ids = (labels.size, cand.size, rand.size), C
+        self.block_sum += self.last_block
+        self.block_steps += 1
         return C, corr, labels.size
 
     # -- forward / backward ----------------------------------------------------------------
@@ -499,9 +535,10 @@ class LSHLayer(Layer):
         G = g.T @ xd
         return dx, Grads(C, G, gbr=g.sum(axis=0))
 
-    def update(self, grads: Grads, hp) -> None:
+    def update(self, grads: Grads, hp, step: int = 0) -> None:
         K.adam_rows(grads.rows, grads.G, grads.gbr, self.W, self.opt_W.m, self.opt_W.v,
-                    self.b, self.opt_b.m, self.opt_b.v, hp, self.dirty)
+                    self.b, self.opt_b.m, self.opt_b.v, hp, self.dirty,
+                    self.opt_W.rounding(step), self.opt_b.rounding(step))
         self.touched[grads.rows] = 1
 
     def sync_arrays(self) -> tuple[list, list]:
@@ -509,8 +546,14 @@ class LSHLayer(Layer):
 
     def rows_synced(self, ids: np.ndarray) -> None:
         self.dirty[ids] = 1  # their hash codes are stale: rehashed with the updated rows
+
     def maintain(self, step: int) -> str | None:
         return self.candidates.maintain(step, self.W, self.b, self.dirty)
+
+    def block_mean(self) -> dict:
+        """This rank's mean block per training step so far: labels, candidates, random neurons."""
+        m = self.block_sum / max(1, self.block_steps)
+        return {"labels": float(m[0]), "candidates": float(m[1]), "random": float(m[2])}
 
     @property
     def upkeep_s(self) -> float:
@@ -523,7 +566,7 @@ class LSHLayer(Layer):
         float [n, d_in] (the same on every rank), each bucket the labels that score
         highest at its anchor, `index_share` of the layer in all (a threshold agreed
         across ranks, so P ranks keep what 1 rank keeps). Returns timings."""
-        import lsh
+        from dslide import lsh
 
         lc = self.lc
         t0 = time.perf_counter()
@@ -553,19 +596,39 @@ class LSHLayer(Layer):
     def neuron_major(self):
         return self.W
 
-    def state(self) -> dict:
-        out = super().state()
-        out["dirty"] = self.dirty
-        out.update(self.candidates.state())
+    def state(self, weights_only: bool = False) -> dict:
+        out = super().state(weights_only)
+        if not weights_only:
+            out["dirty"] = self.dirty
+            out.update(self.candidates.state())
         if self.inference is not None:
             out.update({f"index.{k}": v for k, v in self.inference.state_arrays().items()})
             out["index.bucket"] = np.array([self.inference.bucket_target], dtype=np.int64)
         return out
 
-    def load_state(self, arrays: dict, same_layout: bool = True) -> None:
+    def load_state(self, arrays: dict, same_layout: bool = True, weights_only: bool = False) -> None:
         """Restore a slice; for a new layout the tables are rebuilt from the weights
-        (and the inference index refilled from its anchors)."""
-        super().load_state(arrays, same_layout)
+        (and the inference index refilled from its anchors). weights_only: the weights
+        and the inference index; the training candidates stay as built."""
+        super().load_state(arrays, same_layout, weights_only)
+        if not weights_only:
+            self._load_candidates(arrays, same_layout)
+        if "index.anchors" in arrays:
+            from dslide import lsh
+
+            anchors = np.asarray(arrays["index.anchors"])
+            tables = lsh.AnchorTables(self.d_in, 1, anchors.shape[1], 1, _seed31(self.config.seed, 9, self.index))
+            tables.bucket_target = int(np.asarray(arrays["index.bucket"])[0])
+            self.inference = tables
+            if same_layout:
+                tables.load_state_arrays({k[len("index."):]: v for k, v in arrays.items()
+                                          if k.startswith("index.") and k != "index.bucket"})
+            else:
+                tables.anchors[...] = anchors
+                tables.ready = True
+                fill_index(self, self.comm, tables.bucket_target)
+
+    def _load_candidates(self, arrays: dict, same_layout: bool) -> None:
         if same_layout:
             self.dirty[...] = np.asarray(arrays["dirty"])
             self.candidates.load_state(arrays)
@@ -582,20 +645,6 @@ class LSHLayer(Layer):
             self.candidates.maintain(0, self.W, self.b, self.dirty)
             if "anchor.schedule" in anchor:
                 self.candidates.refill.load(anchor["anchor.schedule"])
-        if "index.anchors" in arrays:
-            import lsh
-
-            anchors = np.asarray(arrays["index.anchors"])
-            tables = lsh.AnchorTables(self.d_in, 1, anchors.shape[1], 1, _seed31(self.config.seed, 9, self.index))
-            tables.bucket_target = int(np.asarray(arrays["index.bucket"])[0])
-            self.inference = tables
-            if same_layout:
-                tables.load_state_arrays({k[len("index."):]: v for k, v in arrays.items()
-                                          if k.startswith("index.") and k != "index.bucket"})
-            else:
-                tables.anchors[...] = anchors
-                tables.ready = True
-                fill_index(self, self.comm, tables.bucket_target)
 
     def shard_axes(self) -> dict:
         out = super().shard_axes()
@@ -607,25 +656,36 @@ class LSHLayer(Layer):
 def fill_index(layer: LSHLayer, comm: Comm, T: int) -> None:
     """Fill layer.index's buckets: per anchor, this rank's labels among the T best of the
     whole layer (a threshold found by bisection over ranks: P all-reduces of A counts)."""
-    import lsh
+    from dslide import lsh
 
     tables = layer.inference
     ids, scores = lsh.anchors.score_top(tables.anchors[0], layer.W, layer.b, min(T, layer.n_local))
-    keys = _order_keys(scores)
+    # in place, and int32: this runs after training with every weight resident, over
+    # [A, T] arrays (2048 x 6,701 at 670,091 labels); 13 instead of 26 bytes an entry
+    keys = _order_keys(scores, in_place=True)
     theta = kth_largest(keys, T, comm)
     fill = (keys >= theta[:, None]).sum(axis=1).astype(np.int32)  # rows are sorted best first
+    del keys, scores
     # what a bucket keeps, by id: queries then read the weight rows in address order
     # (25-30% faster scoring than in score order, measured at 670,091 labels)
-    live = np.arange(ids.shape[1])[None, :] < fill[:, None]
-    ids = np.sort(np.where(live, ids, np.iinfo(np.int32).max), axis=1).astype(np.int32)
+    ids[np.arange(ids.shape[1])[None, :] >= fill[:, None]] = np.iinfo(np.int32).max
+    ids.sort(axis=1)
     tables.set_buckets(ids[None], fill[None])
     tables.bucket_target = T
 
 
-def _order_keys(scores) -> np.ndarray:
-    """int64 keys that order like the float32 scores (the IEEE bit pattern, sign-folded)."""
-    i = np.ascontiguousarray(scores, dtype=np.float32).view(np.int32).astype(np.int64)
-    return np.where(i < 0, -(i & 0x7FFFFFFF) - 1, i)
+def _order_keys(scores, in_place: bool = False) -> np.ndarray:
+    """Integer keys that order like the float32 scores (the IEEE bit pattern, sign-folded):
+    int64, or with in_place int32 written over the scores' own memory (float32, C-contiguous)."""
+    if not in_place:
+        i = np.ascontiguousarray(scores, dtype=np.float32).view(np.int32).astype(np.int64)
+        return np.where(i < 0, -(i & 0x7FFFFFFF) - 1, i)
+    keys = scores.view(np.int32)
+    mag = keys & 0x7FFFFFFF
+    np.negative(mag, out=mag)
+    mag -= 1
+    np.copyto(keys, mag, where=keys < 0)
+    return keys
 
 
 def kth_largest(keys, k: int, comm: Comm) -> np.ndarray:
@@ -756,7 +816,7 @@ class Network:
             if self.grad_comm is not None:
                 for arr in grads.arrays():
                     self.grad_comm.allreduce_sum_inplace(arr)
-            layer.update(grads, hp)
+            layer.update(grads, hp, batch.step)
             if layer.index > 0:
                 g = self._scatter(acts[layer.index - 1], dx)
         t2 = time.perf_counter()

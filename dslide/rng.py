@@ -9,6 +9,10 @@ lets a resumed run draw exactly what the uninterrupted one would have.
 The mixer is SplitMix64's finaliser (Steele, Lea, Flood 2014), applied to a
 64-bit combination of the inputs; it passes BigCrush as a counter-based
 generator, which is plenty for initialisation, dropout and negative sampling.
+
+This module is SplitMix64's one home: the sequential streams of the hash
+tables' reservoir policy (dslide.lsh.tables) and of the synthetic data
+(dslide.datasets.synthetic) draw through `splitmix_next` and `unit`.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ _S11 = np.uint64(11)
 _INV53 = 1.0 / 9007199254740992.0  # 2**-53
 
 # Purposes: the second word of a key, so streams for different uses never meet.
-INIT, DROPOUT, NEGATIVES, SHUFFLE, EVAL = 1, 2, 3, 4, 5
+INIT, DROPOUT, NEGATIVES, SHUFFLE, EVAL, ROUNDING = 1, 2, 3, 4, 5, 6
 
 
 @njit(cache=True, inline="always")
@@ -39,6 +43,24 @@ def mix64(x):
 
 
 @njit(cache=True, inline="always")
+def splitmix_next(state, i):
+    """The next output of the SplitMix64 stream held in state[i] (uint64 array), advanced in place.
+
+    SplitMix64 adds GOLDEN to its state and returns the finaliser of the sum,
+    which is mix64 of the state before the addition.
+    """
+    z = mix64(state[i])
+    state[i] += GOLDEN
+    return z
+
+
+@njit(cache=True, inline="always")
+def unit(z):
+    """A float64 in [0, 1) from the top 53 bits of the uint64 z."""
+    return float(z >> _S11) * _INV53
+
+
+@njit(cache=True, inline="always")
 def key(a, b):
     """Combine two integers into a 64-bit stream key (order matters)."""
     return mix64(mix64(np.uint64(a)) ^ np.uint64(b))
@@ -47,7 +69,7 @@ def key(a, b):
 @njit(cache=True, inline="always")
 def uniform(k, counter):
     """A float64 in [0, 1) for stream key k at position counter."""
-    return float(mix64(k ^ mix64(np.uint64(counter))) >> _S11) * _INV53
+    return unit(mix64(k ^ mix64(np.uint64(counter))))
 
 
 @njit(cache=True, inline="always")
@@ -64,7 +86,7 @@ def stream_key(seed: int, *words: int) -> np.uint64:
     return np.uint64(k)
 
 
-@njit(parallel=True)
+@njit(parallel=True, cache=True)
 def init_neuron_major(k, start, W, scale):
     """W[j - start, f] = U(-scale, scale) drawn at (key k, neuron j, input f).
 
@@ -77,7 +99,7 @@ def init_neuron_major(k, start, W, scale):
             W[r, f] = (2.0 * uniform(kj, f) - 1.0) * scale
 
 
-@njit(parallel=True)
+@njit(parallel=True, cache=True)
 def init_input_major(k, start, W, scale):
     """W[f, j - start] = U(-scale, scale) drawn at (key k, neuron j, input f).
 

@@ -75,21 +75,6 @@ def shard_range(n: int, rank: int, world: int, weights=None) -> tuple[int, int]:
     return int(b[rank]), int(b[rank + 1])
 
 
-def shard_sizes(n: int, world: int, weights=None) -> np.ndarray:
-    """int64 [world]: number of neurons each rank owns."""
-    return np.diff(shard_bounds(n, world, weights))
-
-
-def owner_of(j, n: int, world: int, weights=None):
-    """Rank owning neuron (or label) j; j may be an int or an integer array."""
-    bounds = shard_bounds(n, world, weights)
-    j_arr = np.asarray(j, dtype=np.int64)
-    if np.any((j_arr < 0) | (j_arr >= n)):
-        raise ValueError(f"neuron index out of range [0, {n})")
-    owner = np.searchsorted(bounds, j_arr, side="right") - 1
-    return int(owner) if np.ndim(owner) == 0 else owner
-
-
 def scaled_count(total: int, n_local: int, n: int) -> int:
     """A per-layer budget (active neurons, say) scaled to a shard of n_local of n neurons.
 

@@ -64,6 +64,18 @@ def normalise_inputs(X: sp.csr_matrix, how: str, dtype) -> sp.csr_matrix:
     return X
 
 
+def input_norms(X: sp.csr_matrix, how: str):
+    """Per row, what `normalise_inputs` divides it by: float32 [n] L2 norms (1 for an empty
+    row), or None for "none". With these, batches are normalised as they are gathered
+    (`make_batch`) and the data set is never copied: one CSR per rank, mapped from the
+    cache where it came from one."""
+    if how == "none":
+        return None
+    out = np.empty(X.shape[0], np.float32)
+    K.row_norms(X.indptr, X.data, out)
+    return out
+
+
 def _csr_parts(M: sp.csr_matrix, dtype=None):
     indptr = M.indptr.astype(np.int64, copy=False)
     indices = M.indices.astype(np.int32, copy=False)
@@ -71,8 +83,11 @@ def _csr_parts(M: sp.csr_matrix, dtype=None):
     return indptr, indices, data
 
 
-def make_batch(X_parts, Y_parts, rows: np.ndarray, step: int, n_global: int = 0) -> Batch:
+def make_batch(X_parts, Y_parts, rows: np.ndarray, step: int, n_global: int = 0, norms=None) -> Batch:
+    """The batch of data rows `rows`; norms (from `input_norms`): divide each row by its norm."""
     xp, xi, xd = K.gather_rows(*X_parts, rows)
+    if norms is not None:
+        xd /= np.repeat(norms[rows], np.diff(xp))
     if Y_parts is None:
         yp, yi = np.zeros(rows.shape[0] + 1, dtype=np.int64), np.empty(0, dtype=np.int32)
     else:
@@ -109,11 +124,10 @@ def _blas_threads(net: Network, threads: int) -> int:
 
     numba's kernels and the BLAS products take turns on the same cores. When
     idle OpenBLAS threads sleep (dslide.BLAS_THREADS_SLEEP: importing dslide
-    before numpy arranges it), the products get every thread: measured on
-    amazon-like data, 2 threads, 4,127 samples/s against 3,427 with one-thread
-    BLAS. When they spin, an LSH network's many numba kernels wait for them
-    (3x slower steps), so its products run on one thread; all-dense networks,
-    whose time is BLAS, get every thread either way.
+    before numpy arranges it), the products get every thread. When they spin,
+    an LSH network's many numba kernels wait for them (3x slower steps), so
+    its products run on one thread; all-dense networks, whose time is BLAS,
+    get every thread either way.
     """
     if dslide.BLAS_THREADS_SLEEP:
         return threads
@@ -215,15 +229,15 @@ def build_index(model: Model, train: XMCData) -> dict:
     n = train.n_points
     m = min(n, out.lc.index_points)
     rows = np.sort(np.random.default_rng([model.config.seed, 0x1DE]).choice(n, m, replace=False))
-    X = normalise_inputs(train.X[rows], model.config.input_norm, net.dtype)
-    parts = _csr_parts(X)
-    H = []
+    parts = _csr_parts(train.X, net.dtype)
+    norms = input_norms(train.X, model.config.input_norm)
+    H = np.empty((m, out.d_in), np.float32)  # filled in place: no list of blocks to concatenate
     for s in range(0, m, 4096):
-        batch = make_batch(parts, None, np.arange(s, min(m, s + 4096)), net.step)
-        H.append(net.hidden(batch).dense())
-    info = out.build_index(np.concatenate(H), net.comm)
-    info.update({"points": m, "index_s": time.perf_counter() - t0,
-                 "share": float(np.mean(out.inference.fill_count)) / out.n})
+        batch = make_batch(parts, None, rows[s:s + 4096], net.step, norms=norms)
+        H[s:s + 4096] = net.hidden(batch).dense()
+    info = out.build_index(H, net.comm)
+    kept = net.comm.allreduce_sum(np.array([float(np.mean(out.inference.fill_count))]), kind="index")[0]
+    info.update({"points": m, "index_s": time.perf_counter() - t0, "share": float(kept) / out.n})
     model.index_info = info
     return info
 
@@ -233,8 +247,9 @@ def _fit(model, train, test, callback, verbose, threads, stop_at, checkpoint):
     net, config, comm = model.network, model.config, model.comm
     rep = model.replicas
     loss_comm = rep.model if rep is not None else comm  # the ranks that share a step's loss
-    X = normalise_inputs(train.X, config.input_norm, net.dtype)
-    X_parts = _csr_parts(X)
+    X = sp.csr_matrix(train.X)
+    X_parts = _csr_parts(X, net.dtype)  # no copy: normalised batch by batch
+    norms = input_norms(X, config.input_norm)
     Y_parts = _csr_parts(sp.csr_matrix(train.Y), np.float32)
     n = X.shape[0]
     last = total = total_steps(config, n)
@@ -266,7 +281,7 @@ def _fit(model, train, test, callback, verbose, threads, stop_at, checkpoint):
         if data_parallel and comm.size > 1:
             lo, hi = shard_range(n_global, comm.rank, comm.size) if n_global >= comm.size else (0, n_global)
             rows = rows[lo:hi]
-        batch = make_batch(X_parts, Y_parts, rows, step, n_global)
+        batch = make_batch(X_parts, Y_parts, rows, step, n_global, norms)
         if warmup is None:
             tw = time.perf_counter()
             loss_acc += net.train_step(batch)
@@ -358,15 +373,16 @@ def predict_topk_scores(model: Model, X: sp.csr_matrix, k: int, exact: bool = Tr
     net = model.network
     if X.shape[1] != net.n_features:
         raise ValueError(f"data has {X.shape[1]} features but the model was trained on {net.n_features}")
-    Xn = normalise_inputs(X, model.config.input_norm, net.dtype)
-    parts = _csr_parts(Xn)
-    n = Xn.shape[0]
+    X = sp.csr_matrix(X)
+    parts = _csr_parts(X, net.dtype)
+    norms = input_norms(X, model.config.input_norm)
+    n = X.shape[0]
     ids = np.empty((n, k), dtype=np.int64)
     scores = np.empty((n, k), dtype=np.float64)
     scored = 0
     for s in range(0, n, batch_size):
         rows = np.arange(s, min(n, s + batch_size))
-        batch = make_batch(parts, None, rows, net.step)
+        batch = make_batch(parts, None, rows, net.step, norms=norms)
         ls, li, ln = net.local_topk(batch, k, exact)
         # the layers' communicator: a stand-in in data-parallel mode, where every rank has it all
         ms, mi = merge_topk(net.comm.allgather_rows(ls), net.comm.allgather_rows(li), k)

@@ -1,5 +1,8 @@
 """Locality-sensitive hash families and fixed-capacity hash tables (numba kernels).
 
+Installed as `dslide.lsh` (setup.cfg maps this folder there); kernels import
+nothing of dslide but its SplitMix64 (`dslide.rng`).
+
 Families (one module each) share one interface: `Family(dim, K, L, seed, **params)`
 draws its parameter arrays from `np.random.default_rng(seed)` alone;
 attributes name, dim, K, L, code_bits; `hash(vectors float32 [n, dim],
@@ -12,7 +15,9 @@ range_pow=None) -> int32 [n, L]` bucket codes (parallel over rows);
     minhash  densified one-permutation MinHash of the non-zero set (also CSR input)
 
 `HashTables(family, range_pow, capacity, policy)` stores the tables as flat
-int32 arrays and offers build / update / query.
+int32 arrays of fixed-capacity buckets and offers build / update / query;
+`CompactTables(family, range_pow)` does the same with buckets sized to what
+they hold (lsh.compact).
 
 `AnchorTables` (lsh.anchors) is the data-dependent alternative for maximum
 inner product search with biases: queries hash to their nearest k-means
@@ -30,6 +35,7 @@ from .minhash import MinHash
 from .srp import SRP
 from . import anchors
 from .anchors import AnchorTables
+from .compact import CompactTables
 from .tables import HashTables
 from .wta import WTA
 
@@ -53,4 +59,4 @@ def make_family(name: str, dim: int, K: int, L: int, seed: int, **params) -> Has
     return cls(dim, K, L, seed, **params)
 
 
-__all__ = ["FAMILIES", "LAYER_FAMILIES", "AnchorTables", "make_family", "HashFamily", "HashTables", "SRP", "DWTA", "WTA", "MinHash"]
+__all__ = ["FAMILIES", "LAYER_FAMILIES", "AnchorTables", "CompactTables", "make_family", "HashFamily", "HashTables", "SRP", "DWTA", "WTA", "MinHash"]

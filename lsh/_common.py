@@ -1,4 +1,4 @@
-"""Pieces shared by the hash families: argument checks, code assembly, range
+"""Pieces shared by the hash families of dslide.lsh: argument checks, code assembly, range
 reduction, densification, and the `HashFamily` base class.
 
 Codes. A family computes N = K * L hash values per vector, value h = l*K + k

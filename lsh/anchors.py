@@ -133,7 +133,7 @@ def _top_of_row(row, T, ids_out, scores_out):
         scores_out[t] = -vals[order[t]]
 
 
-@njit(parallel=True)
+@njit(parallel=True, cache=True)
 def top_rows(S, T, out_ids, out_scores):
     """Per row of S [m, n]: the T largest entries, best first (ties to the lower column):
     column indices into out_ids int32 [m, T], values into out_scores float32 [m, T]."""
@@ -203,7 +203,7 @@ def union_of_buckets(codes, buckets, fill, limit, total, mark):
     return res
 
 
-@njit(parallel=True, fastmath=True)
+@njit(parallel=True, fastmath=True, cache=True)
 def topk_of_buckets(X, W, b, codes, buckets, fill, k, marks, out_scores, out_ids, n_scored):
     """Exact re-ranking of what the buckets retrieve: per query, the k best of the union of its buckets.
 
@@ -333,7 +333,11 @@ def kmeans(X, A: int, seed: int, iters: int = 6, block: int = 8192, seed_points:
         C[live] = (sums[live] / counts[live, None]).astype(np.float32)
         dead = np.flatnonzero(~live)
         if dead.size:
-            far = np.argsort(-np.einsum("ij,ij->i", X - C[codes], X - C[codes]), kind="stable")[:dead.size]
+            own = np.empty(n, np.float32)
+            for s in range(0, n, block):  # in blocks: [n, d] temporaries would double X
+                diff = X[s:s + block] - C[codes[s:s + block]]
+                own[s:s + block] = np.einsum("ij,ij->i", diff, diff)
+            far = np.argsort(-own, kind="stable")[:dead.size]
             C[dead] = X[far]
     return C
 

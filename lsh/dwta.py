@@ -17,7 +17,7 @@ vector the same value 0 and pile them into a few buckets. For signed vectors
 2**-bin_size for symmetric weights), which keeps queries and items under one rule.
 
 Densification. Empty bins copy the value of a non-empty bin found by the
-seeded probe sequence of `lsh._common.densify`; a vector with no positive
+seeded probe sequence of `dslide.lsh._common.densify`; a vector with no positive
 entry gets a fixed code. Table l's code is sum_k v[l*K+k] * bin_size**k, so
 code_bits = bit_length(bin_size**K - 1) (= K * log2(bin_size) for powers of two).
 """
@@ -61,7 +61,7 @@ def dwta_values(X, bin_dims, bin_size, n_bins, probe_a, probe_b):
     return out
 
 
-@njit(parallel=True)
+@njit(parallel=True, cache=True)
 def dwta_hash(X, bin_dims, bin_size, K, L, probe_a, probe_b, range_pow, code_bits, red_a, red_b):
     """Bucket codes int32 [n, L] of X float32 [n, dim] (parallel over row blocks)."""
     n = X.shape[0]

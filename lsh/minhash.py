@@ -8,7 +8,7 @@ most one). For a set S,
 
     v_b(S) = min { pi[f] - start_b : f in S, pi[f] in bin b },
 
-empty bins are filled by the seeded densification of `lsh._common.densify`
+empty bins are filled by the seeded densification of `dslide.lsh._common.densify`
 (so P(v_b(S) == v_b(T)) = Jaccard(S, T) for every b), and the empty set gets a
 fixed code. `value_bits` (optional) keeps only the low bits of each value
 (b-bit minwise hashing) to shorten codes; collisions then rise to about
@@ -72,7 +72,7 @@ def minhash_values(X, feat_bin, feat_off, mask, n_bins, probe_a, probe_b):
     return out
 
 
-@njit(parallel=True)
+@njit(parallel=True, cache=True)
 def minhash_hash(X, feat_bin, feat_off, mask, value_bits, K, L, probe_a, probe_b,
                  range_pow, code_bits, red_a, red_b):
     """Bucket codes int32 [n, L] of dense X float32 [n, dim] (parallel over row blocks)."""
@@ -90,7 +90,7 @@ def minhash_hash(X, feat_bin, feat_off, mask, value_bits, K, L, probe_a, probe_b
     return out
 
 
-@njit(parallel=True)
+@njit(parallel=True, cache=True)
 def minhash_hash_csr(indptr, indices, present, feat_bin, feat_off, mask, value_bits, K, L,
                      probe_a, probe_b, range_pow, code_bits, red_a, red_b):
     """Bucket codes int32 [n, L] of CSR rows (indptr int64 [n+1], indices int32 [nnz],

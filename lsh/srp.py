@@ -1,4 +1,4 @@
-"""Signed random projections (SimHash; Charikar 2002) with sparse +-1 projections, as in SLIDE.
+"""dslide.lsh family "srp": signed random projections (SimHash; Charikar 2002) with sparse +-1 projections, as in SLIDE.
 
 Each of the N = K*L bits h looks at a fixed random subset S_h of
 n_nz = max(1, round(sparsity * dim)) dimensions with random signs s:
@@ -50,7 +50,7 @@ def srp_values(X, dims, signs, n_nz, n_bits):
     return out
 
 
-@njit(parallel=True)
+@njit(parallel=True, cache=True)
 def srp_hash(X, dims, signs, n_nz, K, L, range_pow, code_bits, red_a, red_b):
     """Bucket codes int32 [n, L] of X float32 [n, dim] (parallel over row blocks; gathers)."""
     n = X.shape[0]
@@ -87,7 +87,7 @@ def srp_dense_row_values(x, proj_t, acc, vals):
         vals[h] = 1 if acc[h] >= 0 else 0
 
 
-@njit(parallel=True)
+@njit(parallel=True, cache=True)
 def srp_hash_dense(X, proj_t, K, L, range_pow, code_bits, red_a, red_b):
     """Bucket codes int32 [n, L] of X float32 [n, dim] via proj_t float32 [dim, K*L]
     (parallel over row blocks); same codes as `srp_hash`."""

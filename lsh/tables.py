@@ -39,6 +39,8 @@ import numba
 import numpy as np
 from numba import njit, prange
 
+from dslide.rng import splitmix_next, unit
+
 from ._common import HashFamily, check_int, check_seed
 
 #: Refuse tables whose arrays would exceed this many bytes (override with max_bytes=).
@@ -49,11 +51,6 @@ MODES = ("union", "topk", "threshold")
 _FIFO, _RESERVOIR = 0, 1
 _UNION, _TOPK, _THRESHOLD = 0, 1, 2
 
-_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
-_MIX1 = np.uint64(0xBF58476D1CE4E5B9)
-_MIX2 = np.uint64(0x94D049BB133111EB)
-_INV53 = 1.0 / 9007199254740992.0  # 2**-53
-
 
 # ----------------------------------------------------------------------------
 # Serial per-bucket kernels (one table's 2-D slices)
@@ -62,12 +59,7 @@ _INV53 = 1.0 / 9007199254740992.0  # 2**-53
 @njit(cache=True)
 def _rand_below(rng, l, n):
     """Uniform int in [0, n) from table l's splitmix64 stream rng[l] (advanced in place)."""
-    s = rng[l] + _GOLDEN
-    rng[l] = s
-    z = (s ^ (s >> np.uint64(30))) * _MIX1
-    z = (z ^ (z >> np.uint64(27))) * _MIX2
-    z = z ^ (z >> np.uint64(31))
-    r = np.int64(np.float64(z >> np.uint64(11)) * _INV53 * n)
+    r = np.int64(unit(splitmix_next(rng, l)) * n)
     return min(r, n - 1)
 
 
@@ -177,7 +169,7 @@ def reservoir_remove(bk, fill, offered, c1, c2, b, item):
 # Parallel kernels (over tables for writes, over queries for reads)
 # ----------------------------------------------------------------------------
 
-@njit(parallel=True)
+@njit(parallel=True, cache=True)
 def insert_all(codes_lm, buckets, fill, head, offered, c1, c2, rng, policy):
     """Clear and fill every table with items 0..m-1 in id order.
 
@@ -208,7 +200,7 @@ def insert_all(codes_lm, buckets, fill, head, offered, c1, c2, rng, policy):
                 reservoir_insert(bk, fl, of, d1, d2, rng, l, cl[i], i)
 
 
-@njit(parallel=True)
+@njit(parallel=True, cache=True)
 def update_items(ids, new_codes, item_codes_lm, buckets, fill, head, offered, c1, c2, rng, policy):
     """Re-insert items `ids` (int64 [r]) at their new codes new_codes int32 [r, L].
 
@@ -238,8 +230,21 @@ def update_items(ids, new_codes, item_codes_lm, buckets, fill, head, offered, c1
             item_codes_lm[l, i] = new
 
 
+@njit(cache=True, inline="always")
+def bucket_span(flat_stride, offsets, fill, l, b):
+    """(start in the flat id array, length) of bucket b of table l, in either layout:
+    fixed capacity C (flat_stride = NB * C per table, bucket b at b * C, fill[l, b]
+    entries) or compact (offsets int32 [L, NB + 1] per table, flat_stride = items per
+    table; fill unused)."""
+    if offsets.shape[1] > 1:
+        o = offsets[l, b]
+        return l * flat_stride + o, offsets[l, b + 1] - o
+    C = flat_stride // fill.shape[1]
+    return l * flat_stride + b * C, fill[l, b]
+
+
 @njit(cache=True)
-def query_bounds(codes, fill, n_items):
+def query_bounds(codes, flat_stride, offsets, fill, n_items):
     """bound int64 [n+1]: prefix sums of min(n_items, ids in query q's L buckets),
     an upper bound of each query's output; and the largest single bound."""
     n, L = codes.shape
@@ -249,7 +254,7 @@ def query_bounds(codes, fill, n_items):
     for q in range(n):
         s = 0
         for l in range(L):
-            s += fill[l, codes[q, l]]
+            s += bucket_span(flat_stride, offsets, fill, l, codes[q, l])[1]
         s = min(s, n_items)
         max_len = max(max_len, s)
         bound[q + 1] = bound[q] + s
@@ -298,11 +303,12 @@ def radix_sort_ids(a, b, n, n_bits, digit_hist):
 
 
 @njit(cache=True)
-def query_range(q_lo, q_hi, codes, buckets, fill, cnt, id_bits, mode, top_m, t, bound, max_len,
-                tmp_ids, tmp_cnt, sizes):
+def query_range(q_lo, q_hi, codes, flat, flat_stride, offsets, fill, cnt, id_bits, mode, top_m, t, bound,
+                max_len, tmp_ids, tmp_cnt, sizes):
     """Serial work of `query_kernel` for queries q_lo..q_hi-1: writes query q's
     result to tmp_ids / tmp_cnt[bound[q]:bound[q] + sizes[q]].
 
+    flat: every table's ids in one int32 array, read through `bucket_span`.
     cnt: all-zero counter [n_items] (uint8/uint16/int32, wide enough for L),
     left all-zero on return: only the ids a query touched are reset.
     """
@@ -314,10 +320,9 @@ def query_range(q_lo, q_hi, codes, buckets, fill, cnt, id_bits, mode, top_m, t, 
     for q in range(q_lo, q_hi):
         nt = 0
         for l in range(L):
-            b = codes[q, l]
-            f = fill[l, b]
+            o, f = bucket_span(flat_stride, offsets, fill, l, codes[q, l])
             for s in range(f):
-                i = buckets[l, b, s]
+                i = flat[o + s]
                 if cnt[i] == 0:
                     buf_a[nt] = i
                     nt += 1
@@ -391,12 +396,14 @@ def compact_results(bound, sizes, tmp_ids, tmp_cnt):
     return indptr, ids, counts
 
 
-@njit(parallel=True)
-def query_kernel(codes, buckets, fill, counters, id_bits, mode, top_m, t):
+@njit(parallel=True, cache=True)
+def query_kernel(codes, flat, flat_stride, offsets, fill, counters, id_bits, mode, top_m, t):
     """Candidates of each query from its L buckets.
 
-    codes int32 [n, L] (query q looks at bucket codes[q, l] of table l);
-    buckets int32 [L, NB, C], fill int32 [L, NB]. For each query, count[id] =
+    codes int32 [n, L] (query q looks at bucket codes[q, l] of table l); the
+    buckets as `bucket_span` reads them: fixed capacity (flat = buckets
+    int32 [L, NB, C] flattened, flat_stride = NB * C, fill int32 [L, NB],
+    offsets [1, 1]) or compact (lsh.compact). For each query, count[id] =
     number of tables whose bucket holds id; keep
       union:     every id with count >= 1, sorted by id ascending;
       topk:      the top_m ids by (count desc, id asc), in that order;
@@ -411,13 +418,13 @@ def query_kernel(codes, buckets, fill, counters, id_bits, mode, top_m, t):
     """
     n = codes.shape[0]
     n_chunks, n_items = counters.shape
-    bound, max_len = query_bounds(codes, fill, n_items)
+    bound, max_len = query_bounds(codes, flat_stride, offsets, fill, n_items)
     tmp_ids = np.empty(bound[n], np.int32)
     tmp_cnt = np.empty(bound[n], np.int32)
     sizes = np.zeros(n, np.int64)
     for c in prange(n_chunks):
-        query_range(c * n // n_chunks, (c + 1) * n // n_chunks, codes, buckets, fill, counters[c],
-                    id_bits, mode, top_m, t, bound, max_len, tmp_ids, tmp_cnt, sizes)
+        query_range(c * n // n_chunks, (c + 1) * n // n_chunks, codes, flat, flat_stride, offsets, fill,
+                    counters[c], id_bits, mode, top_m, t, bound, max_len, tmp_ids, tmp_cnt, sizes)
     return compact_results(bound, sizes, tmp_ids, tmp_cnt)
 
 
@@ -435,7 +442,7 @@ class HashTables:
     HashTables(family, range_pow, capacity, policy="fifo" | "reservoir", seed=0,
                max_bytes=MAX_TABLE_BYTES)
 
-    family: a hash family (lsh.make_family(...)); range_pow: bucket index bits,
+    family: a hash family (dslide.lsh.make_family(...)); range_pow: bucket index bits,
     1..24 and <= family.code_bits; capacity: slots per bucket (>= 1); seed: the
     reservoir's random streams (table l's stream derives from (seed, l)).
 
@@ -447,7 +454,7 @@ class HashTables:
     def __init__(self, family: HashFamily, range_pow: int, capacity: int, policy: str = "fifo",
                  seed: int = 0, max_bytes: int = MAX_TABLE_BYTES):
         if not isinstance(family, HashFamily):
-            raise ValueError(f"family must be a hash family from lsh.make_family, got {type(family).__name__}")
+            raise ValueError(f"family must be a hash family from dslide.lsh.make_family, got {type(family).__name__}")
         self.family = family
         self.L = family.L
         self.range_pow = check_int("range_pow", range_pow, 1, 24)
@@ -620,30 +627,37 @@ class HashTables:
         count >= t, by (count desc, id asc). Deterministic and independent of
         the thread count.
         """
-        if mode not in MODES:
-            raise ValueError(f"mode {mode!r} is not one of {', '.join(MODES)}")
-        top_m, thr = 0, 0
-        if mode == "topk":
-            if m is None:
-                raise ValueError("mode 'topk' needs m (how many ids to keep per query), m >= 1")
-            top_m = check_int("m", m, 1, 2**31 - 1)
-        elif m is not None:
-            raise ValueError(f"m is only used by mode 'topk', not {mode!r}")
-        if mode == "threshold":
-            if t is None:
-                raise ValueError(f"mode 'threshold' needs t (minimum count), 1 <= t <= L={self.L}")
-            thr = check_int("t", t, 1, self.L)
-        elif t is not None:
-            raise ValueError(f"t is only used by mode 'threshold', not {mode!r}")
-        codes = self._check_codes(codes, "codes")
-        if self.n_items == 0:
-            raise ValueError("the tables are empty: call build(W) before querying")
-        n = codes.shape[0]
-        # A few chunks per thread balance uneven queries; each chunk owns a counter row.
-        n_chunks = max(1, min(n, 4 * numba.get_num_threads()))
-        cdtype = np.uint8 if self.L < 2**8 else np.uint16 if self.L < 2**16 else np.int32
-        counters = np.zeros((n_chunks, self.n_items), cdtype)
-        id_bits = max(1, (self.n_items - 1).bit_length())
-        with numba.parallel_chunksize(1):
-            return query_kernel(codes, self.buckets, self.fill, counters, id_bits,
-                                MODES.index(mode), top_m, thr)
+        L, NB, C = self.buckets.shape
+        return run_query(self, codes, mode, m, t, self.buckets.reshape(-1), NB * C,
+                         np.zeros((1, 1), np.int32), self.fill)
+
+
+def run_query(tables, codes, mode, m, t, flat, flat_stride, offsets, fill):
+    """`query_codes` of either layout (tables: its checks and sizes; the rest: `bucket_span`)."""
+    if mode not in MODES:
+        raise ValueError(f"mode {mode!r} is not one of {', '.join(MODES)}")
+    top_m, thr = 0, 0
+    if mode == "topk":
+        if m is None:
+            raise ValueError("mode 'topk' needs m (how many ids to keep per query), m >= 1")
+        top_m = check_int("m", m, 1, 2**31 - 1)
+    elif m is not None:
+        raise ValueError(f"m is only used by mode 'topk', not {mode!r}")
+    if mode == "threshold":
+        if t is None:
+            raise ValueError(f"mode 'threshold' needs t (minimum count), 1 <= t <= L={tables.L}")
+        thr = check_int("t", t, 1, tables.L)
+    elif t is not None:
+        raise ValueError(f"t is only used by mode 'threshold', not {mode!r}")
+    codes = tables._check_codes(codes, "codes")
+    if tables.n_items == 0:
+        raise ValueError("the tables are empty: call build(W) before querying")
+    n = codes.shape[0]
+    # A few chunks per thread balance uneven queries; each chunk owns a counter row.
+    n_chunks = max(1, min(n, 4 * numba.get_num_threads()))
+    cdtype = np.uint8 if tables.L < 2**8 else np.uint16 if tables.L < 2**16 else np.int32
+    counters = np.zeros((n_chunks, tables.n_items), cdtype)
+    id_bits = max(1, (tables.n_items - 1).bit_length())
+    with numba.parallel_chunksize(1):
+        return query_kernel(codes, flat, flat_stride, offsets, fill, counters, id_bits,
+                            MODES.index(mode), top_m, thr)

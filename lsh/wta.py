@@ -1,4 +1,4 @@
-"""Winner-take-all hashing (Yagnik et al. 2011).
+"""dslide.lsh family "wta": winner-take-all hashing (Yagnik et al. 2011).
 
 Each of the N = K*L hashes h draws its own random permutation of range(dim)
 and keeps its first `window` entries perm_h[0..window-1]:
@@ -43,7 +43,7 @@ def wta_values(X, perm_dims, window, n_hashes):
     return out
 
 
-@njit(parallel=True)
+@njit(parallel=True, cache=True)
 def wta_hash(X, perm_dims, window, K, L, range_pow, code_bits, red_a, red_b):
     """Bucket codes int32 [n, L] of X float32 [n, dim] (parallel over row blocks)."""
     n = X.shape[0]

@@ -74,7 +74,7 @@ def load_data(spec: dict):
     """(train, test) XMCData from {"preset", "n_train", "n_test", "seed", other preset fields such as
     "n_labels"} or {"train", "test"} paths."""
     if "preset" in spec:
-        from datasets.synthetic import generate_split
+        from dslide.datasets.synthetic import generate_split
 
         overrides = {k: v for k, v in spec.items() if k not in ("preset", "n_train", "n_test", "seed")}
         return generate_split(spec["preset"], n_train=spec.get("n_train"), n_test=spec.get("n_test"),
@@ -106,7 +106,7 @@ def child(case_path: str) -> None:
     config = Config.from_dict({**cfg, "threads": int(case.get("threads", 1))}).resolve(train.n_labels)
     # compile the kernels on a few points first: the timings below are of training, not of numba
     warm = XMCData(train.X[:300], train.Y[:300])
-    T.fit(warm, config.replace(epochs=1.0, eval_every=0, checkpoint_every=0), comm=comm)
+    T.fit(warm, config.replace(epochs=1.0, eval_every=0, checkpoint_every=0), comm=comm, index=False)
     budget = case.get("time_budget")
     clock = {"train_s": 0.0, "since": None}  # training time: evaluations left out, as in the history
 
@@ -123,7 +123,8 @@ def child(case_path: str) -> None:
         # every rank must stop at the same step: the slowest clock decides
         return "stop" if comm.allreduce_max(float(over)) > 0 else None
 
-    model, history = T.fit(train, config, test, comm=comm, callback=callback)
+    # the inference index (built after training, outside its time) only where inference is compared
+    model, history = T.fit(train, config, test, comm=comm, callback=callback, index=bool(case.get("inference")))
     t0 = time.perf_counter()
     pred = T.predict_topk(model, test.X, 5, exact=True)
     predict_s = time.perf_counter() - t0
@@ -153,6 +154,17 @@ def child(case_path: str) -> None:
         "timers_s": {k: round(v, 2) for k, v in net.timers.items()},
         "curve": [{"wall_s": r["wall_s"], "step": r["step"], "p@1": r["p@1"]} for r in history if "p@1" in r],
     }
+    out = net.layers[-1]
+    if out.kind == "lsh":
+        # the whole layer's block: each rank's mean summed over ranks
+        mean = out.block_mean()
+        result["block"] = {k: float(comm.allreduce_sum(np.array([v]))[0]) for k, v in mean.items()}
+        result["lsh_upkeep_s"] = out.upkeep_s
+    if case.get("inference"):
+        from _lsh_eval import compare_inference
+
+        result["index"] = model.index_info
+        result["inference"] = compare_inference(model, test, inv_prop)
     if comm.rank == 0:
         print("RESULT " + json.dumps(result), flush=True)
 

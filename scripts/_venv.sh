@@ -27,7 +27,7 @@ fi
 # Reinstall only when the packaging metadata changed since the last install.
 _stamp="$VENV/.dslide-install-stamp"
 _want="$(cat "$ROOT/setup.cfg" "$ROOT/pyproject.toml" | cksum | cut -d' ' -f1)"
-if [ ! -f "$_stamp" ] || [ "$(cat "$_stamp")" != "$_want" ] || ! "$PY" -c 'import dslide, lsh, datasets, pytest, mpi4py' >/dev/null 2>&1; then
+if [ ! -f "$_stamp" ] || [ "$(cat "$_stamp")" != "$_want" ] || ! "$PY" -c 'import dslide.lsh, dslide.datasets, pytest, mpi4py' >/dev/null 2>&1; then
     echo "[dslide] installing dslide and its dependencies into $VENV"
     "$PY" -m pip install --quiet --upgrade pip >/dev/null 2>&1 || true
     "$PY" -m pip install --quiet -e "$ROOT[test]" || { echo "[dslide] pip install failed" >&2; exit 1; }

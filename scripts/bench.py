@@ -5,6 +5,7 @@
     python scripts/bench.py --suite full --parts main          (about 25 minutes on 2 cores)
     python scripts/bench.py --suite full --parts peers         (about 15 minutes)
     python scripts/bench.py --suite full --parts peers --preset amazon-tail
+    python scripts/bench.py --suite full --parts lsh           (what LSH buys; about 25 minutes)
 
 On a shared machine run each under the bench lock (flock /tmp/dslide-bench.lock ...);
 the full suite's two parts are two commands so that neither holds it past ~30 minutes.
@@ -37,6 +38,19 @@ omikuji (Parabel; 1 and 3 trees) and napkinXC (PLT) with theirs, and PyTorch
 as a careful user writes a sampled softmax with dslide's settings, 2 cores
 each, on the same files and scored by the same code, with P@k and PSP@k; on
 the synthetic data and on BibTeX when present.
+
+Part "lsh", what the hash tables buy (see lsh_systems): the default
+output layer (anchor candidates + uniform negatives) against uniform
+negatives only (sampled softmax: as many as the old default, and about as
+many active neurons as the defaults compute), candidates only, and SLIDE's
+DWTA hashing in place of the anchor tables, 1 rank x 2 threads, the same
+training-time budget and constant learning rate for all: samples/s, active
+neurons per step, P@1 half-way and at the end, P@5 and PSP@5 at the end,
+seconds to the old default's final P@1. Then inference on the defaults'
+model, at 1 rank and at 2 ranks: exact scoring against `--lsh` (the index
+built from the final weights) and against a static shortlist of the
+highest-bias labels of the same size: share scored, seconds, recall of the
+exact top-10, P@1, P@5, PSP@5.
 
 Each part prints a markdown table, writes a PNG of P@1 against training time
 (docs/bench_<suite>[_peers][_<preset>].png), and records both, with the
@@ -108,21 +122,24 @@ def main(argv=None) -> int:
     p.add_argument("--suite", choices=sorted(SUITES), default="quick")
     p.add_argument("--parts", default="main,peers",
                    help="comma-separated: main (the same network by dslide, dense, data-parallel, PyTorch), "
-                        "peers (dslide's defaults against omikuji, napkinXC, PyTorch sampled softmax)")
+                        "peers (dslide's defaults against omikuji, napkinXC, PyTorch sampled softmax), "
+                        "lsh (what the hash tables buy: candidates against uniform negatives, --lsh inference)")
     p.add_argument("--preset", choices=PRESETS, default="amazon-like", help="the synthetic data set")
     p.add_argument("--no-torch", action="store_true")
     p.add_argument("--no-trees", action="store_true", help="leave omikuji and napkinXC out")
     p.add_argument("--no-record", action="store_true", help="do not update docs/benchmarks.md")
     a = p.parse_args(argv)
     parts = [x.strip() for x in a.parts.split(",") if x.strip()]
-    bad = sorted(set(parts) - {"main", "peers"})
+    bad = sorted(set(parts) - {"main", "peers", "lsh"})
     if bad or not parts:
-        p.error(f"--parts {a.parts!r}: choose from main, peers (comma-separated)")
+        p.error(f"--parts {a.parts!r}: choose from main, peers, lsh (comma-separated)")
     suite = {**SUITES[a.suite], "data": {**SUITES[a.suite]["data"], "preset": a.preset}}
     if "main" in parts:
         main_part(a, suite)
     if "peers" in parts:
         peers_part(a, suite)
+    if "lsh" in parts:
+        lsh_part(a, suite)
     return 0
 
 
@@ -437,6 +454,106 @@ def peers_part(a, suite: dict) -> None:
                  text + "\n" + (f"![P@1 against training seconds]({png.name})\n" if drew else ""))
     (B.ROOT / "runs").mkdir(exist_ok=True)
     (B.ROOT / "runs" / f"{name}.json").write_text(json.dumps(rows, indent=1, default=float))
+
+
+# -- what LSH buys --------------------------------------------------------------------------------
+
+UNIFORM_OLD = 16384  # the uniform negatives of dslide's defaults before anchor candidates
+UNIFORM_EQUAL = 4096  # about the active neurons the defaults compute per step at 670,091 labels
+
+
+def lsh_systems(suite: dict) -> list[dict]:
+    """The output layers compared (1 rank x 2 threads, constant lr, the same budget)."""
+    cfg = {**COMMON, "eval_every": suite["eval_every"][0], "eval_points": suite["eval_points"]}
+    rows = [
+        ("uniform negatives only, as many as the old default", {"max_active": 0, "min_active": UNIFORM_OLD}),
+        ("uniform negatives only, about the defaults' active neurons", {"max_active": 0, "min_active": UNIFORM_EQUAL}),
+        ("anchor candidates only (no uniform negatives)", {"min_active": 0}),
+        ("SLIDE's DWTA candidates + the default uniform negatives", {"family": "dwta"}),
+        ("the defaults: anchor candidates + uniform negatives", {}),
+    ]
+    return [{"name": name, "ranks": 1, "threads": 2, "config": {**cfg, "lsh": lc}} for name, lc in rows]
+
+
+def lsh_part(a, suite: dict) -> None:
+    t0 = time.time()
+    notes: list[str] = []
+    cases = [{**case, "label": case["name"], "data": suite["data"], "time_budget": suite["budget"]}
+             for case in lsh_systems(suite)]
+    rows = B.run_cases(cases, notes)
+    # inference on the defaults' model, at 1 rank and at 2 ranks (index built after training)
+    inf = []
+    for ranks, threads in ((1, 2), (2, 1)):
+        case = {"name": "the defaults", "label": f"inference, {ranks} x {threads}", "ranks": ranks,
+                "threads": threads, "data": suite["data"], "time_budget": suite["budget"], "inference": True,
+                "config": {**COMMON, "eval_every": 0, "eval_points": suite["eval_points"]}}
+        r = B.run_cases([case], notes)
+        if r:
+            inf.append((ranks, threads, r[0]))
+    old = next((r for r in rows if r["config"]["lsh"].get("min_active") == UNIFORM_OLD), None)
+    target = old["curve"][-1]["p@1"] if old and old["curve"] else None
+    half = suite["budget"] / 2
+
+    def block(r):
+        b = r.get("block")
+        return f"{b['labels']:,.0f} + {b['candidates']:,.0f} + {b['random']:,.0f}" if b else "-"
+
+    def t_to(r):
+        t = B.time_to(r["curve"], target) if target is not None else None
+        return "not reached" if t is None else f"{t:.1f}"
+
+    cols = [("output layer", "name"), ("active per step: labels + candidates + uniform", block),
+            ("samples/s", lambda r: f"{r['samples_per_s']:,.0f}"),
+            (f"P@1 at {half:g} s", lambda r: _fmt(p1_at_curve(r, half))),
+            ("P@1", lambda r: f"{r['p@1']:.4f}"), ("P@5", lambda r: f"{r['p@5']:.4f}"),
+            ("PSP@5", lambda r: f"{r.get('psp@5', float('nan')):.4f}"),
+            (f"s to P@1 {target:.4f}" if target is not None else "s to target", t_to),
+            ("upkeep s", lambda r: f"{r.get('lsh_upkeep_s', 0.0):.1f}")]
+    d = suite["data"]
+    shape = f"{d['preset']} synthetic, {d['n_train']:,} train / {d['n_test']:,} test points, 135,909 features, 670,091 labels"
+    cmd = f"python scripts/bench.py --suite {a.suite} --parts lsh" + _preset_flag(a)
+    text = (f"command: `{cmd}`\n\nmachine: {B.machine()}\n\ncode: {_code_version()}\n\n"
+            f"data: {shape}; every output layer 1 rank x 2 threads, hidden 128, batch 128, lr 1e-2 held constant, "
+            f"{suite['budget']} s of training; P@1 curves on the first {suite['eval_points']:,} test points, the rest "
+            f"on all of them (PSP@5: propensities from the training labels); 'upkeep s': refilling or re-hashing "
+            f"the tables, inside the training time\n\n" + B.table(rows, cols) + "\n")
+    for ranks, threads, r in inf:
+        info = r.get("index", {})
+        exact_s = r["inference"][0]["seconds"]
+        icols = [("method", "method"), ("labels scored per point", lambda x: f"{x['share']:.2%}"),
+                 ("seconds", lambda x: f"{x['seconds']:.2f}"),
+                 ("speed-up", lambda x: f"{exact_s / x['seconds']:.1f}x"),
+                 ("recall of the exact top-10", lambda x: f"{x['recall@10']:.4f}"),
+                 ("P@1", lambda x: f"{x['p@1']:.4f}"), ("P@5", lambda x: f"{x['p@5']:.4f}"),
+                 ("PSP@5", lambda x: f"{x['psp@5']:.4f}")]
+        text += (f"\nInference, {ranks} rank(s) x {threads} thread(s), the defaults' model after "
+                 f"{r['train_s']:.0f} s of training ({d['n_test']:,} test points; index: "
+                 f"{info.get('anchors', '?')} anchors from {info.get('points', 0):,} training points, buckets of "
+                 f"{info.get('bucket', 0):,} labels, built in {info.get('index_s', float('nan')):.1f} s after "
+                 f"training):\n\n" + B.table(r["inference"], icols) + "\n")
+    if notes:
+        text += "\n" + "\n".join(f"- {n}" for n in notes) + "\n"
+    text += f"\n({time.time() - t0:.0f} s in all)\n"
+    print(text)
+    name = f"bench_{a.suite}_lsh" + (f"_{a.preset}" if a.preset != "amazon-like" else "")
+    png = B.ROOT / "docs" / f"{name}.png"
+    drew = plot(rows, png, f"P@1 against training time by output layer ({shape})")
+    if not a.no_record:
+        B.record(f"bench.py --suite {a.suite} --parts lsh" + _preset_flag(a),
+                 text + "\n" + (f"![P@1 against training time]({png.name})\n" if drew else ""))
+    (B.ROOT / "runs").mkdir(exist_ok=True)
+    (B.ROOT / "runs" / f"{name}.json").write_text(json.dumps({"train": rows, "inference": [r for *_, r in inf]},
+                                                             indent=1, default=float))
+
+
+def p1_at_curve(r: dict, t: float):
+    """P@1 of the last evaluation at or before training time t (None if none)."""
+    pts = [c for c in r.get("curve", []) if c["wall_s"] <= t + 1e-9]
+    return pts[-1]["p@1"] if pts else None
+
+
+def _fmt(v) -> str:
+    return "-" if v is None else f"{v:.4f}"
 
 
 def _code_version() -> str:

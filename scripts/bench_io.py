@@ -5,15 +5,15 @@
 
 Generates `--points` Amazon-670K-like points (135,909 features, 670,091 labels,
 ~64 non-zeros per point with a heavy tail, ~5 labels per point, positive
-tf-idf-like values), with `datasets.synthetic.generate('amazon-like')` when that
+tf-idf-like values), with `dslide.datasets.synthetic.generate('amazon-like')` when that
 module is importable, else with the vectorised generator below (`--generator`
 chooses). Then it times, each command in a fresh process so that ru_maxrss is
 the peak of that command alone:
 
 * write_xmc                      the text file
 * read_xmc(cache=False)          the first parse
-* read_xmc (cold cache)          parse + writing <file>.dslcache.npz
-* read_xmc (cache hit)           loading the cache (large arrays are memory-mapped)
+* read_xmc (cold cache)          parse + writing the cache <file>.dslcache/ (one .npy per array)
+* read_xmc (cache hit)           loading the cache (every array memory-mapped)
 * ... + touch every page         the same, then one pass over X.data, X.indices and
                                  Y.indices, so that every mapped page is faulted in
 
@@ -29,6 +29,7 @@ import argparse
 import json
 import os
 import resource
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -111,22 +112,22 @@ def amazon_like(n_points: int, seed: int = 0):
 
 
 def generate(n_points: int, which: str):
-    """(X, Y, description) from datasets.synthetic (if available and wanted) or amazon_like."""
+    """(X, Y, description) from dslide.datasets.synthetic (if available and wanted) or amazon_like."""
     if which in ("auto", "synthetic"):
         try:
-            from datasets.synthetic import generate as synth  # noqa: PLC0415
+            from dslide.datasets.synthetic import generate as synth  # noqa: PLC0415
         except ImportError:
             if which == "synthetic":
                 raise
         else:
             d = synth("amazon-like", n_points=n_points)
-            return d.X, d.Y, "datasets.synthetic.generate('amazon-like')"
+            return d.X, d.Y, "dslide.datasets.synthetic.generate('amazon-like')"
     X, Y = amazon_like(n_points)
     return X, Y, "bench_io.amazon_like (vectorised, in this script)"
 
 
 def _warm_up(tmpdir: str) -> None:
-    from dslide.data import read_xmc, write_xmc  # noqa: PLC0415
+    from dslide.data import cache_path, read_xmc, write_xmc  # noqa: PLC0415
 
     X = sp.csr_matrix(np.array([[0, 1.5, 0], [2.25, 0, 1e-3]], dtype=np.float32))
     Y = sp.csr_matrix(np.array([[1, 0], [1, 1]], dtype=np.float32))
@@ -136,7 +137,7 @@ def _warm_up(tmpdir: str) -> None:
     read_xmc(path)  # parse + write cache
     read_xmc(path)  # cache hit
     os.unlink(path)
-    os.unlink(path + ".dslcache.npz")
+    shutil.rmtree(cache_path(path))
 
 
 def _generate_child(args) -> dict:
@@ -174,7 +175,7 @@ def _measure_child(args) -> dict:
         cpath = cache_path(args.path)
         for _ in range(args.repeat):
             if args.child in ("parse", "parse+cache") and os.path.exists(cpath):
-                os.unlink(cpath)
+                shutil.rmtree(cpath)
             t = time.perf_counter()
             d = read_xmc(args.path, strict=True, cache=args.child != "parse")
             if args.child == "cached+touch":
@@ -215,7 +216,7 @@ def main(argv=None) -> int:
     ap.add_argument("--keep", metavar="DIR", help="write the files into DIR and keep them")
     ap.add_argument("--repeat", type=int, default=3, help="runs per command, best time kept (3)")
     ap.add_argument("--generator", choices=("auto", "synthetic", "own"), default="auto",
-                    help="auto: datasets.synthetic if importable, else this script's own")
+                    help="auto: dslide.datasets.synthetic if importable, else this script's own")
     ap.add_argument("--child", choices=("generate", *COMMANDS), help=argparse.SUPPRESS)
     ap.add_argument("--path", help=argparse.SUPPRESS)
     ap.add_argument("--src", help=argparse.SUPPRESS)
@@ -246,7 +247,8 @@ def main(argv=None) -> int:
             extra = ("--src", src) if kind == "write" else ()
             r[label] = run_child(kind, path, args.repeat, *extra)
         size_mb = os.path.getsize(path) / 1e6
-        cache_mb = os.path.getsize(path + ".dslcache.npz") / 1e6
+        cpath = path + ".dslcache"
+        cache_mb = sum(os.path.getsize(os.path.join(cpath, f)) for f in os.listdir(cpath)) / 1e6
     finally:
         if tmp is not None:
             tmp.cleanup()

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Benchmark lsh.HashTables on an Amazon-670K-shaped output layer against brute force.
+"""Benchmark dslide.lsh.HashTables on an Amazon-670K-shaped output layer against brute force.
 
 Data (synthetic, structured): W float32 [670091, 128], neuron-major. Items
 belong to `--clusters` clusters with power-law sizes (a few big, many small,
@@ -47,7 +47,7 @@ for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
 import numba  # noqa: E402
 import numpy as np  # noqa: E402
 
-import lsh  # noqa: E402
+from dslide import lsh  # noqa: E402
 
 # family,K,L,rp (range_pow),C (capacity)[,policy][,mode][,m|t][,family params]
 DEFAULT_SETTINGS = [
@@ -134,7 +134,8 @@ def recall(indptr, ids, truth):
 
 def run_setting(s, W, Q, truth, repeat):
     fam = lsh.make_family(s["family"], W.shape[1], s["K"], s["L"], seed=1, **s["params"])
-    T = lsh.HashTables(fam, s["rp"], s["C"], policy=s["policy"], seed=1)
+    # C=0: buckets sized to what they hold (lsh.CompactTables)
+    T = lsh.HashTables(fam, s["rp"], s["C"], policy=s["policy"], seed=1) if s["C"] else lsh.CompactTables(fam, s["rp"])
     # Compile outside the timings (numba parallel kernels are compiled per process).
     T.build(W[:512])
     T.query(Q[:4], mode=s["mode"], m=s["m"], t=s["t"])
@@ -155,8 +156,8 @@ def run_setting(s, W, Q, truth, repeat):
 def describe(s):
     extra = "".join(f", {k}={v}" for k, v in s["params"].items())
     sel = {"topk": f" m={s['m']}", "threshold": f" t={s['t']}"}.get(s["mode"], "")
-    return (f"{s['family']} K={s['K']} L={s['L']}{extra} rp={s['rp']} C={s['C']} "
-            f"{s['policy']} {s['mode']}{sel}")
+    table = f"C={s['C']} {s['policy']}" if s["C"] else "compact"
+    return f"{s['family']} K={s['K']} L={s['L']}{extra} rp={s['rp']} {table} {s['mode']}{sel}"
 
 
 def trained_layer(args) -> None:

@@ -21,7 +21,7 @@ MPICH send over TCP on it):
      dslide's own mean), bytes per step, and the qdisc's byte counter, which
      must be at least the bytes all ranks sent (the check that the traffic
      went through the cap);
-  3. fits dslide.costmodel's compute terms from the unlimited runs (per P:
+  3. fits scripts/_costmodel.py's compute terms from the unlimited runs (per P:
      measured time minus the model's communication on the unlimited link) and
      predicts every capped run from the calibrated bandwidth and latency
      (`shared_medium=True`: all ranks share the one capped loopback); reports
@@ -50,9 +50,10 @@ import sys
 import time
 from pathlib import Path
 
-from dslide import costmodel as C
-
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+import _costmodel as C  # noqa: E402
+
 SLOWNET = ROOT / "scripts" / "slownet.sh"
 PROBE = ROOT / "scripts" / "slownet_probe.py"
 PY = Path(sys.executable)
@@ -429,7 +430,7 @@ def markdown(res: dict, an: dict) -> str:
             f"({d['samples_per_s'] / p['samples_per_s']:,.0f}x), "
             f"{p['bytes_per_step'] / max(1.0, d['bytes_per_step']):,.0f}x fewer bytes per step"
             for P, d, p in rows) + ".\n")
-    L.append("Bytes per step per rank predicted by `dslide.costmodel` (same accounting as `dslide.comm`): " + ", ".join(
+    L.append("Bytes per step per rank predicted by `scripts/_costmodel.py` (same accounting as `dslide.comm`): " + ", ".join(
         f"P = {P}: dslide {_bytes(C.dslide_bytes_per_step(P, BATCH, HIDDEN, ITEMSIZE))}, "
         f"data parallel {_bytes(C.data_parallel_bytes_per_step(P, res['model_bytes']))}" for P in (2, 4)) + ".\n")
     L.append("## Cost model against the measurements\n")

@@ -21,7 +21,7 @@ the thread count and OMP_WAIT_POLICY=PASSIVE (`--omp-wait-policy`; see
 `run_torch`: without it a busy core elsewhere made 2-thread runs 2-5x slower). The data go to it as one `.npz` per split (`export_npz`),
 so the trainer needs neither scipy, numba nor dslide.
 
-Presets come from `datasets.synthetic.generate_split` (`small`: 50,000
+Presets come from `dslide.datasets.synthetic.generate_split` (`small`: 50,000
 features, 20,000 labels; `amazon-like`: 135,909 features, 670,091 labels;
 `tiny`); any other `--data` is a path prefix of `PREFIX_train.txt` and
 `PREFIX_test.txt` in the XMC text format. The printed markdown table has one
@@ -236,7 +236,7 @@ def time_to_p1(log, target: float):
 def load_data(spec: str, points: int | None, test_points: int | None, seed: int) -> tuple[XMCData, XMCData]:
     """(train, test): a synthetic preset, or `spec`_train.txt / `spec`_test.txt cut to the first N points."""
     if spec in PRESETS:
-        from datasets.synthetic import generate_split  # noqa: PLC0415  (numba compiles on import of use)
+        from dslide.datasets.synthetic import generate_split  # noqa: PLC0415  (numba compiles on import of use)
 
         return generate_split(spec, points, test_points, seed)
     from dslide.data import read_xmc  # noqa: PLC0415

@@ -26,7 +26,7 @@
 # One link for all ranks. Every rank's traffic, both directions, goes through
 # the one capped loopback queue: the cap is the capacity of a shared medium,
 # not of each node's full-duplex link. When all P ranks send at once (ring
-# collectives), each gets about RATE / P; dslide/costmodel.py takes this into
+# collectives), each gets about RATE / P; scripts/_costmodel.py takes this into
 # account (`shared_medium=True`) when it is fitted to these runs.
 #
 # Token-bucket settings (why these values):
@@ -183,10 +183,10 @@ if [ -n "$delay" ]; then
             nsx tc qdisc add dev lo parent 1:1 handle 10: netem delay "$delay" limit 100000 || die2 "tc could not add netem delay $delay"
         fi
     else
-        die2 "--delay $delay asked for, but the netem qdisc is not available in this kernel (CONFIG_NET_SCH_NETEM); run without --delay: the scaling model (dslide/costmodel.py) covers latency"
+        die2 "--delay $delay asked for, but the netem qdisc is not available in this kernel (CONFIG_NET_SCH_NETEM); run without --delay: the scaling model (scripts/_costmodel.py) covers latency"
     fi
 elif [ "$netem" = false ]; then
-    echo "$prog: netem qdisc not available in this kernel: no added delay (loopback latency only); the scaling model (dslide/costmodel.py) covers latency" >&2
+    echo "$prog: netem qdisc not available in this kernel: no added delay (loopback latency only); the scaling model (scripts/_costmodel.py) covers latency" >&2
 fi
 
 # Local ranks over TCP on the namespace's loopback, not shared memory.

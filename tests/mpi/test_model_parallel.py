@@ -114,6 +114,28 @@ def test_sparse_hidden_layer_exchange_equals_one_rank_when_all_active():
         assert np.abs(bp - b1).max() <= 1e-5, f"layer {li}"
 
 
+def test_softmax_normaliser_merges_over_ranks_with_rows_empty_on_some():
+    """Comm.allreduce_logsumexp (the user op _lse_merge under MPI_Allreduce) against the
+    statistics of every rank gathered and merged by hand. Row r is empty (-inf, 0) on rank r
+    only, the last row on every rank."""
+    world = Comm(MPI.COMM_WORLD)
+    B = 6
+    rs = np.random.default_rng(100 + world.rank)
+    m, s = rs.uniform(-5, 5, B), rs.uniform(0.5, 3.0, B)
+    m[world.rank % (B - 1)], s[world.rank % (B - 1)] = -np.inf, 0.0
+    m[B - 1], s[B - 1] = -np.inf, 0.0
+    M, S = world.allreduce_logsumexp(m, s)
+    all_m, all_s = world.allgather_rows(m), world.allgather_rows(s)
+    for i in range(B):
+        live = np.isfinite(all_m[:, i])
+        if not live.any():
+            assert M[i] == -np.inf and S[i] == 0.0
+            continue
+        ref_M = all_m[live, i].max()
+        assert M[i] == ref_M
+        assert S[i] == pytest.approx(float(np.sum(all_s[live, i] * np.exp(all_m[live, i] - ref_M))), rel=1e-12)
+
+
 def test_lsh_inference_index_gives_the_same_topk_and_share_at_p_ranks_as_at_one():
     """The inference index keeps, per anchor, the labels of the whole layer above one threshold
     agreed across ranks, and re-ranks exactly: P ranks retrieve and return what 1 rank does."""

@@ -1,4 +1,4 @@
-"""datasets.arff: Mulan ARFF files against hand-built expected matrices, and every malformed-input error."""
+"""dslide.datasets.arff: Mulan ARFF files against hand-built expected matrices, and every malformed-input error."""
 
 import gzip
 import shutil
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
-from datasets.arff import read_arff
+from dslide.datasets.arff import read_arff
 from dslide.data import XMCFormatError, read_xmc
 
 DATA = Path(__file__).resolve().parents[1] / "data"

@@ -128,7 +128,7 @@ def _tree_python(system):
 @pytest.mark.parametrize("system", ["omikuji", "napkinxc"])
 def test_tree_libraries_on_tiny_data(system, tmp_path):
     py = _tree_python(system)
-    from datasets.synthetic import generate_split
+    from dslide.datasets.synthetic import generate_split
     from dslide.data import write_xmc
 
     train, test = generate_split("tiny", seed=0)

@@ -2,15 +2,26 @@
 
 import json
 import os
+import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from dslide import cli
-from dslide.config import Config
+from dslide.config import (BIAS_INITS, DTYPES, INPUT_NORMS, LAYER_KINDS, LR_SCHEDULES, PARALLEL, POLICIES, SELECT_MODES,
+                           Config, LSHConfig)
+from dslide.lsh import LAYER_FAMILIES
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -56,6 +67,97 @@ def test_set_overrides_parse_toml_values_lists_and_tables(tmp_path):
     g = tmp_path / "saved.toml"
     g.write_text(cli.config_toml(c))
     assert cli.make_config(str(g), []) == c
+
+
+# Any valid Config, lsh_layers included, for the round-trip property below.
+_floats01 = st.floats(0.0, 1.0, allow_nan=False)
+
+
+@st.composite
+def _lsh_configs(draw):
+    family = draw(st.sampled_from(LAYER_FAMILIES))
+    L = draw(st.none() | st.integers(1, 1024))  # None: the family's default
+    max_threshold = 10**6 if family == "anchor" else (L or 50)
+    return LSHConfig(
+        family=family, K=draw(st.none() | st.integers(1, 32)), L=L,
+        anchors=draw(st.integers(1, 1 << 20)), bin_size=2 ** draw(st.integers(1, 16)),
+        range_pow=draw(st.integers(0, 24)), capacity=draw(st.integers(1, 1 << 16)),
+        policy=draw(st.sampled_from(POLICIES)), select=draw(st.sampled_from(SELECT_MODES)),
+        threshold=draw(st.integers(1, max_threshold)),
+        min_active=draw(st.integers(0, 10**9)), min_active_share=draw(_floats01),
+        max_active=draw(st.integers(0, 10**9)), rehash_every=draw(st.integers(1, 10**9)),
+        rebuild_every=draw(st.integers(1, 10**9)), growth=draw(st.floats(1.0, 10.0)),
+        index_anchors=draw(st.integers(0, 1 << 20)), index_share=draw(st.floats(0.0, 1.0, exclude_min=True)),
+        index_probes=draw(st.integers(1, 1024)), index_points=draw(st.integers(1, 10**9)))
+
+
+@st.composite
+def _configs(draw):
+    hidden = draw(st.none() | st.lists(st.integers(1, 10**6), min_size=1, max_size=3).map(tuple))
+    n_layers = None if hidden is None else len(hidden) + 1
+    kinds, lsh_layers = (), ()
+    if n_layers is not None:
+        if draw(st.booleans()):
+            kinds = (draw(st.sampled_from(("dense", "auto"))),
+                     *draw(st.lists(st.sampled_from(LAYER_KINDS), min_size=n_layers - 1, max_size=n_layers - 1)))
+        if draw(st.booleans()):
+            lsh_layers = tuple(draw(st.lists(st.none() | _lsh_configs(), min_size=n_layers, max_size=n_layers)))
+    maybe = lambda s: st.none() | s  # noqa: E731
+    return Config(
+        hidden=hidden, kinds=kinds, lsh=draw(_lsh_configs()), lsh_layers=lsh_layers,
+        auto_lsh_ratio=draw(st.floats(1.0, 1e6)), auto_lsh_min_width=draw(st.integers(0, 10**9)),
+        exact=draw(st.booleans()), epochs=draw(maybe(st.floats(0.0, 1e6, exclude_min=True) | st.integers(1, 10**6))),
+        batch_size=draw(maybe(st.integers(1, 10**6))), lr=draw(maybe(st.floats(0.0, 10.0, exclude_min=True))),
+        lr_schedule=draw(st.sampled_from(LR_SCHEDULES)), beta1=draw(st.floats(0.0, 1.0, exclude_max=True)),
+        beta2=draw(st.floats(0.0, 1.0, exclude_max=True)), eps=draw(st.floats(0.0, 1.0, exclude_min=True)),
+        dropout=draw(maybe(st.floats(0.0, 1.0, exclude_max=True))), input_norm=draw(st.sampled_from(INPUT_NORMS)),
+        init_input_scale=draw(maybe(st.floats(0.0, 100.0, exclude_min=True))),
+        output_bias_init=draw(st.sampled_from(BIAS_INITS)), seed=draw(st.integers(0, 2**63 - 1)),
+        threads=draw(st.integers(0, 1024)), dtype=draw(st.sampled_from(DTYPES)),
+        parallel=draw(st.sampled_from(PARALLEL)), eval_every=draw(st.integers(0, 10**9)),
+        eval_points=draw(st.integers(1, 10**9)), log_every=draw(st.integers(1, 10**9)),
+        checkpoint_every=draw(st.integers(0, 10**9)))
+
+
+@settings(max_examples=300, deadline=None)
+@given(config=_configs())
+def test_every_config_round_trips_through_config_toml(config, tmp_path_factory):
+    f = tmp_path_factory.mktemp("rt") / "config.toml"
+    f.write_text(cli.config_toml(config))
+    back = cli.make_config(str(f), [])
+    assert back == config
+    # and through the checkpoint manifest's JSON (config_of)
+    assert Config.from_dict(json.loads(json.dumps(config.to_dict()))) == config
+
+
+def test_lsh_layers_are_written_as_toml_not_as_a_comment(tmp_path):
+    c = Config(hidden=(16, 8), kinds=("dense", "lsh", "lsh"), lsh_layers=(None, LSHConfig(K=4, L=9), None))
+    text = cli.config_toml(c)
+    assert "#" not in text
+    assert tomllib.loads(text)["lsh_layers"][0] == "lsh" and tomllib.loads(text)["lsh_layers"][1]["L"] == 9
+    f = tmp_path / "c.toml"
+    f.write_text(text)
+    assert cli.make_config(str(f), []).lsh_layers == (None, LSHConfig(K=4, L=9), None)
+
+
+@settings(max_examples=300, deadline=None)
+@given(v=st.text() | st.floats() | st.integers(-2**63, 2**63 - 1) | st.booleans()
+       | st.lists(st.integers(-5, 5)) | st.dictionaries(st.text(min_size=1), st.integers(0, 3), max_size=3))
+def test_toml_values_read_back_as_written(v):
+    back = tomllib.loads(f"v = {cli._toml_value(v)}")["v"]
+    if isinstance(v, float):
+        assert np.float64(back).tobytes() == np.float64(v).tobytes() or (np.isnan(v) and np.isnan(back))
+    else:
+        assert back == v and type(back) is type(v)
+
+
+@pytest.mark.parametrize("entry, message", [
+    (3, "lsh_layers[1] = 3 must be a table of LSH settings or 'lsh'"),
+    ({"KK": 3}, "unknown configuration key 'lsh_layers[1].KK'; did you mean 'lsh_layers[1].K'?"),
+])
+def test_bad_lsh_layers_entries_are_clear_errors(entry, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        Config.from_dict({"hidden": [8], "lsh_layers": [None, entry]})
 
 
 @pytest.mark.parametrize("sets, message", [
@@ -153,16 +255,24 @@ def test_incompatible_checkpoint_is_a_clear_error(trained, tmp_path):
         ck.load_into(net, path, Comm())
     # a manifest that does not match its files
     manifest = json.loads((path / "manifest.json").read_text())
-    manifest["files"][0]["sha256"] = "0" * 64
+    manifest["ranks"][0]["arrays"]["layer1/W"]["sha256"] = "0" * 64
     broken = tmp_path / "broken"
-    (broken / "checkpoints" / path.name).mkdir(parents=True)
-    for f in path.iterdir():
-        (broken / "checkpoints" / path.name / f.name).write_bytes(f.read_bytes())
+    shutil.copytree(path, broken / "checkpoints" / path.name)
     (broken / "checkpoints" / path.name / "manifest.json").write_text(json.dumps(manifest))
     (broken / "checkpoints" / "LATEST").write_text(path.name)
     net = Network(ck.config_of(path), 1000, 500, Comm())
     with pytest.raises(ck.CheckpointError, match="does not match the checksum"):
         ck.load_into(net, ck.latest(broken), Comm())
+    ck.load_into(net, ck.latest(broken), Comm(), verify=False)  # unless not asked to verify
+    # a file damaged inside an array
+    (broken / "checkpoints" / path.name / "manifest.json").write_text((path / "manifest.json").read_text())
+    entry = manifest["ranks"][0]
+    w_file = broken / "checkpoints" / path.name / entry["dir"] / entry["arrays"]["layer1/W"]["file"]
+    raw = bytearray(w_file.read_bytes())
+    raw[len(raw) // 2] ^= 0xFF
+    w_file.write_bytes(bytes(raw))
+    with pytest.raises(ck.CheckpointError, match=f"{w_file.name}.*does not match the checksum"):
+        ck.load_into(Network(ck.config_of(path), 1000, 500, Comm()), ck.latest(broken), Comm())
 
 
 # -- end to end ----------------------------------------------------------------------------
@@ -185,6 +295,9 @@ def test_train_eval_predict_end_to_end(trained, tiny, capsys, tmp_path):
 
     code, out, _ = run(["eval", "--model", str(trained), "--data", str(tiny[1])], capsys)
     assert code == 0 and f"P@1 {m['p@1']:.4f}" in out and "PSP@5" in out
+    ev = json.loads((trained / "metrics.json").read_text())["eval"]
+    assert 0 < ev["load_model_s"] < ev["startup_s"]  # (in this process start-up began with the test session)
+    assert f"after {ev['startup_s']:.1f}s of start-up ({ev['load_model_s']:.1f}s loading the model)" in out
     pred = tmp_path / "pred.txt"
     code, out, _ = run(["predict", "--model", str(trained), "--data", str(tiny[1]), "--k", "3", "--out", str(pred)],
                        capsys)
@@ -193,6 +306,16 @@ def test_train_eval_predict_end_to_end(trained, tiny, capsys, tmp_path):
     top1 = np.array([int(l.split()[0].split(":")[0]) for l in lines])
     hits = np.mean([Y[i, top1[i]] > 0 for i in range(500)])
     assert hits == pytest.approx(m["p@1"])
+
+
+def test_data_gen_makes_the_directory_of_its_prefix(capsys, tmp_path, monkeypatch):
+    # the README's `dslide data gen ... --out data/amz` on a fresh clone, where data/ does not exist yet
+    monkeypatch.chdir(tmp_path)
+    code, out, err = run(["data", "gen", "--preset", "tiny", "--points", "50", "--test-points", "10",
+                          "--out", "data/sub/t"], capsys)
+    assert code == 0, err
+    assert sorted(os.listdir(tmp_path / "data" / "sub")) == ["t_test.txt", "t_train.txt"]
+    assert (tmp_path / "data" / "sub" / "t_train.txt").read_text().startswith("50 ")
 
 
 def test_data_stats_and_convert(tiny, capsys, tmp_path):

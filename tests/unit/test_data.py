@@ -12,6 +12,7 @@ import shutil
 import warnings
 from fractions import Fraction
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -411,8 +412,7 @@ def test_round_trip_is_exact(tmp_path):
             assert np.array_equal(a.indptr, b.indptr)
             assert np.array_equal(a.indices, b.indices)
             assert np.array_equal(a.data.view(np.uint32), b.data.view(np.uint32))  # bitwise
-    assert sorted(os.listdir(tmp_path)) == ["rt.txt", "rt.txt.dslcache.npz", "rt.txt.gz",
-                                            "rt.txt.gz.dslcache.npz"]
+    assert sorted(os.listdir(tmp_path)) == ["rt.txt", "rt.txt.dslcache", "rt.txt.gz", "rt.txt.gz.dslcache"]
 
 
 def test_round_trip_of_random_float32_bit_patterns(tmp_path):
@@ -544,10 +544,13 @@ def test_cache_hit_gives_identical_arrays(tmp_path, monkeypatch):
     p = small_file(tmp_path)
     first = read_xmc(p)
     c = Path(cache_path(p))
-    assert c.name == "s.txt.dslcache.npz" and c.exists()
-    with np.load(c, allow_pickle=False) as z:  # a plain npz
-        st = os.stat(p)
-        assert z["key"].tolist() == [D.CACHE_VERSION, st.st_size, st.st_mtime_ns]
+    assert c.name == "s.txt.dslcache" and c.is_dir()
+    assert sorted(os.listdir(c)) == sorted(k + ".npy" for k in ("key", *D._CACHE_KEYS))
+    st = os.stat(p)
+    assert np.load(c / "key.npy").tolist() == [D.CACHE_VERSION, st.st_size, st.st_mtime_ns]
+    # plain .npy files: what np.load reads is what the parse gave
+    assert np.array_equal(np.load(c / "x_data.npy"), first.X.data)
+    assert np.array_equal(np.load(c / "y_indices.npy"), first.Y.indices)
 
     def no_parse(*a, **k):
         raise AssertionError("parsed although the cache is valid")
@@ -556,8 +559,19 @@ def test_cache_hit_gives_identical_arrays(tmp_path, monkeypatch):
     second = read_xmc(p)
     assert same(first, second)
     assert second.X.has_sorted_indices and second.X.data.dtype == np.float32
-    second.X.data[0] = 42  # arrays are ordinary writable memory
+    for a in (second.X.data, second.X.indices, second.X.indptr, second.Y.indices):
+        assert _mapped(a), "read, not memory-mapped"
+    second.X.data[0] = 42  # arrays are ordinary writable memory (copy-on-write)
     assert read_xmc(p).X.data[0] == np.float32(0.5)
+
+
+def _mapped(a) -> bool:
+    """Whether array a's memory is a file mapping (np.memmap somewhere down its base chain)."""
+    while a is not None:
+        if isinstance(a, np.memmap):
+            return True
+        a = getattr(a, "base", None)
+    return False
 
 
 def test_cache_false_neither_reads_nor_writes(tmp_path):
@@ -565,7 +579,7 @@ def test_cache_false_neither_reads_nor_writes(tmp_path):
     read_xmc(p, cache=False)
     assert not os.path.exists(cache_path(p))
     read_xmc(p)
-    Path(cache_path(p)).write_bytes(b"garbage")
+    (Path(cache_path(p)) / "key.npy").write_bytes(b"garbage")
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         read_xmc(p, cache=False)  # does not even look at it
@@ -586,36 +600,67 @@ def test_modified_source_invalidates_cache(tmp_path, how):
         warnings.simplefilter("error")  # a stale cache is silently replaced
         d = read_xmc(p)
     assert d.X[0, 1] == np.float32(0.75 if how == "size" else 0.7)
-    with np.load(cache_path(p)) as z:
-        assert z["key"][1:].tolist() == [os.stat(p).st_size, os.stat(p).st_mtime_ns]
+    assert np.load(Path(cache_path(p)) / "key.npy")[1:].tolist() == [os.stat(p).st_size, os.stat(p).st_mtime_ns]
+    assert sorted(os.listdir(tmp_path)) == ["s.txt", "s.txt.dslcache"]  # the stale one is gone
 
 
-@pytest.mark.parametrize("damage", ["garbage", "truncated", "empty", "wrong_arrays", "pickle"])
+@pytest.mark.parametrize("damage", ["garbage", "truncated", "empty", "missing", "wrong_arrays", "pickle",
+                                    "not_a_directory", "key_missing"])
 def test_corrupt_cache_is_survived_and_rewritten(tmp_path, damage):
     p = small_file(tmp_path)
     good = read_xmc(p)
     c = Path(cache_path(p))
-    raw = c.read_bytes()
     if damage == "garbage":
-        c.write_bytes(b"\x00not a zip at all" * 10)
+        (c / "x_indices.npy").write_bytes(b"\x00not an npy file at all" * 10)
     elif damage == "truncated":
-        c.write_bytes(raw[: len(raw) // 2])
+        raw = (c / "x_data.npy").read_bytes()
+        (c / "x_data.npy").write_bytes(raw[: len(raw) - 3])
     elif damage == "empty":
-        c.write_bytes(b"")
-    elif damage == "wrong_arrays":  # a valid npz with the right key but inconsistent arrays
-        with np.load(c) as z:
-            arrays = dict(z)
-        arrays["x_indptr"] = arrays["x_indptr"][:-1]
-        np.savez(c.open("wb"), **arrays)
+        (c / "y_indptr.npy").write_bytes(b"")
+    elif damage == "missing":
+        (c / "y_indices.npy").unlink()
+    elif damage == "wrong_arrays":  # valid .npy files with the right key but inconsistent arrays
+        np.save(c / "x_indptr.npy", np.load(c / "x_indptr.npy")[:-1])
+    elif damage == "pickle":
+        np.save(c / "x_data.npy", np.array([object()], dtype=object), allow_pickle=True)
+    elif damage == "not_a_directory":
+        shutil.rmtree(c)
+        c.write_bytes(b"a file where the cache directory belongs")
     else:
-        np.save(c.open("wb"), np.array([object()], dtype=object), allow_pickle=True)
+        (c / "key.npy").unlink()
     with pytest.warns(XMCCacheWarning, match="ignoring the unreadable cache"):
         d = read_xmc(p)
     assert same(d, good)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert same(read_xmc(p), good)  # rewritten: a clean hit now
-    assert not [f for f in os.listdir(tmp_path) if f.endswith(".tmp")]
+    assert sorted(os.listdir(tmp_path)) == ["s.txt", "s.txt.dslcache"]  # no .tmp or .old left
+
+
+def test_a_cache_written_meanwhile_for_the_same_source_is_kept(tmp_path):
+    """Ranks of a node parse at once: the first complete cache wins, the others drop theirs."""
+    p = small_file(tmp_path)
+    read_xmc(p)
+    c = Path(cache_path(p))
+    inode = os.stat(c).st_ino
+    arrays, st = D._parse(str(p), str(p))
+    D._save_cache(str(c), st, arrays)  # a second writer for the same source
+    assert os.stat(c).st_ino == inode
+    assert sorted(os.listdir(tmp_path)) == ["s.txt", "s.txt.dslcache"]
+    changed = SimpleNamespace(st_size=st.st_size, st_mtime_ns=st.st_mtime_ns + 1)
+    D._save_cache(str(c), changed, arrays)  # another key (the source changed): replaced
+    assert os.stat(c).st_ino != inode
+    assert np.load(c / "key.npy")[2] == st.st_mtime_ns + 1
+    assert sorted(os.listdir(tmp_path)) == ["s.txt", "s.txt.dslcache"]
+
+
+def test_the_single_file_cache_of_older_versions_is_removed(tmp_path):
+    p = small_file(tmp_path)
+    legacy = tmp_path / "s.txt.dslcache.npz"
+    legacy.write_bytes(b"PK\x03\x04 an old cache")
+    good = read_xmc(p)
+    assert sorted(os.listdir(tmp_path)) == ["s.txt", "s.txt.dslcache"]
+    assert same(read_xmc(p), good)
 
 
 def test_no_tmp_left_behind(tmp_path):
@@ -627,7 +672,7 @@ def test_no_tmp_left_behind(tmp_path):
     read_xmc(p)
     write_xmc(p, 2 * X, Y)  # the cache goes stale
     assert np.array_equal(read_xmc(p).X.data, (2 * X).data)
-    assert sorted(os.listdir(tmp_path)) == ["d.txt", "d.txt.dslcache.npz"]
+    assert sorted(os.listdir(tmp_path)) == ["d.txt", "d.txt.dslcache"]
 
 
 def test_read_only_directory_skips_cache_silently(tmp_path, monkeypatch):
@@ -646,7 +691,7 @@ def test_read_only_directory_skips_cache_silently(tmp_path, monkeypatch):
     def denied(*a, **k):
         raise PermissionError("read-only file system")
 
-    monkeypatch.setattr(D.tempfile, "mkstemp", denied)
+    monkeypatch.setattr(D.tempfile, "mkdtemp", denied)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         read_xmc(p)

@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-import lsh
-from lsh import anchors as A
+from dslide import lsh
+from dslide.lsh import anchors as A
 
 
 def _planted(seed=0, n_items=4000, d=24, n_topics=40, n_queries=600):

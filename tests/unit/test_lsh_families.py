@@ -7,8 +7,8 @@ import numba
 import numpy as np
 import pytest
 
-import lsh
-from lsh._common import densify
+from dslide import lsh
+from dslide.lsh._common import densify
 
 DENSE_FAMILIES = ("srp", "dwta", "wta")
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-import lsh
+from dslide import lsh
 
 
 def make_tables(L=4, range_pow=3, capacity=3, policy="fifo", seed=0, K=None):
@@ -258,7 +258,7 @@ def test_query_matches_python_reference(policy):
 @pytest.mark.parametrize("n,n_bits", [(0, 1), (1, 1), (47, 10), (48, 10), (500, 9), (5000, 20),
                                       (3000, 23), (2000, 31)])
 def test_radix_sort_ids_matches_numpy(n, n_bits):
-    from lsh.tables import radix_sort_ids
+    from dslide.lsh.tables import radix_sort_ids
     rng = np.random.default_rng(n)
     a = rng.integers(0, 2**n_bits, size=n + 5, dtype=np.int64).astype(np.int32)
     expect = np.sort(a[:n])

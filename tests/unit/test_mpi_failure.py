@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from datasets.synthetic import generate_split, write
+from dslide.datasets.synthetic import generate_split, write
 
 MPIEXEC = Path(sys.executable).with_name("mpiexec")
 

@@ -5,6 +5,9 @@ moments, m = (1 - beta1) g exactly, so g = m / (1 - beta1) for every row
 that received gradient and m = 0 for the others (lazy rows).
 """
 
+import re
+
+import numba
 import numpy as np
 import pytest
 import scipy.sparse as sp
@@ -260,7 +263,7 @@ def test_sparse_gradient_is_the_restricted_softmax_gradient_and_zero_elsewhere(f
 
 
 def _tiny_fit(seed, **kw):
-    from datasets.synthetic import generate_split
+    from dslide.datasets.synthetic import generate_split
     from dslide.train import fit
 
     train, test = generate_split("tiny", seed=11)
@@ -325,7 +328,7 @@ def test_lsh_hidden_layer_with_every_neuron_active_equals_exact_mode():
 def test_two_hidden_layers_with_a_sparse_one_learn():
     """input -> 64 dense -> 256 LSH -> 500 LSH. Measured: P@1 0.412 after 5 epochs
     (constant predictor 0.088); pinned at 4x the constant."""
-    from datasets.synthetic import generate_split
+    from dslide.datasets.synthetic import generate_split
     from dslide.train import evaluate, fit
 
     train, test = generate_split("tiny", seed=11)
@@ -358,11 +361,86 @@ def test_shared_sample_draws_distinct_sorted_uniform(n, size):
         assert np.abs(hits - trials * p).max() < 5 * sd
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_shift_rows_keeps_minus_inf_slots_and_assumes_no_value_is_infinite(dtype):
+    """The LSH output pads unused slots with -inf before the softmax (network.py); shift_rows
+    runs over them, so it must not be compiled with fastmath, which lets LLVM assume no
+    value is infinite (its result on one is then undefined)."""
+    z = np.array([[1.5, -np.inf, 3.0, 0.0], [-np.inf, -np.inf, -np.inf, -np.inf], [0.25, 2.0, -np.inf, -1e30]],
+                 dtype=dtype)
+    m = np.array([3.0, 0.0, 2.0])  # a row of -inf comes with m = 0 (softmax_xent's m_safe)
+    want = z - m.astype(dtype)[:, None]
+    got = z.copy()
+    K.shift_rows(got, m)
+    np.testing.assert_array_equal(got, want)
+    assert np.isneginf(got[1]).all() and np.isneginf(got[0, 1]) and np.isneginf(got[2, 2])
+    # the kernel as its decorator compiles it (numba does not inspect code loaded from its cache)
+    fresh = numba.njit(**{k: v for k, v in K.shift_rows.targetoptions.items() if k != "nopython"})(K.shift_rows.py_func)
+    fresh(z.copy(), m)
+    ir = "".join(fresh.inspect_llvm().values())
+    flagged = re.findall(r"= f(?:sub|add|mul|div|cmp)[^\n]*", ir)
+    assert flagged and not [i for i in flagged if re.search(r"\b(fast|ninf|nnan)\b", i)], flagged[:3]
+
+
+@pytest.mark.parametrize("schedule, step, moved", [
+    # Adam's update at step t from zero moments: m = (1 - b1) g, v = (1 - b2) g^2, so every weight with
+    # gradient moves by lr * f * sqrt(1 - b2^t) / (1 - b1^t) * (1 - b1) / sqrt(1 - b2) (eps aside), with the
+    # schedule factor f = 1 - (t - 1) / total_steps. By hand, lr 0.01, b1 0.9, b2 0.999, 4 steps in all:
+    ("linear", 1, 0.01),                      # t = 1: f = 1, and the bias corrections cancel
+    ("linear", 3, 0.005 * 0.6388128),         # f = 0.5; sqrt(0.002997001) / sqrt(0.001) * 0.1 / 0.271
+    ("linear", 4, 0.0025 * 0.5811284),        # f = 0.25; sqrt(0.003994004) / sqrt(0.001) * 0.1 / 0.3439
+    ("constant", 3, 0.01 * 0.6388128),
+])
+def test_learning_rate_decays_linearly_over_the_run(schedule, step, moved):
+    X, Y = _tiny_problem(seed=2)
+    cfg = Config(hidden=(6,), exact=True, lr=0.01, lr_schedule=schedule, dtype="float64", input_norm="none",
+                 seed=1, dropout=0.0, eps=1e-14)
+    net = Network(cfg, X.shape[1], Y.shape[1])
+    net.set_total_steps(4)
+    before = [layer.W.copy() for layer in net.layers]
+    net.train_step(_batch(X, Y, step=step))  # fresh moments, as if this step were the first of its kind
+    for layer, W0 in zip(net.layers, before):
+        g = layer.opt_W.m / (1 - cfg.beta1)
+        touched = np.abs(g) > 1e-6  # eps (1e-14 here) is negligible next to these gradients
+        assert touched.sum() > 5
+        np.testing.assert_allclose(np.abs(layer.W - W0)[touched], moved, rtol=1e-5)
+        np.testing.assert_array_equal(np.sign(layer.W - W0)[touched], -np.sign(g[touched]))
+
+
+def test_output_bias_starts_at_the_smoothed_log_prior():
+    # 4 points, 3 labels; label 0 on 3 points, label 1 on 1, label 2 on none:
+    # b_j = log((count_j + 1) / (n + n_labels)) = log(4/7), log(2/7), log(1/7)
+    from dslide.data import XMCData
+    from dslide.train import build_network, init_from_data
+
+    X = sp.csr_matrix(np.eye(4, 5, dtype=np.float32))
+    Y = sp.csr_matrix(np.array([[1, 0, 0], [1, 1, 0], [1, 0, 0], [0, 0, 0]], dtype=np.float32))
+    data = XMCData(X, Y)
+    model = build_network((5, 3), Config(hidden=(4,), threads=1))
+    init_from_data(model, data)
+    np.testing.assert_allclose(model.network.layers[-1].b, np.log([4 / 7, 2 / 7, 1 / 7]), rtol=1e-6)
+    zero = build_network((5, 3), Config(hidden=(4,), threads=1, output_bias_init="zero"))
+    init_from_data(zero, data)
+    assert not zero.network.layers[-1].b.any()
+
+
+def test_fit_gives_the_network_the_length_of_the_whole_run_even_when_stopped_early():
+    from dslide.data import XMCData
+    from dslide.train import fit
+
+    X, Y = _tiny_problem(seed=3)  # 24 points
+    cfg = Config(hidden=(5,), batch_size=8, epochs=2.0, threads=1, lr=1e-2, dropout=0.0)
+    model, _ = fit(XMCData(sp.csr_matrix(X, dtype=np.float32), Y), cfg, stop_at=1)
+    assert model.network.total_steps == 6  # ceil(24 / 8) * 2
+    assert model.network.lr_factor(6) == pytest.approx(1 / 6)
+    assert model.network.lr_factor(7) == 0.0
+
+
 def test_max_active_zero_trains_with_no_candidates_in_any_block():
     """lsh.max_active = 0 is plain sampled softmax: every step's block holds the batch's
     labels and random neurons only, and the model still learns: measured P@1 0.532 after
     5 epochs against 0.088 for the most frequent label (pinned at 4x)."""
-    from datasets.synthetic import generate_split
+    from dslide.datasets.synthetic import generate_split
     from dslide.train import evaluate, fit
 
     train, test = generate_split("tiny", seed=11)
@@ -393,3 +471,18 @@ def test_item_hashing_candidates_cap_takes_rank_by_rank():
                     seen.add(int(ids[ptr[i] + t]))
                     order.append(int(ids[ptr[i] + t]))
         np.testing.assert_array_equal(_rank_major_union(ptr, ids, total), sorted(order[:total]))
+
+
+def test_order_keys_in_place_are_the_int64_keys_in_int32():
+    from dslide.network import _order_keys
+
+    rs = np.random.default_rng(4)
+    s = np.concatenate([rs.normal(size=500) * 10.0 ** rs.integers(-20, 20, 500), [0.0, -0.0, -np.inf, np.inf]])
+    s = s.astype(np.float32).reshape(4, -1)
+    want = _order_keys(s)
+    got = _order_keys(s.copy(), in_place=True)
+    assert got.dtype == np.int32
+    np.testing.assert_array_equal(got.astype(np.int64), want)
+    flat, keys = s.ravel(), want.ravel()
+    nz = flat != 0  # -0.0 and 0.0 are equal floats with distinct keys
+    assert (np.diff(keys[nz][np.argsort(flat[nz], kind="stable")]) > 0).all()

@@ -69,7 +69,8 @@ def test_probe_bytes_cross_the_capped_loopback(tmp_path):
     assert stats["qdisc_bytes"] < 1.3 * probe["payload_bytes"]  # and not much else
     assert stats["rate"] == "100mbit" and stats["rate_bps"] == 100_000_000
     assert stats["dropped"] == 0
-    assert stats["netem"] in (True, False)
+    # without --delay nothing needs netem; whether the kernel has it is reported either way
+    assert ("netem qdisc not available in this kernel" in run.stderr) == (stats["netem"] is False)
     # the cap holds: 5 MB at 100 Mbit/s takes >= 0.4 s (the bucket lets ~6 kB through at once);
     # the lower bound only catches a cap far too tight (the machine may be busy)
     assert probe["mbit_s"] <= 100.0
@@ -78,6 +79,41 @@ def test_probe_bytes_cross_the_capped_loopback(tmp_path):
     assert stats["namespace"] not in namespaces()
     assert stats["namespace"] not in before
     assert "qdisc sent" in run.stderr
+
+
+_RTT = """
+import socket, statistics, threading, time
+srv = socket.socket(); srv.bind(("127.0.0.1", 0)); srv.listen(1)
+def echo():
+    c, _ = srv.accept(); c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    while (b := c.recv(1)):
+        c.sendall(b)
+threading.Thread(target=echo, daemon=True).start()
+cl = socket.create_connection(srv.getsockname()); cl.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+ts = []
+for _ in range(7):
+    t = time.perf_counter(); cl.sendall(b"x"); cl.recv(1); ts.append(time.perf_counter() - t)
+print(statistics.median(ts) * 1000)
+"""
+
+
+def test_delay_is_added_where_netem_exists_and_refused_with_the_reason_elsewhere(tmp_path):
+    stats_file = tmp_path / "stats.json"
+    run = subprocess.run([str(SLOWNET), "--rate", "none", "--delay", "20ms", "--stats", str(stats_file), "--",
+                          sys.executable, "-c", _RTT], capture_output=True, text=True, timeout=60, env=ENV)
+    if "netem qdisc is not available" in run.stderr:  # a kernel without CONFIG_NET_SCH_NETEM
+        assert run.returncode == 2
+        assert "--delay 20ms asked for, but the netem qdisc is not available in this kernel" in run.stderr
+        assert run.stdout == ""  # the command never ran
+    else:
+        assert run.returncode == 0, run.stderr
+        stats = json.loads(stats_file.read_text())
+        assert stats["netem"] is True and stats["delay"] == "20ms"
+        # a request and its answer each cross lo's qdisc once: 2 x 20 ms at least
+        assert float(run.stdout.strip().splitlines()[-1]) >= 40.0
+    # undelayed, the same round trip takes far less than the 20 ms netem would add
+    plain, _ = slownet(tmp_path, "none", sys.executable, "-c", _RTT)
+    assert plain.returncode == 0 and float(plain.stdout.strip().splitlines()[-1]) < 20.0
 
 
 def test_collective_traffic_crosses_the_loopback_too(tmp_path):

@@ -1,4 +1,4 @@
-"""datasets.synthetic: determinism, format, the generative model, calibration, real-data statistics.
+"""dslide.datasets.synthetic: determinism, format, the generative model, calibration, real-data statistics.
 
 References are computed independently here (plain numpy / Python): expected label
 counts from the Poisson law, cluster membership from the world arrays, the
@@ -11,7 +11,7 @@ import warnings
 import numpy as np
 import pytest
 
-from datasets import synthetic as syn
+from dslide.datasets import synthetic as syn
 from dslide.data import XMCData, XMCFormatWarning, read_xmc
 
 

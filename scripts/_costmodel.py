@@ -1,5 +1,7 @@
 """Time per training step on P nodes: dslide (model parallel) against data parallelism.
 
+Used by scripts/bench_slownet.py to fit and predict; not part of the dslide package.
+
 An alpha-beta model. A message of n bytes between two nodes costs
 alpha + n * beta, with alpha the latency (s) and beta = 1 / bandwidth
 (s per byte, bandwidth of one node's link). Collectives over P nodes of n

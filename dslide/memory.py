@@ -1,0 +1,133 @@
+"""What a model costs in memory, from its configuration and shape alone (before allocating it).
+
+`account(config, n_features, n_labels, world_size, rank)` gives one rank's
+bytes by kind:
+
+    weights     W and b of every layer slice: (d_in + 1) n_r values of `dtype`
+    moments     Adam's m and v: twice that, of `adam_dtype` (2 bytes for bfloat16)
+    tables      the training candidates of LSH layers: anchor tables (anchors,
+                counts, buckets of max_active ids) or item-hashing tables
+                (compact: L x (2^range_pow + 1) offsets and L x n_r ids; fixed
+                capacity: L x 2^range_pow x capacity slots and counters; item codes)
+    index       the output layer's inference index: index_anchors anchors and
+                this rank's share of their buckets (index_share of the labels each)
+    scratch     per-layer arrays of the step kernels (marks, positions, thread rows)
+    step        the largest transient of a training step: an LSH layer's block
+                (its weights copied, their gradient, logits), dense activations
+    index_build the transient of building the inference index at the end of
+                training (hidden vectors of index_points points, a block of
+                scores, the bucket candidates)
+
+`data_bytes` adds the training set's CSR arrays. What no formula gives is the
+interpreter with numpy, scipy, numba and its compiled kernels (and MPI):
+about 0.3 GB per process, measured by scripts/bench_scale.py before the model
+is built. tests/unit/test_memory.py checks the account against the arrays of
+a built network and against measured resident memory.
+
+Bytes per parameter, the figure the benchmarks quote, is the sum over ranks
+of their peak resident memory divided by the model's parameters.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from dslide.config import Config
+from dslide.kernels import MOMENT_DTYPES
+from dslide.sharding import scaled_count, shard_bounds
+
+
+def n_params(n_features: int, n_labels: int, hidden) -> int:
+    """Parameters of the whole model: sum over layers of d_in * n + n."""
+    widths = [n_features, *hidden, n_labels]
+    return sum(d * n + n for d, n in zip(widths[:-1], widths[1:]))
+
+
+def _anchor_union(B: int, A: int, T: int, n_local: int) -> int:
+    """Expected size of the union of a batch's buckets: B queries over A anchors hit
+    A (1 - (1 - 1/A)^B) distinct ones (uniformly, an upper estimate of distinct-ness
+    for clustered data), each bucket T ids, at most n_local."""
+    distinct = A * (1.0 - (1.0 - 1.0 / A) ** B)
+    return int(min(n_local, distinct * T))
+
+
+def account(config: Config, n_features: int, n_labels: int, world_size: int = 1, rank: int = 0,
+            threads: int = 1) -> dict:
+    """Expected bytes of rank `rank` of `world_size` (model parallel) by kind, and their "total"
+    (index_build is a transient at the end of training, not counted in the total: it falls
+    when the step's buffers are free; `peak` is the larger of total and the index build's)."""
+    from dslide.candidates import auto_range_pow
+
+    config = config.resolve(n_labels)
+    P = 1 if config.parallel == "data" else world_size
+    item = np.dtype(config.dtype).itemsize
+    m_item = np.dtype(MOMENT_DTYPES[config.moment_dtype]).itemsize
+    widths = [n_features, *config.hidden, n_labels]
+    B = config.batch_size
+    out = dict.fromkeys(("weights", "moments", "tables", "index", "scratch", "step", "index_build"), 0)
+    step_peak = 0
+    for i in range(len(widths) - 1):
+        d, n = widths[i], widths[i + 1]
+        bounds = shard_bounds(n, P)
+        n_local = int(bounds[rank + 1] - bounds[rank])
+        vals = d * n_local + n_local
+        out["weights"] += vals * item
+        out["moments"] += 2 * vals * m_item
+        is_out = i == len(widths) - 2
+        if config.layer_kind(i, n) == "dense":
+            # _count int32 [d], _dirty uint8 [d], _gbuf [threads, n_local]
+            out["scratch"] += d * 5 + threads * n_local * item
+            # activations [B, n] (all ranks' columns after the gather) and the gradient alike
+            step_peak = max(step_peak, 3 * B * n * item + 2 * B * n_local * item)
+            continue
+        lc = config.layer_lsh(i)
+        per = min(scaled_count(lc.max_active, n_local, n), n_local) if lc.max_active else 0
+        n_rand = lc.random_count(n)
+        n_rand = min(scaled_count(n_rand, n_local, n), n_local) if n_rand else 0
+        # _pos int32, _mark, dirty, the candidates' mark: uint8 each [n_local]
+        out["scratch"] += n_local * (4 + 3)
+        if lc.family == "anchor":
+            T = max(1, min(per, n_local))
+            out["tables"] += lc.L * lc.anchors * (d * 4 + 8 + 4 + T * 4)
+            cand = _anchor_union(B, lc.anchors, per, n_local) if per else 0
+        else:
+            from dslide import lsh
+
+            fam = lsh.make_family(lc.family, d, lc.K, lc.L, 0,
+                                  **({"bin_size": lc.bin_size} if lc.family == "dwta" else {}))
+            rp = lc.range_pow or auto_range_pow(n_local, lc.capacity, fam.code_bits)
+            if lc.capacity:  # fixed-capacity buckets, fill and policy counters, item codes
+                counters = 1 if lc.policy == "fifo" else 3
+                out["tables"] += lc.L * (1 << rp) * (lc.capacity + 1 + counters) * 4 + lc.L * n_local * 4
+            else:  # compact: bucket offsets, ids and item codes
+                out["tables"] += lc.L * ((1 << rp) + 1) * 4 + 2 * lc.L * n_local * 4
+            cand = min(n_local, B * per)
+        labels = min(n_local, int(np.ceil(B * 5 * n_local / n))) if is_out else 0  # ~5 labels a point
+        m = min(n_local, labels + cand + n_rand)
+        # W[C] copied and its gradient [m, d]; logits and their exp [B, m] float;
+        # the dense input [B, d]
+        step_peak = max(step_peak, 2 * m * d * item + 2 * B * m * item + 2 * B * d * item)
+        if is_out and lc.index_anchors:
+            A = min(lc.index_anchors, lc.index_points)
+            T = max(1, int(np.ceil(lc.index_share * n)))
+            t_local = min(T, n_local)
+            share = min(t_local, int(np.ceil(T * n_local / n)))  # what this rank keeps per anchor
+            out["index"] += A * d * 4 + A * (8 + 4) + A * share * 4
+            pts = lc.index_points
+            # the hidden vectors of the sampled points, and the larger of k-means (a block of
+            # distances, the seeding subset, float64 sums) and fill_index (a block of 64
+            # anchors' scores, the top-T ids and scores with keys in place, a key temporary
+            # and a mask)
+            kmeans = 8192 * A * 4 + 4 * A * d * 4 + A * d * 8
+            fill = 64 * n_local * 4 + A * t_local * (4 + 4 + 4 + 1)
+            out["index_build"] = pts * d * 4 + max(kmeans, fill)
+    out["step"] = step_peak
+    out["total"] = sum(out[k] for k in ("weights", "moments", "tables", "index", "scratch", "step"))
+    resident = out["total"] - out["step"]
+    out["peak"] = max(out["total"], resident + out["index_build"])
+    return out
+
+
+def data_bytes(n_points: int, nnz_x: int, nnz_y: int, value_bytes: int = 4) -> int:
+    """The CSR arrays of a training set: X (int64 indptr, int32 indices, float values) and Y."""
+    return 2 * 8 * (n_points + 1) + nnz_x * (4 + value_bytes) + nnz_y * (4 + value_bytes)

@@ -1,0 +1,110 @@
+"""The memory account (dslide.memory) against the arrays of a built network and against
+the resident memory a process actually gains when it builds and trains one."""
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+from dslide import memory
+from dslide.comm import Comm
+from dslide.config import Config, LSHConfig
+from dslide.network import LSHLayer, Network
+
+
+def _held(net) -> dict:
+    """Bytes of the arrays a built network holds, by the account's kinds."""
+    out = dict.fromkeys(("weights", "moments", "tables", "index"), 0)
+    for layer in net.layers:
+        out["weights"] += layer.W.nbytes + layer.b.nbytes
+        out["moments"] += sum(a.nbytes for a in (layer.opt_W.m, layer.opt_W.v, layer.opt_b.m, layer.opt_b.v))
+        if isinstance(layer, LSHLayer):
+            t = layer.candidates.tables
+            out["tables"] += t.memory_bytes
+            if layer.inference is not None:
+                inf = layer.inference
+                out["index"] += inf.anchors.nbytes + inf.counts.nbytes + inf.fill_count.nbytes + inf.buckets.nbytes
+    return out
+
+
+@pytest.mark.parametrize("family,adam", [("anchor", None), ("anchor", "bfloat16"), ("dwta", None)])
+def test_account_matches_the_arrays_of_a_built_network(family, adam):
+    F, L = 3000, 20000
+    cfg = Config(hidden=(24,), kinds=("dense", "lsh"), adam_dtype=adam, batch_size=64,
+                 lsh=LSHConfig(family=family, anchors=16, max_active=64, index_anchors=32, index_share=0.02))
+    net = Network(cfg, F, L, Comm())
+    out = net.layers[-1]
+    if family == "anchor":  # fill the anchor tables as training does
+        out.candidates.tables.observe(np.random.default_rng(0).random((64, 24), dtype=np.float32))
+        out.maintain(1)
+    out.build_index(np.random.default_rng(1).random((500, 24), dtype=np.float32), Comm())
+    acc = memory.account(cfg, F, L)
+    held = _held(net)
+    assert acc["weights"] == held["weights"] == (F * 24 + 24 + 24 * L + L) * 4
+    assert acc["moments"] == held["moments"] == 2 * held["weights"] // (2 if adam == "bfloat16" else 1)
+    assert acc["tables"] == pytest.approx(held["tables"], rel=0.01)
+    # the index keeps, per anchor, about its share of the labels (a threshold over ranks)
+    assert acc["index"] == pytest.approx(held["index"], rel=0.25)
+    assert acc["total"] > sum(held.values())
+
+
+def test_account_per_rank_adds_up_to_the_whole_model():
+    cfg = Config(hidden=(32,), kinds=("dense", "lsh"))
+    whole = memory.account(cfg, 5000, 40000)
+    parts = [memory.account(cfg, 5000, 40000, world_size=3, rank=r) for r in range(3)]
+    assert sum(p["weights"] for p in parts) == whole["weights"] == 4 * memory.n_params(5000, 40000, (32,))
+    assert sum(p["moments"] for p in parts) == whole["moments"]
+
+
+_CHILD = textwrap.dedent("""
+    import json, sys, numpy as np, scipy.sparse as sp
+    import dslide
+    from dslide import memory
+    from dslide.comm import Comm
+    from dslide.config import Config, LSHConfig
+    from dslide.network import Network
+    from dslide.train import _csr_parts, make_batch
+
+    def rss(field):
+        for line in open("/proc/self/status"):
+            if line.startswith(field):
+                return int(line.split()[1]) * 1024
+
+    F, L, B = 20000, 200000, 128
+    adam = sys.argv[1] if sys.argv[1] != "none" else None
+    cfg = Config(hidden=(64,), kinds=("dense", "lsh"), adam_dtype=adam, batch_size=B, lr=1e-3,
+                 lr_schedule="constant", lsh=LSHConfig(min_active_share=0.2, min_active=40000, index_anchors=0))
+    rs = np.random.default_rng(0)
+    X = sp.random(2000, F, density=0.003, format="csr", random_state=1, dtype=np.float32)
+    X.data[:] = 1.0
+    Y = sp.csr_matrix((np.ones(2000 * 5, np.float32), rs.integers(0, L, 2000 * 5), np.arange(0, 2001 * 5, 5)),
+                      shape=(2000, L))
+    parts = _csr_parts(X), _csr_parts(Y, np.float32)
+
+    def train(net, steps):
+        for s in range(1, steps + 1):
+            net.train_step(make_batch(*parts, np.arange((s * B) % 1800, (s * B) % 1800 + B), s))
+
+    # compile every kernel on a small network first: numba's code is not the model's memory
+    train(Network(cfg, F, 3000, Comm()), 3)
+    base = rss("VmRSS:")
+    net = Network(cfg, F, L, Comm())
+    train(net, 40)  # 40 steps of 20% of the labels: every row's moments written
+    grown = rss("VmHWM:") - base
+    print(json.dumps({"grown": grown, "account": memory.account(cfg, F, L)}))
+""")
+
+
+@pytest.mark.parametrize("adam", ["none", "bfloat16"])
+def test_account_matches_measured_resident_memory(adam):
+    """A process's peak resident memory grows, from building and training a 14.2M-parameter
+    model, by the account's total within 10% (+ 24 MB for allocator slack)."""
+    p = subprocess.run([sys.executable, "-c", _CHILD, adam], capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr[-2000:]
+    r = json.loads(p.stdout.strip().splitlines()[-1])
+    acc = r["account"]
+    assert abs(r["grown"] - acc["total"]) < 0.10 * acc["total"] + (24 << 20), \
+        f"measured {r['grown'] / 2**20:.0f} MiB, account {acc['total'] / 2**20:.0f} MiB: {acc}"
