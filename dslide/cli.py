@@ -329,9 +329,10 @@ def _run_propensities(run_dir: Path, train, config, comm):
     """
     from dslide import propensity
 
-    saved = propensity.load(run_dir, train.n_labels)
-    if saved is not None:
-        return saved["inv_prop"]
+    # rank 0 decides: a rank that looked only after rank 0 had saved them below would skip
+    # the barrier that the others wait in
+    if comm.bcast_object(propensity.load(run_dir, train.n_labels) is not None if comm.rank == 0 else None):
+        return propensity.load(run_dir, train.n_labels)["inv_prop"]
     if train.n_points < 3:  # ln N - 1 <= 0: the weights have no meaning
         _say(comm, f"PSP@k left out: {train.n_points} training point(s); propensities need at least 3")
         return None

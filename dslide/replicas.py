@@ -206,6 +206,12 @@ class Replicas:
                 "sync_wait_s": self.wait_s, "local_steps": self.k, "trained": self.trained,
                 "shard_weights": None if self.net.shard_weights is None else list(self.net.shard_weights)}
 
+    def close(self) -> None:
+        """Release the board (collective over the world; after the run's final point)."""
+        if self.board is not None:
+            self.board.free()
+            self.board = None
+
     # -- averaging --------------------------------------------------------------------------
 
     def _absorb(self) -> None:
@@ -329,6 +335,7 @@ class Replicas:
         self.last_group = 0
         self.last_sync_k = 0
         self.stop_wanted = False
+        self.stop_agreed = False
         self.auto_pending = self.auto and (self.last - self.base) >= self.R * (AUTO_STEPS + 1)
         self.static_until = self.base + (self.R * AUTO_STEPS if self.auto_pending and self.partial else 0)
         if self.partial:  # a checkpoint among the steps dealt in turn could not be exact
@@ -385,6 +392,7 @@ class Replicas:
         if self.R > 1 and k < self.K and k % self.config.sync_every == 0:
             flags = self.sync_all(I_STOP if self.stop_wanted else 0)
             if flags & I_STOP:
+                self.stop_agreed = True
                 return self._end(synced=True)
             done = self.base + self.R * k
             due = [c for c in self.ckpts if c <= done]
@@ -417,7 +425,9 @@ class Replicas:
             return self.trained or self.base
         if self.partial:
             return int(self.world.allreduce_max(float(self.trained or self.base)))
-        return min(self.last, self.base + self.R * self.k)
+        if self.stop_agreed:  # stopped at a synchronisation: every replica at local step k
+            return min(self.last, self.base + self.R * self.k)
+        return self.last  # the schedule ran out: every step dealt was trained (the last replicas had one fewer)
 
     def _save(self, step: int) -> None:
         """A checkpoint of the (reconciled) model at global step `step`: replica 0's ranks

@@ -331,6 +331,8 @@ def _fit(model, train, test, callback, verbose, threads, stop_at, checkpoint):
                 stop_logged = True
             t0 = time.perf_counter()
         step = nxt
+    if rep is not None:
+        rep.close()
     return model, history
 
 
