@@ -321,7 +321,7 @@ class Config:
                 raise ValueError(f"adam_dtype = 'bfloat16' needs dtype = 'float32' (got {self.dtype!r}): "
                                  f"the update is computed in float32")
         _choice("parallel", self.parallel, PARALLEL)
-        _int_range("replicas", self.replicas, 1, 62)
+        _int_range("replicas", self.replicas, 1, 60)  # one bit each in the board's open mask (dslide.replicas)
         _choice("sync", self.sync, SYNC_MODES)
         _int_range("sync_every", self.sync_every, 1)
         if self.replicas > 1 and self.parallel == "data":
