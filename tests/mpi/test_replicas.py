@@ -106,7 +106,14 @@ def test_allreduce_sets_the_touched_rows_to_their_mean_and_leaves_the_others(R, 
         net.train_step(make_batch(xp, yp, rows(k * R + rep.g), k + 1))
     before = [[_peer_stack(rep, a) for a in rows_ + whole] for rows_, whole in (l.sync_arrays() for l in net.layers)]
     masks = [_peer_stack(rep, l.touched) for l in net.layers]
+    moments = [[a.copy() for a in (l.opt_W.m, l.opt_W.v, l.opt_b.m, l.opt_b.v)] for l in net.layers]
     rep.sync_all()
+    # Adam's moments are not averaged: each replica keeps its own (docs/replicas.md)
+    for l, mom in zip(net.layers, moments):
+        assert all(np.array_equal(a, b) for a, b in zip((l.opt_W.m, l.opt_W.v, l.opt_b.m, l.opt_b.v), mom))
+    if R > 1:
+        m_out = _peer_stack(rep, net.layers[-1].opt_W.m)
+        assert not np.array_equal(m_out[0], m_out[1]), "replicas' moments differ (different batches)"
     for layer, pre, mask in zip(net.layers, before, masks):
         U = mask.any(axis=0)
         assert 0 < U.sum() and (kind == "dense" or U.sum() < U.size or layer.index == 0)
@@ -294,3 +301,32 @@ def test_auto_shard_weights_reshard_after_measuring():
     for layer in model.network.layers:
         assert layer.bounds.tolist() == shard_bounds(layer.n, rep.P, w).tolist()
     assert model.network.step == 2 * (800 // 16)
+
+
+@needs_replicas
+def test_a_replica_run_checkpoint_loads_on_one_rank():
+    """fit at R replicas, then the run's checkpoint (replica 0's ranks write it, T.save_model):
+    on one rank it holds the replicas' common parameters and replica 0's moments."""
+    from dslide.datasets.synthetic import generate_split
+    from dslide.train import save_model
+
+    train, _ = generate_split("tiny", n_train=320, n_test=10, seed=1)
+    R = LAYOUTS[-1]
+    cfg = Config(hidden=(16,), batch_size=16, epochs=1, seed=5, replicas=R, sync="partial", sync_every=2, threads=1)
+    model, _ = fit(train, cfg, comm=WORLD, index=False)
+    d = WORLD.bcast_object(tempfile.mkdtemp(prefix="dslide-rep-") if WORLD.rank == 0 else None)
+    save_model(model, lambda m, c: ck.save(m.network, d, c))
+    path = ck.latest(d)
+    assert ck.read_manifest(path)["world_size"] == WORLD.size // R
+    mine = full_parameters(model.network)
+    net = model.network
+    m0 = [net.comm.allgather_columns(np.ascontiguousarray(l.opt_W.m.T if l.kind == "lsh" else l.opt_W.m),
+                                     l.bounds, kind="checks") for l in net.layers]
+    m0 = model.replicas.peer.bcast_object(m0) if R > 1 else m0  # replica 0's
+    one = Network(cfg.replace(replicas=1), train.n_features, train.n_labels, Comm())
+    ck.load_into(one, path, Comm())
+    assert one.step == 2 * 0 + 320 // 16
+    for (W, b), (W1, b1) in zip(full_parameters(one), mine):
+        assert np.array_equal(W, W1) and np.array_equal(b, b1)
+    for l, m in zip(one.layers, m0):
+        assert np.array_equal(l.opt_W.m.T if l.kind == "lsh" else l.opt_W.m, m)

@@ -133,3 +133,39 @@ def test_mpi_replica_tests_at_four_ranks():
                        env=env, capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-2000:]
     assert " passed" in p.stdout and "skipped" not in p.stdout.splitlines()[-1], p.stdout[-2000:]
+
+
+@pytest.mark.skipif(not MPIEXEC.exists(), reason=f"no mpiexec beside {sys.executable}")
+def test_dslide_train_with_replicas_then_eval_on_one_rank_and_resume_on_another_layout(tmp_path):
+    """`dslide train --set replicas=2 --set sync=partial` at 2 x 2 with checkpoints; `dslide eval`
+    on one process reads the final checkpoint and gives the P@1 training reported; the run
+    resumes as 1 x 2 (the layout may change on resume)."""
+    import json
+
+    from dslide.datasets.synthetic import generate_split, write
+
+    train, test = generate_split("tiny", n_train=1024, n_test=200, seed=0)
+    tr, te = write(str(tmp_path / "t"), train, test)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "HYDRA_", "MPI_"))}
+    env.update(NUMBA_NUM_THREADS="1", OMP_NUM_THREADS="1")
+    run = tmp_path / "run"
+    dslide = [sys.executable, "-m", "mpi4py", "-m", "dslide"]
+    p = subprocess.run([str(MPIEXEC), "-n", "4", *dslide, "train", "--train", tr, "--test", te, "--out", str(run),
+                        "--quiet", "--set", "replicas=2", "--set", "sync=partial", "--set", "sync_every=2",
+                        "--set", "batch_size=32", "--set", "epochs=2", "--set", "checkpoint_every=20",
+                        "--set", "hidden=[32]"], env=env, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "2 replicas (partial sync every 2 steps) x 2 shard(s)" in p.stdout
+    m = json.loads((run / "metrics.json").read_text())
+    assert m["steps"] == 64 and len(m["replicas"]) == 4
+    assert all(r["syncs"] > 0 and r["sync_bytes"] > 0 for r in m["replicas"])
+    assert sum(r["local_steps"] for r in m["replicas"][::2]) == 64  # shard 0 of each replica
+    e = subprocess.run([sys.executable, "-m", "dslide", "eval", "--model", str(run), "--data", te], env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert e.returncode == 0 and f"P@1 {m['p@1']:.4f}" in e.stdout, e.stdout + e.stderr
+    r = subprocess.run([str(MPIEXEC), "-n", "2", *dslide, "train", "--train", tr, "--resume", str(run), "--quiet",
+                        "--set", "epochs=3", "--set", "replicas=1"], env=env, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "resumed from" in r.stdout and "at step 64" in r.stdout
+    assert json.loads((run / "metrics.json").read_text())["steps"] == 96
