@@ -257,6 +257,7 @@ def main(argv=None) -> int:
             f"{RANKS} ranks x 1 thread; {a.budget:g} s of training per case; slow rank: world rank {SLOW_RANK} at "
             f"{a.slow:g} of its fair CPU share ({a.slow_by})\n\n")
     argv_shown = [x for x in (argv if argv is not None else sys.argv[1:]) if x != "--record"]
+    print(head, end="")
     text = _bench.report("bench_hetero.py", argv_shown, rows, cols, a.out, False)
     if failures:
         print("FAILED cases:\n" + "\n".join(failures), file=sys.stderr)
