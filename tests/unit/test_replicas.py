@@ -169,3 +169,16 @@ def test_dslide_train_with_replicas_then_eval_on_one_rank_and_resume_on_another_
     assert r.returncode == 0, r.stderr[-3000:]
     assert "resumed from" in r.stdout and "at step 64" in r.stdout
     assert json.loads((run / "metrics.json").read_text())["steps"] == 96
+
+
+def test_memory_account_follows_the_replica_layout_and_the_shard_weights():
+    from dslide import memory
+
+    cfg = Config(hidden=(64,), exact=True)
+    one = memory.account(cfg, 1000, 4000, world_size=2, rank=1)
+    rep = memory.account(cfg.replace(replicas=2), 1000, 4000, world_size=4, rank=3)  # shard 1 of replica 1
+    assert rep["weights"] == one["weights"] and rep["moments"] == one["moments"]
+    assert rep["scratch"] == one["scratch"] + 2 * (1000 + 64)  # hop budgets and change marks per row
+    heavy = memory.account(cfg.replace(shard_weights=(1, 3)), 1000, 4000, world_size=2, rank=1)
+    n1 = [int(np.diff(shard_bounds(n, 2, [1, 3]))[1]) for n in (64, 4000)]
+    assert heavy["weights"] == 4 * (1000 * n1[0] + n1[0] + 64 * n1[1] + n1[1])
