@@ -308,8 +308,11 @@ def _fit(model, train, test, callback, verbose, threads, stop_at, checkpoint):
             train_time += dt
             loss = float(loss_comm.allreduce_sum(np.array([loss_acc]))[0]) / loss_n
             sent = _step_bytes(net.comm) - bytes0
-            record = {"step": step, "epoch": step / max(1, -(-n // config.batch_size)),
-                      "samples": step * config.batch_size, "wall_s": train_time, "wall_s_delta": dt,
+            # with replicas the last record is the model's: every replica holds the average of
+            # all global steps up to net.step (this replica's own last step may be earlier)
+            at = net.step if (is_last and rep is not None) else step
+            record = {"step": at, "epoch": at / max(1, -(-n // config.batch_size)),
+                      "samples": at * config.batch_size, "wall_s": train_time, "wall_s_delta": dt,
                       "loss": loss, "bytes_per_step": sent / max(1, steps_done),
                       "peak_rss_mb": peak_rss_mb()}
             if warmup_pending:
