@@ -330,3 +330,40 @@ def test_a_replica_run_checkpoint_loads_on_one_rank():
         assert np.array_equal(W, W1) and np.array_equal(b, b1)
     for l, m in zip(one.layers, m0):
         assert np.array_equal(l.opt_W.m.T if l.kind == "lsh" else l.opt_W.m, m)
+
+
+def test_board_atomics_lose_no_update_under_contention():
+    """Every rank adds 1 to word 0 and increments word 1 by compare-and-swap retries, 300
+    times each, interleaved with reads: the totals are exact and every old value seen by
+    fetch-and-add is distinct (each was returned to exactly one caller)."""
+    from dslide.comm import Board
+
+    board = Board(WORLD, 3)
+    seen = []
+    for i in range(300):
+        seen.append(board.add(0, 1))
+        while True:
+            old = board.read(1)
+            if board.cas(1, old, old + 1) == old:
+                break
+    WORLD.barrier()
+    assert board.read(0) == 300 * WORLD.size and board.read(1) == 300 * WORLD.size
+    everyone = sorted(sum(WORLD.allgather_object(seen), []))
+    assert everyone == list(range(300 * WORLD.size))
+    # swaps: each rank puts its id + 1 in word 2; the old values seen are 0 and all ids but the last
+    olds = WORLD.allgather_object(board.swap(2, WORLD.rank + 1))
+    WORLD.barrier()
+    last = board.read(2)
+    assert sorted(olds + [last]) == list(range(WORLD.size + 1))
+    WORLD.barrier()
+    board.free()
+
+
+def test_exchange_among_a_subset_returns_every_members_array_in_member_order():
+    members = list(range(0, WORLD.size, 2))  # ranks 0, 2, ...: the others go on without calling it
+    if WORLD.rank in members:
+        mine = np.arange(WORLD.rank + 3, dtype=np.int64) * (WORLD.rank + 1)
+        got = WORLD.exchange(members, mine, 0x77, "test")
+        for m, arr in zip(members, got):
+            assert np.array_equal(arr, np.arange(m + 3, dtype=np.int64) * (m + 1))
+    WORLD.barrier()
