@@ -100,7 +100,7 @@ class LSHConfig:
     policy: str = "fifo"
     select: str = "topk"
     threshold: int = 2
-    min_active: int = 2048
+    min_active: int = 8192
     min_active_share: float = 0.2
     max_active: int = 512
     max_candidates: int = 0

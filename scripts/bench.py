@@ -459,7 +459,7 @@ def peers_part(a, suite: dict) -> None:
 # -- what LSH buys --------------------------------------------------------------------------------
 
 UNIFORM_OLD = 16384  # the uniform negatives of dslide's defaults before anchor candidates
-UNIFORM_EQUAL = 4096  # about the active neurons the defaults compute per step at 670,091 labels
+UNIFORM_EQUAL = 12288  # about the active neurons the defaults compute per step at 670,091 labels
 
 
 def lsh_systems(suite: dict) -> list[dict]:

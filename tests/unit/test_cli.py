@@ -190,15 +190,15 @@ def test_config_validation_names_field_value_and_range():
 
 
 @pytest.mark.parametrize("width, n_random, kind", [
-    (670_091, 2_048, "lsh"),   # capped by min_active
-    (12_000, 2_048, "lsh"),    # the minimum width: 4 * (2,048 + 512) = 10,240 <= 12,000
-    (11_999, 2_048, "dense"),
+    (670_091, 8_192, "lsh"),   # capped by min_active
+    (12_000, 2_400, "lsh"),    # the minimum width: 4 * (2,400 + 512) = 11,648 <= 12,000
+    (11_999, 2_399, "dense"),
     (5_000, 1_000, "dense"),   # 20% of the layer
     (159, 31, "dense"),
 ])
 def test_random_negatives_scale_with_width_and_set_the_automatic_layer_kind(width, n_random, kind):
     cfg = Config(hidden=(16,))
-    assert cfg.lsh.random_count(width) == n_random == min(2_048, int(0.2 * width))
+    assert cfg.lsh.random_count(width) == n_random == min(8_192, int(0.2 * width))
     assert cfg.layer_kind(1, width) == kind
     assert cfg.layer_kind(0, width) == "dense"          # the input layer is always dense
     assert Config(hidden=(16,), exact=True).layer_kind(1, width) == "dense"
