@@ -80,7 +80,9 @@ class LSHConfig:
         `threshold` tables, at most L; "union"); changed neurons re-hashed every
         `rehash_every` steps and the tables rebuilt every `rebuild_every`.
       K and L left at None take the family's defaults (anchor: L = 1;
-      item hashing: K = 6, L = 50).
+      item hashing: K = 6, L = 50). lsh.FAMILIES also has "minhash", for
+      sparse sets (the non-zero features of an input): a layer's weight rows
+      are dense, their non-zero set is every input, so it is no layer family.
 
     Inference (`dslide eval --lsh`, `predict --lsh`): at the end of training
     the output layer gets an index built from its final weights:
@@ -115,6 +117,11 @@ class LSHConfig:
     def __post_init__(self):
         from dslide.lsh import LAYER_FAMILIES
 
+        if self.family == "minhash":
+            # lsh.FAMILIES has it for sparse sets; a weight row's non-zero set is every input
+            raise ValueError("lsh.family = 'minhash' hashes sets (the non-zero features of sparse inputs) and "
+                             "cannot tell dense weight rows apart; an LSH layer takes one of: "
+                             + ", ".join(LAYER_FAMILIES))
         _choice("lsh.family", self.family, LAYER_FAMILIES)
         if self.K is None:
             object.__setattr__(self, "K", 6)

@@ -351,3 +351,15 @@ def test_a_checkpoint_write_killed_midway_leaves_the_previous_one(trained, tiny,
         path = ck.latest(run_dir)
         net = Network(ck.config_of(path), 1000, 500, Comm())
         assert ck.load_into(net, path, Comm())["step"] == 128
+
+
+def test_lsh_family_choices_are_lsh_layer_families_and_minhash_is_refused_with_why():
+    from dslide import lsh
+
+    assert set(lsh.LAYER_FAMILIES) == {"anchor"} | (set(lsh.FAMILIES) - {"minhash"})
+    for family in lsh.LAYER_FAMILIES:
+        assert Config(lsh={"family": family}).lsh.family == family
+    with pytest.raises(ValueError, match="lsh.family = 'minhash' hashes sets.*one of: anchor, dwta, srp, wta"):
+        Config(lsh={"family": "minhash"})
+    with pytest.raises(ValueError, match="lsh.family"):
+        Config(lsh={"family": "simhash"})
