@@ -88,7 +88,8 @@ def _lsh_configs(draw):
         max_active=draw(st.integers(0, 10**9)), rehash_every=draw(st.integers(1, 10**9)),
         rebuild_every=draw(st.integers(1, 10**9)), growth=draw(st.floats(1.0, 10.0)),
         index_anchors=draw(st.integers(0, 1 << 20)), index_share=draw(st.floats(0.0, 1.0, exclude_min=True)),
-        index_probes=draw(st.integers(1, 1024)), index_points=draw(st.integers(1, 10**9)))
+        index_probes=draw(st.integers(1, 1024)), index_points=draw(st.integers(1, 10**9)),
+        index_shrink=draw(_floats01), index_spread=draw(st.floats(0.0, 100.0)))
 
 
 @st.composite
