@@ -659,7 +659,15 @@ def fill_index(layer: LSHLayer, comm: Comm, T: int) -> None:
     from dslide import lsh
 
     tables = layer.inference
-    ids, scores = lsh.anchors.score_top(tables.anchors[0], layer.W, layer.b, min(T, layer.n_local))
+    lc = layer.lc
+    # a bucket serves the queries of its anchor's cell, h = c + e, whose scores are
+    # w.c + b + w.e: rank by a shrunk mean plus a margin for the spread of w.e (sd ~ |w|)
+    #   bucket score_j = index_shrink * w_j.c + b_j + index_spread * |w_j|
+    wn = np.sqrt(np.einsum("ij,ij->i", layer.neuron_major(), layer.neuron_major(), dtype=np.float64))
+    b_eff = (layer.b + lc.index_spread * wn).astype(layer.b.dtype)
+    ids, scores = lsh.anchors.score_top(np.ascontiguousarray(lc.index_shrink * tables.anchors[0]), layer.W, b_eff,
+                                        min(T, layer.n_local))
+    del wn, b_eff
     # in place, and int32: this runs after training with every weight resident, over
     # [A, T] arrays (2048 x 6,701 at 670,091 labels); 13 instead of 26 bytes an entry
     keys = _order_keys(scores, in_place=True)

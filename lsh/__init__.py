@@ -24,7 +24,10 @@ inner product search with biases: queries hash to their nearest k-means
 anchor, whose bucket holds the items scoring highest there.
 
 LAYER_FAMILIES: what an LSH layer of dslide can pick its neurons with
-("anchor", then the item-hashing families that hash dense vectors).
+("anchor", then the item-hashing families that hash dense vectors; the
+config validates against it). MinHash is not among them: it hashes the
+non-zero set of a vector, and a layer's weight rows are dense (every row's
+set is every input), so it applies to sparse inputs only (CSR `hash_csr`).
 """
 
 from __future__ import annotations

@@ -165,6 +165,15 @@ def child(case_path: str) -> None:
 
         result["index"] = model.index_info
         result["inference"] = compare_inference(model, test, inv_prop)
+    if case.get("save"):
+        # the trained model, weights and index only, as `dslide export` writes it (for later measurements)
+        from dslide import checkpoint as ck
+        from dslide import propensity
+
+        ck.save(net, Path(case["save"]), comm, weights_only=True)
+        if comm.rank == 0:
+            propensity.save(case["save"], propensity.compute(train.Y))
+        result["saved"] = case["save"]
     if comm.rank == 0:
         print("RESULT " + json.dumps(result), flush=True)
 

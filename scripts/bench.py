@@ -312,6 +312,10 @@ def peer_rows(train_path: Path, test_path: Path, suite_name: str, suite: dict, n
     case = {"name": "dslide (defaults)", "label": "dslide (defaults), 2 x 1", "ranks": 2, "threads": 1,
             "data": {"train": str(train_path), "test": str(test_path)},
             "config": {"eval_every": every, "eval_points": suite["eval_points"]}}
+    if cfg.layer_kind(len(cfg.hidden), train.n_labels) == "lsh":
+        # inference through the index after default training (built after training, outside its
+        # time), and the model kept for scripts/bench_lsh.py --model
+        case.update({"inference": True, "save": str(workdir / "dslide_model")})
     for r in B.run_cases([case], notes):  # a shared machine: say how busy it was as each system ended
         rows.append({**r, "kind": "curve", "load": os.getloadavg()[0]})
     if not no_trees:
@@ -425,6 +429,11 @@ def peers_part(a, suite: dict) -> None:
             f"and 's to' columns read the P@1 curves (first {suite['eval_points']:,} test points, every "
             f"{PEERS_EVAL_EVERY[a.suite]} steps) at omikuji's (3 trees) training time and P@1\n\n"
             + peers_table(rows, ref) + "\n")
+    for r in rows:
+        if r.get("inference"):
+            text += "\n" + inference_table(r, f"dslide's inference after its default training ({r['ranks']} ranks x "
+                                               f"{r['threads']} thread; model kept in {r['saved']})",
+                                            r["data"]["n_test"])
     panels = [(shape, rows)]
     shared = B.ROOT.parent / "shared" / "data"
     if (shared / "bibtex_train.txt").exists():
@@ -459,7 +468,7 @@ def peers_part(a, suite: dict) -> None:
 # -- what LSH buys --------------------------------------------------------------------------------
 
 UNIFORM_OLD = 16384  # the uniform negatives of dslide's defaults before anchor candidates
-UNIFORM_EQUAL = 4096  # about the active neurons the defaults compute per step at 670,091 labels
+UNIFORM_EQUAL = 12288  # about the active neurons the defaults compute per step at 670,091 labels
 
 
 def lsh_systems(suite: dict) -> list[dict]:
@@ -473,6 +482,21 @@ def lsh_systems(suite: dict) -> list[dict]:
         ("the defaults: anchor candidates + uniform negatives", {}),
     ]
     return [{"name": name, "ranks": 1, "threads": 2, "config": {**cfg, "lsh": lc}} for name, lc in rows]
+
+
+def inference_table(r: dict, title: str, n_test: int) -> str:
+    """The benchmark child's inference comparison (exact, --lsh, static shortlist) as a titled table."""
+    info = r.get("index", {})
+    exact_s = r["inference"][0]["seconds"]
+    icols = [("method", "method"), ("labels scored per point", lambda x: f"{x['share']:.2%}"),
+             ("seconds", lambda x: f"{x['seconds']:.2f}"),
+             ("speed-up", lambda x: f"{exact_s / x['seconds']:.1f}x"),
+             ("recall of the exact top-10", lambda x: f"{x['recall@10']:.4f}"),
+             ("P@1", lambda x: f"{x['p@1']:.4f}"), ("P@5", lambda x: f"{x['p@5']:.4f}"),
+             ("PSP@5", lambda x: f"{x['psp@5']:.4f}")]
+    return (f"{title} ({n_test:,} test points; index: {info.get('anchors', '?')} anchors from "
+            f"{info.get('points', 0):,} training points, buckets of {info.get('bucket', 0):,} labels, built in "
+            f"{info.get('index_s', float('nan')):.1f} s after training):\n\n" + B.table(r["inference"], icols) + "\n")
 
 
 def lsh_part(a, suite: dict) -> None:
@@ -518,19 +542,8 @@ def lsh_part(a, suite: dict) -> None:
             f"on all of them (PSP@5: propensities from the training labels); 'upkeep s': refilling or re-hashing "
             f"the tables, inside the training time\n\n" + B.table(rows, cols) + "\n")
     for ranks, threads, r in inf:
-        info = r.get("index", {})
-        exact_s = r["inference"][0]["seconds"]
-        icols = [("method", "method"), ("labels scored per point", lambda x: f"{x['share']:.2%}"),
-                 ("seconds", lambda x: f"{x['seconds']:.2f}"),
-                 ("speed-up", lambda x: f"{exact_s / x['seconds']:.1f}x"),
-                 ("recall of the exact top-10", lambda x: f"{x['recall@10']:.4f}"),
-                 ("P@1", lambda x: f"{x['p@1']:.4f}"), ("P@5", lambda x: f"{x['p@5']:.4f}"),
-                 ("PSP@5", lambda x: f"{x['psp@5']:.4f}")]
-        text += (f"\nInference, {ranks} rank(s) x {threads} thread(s), the defaults' model after "
-                 f"{r['train_s']:.0f} s of training ({d['n_test']:,} test points; index: "
-                 f"{info.get('anchors', '?')} anchors from {info.get('points', 0):,} training points, buckets of "
-                 f"{info.get('bucket', 0):,} labels, built in {info.get('index_s', float('nan')):.1f} s after "
-                 f"training):\n\n" + B.table(r["inference"], icols) + "\n")
+        text += "\n" + inference_table(r, f"Inference, {ranks} rank(s) x {threads} thread(s), the defaults' model "
+                                           f"after {r['train_s']:.0f} s of training", d["n_test"])
     if notes:
         text += "\n" + "\n".join(f"- {n}" for n in notes) + "\n"
     text += f"\n({time.time() - t0:.0f} s in all)\n"

@@ -88,7 +88,8 @@ def _lsh_configs(draw):
         max_active=draw(st.integers(0, 10**9)), rehash_every=draw(st.integers(1, 10**9)),
         rebuild_every=draw(st.integers(1, 10**9)), growth=draw(st.floats(1.0, 10.0)),
         index_anchors=draw(st.integers(0, 1 << 20)), index_share=draw(st.floats(0.0, 1.0, exclude_min=True)),
-        index_probes=draw(st.integers(1, 1024)), index_points=draw(st.integers(1, 10**9)))
+        index_probes=draw(st.integers(1, 1024)), index_points=draw(st.integers(1, 10**9)),
+        index_shrink=draw(_floats01), index_spread=draw(st.floats(0.0, 100.0)))
 
 
 @st.composite
@@ -196,15 +197,15 @@ def test_config_validation_names_field_value_and_range():
 
 
 @pytest.mark.parametrize("width, n_random, kind", [
-    (670_091, 2_048, "lsh"),   # capped by min_active
-    (12_000, 2_048, "lsh"),    # the minimum width: 4 * (2,048 + 512) = 10,240 <= 12,000
-    (11_999, 2_048, "dense"),
+    (670_091, 8_192, "lsh"),   # capped by min_active
+    (12_000, 2_400, "lsh"),    # the minimum width: 4 * (2,400 + 512) = 11,648 <= 12,000
+    (11_999, 2_399, "dense"),
     (5_000, 1_000, "dense"),   # 20% of the layer
     (159, 31, "dense"),
 ])
 def test_random_negatives_scale_with_width_and_set_the_automatic_layer_kind(width, n_random, kind):
     cfg = Config(hidden=(16,))
-    assert cfg.lsh.random_count(width) == n_random == min(2_048, int(0.2 * width))
+    assert cfg.lsh.random_count(width) == n_random == min(8_192, int(0.2 * width))
     assert cfg.layer_kind(1, width) == kind
     assert cfg.layer_kind(0, width) == "dense"          # the input layer is always dense
     assert Config(hidden=(16,), exact=True).layer_kind(1, width) == "dense"
@@ -357,3 +358,15 @@ def test_a_checkpoint_write_killed_midway_leaves_the_previous_one(trained, tiny,
         path = ck.latest(run_dir)
         net = Network(ck.config_of(path), 1000, 500, Comm())
         assert ck.load_into(net, path, Comm())["step"] == 128
+
+
+def test_lsh_family_choices_are_lsh_layer_families_and_minhash_is_refused_with_why():
+    from dslide import lsh
+
+    assert set(lsh.LAYER_FAMILIES) == {"anchor"} | (set(lsh.FAMILIES) - {"minhash"})
+    for family in lsh.LAYER_FAMILIES:
+        assert Config(lsh={"family": family}).lsh.family == family
+    with pytest.raises(ValueError, match="lsh.family = 'minhash' hashes sets.*one of: anchor, dwta, srp, wta"):
+        Config(lsh={"family": "minhash"})
+    with pytest.raises(ValueError, match="lsh.family"):
+        Config(lsh={"family": "simhash"})

@@ -486,3 +486,31 @@ def test_order_keys_in_place_are_the_int64_keys_in_int32():
     flat, keys = s.ravel(), want.ravel()
     nz = flat != 0  # -0.0 and 0.0 are equal floats with distinct keys
     assert (np.diff(keys[nz][np.argsort(flat[nz], kind="stable")]) > 0).all()
+
+
+@pytest.mark.parametrize("shrink, spread", [(1.0, 0.0), (0.6, 0.5), (0.0, 2.0)])
+def test_inference_index_buckets_are_the_top_labels_by_the_documented_score(shrink, spread):
+    """Each bucket of the inference index holds, sorted by id, the T labels ranked highest by
+    shrink * w.c + b + spread * |w| at its anchor c (plain numpy reference, float64)."""
+    rs = np.random.default_rng(3)
+    n, d, A = 400, 12, 6
+    cfg = Config(hidden=(d,), kinds=("dense", "lsh"), seed=5, lr_schedule="constant",
+                 lsh=LSHConfig(min_active=20, max_active=10, anchors=4, index_anchors=A, index_share=0.05,
+                               index_shrink=shrink, index_spread=spread))
+    net = Network(cfg, 30, n)
+    out = net.layers[-1]
+    Wn = out.neuron_major()
+    Wn[...] = rs.normal(size=Wn.shape) * rs.lognormal(0.0, 0.5, size=(n, 1))
+    out.b[...] = rs.normal(size=n) * 2.0
+    H = np.maximum(rs.normal(size=(200, d)), 0.0).astype(np.float32)
+    info = out.build_index(H, net.comm)
+    T = info["bucket"]
+    assert T == int(np.ceil(0.05 * n))
+    C = out.inference.anchors[0].astype(np.float64)
+    W64, b64 = Wn.astype(np.float64), out.b.astype(np.float64)
+    score = shrink * C @ W64.T + b64 + spread * np.linalg.norm(W64, axis=1)
+    for a in range(A):
+        want = np.sort(np.argsort(-score[a], kind="stable")[:T])
+        got = out.inference.buckets[0, a, :out.inference.fill_count[0, a]]
+        assert len(set(got) ^ set(want)) <= 2, a  # float32 ties at the cut may swap one label
+        np.testing.assert_array_equal(got, np.sort(got))
