@@ -307,6 +307,7 @@ def save(net: Network, run_dir, comm: Comm, extra: dict | None = None, keep: int
             "n_labels": net.n_labels,
             "n_params": net.n_params,
             "layers": net.describe(),
+            "bounds": [layer.bounds.tolist() for layer in net.layers],  # uneven shards differ from even
             "config": net.config.to_dict(),
             "rng": {"kind": "counter-based", "seed": net.config.seed, "step": net.step},
             "ranks": [{"dir": f"rank-{r:04d}", "arrays": lst} for r, lst in enumerate(listings)],
@@ -471,7 +472,12 @@ def load_into(net: Network, path, comm: Comm, verify: bool = True, weights_only:
     ranks = manifest["ranks"]
     if len(ranks) != manifest["world_size"]:
         raise CheckpointError(f"{path / 'manifest.json'} says {manifest['world_size']} ranks but lists {len(ranks)}")
-    same = manifest["world_size"] == comm.size and manifest["parallel"] == net.config.parallel
+    # the same layout: as many ranks, each owning the same columns (shard weights may differ)
+    # (checkpoints without "bounds" were split evenly over their ranks, or not at all in data mode)
+    saved = manifest.get("bounds") or [_even(l["n"], manifest["world_size"] if manifest["parallel"] == "model" else 1)
+                                       for l in manifest["layers"]]
+    same = manifest["world_size"] == comm.size and manifest["parallel"] == net.config.parallel \
+        and saved == [layer.bounds.tolist() for layer in net.layers]
     if same or manifest["parallel"] == "data":
         # data-parallel checkpoints hold the whole model in every rank's files: read one
         reader = _Reader(path, ranks[comm.rank if same else 0], verify)
@@ -541,6 +547,12 @@ def _load_resharded(net: Network, readers: list, whole: bool, weights_only: bool
                     reader.read_slice(pre + key, axis, int(a - bounds[r]), int(b - bounds[r]), out[tuple(sl)])
             arrays[key] = out
         layer.load_state(arrays, same_layout=False, weights_only=weights_only)
+
+
+def _even(n: int, world: int) -> list:
+    from dslide.sharding import shard_bounds
+
+    return shard_bounds(n, world).tolist()
 
 
 def _shape(layers: list[dict]) -> str:

@@ -201,8 +201,8 @@ class Progress:
         if not self.rank0:
             return None
         if event == "step":
-            if self.bar is not None:
-                self.bar.update(1)
+            if self.bar is not None and info > self.bar.n:
+                self.bar.update(info - self.bar.n)  # the global step (replicas take turns)
             return None
         record = {k: v for k, v in info.items() if k != "wall_s_delta"}
         if self.log is not None:
@@ -234,7 +234,7 @@ class Progress:
 # ----------------------------------------------------------------------------
 
 RESUME_SETTABLE = {"epochs", "eval_every", "eval_points", "log_every", "checkpoint_every", "checkpoint_moments",
-                   "threads"}
+                   "threads", "replicas", "sync", "sync_every", "shard_weights"}  # the layout: any, on resume
 
 
 def cmd_train(args, comm) -> int:
@@ -269,8 +269,10 @@ def cmd_train(args, comm) -> int:
         (run_dir / "config.toml").write_text(config_toml(config))
     comm.barrier()
     inv_prop = _run_propensities(run_dir, train, config, comm)
+    layout = (f"{config.replicas} replicas ({config.sync} sync every {config.sync_every} steps) x "
+              f"{comm.size // config.replicas} shard(s)" if config.replicas > 1 else f"{comm.size} rank(s)")
     _say(comm, f"dslide {__import__('dslide').__version__}: training on {train.n_points:,} points, "
-               f"{train.n_features:,} features, {train.n_labels:,} labels; {comm.size} rank(s) x "
+               f"{train.n_features:,} features, {train.n_labels:,} labels; {layout} x "
                f"{T._threads(config)} thread(s); run directory {run_dir}")
     if not args.quiet:
         _say(comm, "effective configuration:\n" + "\n".join("  " + l for l in config_toml(config).splitlines() if l))
@@ -294,17 +296,18 @@ def cmd_train(args, comm) -> int:
         if event == "step" and fault == f"raise-rank{comm.rank}-step{info}":  # test hook
             raise RuntimeError(f"injected fault on rank {comm.rank} at step {info}")
         progress(event, m, info)
-        if event == "step" and config.checkpoint_every and info % config.checkpoint_every == 0 and info < total:
-            ck.save(m.network, run_dir, comm, extra={"history": m.history})
         return None
+
+    def save(m, c):
+        ck.save(m.network, run_dir, c, extra={"history": m.history})
 
     t0 = time.perf_counter()
     try:
-        model, history = T.fit(train, config, test, model=model, callback=callback)
+        model, history = T.fit(train, config, test, model=model, callback=callback, checkpoint=save)
     finally:
         progress.close()
     wall = time.perf_counter() - t0
-    ck.save(model.network, run_dir, comm, extra={"history": model.history})
+    T.save_model(model, save)
     metrics = _final_metrics(model, history, test, wall, inv_prop)
     # seconds from the process's start to the end of its first step: imports, data, the
     # network's construction, and the first step, in which numba loads (or compiles) its kernels
@@ -326,9 +329,10 @@ def _run_propensities(run_dir: Path, train, config, comm):
     """
     from dslide import propensity
 
-    saved = propensity.load(run_dir, train.n_labels)
-    if saved is not None:
-        return saved["inv_prop"]
+    # rank 0 decides: a rank that looked only after rank 0 had saved them below would skip
+    # the barrier that the others wait in
+    if comm.bcast_object(propensity.load(run_dir, train.n_labels) is not None if comm.rank == 0 else None):
+        return propensity.load(run_dir, train.n_labels)["inv_prop"]
     if train.n_points < 3:  # ln N - 1 <= 0: the weights have no meaning
         _say(comm, f"PSP@k left out: {train.n_points} training point(s); propensities need at least 3")
         return None
@@ -371,6 +375,8 @@ def _final_metrics(model, history, test, wall, inv_prop) -> dict:
         "timers_s": {k: round(v, 3) for k, v in net.timers.items()},
         "index": model.index_info,
     })
+    if model.replicas is not None:
+        out["replicas"] = comm.allgather_object(model.replicas.stats())
     return out
 
 
@@ -400,7 +406,8 @@ def _load_model(run_dir: str, comm):
     from dslide import train as T
 
     path = ck.latest(run_dir)
-    config = ck.config_of(path)
+    # the layout it was trained on is not the model's: eval and predict split it over every rank
+    config = ck.config_of(path).replace(replicas=1, shard_weights=())
     manifest = ck.read_manifest(path)
     model = T.build_network((manifest["n_features"], manifest["n_labels"]), config, comm)
     # inference needs the weights and the index only: Adam's moments are never read (nor

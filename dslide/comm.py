@@ -23,12 +23,28 @@ equals what it sends under ring algorithms on average over the ranks:
     all-reduce of S bytes (ring):                  2 (P - 1) / P * S
     all-gather of small results (evaluation):      T - T_r
 A data-parallel step all-reduces every gradient: 2 (P - 1) / P * model bytes.
+    exchange among k members (replica sync):       what the k - 1 others send
+`seconds[kind]` accumulates the wall time spent inside the step's exchanges
+(waiting for the other ranks included): a step's time minus these is the
+rank's own computing time, from which `shard_weights = "auto"` measures
+each rank's speed.
+
+Replicas (dslide.replicas) add three things, all here because they are MPI:
+`split` (a replica's model communicator, the communicator of the ranks that
+hold the same shard in every replica), `exchange` (an all-gather among any
+subset of a communicator's ranks by point-to-point messages, so a partial
+all-reduce needs no communicator per group), and `Board`: a few int64 words
+on one rank that every rank reads and changes with one-sided atomic
+operations (MPI-3 RMA: compare-and-swap, fetch-and-add) without the host's
+participation, which is how replicas agree on groups without waiting on a
+slow one.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+import time
 from collections import defaultdict
 
 import numpy as np
@@ -67,6 +83,7 @@ class Comm:
         self.rank = 0 if mpi_comm is None else mpi_comm.Get_rank()
         self.size = 1 if mpi_comm is None else mpi_comm.Get_size()
         self.bytes_sent: dict[str, int] = defaultdict(int)
+        self.seconds: dict[str, float] = defaultdict(float)
         self._lse_op = None
         self._pair_type = None
 
@@ -81,8 +98,10 @@ class Comm:
 
     # -- bookkeeping ---------------------------------------------------------------
 
-    def _count(self, kind: str, nbytes: int) -> None:
+    def _count(self, kind: str, nbytes: int, t0: float | None = None) -> None:
         self.bytes_sent[kind] += int(nbytes)
+        if t0 is not None:
+            self.seconds[kind] += time.perf_counter() - t0
 
     def total_bytes(self) -> int:
         return int(sum(self.bytes_sent.values()))
@@ -100,13 +119,14 @@ class Comm:
         """
         if self.size == 1:
             return local
+        t0 = time.perf_counter()
         B = local.shape[0]
         n = int(bounds[-1])
         counts = np.diff(bounds) * B
         send = np.ascontiguousarray(local.T)
         recv = np.empty((n, B), dtype=local.dtype)
         self._mpi.Allgatherv(send, [recv, (counts, bounds[:-1] * B)])
-        self._count(kind, (n - local.shape[1]) * B * local.itemsize)
+        self._count(kind, (n - local.shape[1]) * B * local.itemsize, t0)
         return np.ascontiguousarray(recv.T)
 
     def reduce_scatter_columns(self, partial: np.ndarray, bounds: np.ndarray, kind: str = "reduce_scatter") -> np.ndarray:
@@ -119,13 +139,14 @@ class Comm:
             return partial
         from mpi4py import MPI
 
+        t0 = time.perf_counter()
         B = partial.shape[0]
         counts = np.diff(bounds) * B
         mine = int(bounds[self.rank + 1] - bounds[self.rank])
         send = np.ascontiguousarray(partial.T)
         recv = np.empty((mine, B), dtype=partial.dtype)
         self._mpi.Reduce_scatter(send, recv, recvcounts=counts, op=MPI.SUM)
-        self._count(kind, (self.size - 1) * mine * B * partial.itemsize)
+        self._count(kind, (self.size - 1) * mine * B * partial.itemsize, t0)
         return np.ascontiguousarray(recv.T)
 
     # -- forward: all-gather of column blocks with ids; backward: reduce_scatter_columns --
@@ -141,6 +162,7 @@ class Comm:
         ids = np.ascontiguousarray(ids, dtype=np.int32)
         if self.size == 1:
             return local, ids, np.array([0, ids.shape[0]], dtype=np.int64)
+        t0 = time.perf_counter()
         B = local.shape[0]
         counts = np.empty(self.size, dtype=np.int64)
         self._mpi.Allgather(np.array([ids.shape[0]], dtype=np.int64), counts)
@@ -152,7 +174,7 @@ class Comm:
         recv = np.empty((m, B), dtype=local.dtype)
         self._mpi.Allgatherv(send, [recv, (counts * B, bounds[:-1] * B)])
         others = m - ids.shape[0]
-        self._count(kind, (self.size - 1) * 8 + others * (4 + B * local.itemsize))
+        self._count(kind, (self.size - 1) * 8 + others * (4 + B * local.itemsize), t0)
         return np.ascontiguousarray(recv.T), all_ids, bounds
 
     # -- the softmax normaliser across ranks ---------------------------------------
@@ -167,6 +189,7 @@ class Comm:
             return mx.astype(np.float64), sumexp.astype(np.float64)
         from mpi4py import MPI
 
+        t0 = time.perf_counter()
         if self._lse_op is None:
             self._lse_op = MPI.Op.Create(_lse_merge, commute=True)
             self._pair_type = MPI.DOUBLE.Create_contiguous(2).Commit()
@@ -175,7 +198,7 @@ class Comm:
         buf[:, 1] = sumexp
         out = np.empty_like(buf)
         self._mpi.Allreduce([buf, mx.shape[0], self._pair_type], [out, mx.shape[0], self._pair_type], op=self._lse_op)
-        self._count(kind, allreduce_bytes(buf.nbytes, self.size))
+        self._count(kind, allreduce_bytes(buf.nbytes, self.size), t0)
         return out[:, 0].copy(), out[:, 1].copy()
 
     # -- small collectives -----------------------------------------------------------
@@ -233,8 +256,156 @@ class Comm:
         if self.size > 1:
             self._mpi.Barrier()
 
+    # -- replicas: sub-communicators, exchanges among a subset, layout changes ------------
+
+    def split(self, color: int, key: int) -> "Comm":
+        """The ranks with the same `color`, ordered by `key` (collective over this communicator)."""
+        if self.size == 1:
+            return Comm(None)
+        return Comm(self._mpi.Split(color, key))
+
+    def exchange(self, members, arr: np.ndarray, tag: int, kind: str) -> list:
+        """Every member's 1-D array, in the order of `members` (ranks of this communicator,
+        this one among them): an all-gather among a subset, by point-to-point messages.
+
+        Only the members call it (the others go on with their work); each posts its
+        sends first and then receives, so it completes as soon as every member has
+        called it. Sizes may differ by member. Consecutive exchanges between the
+        same members arrive in order (MPI's non-overtaking rule on one tag).
+        """
+        arr = np.ascontiguousarray(arr)
+        members = [int(m) for m in members]
+        if self.rank not in members:
+            raise ValueError(f"rank {self.rank} calls an exchange among {members} without being a member")
+        if len(members) == 1:
+            return [arr]
+        from mpi4py import MPI
+
+        t0 = time.perf_counter()
+        reqs = [self._mpi.Isend(arr, dest=m, tag=tag) for m in members if m != self.rank]
+        out, got = [], 0
+        status = MPI.Status()
+        for m in members:
+            if m == self.rank:
+                out.append(arr)
+                continue
+            self._mpi.Probe(source=m, tag=tag, status=status)
+            buf = np.empty(status.Get_count(MPI.BYTE) // arr.itemsize, dtype=arr.dtype)
+            self._mpi.Recv(buf, source=m, tag=tag)
+            out.append(buf)
+            got += buf.nbytes
+        MPI.Request.Waitall(reqs)
+        self._count(kind, got, t0)
+        return out
+
+    def alltoallv(self, send: np.ndarray, send_counts, recv_counts, kind: str = "reshard") -> np.ndarray:
+        """Personalised exchange of a 1-D array: rank q gets send[offsets[q]:...] of
+        send_counts[q] items from every rank; returns what this rank received, in rank
+        order (recv_counts[p] items from rank p; counts known to both sides)."""
+        send = np.ascontiguousarray(send)
+        sc = np.asarray(send_counts, dtype=np.int64)
+        rc = np.asarray(recv_counts, dtype=np.int64)
+        if self.size == 1:
+            return send[: int(rc[0])].copy()
+        t0 = time.perf_counter()
+        recv = np.empty(int(rc.sum()), dtype=send.dtype)
+        so = np.concatenate(([0], np.cumsum(sc)[:-1]))
+        ro = np.concatenate(([0], np.cumsum(rc)[:-1]))
+        self._mpi.Alltoallv([send, (sc, so)], [recv, (rc, ro)])
+        self._count(kind, (rc.sum() - rc[self.rank]) * send.itemsize, t0)
+        return recv
+
+    def free(self) -> None:
+        """Release the MPI communicator (not COMM_WORLD)."""
+        if self._mpi is not None and self.size > 1:
+            from mpi4py import MPI
+
+            if self._mpi != MPI.COMM_WORLD:
+                self._mpi.Free()
+            self._mpi = None
+
     def abort(self, code: int = 1) -> None:
         """End every rank at once (after an error on this one)."""
         if self.size > 1:
             self._mpi.Abort(code)
         raise SystemExit(code)
+
+
+class Board:
+    """`n` int64 words on rank `host` of `comm`, changed only by atomic one-sided operations.
+
+    Every rank may read, add to, swap or compare-and-swap a word at any time
+    without the host taking part (MPI-3 passive-target RMA: one `Lock_all`
+    epoch for the board's life, `Flush` after each operation, so each is
+    complete, and visible to the next, when it returns). Operations on one
+    word are atomic with respect to each other. With one process (or the
+    single-process stand-in) the words are a local array. Creation and
+    `free` are collective over `comm`.
+    """
+
+    def __init__(self, comm: Comm, n: int, host: int = 0):
+        self.n, self.host = int(n), int(host)
+        self._comm = comm
+        self._win = None
+        if comm.size == 1:
+            self._local = np.zeros(self.n, dtype=np.int64)
+            return
+        from mpi4py import MPI
+
+        self._MPI = MPI
+        size = self.n * 8 if comm.rank == self.host else 0
+        self._win = MPI.Win.Allocate(size, 8, comm=comm._mpi)
+        if comm.rank == self.host:
+            np.frombuffer(self._win.tomemory(), dtype=np.int64)[:] = 0
+        comm._mpi.Barrier()  # the words are zero before anyone touches them
+        self._win.Lock_all()
+        self._one = np.zeros(1, dtype=np.int64)
+        self._cmp = np.zeros(1, dtype=np.int64)
+        self._res = np.zeros(1, dtype=np.int64)
+
+    def _op(self, i: int, value: int, op) -> int:
+        self._one[0] = value
+        self._win.Fetch_and_op(self._one, self._res, self.host, i, op)
+        self._win.Flush(self.host)
+        return int(self._res[0])
+
+    def read(self, i: int) -> int:
+        if self._win is None:
+            return int(self._local[i])
+        return self._op(i, 0, self._MPI.NO_OP)
+
+    def add(self, i: int, value: int) -> int:
+        """Word i += value; returns the old value."""
+        if self._win is None:
+            old = int(self._local[i])
+            self._local[i] += value
+            return old
+        return self._op(i, value, self._MPI.SUM)
+
+    def swap(self, i: int, value: int) -> int:
+        """Word i = value; returns the old value."""
+        if self._win is None:
+            old = int(self._local[i])
+            self._local[i] = value
+            return old
+        return self._op(i, value, self._MPI.REPLACE)
+
+    def cas(self, i: int, expected: int, value: int) -> int:
+        """Word i = value if it equals `expected`; returns the old value (== expected: done)."""
+        if self._win is None:
+            old = int(self._local[i])
+            if old == expected:
+                self._local[i] = value
+            return old
+        self._one[0], self._cmp[0] = value, expected
+        self._win.Compare_and_swap(self._one, self._cmp, self._res, self.host, i)
+        self._win.Flush(self.host)
+        return int(self._res[0])
+
+    def free(self) -> None:
+        """Collective: every rank has stopped using the board."""
+        if self._win is not None:
+            self._win.Unlock_all()
+            self._comm._mpi.Barrier()
+            self._win.Free()
+            self._win = None

@@ -26,6 +26,7 @@ PARALLEL = ("model", "data")
 NARROW_OUTPUT = 4096  # labels: at most this many take the "narrow output" defaults
 LR_SCHEDULES = ("linear", "constant")
 BIAS_INITS = ("log_prior", "zero")
+SYNC_MODES = ("allreduce", "partial")
 
 
 def _choice(name: str, value: Any, valid: tuple) -> None:
@@ -232,6 +233,20 @@ class Config:
     parallel: "model" splits every layer's neurons over the ranks (dslide);
         "data" gives every rank the whole model and all-reduces gradients
         (the baseline of Horovod and PyTorch DDP).
+    replicas: R replica groups of the model (hybrid data x model parallelism): a
+        world of R x P ranks forms R groups of P model shards (ranks g*P ..
+        g*P + P - 1 are group g); the groups train on disjoint slices of each
+        epoch and average the parameter rows they changed every `sync_every`
+        steps (dslide.replicas). The world size must be a multiple of R.
+    sync: how replicas average: "allreduce" (every group at each
+        synchronisation, bulk synchronous) or "partial" (Ripples' partial
+        all-reduce: each synchronisation averages among the groups ready at
+        that moment, so a slow group never stalls the others).
+    sync_every: steps of a group between its synchronisations.
+    shard_weights: how a group's P ranks share each layer's neurons: empty
+        (even shares), one positive weight per rank (shares in proportion),
+        or "auto" (shares proportional to each rank's measured speed in the
+        first steps, then the layers are re-sharded once).
     propensity_a, propensity_b: the constants A, B of the label propensities
         behind PSP@k (Jain et al. 2016; see dslide.metrics.inverse_propensity),
         computed from the training labels and saved with the run
@@ -265,6 +280,10 @@ class Config:
     parallel: str = "model"
     propensity_a: float = 0.55
     propensity_b: float = 1.5
+    replicas: int = 1
+    sync: str = "allreduce"
+    sync_every: int = 8
+    shard_weights: tuple[float, ...] | str = ()
 
     eval_every: int = 0
     eval_points: int = 2000
@@ -322,6 +341,16 @@ class Config:
                 raise ValueError(f"adam_dtype = 'bfloat16' needs dtype = 'float32' (got {self.dtype!r}): "
                                  f"the update is computed in float32")
         _choice("parallel", self.parallel, PARALLEL)
+        _int_range("replicas", self.replicas, 1, 60)  # one bit each in the board's open mask (dslide.replicas)
+        _choice("sync", self.sync, SYNC_MODES)
+        _int_range("sync_every", self.sync_every, 1)
+        if self.replicas > 1 and self.parallel == "data":
+            raise ValueError(f"replicas = {self.replicas} needs parallel = 'model': replicas already "
+                             f"split the data, and their groups split the model")
+        object.__setattr__(self, "shard_weights", _shard_weights(self.shard_weights))
+        if self.shard_weights and self.parallel == "data":
+            raise ValueError(f"shard_weights = {self.shard_weights!r} splits layers over ranks, which "
+                             f"parallel = 'data' does not; use parallel = 'model' or no shard_weights")
         _float_range("propensity_a", self.propensity_a, 0.0, 100.0)
         _float_range("propensity_b", self.propensity_b, 0.0, 1e6, lo_open=True)
         _int_range("eval_every", self.eval_every, 0)
@@ -390,6 +419,27 @@ class Config:
             if k == "lsh" and isinstance(v, dict):
                 _check_lsh_keys("lsh", v)
         return cls(**values)
+
+
+def _shard_weights(value):
+    """() (even shares), "auto", or a tuple of positive floats; "even" and [] mean ()."""
+    if isinstance(value, str):
+        if value in ("auto", "even", ""):
+            return () if value != "auto" else "auto"
+        raise ValueError(f"shard_weights = {value!r} is not valid; give 'auto', 'even' or one positive "
+                         f"number per rank of a replica (e.g. 2,1,1)")
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        value = (value,)
+    try:
+        weights = tuple(value)
+    except TypeError:
+        raise ValueError(f"shard_weights = {value!r} is not valid; give 'auto', 'even' or one positive "
+                         f"number per rank of a replica (e.g. 2,1,1)") from None
+    for i, w in enumerate(weights):
+        if isinstance(w, bool) or not isinstance(w, (int, float)) or not (0 < w < float("inf")):
+            raise ValueError(f"shard_weights[{i}] = {w!r} must be a number > 0 (shares are in proportion "
+                             f"to the weights)")
+    return tuple(float(w) for w in weights)
 
 
 def _check_lsh_keys(where: str, values: dict) -> None:

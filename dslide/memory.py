@@ -59,7 +59,10 @@ def account(config: Config, n_features: int, n_labels: int, world_size: int = 1,
     from dslide.candidates import auto_range_pow
 
     config = config.resolve(n_labels)
-    P = 1 if config.parallel == "data" else world_size
+    # replicas: each replica's P ranks split the model; rank w is shard w % P (dslide.replicas)
+    P = 1 if config.parallel == "data" else world_size // config.replicas
+    rank = rank % P
+    weights = config.shard_weights if isinstance(config.shard_weights, tuple) and config.shard_weights else None
     item = np.dtype(config.dtype).itemsize
     m_item = np.dtype(MOMENT_DTYPES[config.moment_dtype]).itemsize
     widths = [n_features, *config.hidden, n_labels]
@@ -68,15 +71,16 @@ def account(config: Config, n_features: int, n_labels: int, world_size: int = 1,
     step_peak = 0
     for i in range(len(widths) - 1):
         d, n = widths[i], widths[i + 1]
-        bounds = shard_bounds(n, P)
+        bounds = shard_bounds(n, P, weights)
         n_local = int(bounds[rank + 1] - bounds[rank])
         vals = d * n_local + n_local
         out["weights"] += vals * item
         out["moments"] += 2 * vals * m_item
         is_out = i == len(widths) - 2
         if config.layer_kind(i, n) == "dense":
-            # _count int32 [d], _dirty uint8 [d], _gbuf [threads, n_local]
-            out["scratch"] += d * 5 + threads * n_local * item
+            # _count int32 [d], touched uint8 [d], _gbuf [threads, n_local]; with replicas the
+            # hop budgets and change marks, uint8 [d] each
+            out["scratch"] += d * (5 + (2 if config.replicas > 1 else 0)) + threads * n_local * item
             # activations [B, n] (all ranks' columns after the gather) and the gradient alike
             step_peak = max(step_peak, 3 * B * n * item + 2 * B * n_local * item)
             continue
@@ -84,8 +88,9 @@ def account(config: Config, n_features: int, n_labels: int, world_size: int = 1,
         per = min(scaled_count(lc.max_active, n_local, n), n_local) if lc.max_active else 0
         n_rand = lc.random_count(n)
         n_rand = min(scaled_count(n_rand, n_local, n), n_local) if n_rand else 0
-        # _pos int32, _mark, dirty, the candidates' mark: uint8 each [n_local]
-        out["scratch"] += n_local * (4 + 3)
+        # _pos int32, _mark, dirty, touched, the candidates' mark: uint8 each [n_local]; with
+        # replicas the hop budgets and change marks
+        out["scratch"] += n_local * (4 + 4 + (2 if config.replicas > 1 else 0))
         if lc.family == "anchor":
             T = max(1, min(per, n_local))
             out["tables"] += lc.L * lc.anchors * (d * 4 + 8 + 4 + T * 4)

@@ -235,17 +235,24 @@ class Layer:
                                                   of bfloat16 moments)
         maintain(step) -> str | None              periodic upkeep (LSH tables)
         state() -> {name: array}, shard_axes() -> {name: axis | None}, load_state(arrays, same_layout)
+        sync_arrays() -> (rows, whole)            what replicas average (dslide.replicas)
+        rows_synced(ids)                          rows a replica synchronisation rewrote
+
+    `touched` uint8 [rows of W]: set by `update` on every row of W it changed
+    (axis 0: input rows of a dense layer, neurons of an LSH layer); the replica
+    synchronisation reads and clears it.
     """
 
     kind = "?"
 
-    def __init__(self, index, d_in, n, is_output, comm: Comm, config: Config, dtype, dense_grads=False):
+    def __init__(self, index, d_in, n, is_output, comm: Comm, config: Config, dtype, dense_grads=False,
+                 weights=None):
         self.index, self.d_in, self.n, self.is_output = index, d_in, n, is_output
         self.comm, self.config, self.dtype = comm, config, np.dtype(dtype)
         # data parallel: every rank holds the whole layer and gradients are summed over ranks,
         # which needs them as whole arrays
         self.dense_grads = dense_grads
-        self.bounds = shard_bounds(n, comm.size)
+        self.bounds = shard_bounds(n, comm.size, weights)
         self.lo, self.hi = int(self.bounds[comm.rank]), int(self.bounds[comm.rank + 1])
         self.n_local = self.hi - self.lo
         # Glorot uniform, except for a first hidden layer: it sums a few rows of W
@@ -268,6 +275,18 @@ class Layer:
 
     def maintain(self, step: int) -> str | None:
         return None
+
+    # -- replicas (dslide.replicas) ----------------------------------------------------
+
+    def sync_arrays(self) -> tuple[list, list]:
+        """(rows, whole): the parameters replicas average. `rows` share axis 0 with
+        `touched` and are averaged on the rows some replica changed; `whole` change
+        entirely every step (a dense layer's bias) and are averaged whole. Adam's
+        moments are not among them: each replica keeps its own (docs/replicas.md)."""
+        return [self.W], [self.b]
+
+    def rows_synced(self, ids: np.ndarray) -> None:
+        """Rows `ids` of W were rewritten by a replica synchronisation."""
 
     # -- state (checkpoints) ---------------------------------------------------------
 
@@ -324,7 +343,7 @@ class DenseLayer(Layer):
         self._optimiser((0, self.lo, self.n))  # W [d_in, n_r]: column c is neuron lo + c
         self._count = np.zeros(self.d_in, dtype=np.int32)
         self._gbuf = K.thread_scratch(self.n_local, self.dtype)
-        self._dirty = np.zeros(self.d_in, dtype=np.uint8)
+        self.touched = np.zeros(self.d_in, dtype=np.uint8)
 
     def forward(self, x, batch: Batch, train: bool):
         """Hidden: relu(x W_r + b_r) [B, n_r]; output: the logits. x: CSR features or an Act."""
@@ -373,11 +392,13 @@ class DenseLayer(Layer):
             touched, start, order, samples, data, g = grads.sparse
             empty = np.empty(0, dtype=self.dtype)
             K.rows_grad_adam(touched, start, order, samples, data, g, self.W, self.opt_W.m, self.opt_W.v,
-                             empty, empty, empty, hp, self._gbuf, self._dirty, rW, K.NO_ROUNDING)
+                             empty, empty, empty, hp, self._gbuf, self.touched, rW, K.NO_ROUNDING)
         elif grads.rows is None:
             K.adam_dense(self.W, self.opt_W.m, self.opt_W.v, grads.G, hp, rW)
+            self.touched[:] = 1
         else:
             K.adam_rows_nobias(grads.rows, grads.G, self.W, self.opt_W.m, self.opt_W.v, hp, rW)
+            self.touched[grads.rows] = 1
 
     def neuron_major(self):
         """W_r^T as float [n_r, d_in] (a view)."""
@@ -431,6 +452,7 @@ class LSHLayer(Layer):
         self._pos = np.full(self.n_local, -1, dtype=np.int32)
         self._mark = np.zeros(self.n_local, dtype=np.uint8)
         self.dirty = np.zeros(self.n_local, dtype=np.uint8)
+        self.touched = np.zeros(self.n_local, dtype=np.uint8)
         self.inference = None  # inference tables (lsh.AnchorTables), from build_index
         self.query_time = 0.0
         self.last_block = (0, 0, 0)  # (labels, candidates, random) of the last training step, for reports
@@ -517,6 +539,13 @@ class LSHLayer(Layer):
         K.adam_rows(grads.rows, grads.G, grads.gbr, self.W, self.opt_W.m, self.opt_W.v,
                     self.b, self.opt_b.m, self.opt_b.v, hp, self.dirty,
                     self.opt_W.rounding(step), self.opt_b.rounding(step))
+        self.touched[grads.rows] = 1
+
+    def sync_arrays(self) -> tuple[list, list]:
+        return [self.W, self.b], []
+
+    def rows_synced(self, ids: np.ndarray) -> None:
+        self.dirty[ids] = 1  # their hash codes are stale: rehashed with the updated rows
 
     def maintain(self, step: int) -> str | None:
         return self.candidates.maintain(step, self.W, self.b, self.dirty)
@@ -696,7 +725,9 @@ class Network:
     """The layers of one rank, and one training step over a batch."""
 
     def __init__(self, config: Config, n_features: int, n_labels: int, comm: Comm | None = None,
-                 total_steps: int | None = None):
+                 total_steps: int | None = None, shard_weights=None):
+        """shard_weights: each rank's share of every layer (float [P]); None takes the
+        configuration's explicit `shard_weights` (even shares when it is empty or "auto")."""
         config = config.resolve(n_labels)
         self.config = config
         self.world = comm or Comm()
@@ -710,6 +741,9 @@ class Network:
         else:
             self.comm, self.grad_comm = self.world, None
         self.dtype = np.dtype(config.dtype)
+        if shard_weights is None and isinstance(config.shard_weights, tuple) and config.shard_weights:
+            shard_weights = config.shard_weights
+        self.shard_weights = None if shard_weights is None else tuple(float(w) for w in shard_weights)
         widths = [n_features, *config.hidden, n_labels]
         for i, w in enumerate(widths[1:]):
             if w < self.comm.size:
@@ -718,11 +752,11 @@ class Network:
         self.layers: list[Layer] = []
         for i in range(len(widths) - 1):
             args = (i, widths[i], widths[i + 1], i == len(widths) - 2, self.comm, config, self.dtype)
-            dense_grads = self.grad_comm is not None
+            kw = {"dense_grads": self.grad_comm is not None, "weights": self.shard_weights}
             if config.layer_kind(i, widths[i + 1]) == "lsh":
-                self.layers.append(LSHLayer(*args, lsh_config=config.layer_lsh(i), dense_grads=dense_grads))
+                self.layers.append(LSHLayer(*args, lsh_config=config.layer_lsh(i), **kw))
             else:
-                self.layers.append(DenseLayer(*args, dense_grads=dense_grads))
+                self.layers.append(DenseLayer(*args, **kw))
         self.n_features, self.n_labels = n_features, n_labels
         self.widths = widths
         self.step = 0

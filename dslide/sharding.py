@@ -1,16 +1,26 @@
 """Column sharding arithmetic: which neurons of a layer each rank owns.
 
 A layer of `n` neurons is split over `world` ranks into contiguous ranges.
-The first `n % world` ranks own one neuron more than the others:
+Evenly (no weights), the first `n % world` ranks own one neuron more than
+the others:
 
     base, extra = divmod(n, world)
     rank r owns [r * base + min(r, extra), (r + 1) * base + min(r + 1, extra))
+
+With weights w_0 .. w_{P-1} > 0 (uneven machines: shares proportional to
+each rank's speed), rank r owns about n * w_r / sum(w) neurons: every rank
+first gets one neuron (no rank may be empty), the other n - P are shared in
+proportion to the weights by largest remainders (ties to the lower rank),
+so each share is within 1 of (n - P) w_r / sum(w) + 1. Equal weights give
+exactly the even split.
 
 Nothing here talks to MPI; every function is plain integer arithmetic so that
 tests and tools can reason about any world size without launching one.
 """
 
 from __future__ import annotations
+
+from fractions import Fraction
 
 import numpy as np
 
@@ -22,22 +32,47 @@ def _check(n: int, world: int) -> None:
         raise ValueError(f"a layer of {n} neurons cannot be split over {world} ranks: every rank needs >= 1 neuron")
 
 
-def shard_range(n: int, rank: int, world: int) -> tuple[int, int]:
+def check_weights(weights, world: int) -> np.ndarray:
+    """The weights as float64 [world], or a ValueError naming what is wrong."""
+    w = np.asarray(weights, dtype=np.float64).reshape(-1)
+    if w.shape[0] != world:
+        raise ValueError(f"shard_weights has {w.shape[0]} entries but a replica has {world} ranks; "
+                         f"give one weight per rank of a replica, 'auto' or none (even shares)")
+    if not np.all(np.isfinite(w)) or np.any(w <= 0):
+        raise ValueError(f"shard_weights = {list(map(float, w))} must all be finite numbers > 0")
+    return w
+
+
+def shard_bounds(n: int, world: int, weights=None) -> np.ndarray:
+    """int64 [world + 1]: rank r owns [bounds[r], bounds[r + 1]).
+
+    weights: None (even shares) or `world` positive numbers (shares in proportion).
+    """
+    _check(n, world)
+    if weights is None:
+        base, extra = divmod(n, world)
+        r = np.arange(world + 1, dtype=np.int64)
+        return r * base + np.minimum(r, extra)
+    w = [Fraction(float(x)) for x in check_weights(weights, world)]
+    # one neuron each, the rest by largest remainders, in exact rational arithmetic
+    # (floats could floor 2 - 1e-16 to 1 and make equal weights differ from the even split)
+    rest, total = n - world, sum(w)
+    ideal = [rest * x / total for x in w]
+    sizes = [int(q) for q in ideal]  # floor: every q >= 0
+    short = rest - sum(sizes)
+    # ties go to the lower rank, as in the even split
+    order = sorted(range(world), key=lambda r: (-(ideal[r] - sizes[r]), r))
+    for r in order[:short]:
+        sizes[r] += 1
+    return np.concatenate(([0], np.cumsum(np.array(sizes, dtype=np.int64) + 1))).astype(np.int64)
+
+
+def shard_range(n: int, rank: int, world: int, weights=None) -> tuple[int, int]:
     """[start, stop) of the neurons of an n-wide layer owned by `rank` of `world`."""
-    _check(n, world)
-    if not 0 <= rank < world:
+    if not 0 <= rank < max(world, 1):
         raise ValueError(f"rank ({rank}) must be in [0, {world})")
-    base, extra = divmod(n, world)
-    start = rank * base + min(rank, extra)
-    return start, start + base + (1 if rank < extra else 0)
-
-
-def shard_bounds(n: int, world: int) -> np.ndarray:
-    """int64 [world + 1]: rank r owns [bounds[r], bounds[r + 1])."""
-    _check(n, world)
-    base, extra = divmod(n, world)
-    r = np.arange(world + 1, dtype=np.int64)
-    return r * base + np.minimum(r, extra)
+    b = shard_bounds(n, world, weights)
+    return int(b[rank]), int(b[rank + 1])
 
 
 def scaled_count(total: int, n_local: int, n: int) -> int:
@@ -47,3 +82,22 @@ def scaled_count(total: int, n_local: int, n: int) -> int:
     to about `total` whatever the number of ranks.
     """
     return max(1, -(-total * n_local // n))
+
+
+def speed_weights(seconds, sizes) -> np.ndarray:
+    """Shard weights from measured work: rank r computed sizes[r] neurons' share in
+    seconds[r] (float [P] each), so its speed is sizes[r] / seconds[r] and its new
+    share is proportional to that speed (float64 [P], summing to 1).
+
+    With replicas, `seconds` and `sizes` may be [R, P] (every replica's rank at
+    shard position p): position p then gets the slowest of its replicas' speeds,
+    so no replica's step is slower than the slowest position allows
+    (min over r of max over p of share_p / speed_rp is what this maximises).
+    """
+    s = np.atleast_2d(np.asarray(seconds, dtype=np.float64))
+    z = np.atleast_2d(np.asarray(sizes, dtype=np.float64))
+    if s.shape != z.shape or np.any(~np.isfinite(s)) or np.any(s <= 0) or np.any(z <= 0):
+        raise ValueError(f"speed_weights needs positive seconds and sizes of one shape, got {s.tolist()} "
+                         f"and {z.tolist()}")
+    speed = (z / s).min(axis=0)
+    return speed / speed.sum()

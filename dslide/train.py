@@ -4,7 +4,9 @@ Every rank runs the same loop over the same batches (the order comes from
 the seed and the epoch); the network's layers are split over the ranks.
 With one process and no MPI launcher the same code runs on a stand-in
 communicator. In data-parallel mode (`parallel = "data"`) every rank holds
-the whole model and takes its own slice of each batch instead.
+the whole model and takes its own slice of each batch instead. With
+`replicas = R` the world forms R replicas of the sharded model, which
+train on disjoint batches and average what they changed (dslide.replicas).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from dslide.comm import Comm, allreduce_bytes
 from dslide.config import Config
 from dslide.data import XMCData
 from dslide.network import Batch, LSHLayer, Network, merge_topk
+from dslide.replicas import Replicas
 from dslide.sharding import shard_range
 
 #: byte counters that belong to training steps (the rest: evaluation, logging, checks)
@@ -39,6 +42,7 @@ class Model:
     comm: Comm
     history: list = field(default_factory=list)
     index_info: dict = field(default_factory=dict)
+    replicas: Replicas | None = None  # the world's layout when replicas > 1 or shard_weights = "auto"
 
     @property
     def n_features(self) -> int:
@@ -135,11 +139,30 @@ def peak_rss_mb() -> float:
 
 
 def build_network(train_shape: tuple[int, int], config: Config, comm: Comm | None = None) -> Model:
-    """A fresh model for data of (n_features, n_labels) on `comm` (default: the MPI world)."""
+    """A fresh model for data of (n_features, n_labels) on `comm` (default: the MPI world).
+
+    With replicas (or shard_weights = "auto") the world is split first: the network
+    then lives on this rank's replica (Model.replicas.model), Model.comm stays the world.
+    """
     comm = comm or Comm.world()
     numba.set_num_threads(_threads(config))
-    net = Network(config, train_shape[0], train_shape[1], comm)
-    return Model(net, net.config, comm)
+    rep = Replicas(config, comm) if (config.replicas > 1 or config.shard_weights == "auto") else None
+    net = Network(config, train_shape[0], train_shape[1], rep.model if rep else comm)
+    return Model(net, net.config, comm, replicas=rep)
+
+
+def save_model(model: Model, save) -> None:
+    """Call save(model, comm) on the ranks that write a checkpoint, with the communicator
+    its files are split over: every rank, or with replicas replica 0's ranks on their
+    model communicator (the replicas hold the same parameters after `fit`); the others
+    wait for it."""
+    rep = model.replicas
+    if rep is None or rep.R == 1:
+        save(model, model.comm if rep is None else rep.model)
+        return
+    if rep.g == 0:
+        save(model, rep.model)
+    rep.world.barrier()
 
 
 def init_from_data(model: Model, train: XMCData) -> None:
@@ -151,7 +174,8 @@ def init_from_data(model: Model, train: XMCData) -> None:
 
 def fit(train: XMCData, config: Config | None = None, test: XMCData | None = None, *,
         comm: Comm | None = None, model: Model | None = None, callback=None,
-        verbose: bool = False, stop_at: int | None = None, index: bool = True) -> tuple[Model, list]:
+        verbose: bool = False, stop_at: int | None = None, index: bool = True,
+        checkpoint=None) -> tuple[Model, list]:
     """Train a network on `train`; returns (model, history).
 
     history: a list of dicts, one per logging point: step, epoch, samples,
@@ -165,10 +189,14 @@ def fit(train: XMCData, config: Config | None = None, test: XMCData | None = Non
     callback(event, model, info): "step" after every step (info: the step),
     "log" at each logging point (info: the record); it may return "stop"
     (under MPI every rank must return it at the same step: agree through
-    `model.comm`, e.g. `comm.allreduce_max`).
+    `model.comm`, e.g. `comm.allreduce_max`; with replicas each replica's
+    ranks are made to agree, and the run ends at the next synchronisation
+    (allreduce) or global point (partial)).
     stop_at: end after this global step (the rest of the schedule is kept).
     index: at the end, build the LSH output layer's inference index from the
     final weights (`build_index`; its timings land in model.index_info).
+    checkpoint(model, comm): called every `checkpoint_every` global steps (not
+    at the last) on the ranks that write a checkpoint (see `save_model`).
     """
     if model is None:
         model = build_network((train.n_features, train.n_labels), config or Config(), comm)
@@ -181,7 +209,7 @@ def fit(train: XMCData, config: Config | None = None, test: XMCData | None = Non
     threads = _threads(config)
     numba.set_num_threads(threads)
     with threadpool_limits(_blas_threads(net, threads), user_api="blas"):
-        model, history = _fit(model, train, test, callback, verbose, threads, stop_at)
+        model, history = _fit(model, train, test, callback, verbose, threads, stop_at, checkpoint)
     if index:
         with threadpool_limits(threads, user_api="blas"):
             build_index(model, train)
@@ -215,14 +243,16 @@ def build_index(model: Model, train: XMCData) -> dict:
 
 
 
-def _fit(model, train, test, callback, verbose, threads, stop_at):
+def _fit(model, train, test, callback, verbose, threads, stop_at, checkpoint):
     net, config, comm = model.network, model.config, model.comm
+    rep = model.replicas
+    loss_comm = rep.model if rep is not None else comm  # the ranks that share a step's loss
     X = sp.csr_matrix(train.X)
     X_parts = _csr_parts(X, net.dtype)  # no copy: normalised batch by batch
     norms = input_norms(X, config.input_norm)
     Y_parts = _csr_parts(sp.csr_matrix(train.Y), np.float32)
     n = X.shape[0]
-    last = total_steps(config, n)
+    last = total = total_steps(config, n)
     net.set_total_steps(last)
     if stop_at is not None:
         last = min(last, stop_at)
@@ -237,10 +267,15 @@ def _fit(model, train, test, callback, verbose, threads, stop_at):
     train_time = sum(r.get("wall_s_delta", 0.0) for r in history)
     steps_done = 0
     warmup = None  # the first step of a process compiles the kernels: timed apart
-    bytes0 = _step_bytes(comm)
+    warmup_pending = True
+    stop_logged = False  # with replicas a "log" stop takes effect at the next step's `advance`
+    bytes0 = _step_bytes(net.comm)
     t0 = time.perf_counter()
-    first_step = net.step + 1
-    for step in range(first_step, last + 1):
+    if rep is not None:
+        step = rep.first(net, net.step, last, checkpoint, model)
+    else:
+        step = net.step + 1 if net.step < last else None
+    while step is not None:
         rows = batch_rows(config, n, step)
         n_global = rows.shape[0]
         if data_parallel and comm.size > 1:
@@ -255,21 +290,38 @@ def _fit(model, train, test, callback, verbose, threads, stop_at):
             loss_acc += net.train_step(batch)
         loss_n += 1
         steps_done += 1
-        stop = callback is not None and callback("step", model, step) == "stop"
-        is_last = step == last or stop
+        stop = (callback is not None and callback("step", model, step) == "stop") or stop_logged
+        if rep is not None:
+            if callback is not None and loss_comm.size > 1:
+                stop = loss_comm.allreduce_max(float(stop)) > 0
+            nxt = rep.advance(step, stop)  # synchronisations; the last one ends the run
+            net = model.network  # shard_weights = "auto" re-shards once
+        else:
+            if checkpoint is not None and config.checkpoint_every and step % config.checkpoint_every == 0 \
+                    and step < total:
+                checkpoint(model, comm)
+            nxt = step + 1 if (step < last and not stop) else None
+        is_last = nxt is None
         do_eval = eval_set is not None and (is_last or (config.eval_every and step % config.eval_every == 0))
         if is_last or do_eval or step % config.log_every == 0:
             dt = time.perf_counter() - t0
             train_time += dt
-            loss = float(comm.allreduce_sum(np.array([loss_acc]))[0]) / loss_n
-            sent = _step_bytes(comm) - bytes0
-            record = {"step": step, "epoch": step / max(1, -(-n // config.batch_size)),
-                      "samples": step * config.batch_size, "wall_s": train_time, "wall_s_delta": dt,
+            loss = float(loss_comm.allreduce_sum(np.array([loss_acc]))[0]) / loss_n
+            sent = _step_bytes(net.comm) - bytes0
+            # with replicas the last record is the model's: every replica holds the average of
+            # all global steps up to net.step (this replica's own last step may be earlier)
+            at = net.step if (is_last and rep is not None) else step
+            record = {"step": at, "epoch": at / max(1, -(-n // config.batch_size)),
+                      "samples": at * config.batch_size, "wall_s": train_time, "wall_s_delta": dt,
                       "loss": loss, "bytes_per_step": sent / max(1, steps_done),
                       "peak_rss_mb": peak_rss_mb()}
-            if steps_done and record["step"] - steps_done + 1 == first_step:
+            if warmup_pending:
                 record["warmup_s"] = warmup
-            loss_acc, loss_n, steps_done, bytes0 = 0.0, 0, 0, _step_bytes(comm)
+                warmup_pending = False
+            if rep is not None:
+                record["sync_bytes"] = rep.sync_bytes()
+                record["syncs"] = rep.syncs
+            loss_acc, loss_n, steps_done, bytes0 = 0.0, 0, 0, _step_bytes(net.comm)
             if do_eval:
                 with threadpool_limits(threads, user_api="blas"):
                     record.update(evaluate(model, eval_set, k=5, exact=True))
@@ -277,10 +329,13 @@ def _fit(model, train, test, callback, verbose, threads, stop_at):
             if verbose and comm.rank == 0:
                 print(format_record(record), flush=True)
             if callback is not None and callback("log", model, record) == "stop":
-                stop = True
+                if rep is None:
+                    break
+                stop_logged = True
             t0 = time.perf_counter()
-        if stop:
-            break
+        step = nxt
+    if rep is not None:
+        rep.close()
     return model, history
 
 

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from dslide import cli
 from dslide.config import (BIAS_INITS, DTYPES, INPUT_NORMS, LAYER_KINDS, LR_SCHEDULES, PARALLEL, POLICIES, SELECT_MODES,
-                           Config, LSHConfig)
+                           SYNC_MODES, Config, LSHConfig)
 from dslide.lsh import LAYER_FAMILIES
 
 try:
@@ -104,7 +104,13 @@ def _configs(draw):
         if draw(st.booleans()):
             lsh_layers = tuple(draw(st.lists(st.none() | _lsh_configs(), min_size=n_layers, max_size=n_layers)))
     maybe = lambda s: st.none() | s  # noqa: E731
-    return Config(
+    parallel = draw(st.sampled_from(PARALLEL))
+    layout = {}
+    if parallel == "model":  # replicas and shard weights split the model
+        layout = dict(replicas=draw(st.integers(1, 60)), sync=draw(st.sampled_from(SYNC_MODES)),
+                      sync_every=draw(st.integers(1, 10**6)),
+                      shard_weights=draw(st.just("auto") | st.lists(st.floats(1e-3, 1e3), max_size=4).map(tuple)))
+    return Config(**layout,
         hidden=hidden, kinds=kinds, lsh=draw(_lsh_configs()), lsh_layers=lsh_layers,
         auto_lsh_ratio=draw(st.floats(1.0, 1e6)), auto_lsh_min_width=draw(st.integers(0, 10**9)),
         exact=draw(st.booleans()), epochs=draw(maybe(st.floats(0.0, 1e6, exclude_min=True) | st.integers(1, 10**6))),
@@ -115,7 +121,7 @@ def _configs(draw):
         init_input_scale=draw(maybe(st.floats(0.0, 100.0, exclude_min=True))),
         output_bias_init=draw(st.sampled_from(BIAS_INITS)), seed=draw(st.integers(0, 2**63 - 1)),
         threads=draw(st.integers(0, 1024)), dtype=draw(st.sampled_from(DTYPES)),
-        parallel=draw(st.sampled_from(PARALLEL)), eval_every=draw(st.integers(0, 10**9)),
+        parallel=parallel, eval_every=draw(st.integers(0, 10**9)),
         eval_points=draw(st.integers(1, 10**9)), log_every=draw(st.integers(1, 10**9)),
         checkpoint_every=draw(st.integers(0, 10**9)))
 

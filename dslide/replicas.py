@@ -1,0 +1,671 @@
+"""Replicas of the sharded model: hybrid data x model parallelism on uneven machines.
+
+Layout. A world of R x P ranks (R = `replicas`) forms R replicas of P model
+shards: world rank w is shard p = w % P of replica g = w // P. Two
+communicators come from the world (dslide.comm):
+
+    model  the P ranks of replica g: the network's layers are split over them
+           (every exchange of a training step stays inside a replica)
+    peer   the R ranks holding shard p, one per replica (its rank g = replica g)
+
+Shard p covers the same neurons in every replica (shard weights are per
+position, see `speed_weights`), so averaging two replicas' rows is an
+exchange between peers holding the same rows: no layer is ever gathered.
+
+Data. The global steps t = 1 .. T of `train.batch_rows` (a function of seed
+and step) are dealt to the replicas, so each batch of each epoch is trained
+by exactly one replica. `sync = "allreduce"`: replica g takes t = base +
+(k - 1) R + g + 1 at its local step k (deterministic). `sync = "partial"`:
+each replica takes the next t from a shared counter when it starts a step,
+so a faster replica takes more of them (the first R x AUTO_STEPS are dealt
+as in allreduce when `shard_weights = "auto"` measures speeds). Batch.step
+is the global t: learning-rate schedule, dropout and negative-sample streams
+and LSH upkeep periods follow the progress of the whole model.
+
+What is averaged. Each layer marks the rows of W its update changed
+(`Layer.touched`); a synchronisation of a set S of k replicas takes the
+union U of their sets of rows, and every member's rows U of W (and an LSH
+layer's biases; a dense layer's bias, which every step changes, whole)
+become the members' mean, computed in float64 in member order, so members
+get bit-identical values and the mean of identical values is exact:
+
+    w_i[U] <- (1 / k) sum_{m in S} w_m[U]         for every i in S
+
+Only ids and rows cross the network (`Comm.exchange`): k - 1 messages of
+|U| ids, then of |U| rows, per member. Rows outside U are left alone.
+
+Adam's moments are not averaged: each replica keeps its own m and v. They
+are per-coordinate statistics of the replica's own gradients (v a scale,
+m a ~10-step running mean of its recent gradients at beta1 = 0.9), which
+local-SGD methods keep local; averaging them would triple the bytes of
+every synchronisation (W, m, v) for rows whose moments agree up to
+sampling noise. A checkpoint (or a re-shard) takes replica 0's moments.
+
+Masks. allreduce: every synchronisation includes every replica, so rows
+no replica touched since the last one are equal everywhere (they were equal
+after it): U = union of `touched` is exact and `touched` is cleared.
+partial: a synchronisation leaves non-members as they were, so a row a
+member changed must travel further: each row carries a hop budget
+(uint8): a replica's own update sets it to H = max(1, ceil(log2 R)); a
+synchronisation gives the members max(budgets) - 1 on U. A change thus
+reaches its replica's partners for H synchronisations. `changed` (uint8)
+marks every row whose value changed since the last global point; a global
+point (checkpoint, re-shard, end of training) averages the union of
+`changed` over all replicas, after which every replica holds the same
+model and both masks are clear.
+
+Partial all-reduce (Ripples / Prague, Luo et al. ASPLOS 2020): averaging
+among the replicas that are ready, with a group generator that never
+deadlocks. The group generator is a `Board` of int64 words on world rank 0,
+changed only by atomic one-sided operations of each replica's leader (its
+shard-0 rank); the leader's decision goes to its replica's other ranks by
+one broadcast on the model communicator:
+
+    STATE    open mask (bit g: replica g is posted, waiting to be grouped)
+             | FROZEN (a global point is under way) | STOP
+    DONE     mask of the replicas that have no step left
+    COUNTER  the last global step dealt (partial mode)
+    ASSIGN+g the group replica g was taken into (a mask), 0 when none
+
+At a synchronisation point (every `sync_every` local steps) a replica
+arrives: with one compare-and-swap on STATE it either takes every posted
+replica (then it is the group's grouper: it clears their open bits, writes
+each one's ASSIGN word and starts the group's exchange) or posts itself and
+goes on training. A posted replica checks STATE at every step boundary: if
+its bit is gone it was taken: it waits for its ASSIGN word (written right
+after the compare-and-swap) and joins the exchange. So:
+
+  * nobody waits for a replica that is not ready: a grouper waits only for
+    the members it took, each for at most the step it is in;
+  * every group is a set of replicas removed atomically from the open mask,
+    so groups never overlap and each member learns its group without waiting
+    on anyone else; the exchange completes once every member has called it
+    (no deadlock: a member is never in two groups, and never enters a global
+    point while posted or taken);
+  * a replica does not form the same group twice in a row (unless that group
+    is the only one possible, R = 2): it posts beside the others instead, so
+    fixed arrival orders cannot split the replicas into groups that never mix
+    (A,B | C,D forever); with the atomic open mask, arrival order then
+    decides the groups, and every replica posted is taken by the next arrival.
+
+Global points (checkpoint, re-shard for "auto", end of the run) are world
+collectives. A replica that wants one raises FROZEN; no group forms while it
+is up; every replica settles (withdraws if posted, or joins the group that
+took it) at its next step boundary and enters. A replica with no step left
+sets its DONE bit and polls STATE (sleeping 1 ms between reads) until
+FROZEN: the last one to finish raises it, so the final point comes when
+every replica is done, and done replicas still take part in checkpoints.
+The host clears FROZEN inside the point, before the barrier that ends it.
+
+Every rank of a replica makes the same decisions in the same order (the
+leader's, broadcast), so a replica's model-parallel collectives always
+match.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import numpy as np
+
+from dslide.comm import Board, Comm
+from dslide.sharding import speed_weights
+
+AUTO_STEPS = 20  # local steps whose times measure each rank's speed (the first, which compiles, left out)
+TAG = 0x5C  # message tag of the exchanges on the peer communicator
+
+# board words
+STATE, DONE, COUNTER, ASSIGN = 0, 1, 2, 3
+FROZEN = 1 << 62
+STOP = 1 << 61
+OPEN = (1 << 60) - 1
+
+# intents at a global point
+I_CKPT, I_DONE, I_STOP, I_AUTO = 1, 2, 4, 8
+
+MAX_REPLICAS = 60
+
+
+def hop_budget(R: int) -> int:
+    """Synchronisations a change travels in partial mode: ceil(log2 R), at least 1."""
+    return max(1, math.ceil(math.log2(max(R, 2))))
+
+
+def choose(open_mask: int, me: int, last_group: int, R: int) -> int:
+    """The group replica `me` forms on arriving (a mask), or 0: post and wait to be taken.
+
+    It takes every posted replica, unless that would repeat its last group while
+    another group is possible (R > 2): then it posts beside them.
+    """
+    bit = 1 << me
+    others = open_mask & ~bit & OPEN
+    if not others:
+        return 0
+    group = others | bit
+    if group == last_group and R > 2:
+        return 0
+    return group
+
+
+def members_of(mask: int) -> list[int]:
+    return [g for g in range(MAX_REPLICAS) if mask >> g & 1]
+
+
+class Replicas:
+    """This rank's place in R replicas x P shards, and the synchronisation of its replica.
+
+    Built collectively on the world communicator (`build`); `attach(net)` gives
+    it the replica's network. The training loop (train._fit) calls `first(...)`
+    for its first global step and `advance(...)` after each step; both return
+    the next global step to train, or None when the run is over (after the final
+    global point: every replica then holds the same parameters).
+    """
+
+    def __init__(self, config, world: Comm):
+        R = config.replicas
+        if world.size % R:
+            raise ValueError(f"world size ({world.size}) is not divisible by replicas ({R}): a world of "
+                             f"R x P ranks forms R replicas of P shards; use replicas in "
+                             f"{[r for r in range(1, world.size + 1) if world.size % r == 0]}")
+        self.config = config
+        self.world = world
+        self.R, self.P = R, world.size // R
+        self.g, self.p = divmod(world.rank, self.P)
+        self.model = world.split(self.g, self.p) if R > 1 else world
+        self.peer = world.split(self.p, self.g) if R > 1 else Comm()
+        self.leader = self.p == 0
+        self.partial = config.sync == "partial" and R > 1
+        self.board = Board(world, ASSIGN + R) if self.partial else None
+        self.H = hop_budget(R)
+        self.auto = config.shard_weights == "auto"
+        self.weights = None  # measured shard weights (float [P]) once "auto" has re-sharded
+        self.net = None
+        self.syncs = 0  # synchronisations this replica took part in (global points included)
+        self.global_points = 0
+        self.group_sizes: list[int] = []
+        self.wait_s = 0.0  # seconds this rank spent in synchronisations and global points
+
+    # -- the network ---------------------------------------------------------------------
+
+    def attach(self, net) -> None:
+        self.net = net
+        rows = [layer.touched.shape[0] for layer in net.layers]
+        self.hops = [np.zeros(n, dtype=np.uint8) for n in rows]
+        self.changed = [np.zeros(n, dtype=np.uint8) for n in rows]
+
+    def sync_bytes(self) -> int:
+        """Bytes this rank received in synchronisations (ids and rows)."""
+        return int(self.peer.bytes_sent.get("replica_sync", 0) + self.peer.bytes_sent.get("replica_ids", 0))
+
+    def stats(self) -> dict:
+        return {"replicas": self.R, "shards": self.P, "sync": self.config.sync, "sync_every": self.config.sync_every,
+                "syncs": self.syncs, "global_points": self.global_points,
+                "sync_bytes": self.sync_bytes(), "bytes_per_sync": self.sync_bytes() / max(1, self.syncs),
+                "mean_group": float(np.mean(self.group_sizes)) if self.group_sizes else 0.0,
+                "sync_wait_s": self.wait_s, "local_steps": self.k, "trained": self.trained,
+                "shard_weights": None if self.net.shard_weights is None else list(self.net.shard_weights)}
+
+    def close(self) -> None:
+        """Release the board (collective over the world; after the run's final point)."""
+        if self.board is not None:
+            self.board.free()
+            self.board = None
+
+    # -- averaging --------------------------------------------------------------------------
+
+    def _absorb(self) -> None:
+        """Move the layers' `touched` marks into the hop budgets and `changed` (partial)."""
+        for layer, hops, changed in zip(self.net.layers, self.hops, self.changed):
+            t = layer.touched.view(bool)
+            hops[t] = self.H
+            changed |= layer.touched
+            layer.touched[:] = 0
+
+    def average(self, members: list[int], masks: list[np.ndarray], hops: list[np.ndarray] | None = None,
+                flags: int = 0) -> tuple[list[np.ndarray], int]:
+        """Average the rows in the union of the members' masks among `members` (replica ids,
+        ascending, this one among them); each rank of the members calls it with its own shard.
+
+        masks: per layer, uint8 [rows] (nonzero: in this replica's set); hops: per layer,
+        uint8 [rows] budgets to merge (max - 1 on the union, written back) or None.
+        flags: an int every member contributes; returns (per layer the union U int64
+        sorted, the OR of the members' flags).
+        """
+        t0 = time.perf_counter()
+        layers = self.net.layers
+        ids = [np.flatnonzero(m).astype(np.int64) for m in masks]
+        head = np.array([flags] + [i.shape[0] for i in ids], dtype=np.int64)
+        parts = [head] + ids + ([h[i].astype(np.int64) for h, i in zip(hops, ids)] if hops is not None else [])
+        got = self.peer.exchange(members, np.concatenate(parts), TAG, "replica_ids")
+        L = len(layers)
+        union = [[] for _ in range(L)]
+        their_hops = [[] for _ in range(L)]
+        flags_all = 0
+        for msg in got:
+            flags_all |= int(msg[0])
+            counts = msg[1:L + 1]
+            off = L + 1
+            for l in range(L):
+                union[l].append(msg[off:off + counts[l]])
+                off += int(counts[l])
+            if hops is not None:
+                for l in range(L):
+                    their_hops[l].append(msg[off:off + counts[l]])
+                    off += int(counts[l])
+        U = [np.unique(np.concatenate(u)) if u else np.empty(0, np.int64) for u in union]
+        # the rows, then the whole arrays, of every layer in one vector
+        vec = []
+        for layer, u in zip(layers, U):
+            rows, whole = layer.sync_arrays()
+            vec += [a[u].reshape(-1) for a in rows] + [a.reshape(-1) for a in whole]
+        dtype = self.net.dtype
+        vec = np.concatenate(vec).astype(dtype, copy=False) if vec else np.empty(0, dtype)
+        vals = self.peer.exchange(members, vec, TAG, "replica_sync")
+        acc = np.zeros(vec.shape[0], dtype=np.float64)
+        for v in vals:  # member order: every member adds the same numbers in the same order
+            acc += v
+        mean = (acc / len(members)).astype(dtype)
+        off = 0
+        for l, (layer, u) in enumerate(zip(layers, U)):
+            rows, whole = layer.sync_arrays()
+            for a in rows:
+                size = u.shape[0] * int(np.prod(a.shape[1:], dtype=np.int64))
+                a[u] = mean[off:off + size].reshape((u.shape[0],) + a.shape[1:])
+                off += size
+            for a in whole:
+                a[...] = mean[off:off + a.size].reshape(a.shape)
+                off += a.size
+            if u.size:
+                layer.rows_synced(u)
+            if hops is not None:
+                merged = np.zeros(u.shape[0], dtype=np.int64)
+                for i_m, h_m in zip(union[l], their_hops[l]):
+                    np.maximum.at(merged, np.searchsorted(u, i_m), h_m)
+                hops[l][u] = np.maximum(merged - 1, 0).astype(np.uint8)
+        self.syncs += 1
+        self.group_sizes.append(len(members))
+        self.wait_s += time.perf_counter() - t0
+        return U, flags_all
+
+    def sync_all(self, flags: int = 0) -> int:
+        """Average every replica on the rows touched since the last synchronisation
+        (allreduce mode; collective over the world). Returns the OR of the flags."""
+        masks = [layer.touched for layer in self.net.layers]
+        _, out = self.average(list(range(self.R)), masks, flags=flags)
+        for layer in self.net.layers:
+            layer.touched[:] = 0
+        return out
+
+    def sync_group(self, members: list[int]) -> None:
+        """Partial mode: average with `members` on the rows with a hop budget left."""
+        self._absorb()
+        U, _ = self.average(members, self.hops, hops=self.hops)
+        for changed, u in zip(self.changed, U):
+            changed[u] = 1
+
+    def reconcile(self, flags: int = 0) -> int:
+        """A global point's averaging: every replica, every row changed since the last one
+        (collective over the world); afterwards every replica holds the same parameters."""
+        if self.R == 1:
+            for layer in self.net.layers:
+                layer.touched[:] = 0
+            return flags
+        if not self.partial:
+            return self.sync_all(flags)
+        self._absorb()
+        _, out = self.average(list(range(self.R)), self.changed, flags=flags)
+        for hops, changed in zip(self.hops, self.changed):
+            hops[:] = 0
+            changed[:] = 0
+        return out
+
+    # -- the schedule ---------------------------------------------------------------------
+
+    def first(self, net, base: int, last: int, checkpoint=None, model=None) -> int | None:
+        """Start dealing steps base + 1 .. last; returns this replica's first global step."""
+        self.attach(net)
+        self.base, self.last = int(base), int(last)
+        self.checkpoint, self.model_ref = checkpoint, model
+        every = self.config.checkpoint_every
+        self.ckpts = [c for c in range(every * (self.base // every + 1), self.last, every)] if every else []
+        self.k = 0  # local steps trained
+        self.trained = 0  # the last global step this replica trained
+        self.posted = False
+        self.last_group = 0
+        self.last_sync_k = 0
+        self.stop_wanted = False
+        self.stop_agreed = False
+        self.auto_pending = self.auto and (self.last - self.base) >= self.R * (AUTO_STEPS + 1)
+        self.static_until = self.base + (self.R * AUTO_STEPS if self.auto_pending and self.partial else 0)
+        if self.partial:  # a checkpoint among the steps dealt in turn could not be exact
+            self.ckpts = [c for c in self.ckpts if c >= self.static_until]
+        self.K = -(-(self.last - self.base) // self.R)  # allreduce: local steps of every replica
+        self._measure = []
+        self._t_return = time.perf_counter()
+        self._comm_s0 = self._comm_seconds()
+        if self.partial:
+            if self.world.rank == 0:
+                self.board.swap(COUNTER, max(self.base, self.static_until))
+            self.world.barrier()
+        if self.last <= self.base:
+            return self._end()
+        return self._next()
+
+    def _dealt(self, k: int) -> int:
+        """The global step of local step k when steps are dealt in turn."""
+        return self.base + (k - 1) * self.R + self.g + 1
+
+    def _next(self) -> int | None:
+        """The next global step of this replica (allreduce: dealt in turn)."""
+        if not self.partial:
+            if self.k + 1 > self.K or self._dealt(self.k + 1) > self.last:
+                return self._end()
+            return self._dealt(self.k + 1)
+        if self._dealt(self.k + 1) <= self.static_until:
+            return self._dealt(self.k + 1)
+        return self._fetch()
+
+    def advance(self, step: int, stop: bool = False) -> int | None:
+        """After training global step `step`: synchronise when due, take part in global
+        points; returns the next global step to train, or None (the run is over)."""
+        if self.auto_pending:
+            self._measure.append((time.perf_counter() - self._t_return, self._comm_seconds() - self._comm_s0))
+        self.k += 1
+        self.trained = max(self.trained, step)
+        self.stop_wanted |= bool(stop)
+        out = self._advance_partial() if self.partial else self._advance_allreduce()
+        self._t_return = time.perf_counter()
+        self._comm_s0 = self._comm_seconds()
+        return out
+
+    def _comm_seconds(self) -> float:
+        return float(sum(self.model.seconds.values()))
+
+    def _auto_due(self) -> bool:
+        return self.auto_pending and self.k == AUTO_STEPS
+
+    def _advance_allreduce(self) -> int | None:
+        k = self.k
+        if self._auto_due():
+            self._auto_point()
+        if self.R > 1 and k < self.K and k % self.config.sync_every == 0:
+            flags = self.sync_all(I_STOP if self.stop_wanted else 0)
+            if flags & I_STOP:
+                self.stop_agreed = True
+                return self._end(synced=True)
+            done = self.base + self.R * k
+            due = [c for c in self.ckpts if c <= done]
+            if due and done < self.last:
+                self.ckpts = [c for c in self.ckpts if c > done]
+                self._save(done)
+        elif self.R == 1 and self.stop_wanted:
+            return self._end()
+        elif self.R == 1:
+            done = self.base + k
+            if self.ckpts and self.ckpts[0] <= done < self.last:
+                self.ckpts = [c for c in self.ckpts if c > done]
+                self._save(done)
+        return self._next()
+
+    def _end(self, synced: bool = False) -> None:
+        """Allreduce mode (and one replica): the final averaging; the run is over."""
+        if self.partial:
+            raise AssertionError("partial mode ends through a global point")
+        if not synced:
+            self.reconcile()
+        if self.R > 1:
+            self.global_points += 1
+        # every replica trained the steps dealt up to here
+        self.net.step = self._final_step()
+        return None
+
+    def _final_step(self) -> int:
+        if self.R == 1:
+            return self.trained or self.base
+        if self.partial:
+            return int(self.world.allreduce_max(float(self.trained or self.base)))
+        if self.stop_agreed:  # stopped at a synchronisation: every replica at local step k
+            return min(self.last, self.base + self.R * self.k)
+        return self.last  # the schedule ran out: every step dealt was trained (the last replicas had one fewer)
+
+    def _save(self, step: int) -> None:
+        """A checkpoint of the (reconciled) model at global step `step`: replica 0's ranks
+        write it on their model communicator; everyone waits for it."""
+        if self.checkpoint is None:
+            return
+        self.net.step = step
+        if self.g == 0:
+            self.checkpoint(self.model_ref, self.model)
+        self.world.barrier()
+
+    # -- partial mode -------------------------------------------------------------------
+
+    def _fetch(self) -> int | None:
+        """The next global step from the counter (leader), shared with the replica."""
+        t = self.board.add(COUNTER, 1) + 1 if self.leader else 0
+        if self.P > 1:
+            t = int(self.model.bcast_object(t))
+        if self.ckpts and t > self.ckpts[0]:
+            # every step up to the checkpoint is dealt: hold t, checkpoint first
+            if self._global(I_CKPT, t) == "end":
+                return None
+        if t > self.last:
+            return self._done()
+        return t
+
+    def _advance_partial(self) -> int | None:
+        if self._auto_due():
+            self._auto_point()
+        if self._dealt(self.k + 1) <= self.static_until:
+            return self._dealt(self.k + 1)
+        if self.stop_wanted:
+            return None if self._global(I_STOP) == "end" else self._fetch()
+        due = self.k - self.last_sync_k >= self.config.sync_every
+        while True:
+            action, mask = self._decide(due) if self.leader else (0, 0)
+            if self.P > 1:
+                action, mask = self.model.bcast_object((action, mask))
+            if action == 1:
+                self._join(mask)
+                due = False  # then look again: a global point may have begun meanwhile
+                continue
+            if action == 2 and self._global(0) == "end":
+                return None
+            return self._fetch()
+
+    def _decide(self, due: bool) -> tuple[int, int]:
+        """Leader: (0, 0) go on; (1, mask) synchronise with group `mask`; (2, 0) global point."""
+        b, bit = self.board, 1 << self.g
+        while True:
+            s = b.read(STATE)
+            if self.posted and not s & bit:
+                return 1, self._taken()
+            if s & FROZEN:
+                return 2, 0  # _global settles (withdraws, or joins the group that took it)
+            if not (due or self.posted):
+                return 0, 0
+            group = choose(s & OPEN, self.g, self.last_group, self.R) if due else 0
+            if group:
+                if b.cas(STATE, s, s & ~group) == s:
+                    for m in members_of(group & ~bit):
+                        b.swap(ASSIGN + m, group)
+                    self.posted = False
+                    return 1, group
+                continue
+            if self.posted:
+                return 0, 0
+            if b.cas(STATE, s, s | bit) == s:
+                self.posted = True
+                return 0, 0
+
+    def _taken(self) -> int:
+        """Leader, when its open bit is gone: the group that took it (written right after)."""
+        while True:
+            mask = self.board.swap(ASSIGN + self.g, 0)
+            if mask:
+                self.posted = False
+                return mask
+
+    def _settle(self) -> int:
+        """Leader: leave the open mask before a global point. Returns 0 when withdrawn, else
+        the group that took this replica first (also kept in _last_taken)."""
+        b, bit = self.board, 1 << self.g
+        while self.posted:
+            s = b.read(STATE)
+            if not s & bit:
+                self._last_taken = self._taken()
+                return self._last_taken
+            if b.cas(STATE, s, s & ~bit) == s:
+                self.posted = False
+        return 0
+
+    def _join(self, mask: int) -> None:
+        members = members_of(mask)
+        self.sync_group(members)
+        self.last_group = mask
+        self.last_sync_k = self.k
+
+    def _raise(self, bits: int) -> None:
+        b = self.board
+        while True:
+            s = b.read(STATE)
+            if s & bits == bits or b.cas(STATE, s, s | bits) == s:
+                return
+
+    def _done(self) -> None:
+        """No step left for this replica: wait for global points until the run ends."""
+        out = self._global(I_DONE)
+        while out != "end":
+            out = self._global(I_DONE)
+        return None
+
+    def _global(self, intent: int, held: int = 0) -> str:
+        """Enter the next global point with `intent` (I_CKPT, I_DONE, I_STOP or 0; held: the
+        step a checkpoint made this replica hold back); returns "end" when the run is over,
+        else "continue"."""
+        t0 = time.perf_counter()
+        if self.leader:
+            taken = self._settle()
+            if taken:
+                if self.P > 1:
+                    self.model.bcast_object(("join", taken))
+                self.sync_group(members_of(taken))
+                self.last_group = taken
+            if self.P > 1:
+                self.model.bcast_object(("go", 0))
+            if intent & I_STOP:
+                self._raise(STOP | FROZEN)
+            elif intent & I_CKPT:
+                self._raise(FROZEN)
+            elif intent & I_DONE:
+                old = self.board.add(DONE, 0) if self._done_set else self.board.add(DONE, 1 << self.g)
+                self._done_set = True
+                if (old | 1 << self.g) == (1 << self.R) - 1:
+                    self._raise(FROZEN)
+            # wait (idle replicas sleep) until the point is on
+            while not self.board.read(STATE) & FROZEN:
+                time.sleep(0.001)
+        else:
+            while True:
+                what, taken = self.model.bcast_object(None)
+                if what == "go":
+                    break
+                self.sync_group(members_of(taken))
+                self.last_group = taken
+        got = self.world.allgather_rows(np.array([intent, held], dtype=np.int64))
+        intents = got[:, 0]
+        self.reconcile()
+        self.global_points += 1
+        if np.any(intents & I_CKPT) and not np.any(intents & I_STOP):
+            self._save(self.ckpts[0])
+            # a step held back beyond the next checkpoints makes them inexact: skip them
+            self.ckpts = [c for c in self.ckpts if c >= int(got[:, 1].max())]
+        done_all = bool(np.all(intents[:: self.P] & I_DONE))
+        end = done_all or bool(np.any(intents & I_STOP))
+        if end:
+            self.net.step = self._final_step()
+        if self.world.rank == 0:
+            self.board.swap(STATE, 0)
+        self.world.barrier()
+        self.wait_s += time.perf_counter() - t0
+        return "end" if end else "continue"
+
+    _done_set = False
+    _last_taken = 0
+
+    # -- shard weights = "auto" -------------------------------------------------------------
+
+    def _auto_point(self) -> None:
+        """Measure every rank's speed over its first AUTO_STEPS steps (the first left out), then
+        re-shard every replica with shares proportional to speed (a world collective)."""
+        from dslide.network import Network
+
+        t0 = time.perf_counter()
+        self.auto_pending = False
+        meas = np.array(self._measure[1:AUTO_STEPS], dtype=np.float64)
+        compute = float(np.sum(np.maximum(meas[:, 0] - meas[:, 1], 1e-9)))
+        net = self.net
+        share = np.diff(net.layers[-1].bounds) / net.layers[-1].n
+        secs = self.world.allgather_rows(np.array([compute]))[:, 0].reshape(self.R, self.P)
+        sizes = np.tile(share, (self.R, 1))
+        weights = speed_weights(secs, sizes)
+        self.reconcile()
+        self.global_points += 1
+        new = reshard(net, weights)
+        self.weights = weights
+        self.attach(new)
+        if self.model_ref is not None:
+            self.model_ref.network = new
+        self.measured = {"compute_s": secs.tolist(), "weights": weights.tolist()}
+        self.wait_s += time.perf_counter() - t0
+
+
+def reshard(net, weights):
+    """The network `net` re-split over its communicator with shares `weights` (float [P]):
+    a new Network holding the same parameters, moments and step, each rank's new columns
+    received from their old owners (one all-to-all per array: only the moving slices
+    travel). Derived state (hash tables) is rebuilt as when a checkpoint is loaded on
+    another layout."""
+    from dslide.network import Network
+
+    comm = net.comm
+    new = Network(net.config, net.n_features, net.n_labels, comm, total_steps=net.total_steps,
+                  shard_weights=weights)
+    for old_layer, new_layer in zip(net.layers, new.layers):
+        state = old_layer.state()
+        arrays = {}
+        for key, axis in old_layer.shard_axes().items():
+            if key not in state:
+                continue
+            arr = np.asarray(state[key])
+            if axis is None:
+                arrays[key] = arr.copy()
+                continue
+            arrays[key] = redistribute(comm, arr, axis, old_layer.bounds, new_layer.bounds)
+        new_layer.load_state(arrays, same_layout=False)
+    new.step = net.step
+    new.timers = net.timers
+    return new
+
+
+def redistribute(comm: Comm, arr: np.ndarray, axis: int, old_bounds, new_bounds) -> np.ndarray:
+    """This rank's slice [new_lo, new_hi) along `axis` of an array split by old_bounds
+    (each rank holding its old slice `arr`), gathered from the old owners."""
+    r = comm.rank
+    a = np.moveaxis(arr, axis, 0)
+    rest = a.shape[1:]
+    per = int(np.prod(rest, dtype=np.int64))
+    olo, ohi = int(old_bounds[r]), int(old_bounds[r + 1])
+    nlo, nhi = int(new_bounds[r]), int(new_bounds[r + 1])
+    send, sc, rc = [], [], []
+    for q in range(comm.size):
+        lo, hi = max(olo, int(new_bounds[q])), min(ohi, int(new_bounds[q + 1]))
+        n = max(0, hi - lo)
+        send.append(np.ascontiguousarray(a[lo - olo:lo - olo + n]).reshape(-1))
+        sc.append(n * per)
+        lo, hi = max(nlo, int(old_bounds[q])), min(nhi, int(old_bounds[q + 1]))
+        rc.append(max(0, hi - lo) * per)
+    got = comm.alltoallv(np.concatenate(send) if send else np.empty(0, arr.dtype), sc, rc)
+    out = got.reshape((nhi - nlo,) + rest)
+    return np.ascontiguousarray(np.moveaxis(out, 0, axis))
