@@ -624,24 +624,38 @@ class LSHLayer(Layer):
         return out
 
 
+#: anchors of the inference index filled at a time: their [chunk, T] ids, scores-turned-keys
+#: and comparison masks are the fill's transient (13 bytes an entry; 256 x 6,701 = 22 MB at
+#: 670,091 labels, against 178 MB for all 2048 anchors at once), besides the one block of
+#: scores that score_top reuses
+INDEX_CHUNK = 256
+
+
 def fill_index(layer: LSHLayer, comm: Comm, T: int) -> None:
     """Fill layer.index's buckets: per anchor, this rank's labels among the T best of the
-    whole layer (a threshold found by bisection over ranks: P all-reduces of A counts)."""
+    whole layer (a threshold found by bisection over ranks: P all-reduces of A counts).
+    Anchors are taken INDEX_CHUNK at a time (every rank the same chunks, in order), so
+    besides the buckets int32 [A, min(T, n_local)] the transient stays bounded."""
     from dslide import lsh
 
     tables = layer.inference
-    ids, scores = lsh.anchors.score_top(tables.anchors[0], layer.W, layer.b, min(T, layer.n_local))
-    # in place, and int32: this runs after training with every weight resident, over
-    # [A, T] arrays (2048 x 6,701 at 670,091 labels); 13 instead of 26 bytes an entry
-    keys = _order_keys(scores, in_place=True)
-    theta = kth_largest(keys, T, comm)
-    fill = (keys >= theta[:, None]).sum(axis=1).astype(np.int32)  # rows are sorted best first
-    del keys, scores
-    # what a bucket keeps, by id: queries then read the weight rows in address order
-    # (25-30% faster scoring than in score order, measured at 670,091 labels)
-    ids[np.arange(ids.shape[1])[None, :] >= fill[:, None]] = np.iinfo(np.int32).max
-    ids.sort(axis=1)
-    tables.set_buckets(ids[None], fill[None])
+    C = tables.anchors[0]
+    A, t = C.shape[0], min(T, layer.n_local)
+    buckets = np.empty((1, A, t), np.int32)
+    fill = np.empty((1, A), np.int32)
+    for s in range(0, A, INDEX_CHUNK):
+        ids, scores = lsh.anchors.score_top(C[s:s + INDEX_CHUNK], layer.W, layer.b, t)
+        keys = _order_keys(scores, in_place=True)  # int32 over the scores' own memory
+        theta = kth_largest(keys, T, comm)
+        f = (keys >= theta[:, None]).sum(axis=1).astype(np.int32)  # rows are sorted best first
+        del keys, scores
+        # what a bucket keeps, by id: queries then read the weight rows in address order
+        # (25-30% faster scoring than in score order, measured at 670,091 labels)
+        ids[np.arange(t)[None, :] >= f[:, None]] = np.iinfo(np.int32).max
+        ids.sort(axis=1)
+        buckets[0, s:s + INDEX_CHUNK] = ids
+        fill[0, s:s + INDEX_CHUNK] = f
+    tables.set_buckets(buckets, fill)
     tables.bucket_target = T
 
 

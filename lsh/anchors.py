@@ -141,19 +141,37 @@ def top_rows(S, T, out_ids, out_scores):
         _top_of_row(S[r], T, out_ids[r], out_scores[r])
 
 
+#: the most a block of anchor scores may take: score_top runs with every weight and
+#: moment resident (table refills, the inference index), so its transient must stay
+#: small next to them (a fixed 64 anchors were 171 MB at 670,091 labels, two blocks alive
+#: at once before the buffer was reused); fewer anchors a block only means more passes
+#: over W, which is streamed by the matrix product anyway
+SCORE_BLOCK_BYTES = 64 << 20
+
+
+def score_block(m: int, itemsize: int = 4, block: int = 64) -> int:
+    """Anchors scored at a time against m items: at most `block`, and at most
+    SCORE_BLOCK_BYTES of scores (at least 1)."""
+    return int(max(1, min(block, SCORE_BLOCK_BYTES // max(1, m * itemsize))))
+
+
 def score_top(C, W, b, T: int, block: int = 64):
     """The T best items at each anchor: (ids int32 [A, T], scores float32 [A, T]), best first.
 
     scores = C @ W^T + b for C float [A, d], W float [m, d] (neuron-major), b [m];
-    products in blocks of `block` anchors (a block's scores are [block, m] floats).
+    products in blocks of at most `block` anchors and SCORE_BLOCK_BYTES, written into one
+    reused [block, m] buffer (the only transient besides the outputs).
     """
     A = C.shape[0]
     m = W.shape[0]
     T = min(T, m)
     ids = np.empty((A, T), np.int32)
     scores = np.empty((A, T), np.float32)
+    block = score_block(m, np.dtype(W.dtype).itemsize, block)
+    buf = np.empty((min(block, A), m), np.result_type(C.dtype, W.dtype))
     for s in range(0, A, block):
-        S = C[s:s + block] @ W.T
+        S = buf[:min(block, A - s)]
+        np.matmul(C[s:s + block], W.T, out=S)
         S += b
         top_rows(S, T, ids[s:s + block], scores[s:s + block])
     return ids, scores

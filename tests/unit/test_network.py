@@ -486,3 +486,38 @@ def test_order_keys_in_place_are_the_int64_keys_in_int32():
     flat, keys = s.ravel(), want.ravel()
     nz = flat != 0  # -0.0 and 0.0 are equal floats with distinct keys
     assert (np.diff(keys[nz][np.argsort(flat[nz], kind="stable")]) > 0).all()
+
+
+@pytest.mark.parametrize("chunk", [256, 7, 1])
+def test_inference_index_buckets_are_each_anchors_top_labels_by_id_in_any_chunking(chunk, monkeypatch):
+    """fill_index, anchors taken `chunk` at a time (and score_top's block of scores cut to a
+    few anchors): every bucket holds exactly the T labels scoring highest at its anchor
+    (numpy: C @ W.T + b, ties to the lower id), sorted by id, fill T."""
+    from dslide import network as N
+    from dslide.comm import Comm
+    from dslide.lsh import anchors as LA
+
+    monkeypatch.setattr(N, "INDEX_CHUNK", chunk)
+    monkeypatch.setattr(LA, "SCORE_BLOCK_BYTES", 3 * 400 * 4)  # 3 anchors a block of scores
+    cfg = Config(hidden=(12,), kinds=("dense", "lsh"),
+                 lsh=LSHConfig(anchors=8, max_active=20, index_anchors=20, index_share=0.05))
+    net = Network(cfg, 30, 400, Comm())
+    out = net.layers[-1]
+    H = np.random.default_rng(5).random((300, 12), dtype=np.float32)
+    info = out.build_index(H, Comm())
+    T = info["bucket"]
+    assert T == 20 and info["anchors"] == 20
+    C = out.inference.anchors[0]
+    S = C.astype(np.float64) @ out.W.T.astype(np.float64) + out.b
+    np.testing.assert_array_equal(out.inference.fill_count, np.full((1, 20), T))
+    for a in range(20):
+        want = np.sort(np.lexsort((np.arange(400), -S[a]))[:T])
+        np.testing.assert_array_equal(out.inference.buckets[0, a, :T], want)
+
+
+def test_score_block_bounds_the_scores_block():
+    from dslide.lsh import anchors as LA
+
+    assert LA.score_block(670_091) == LA.SCORE_BLOCK_BYTES // (670_091 * 4) == 25
+    assert LA.score_block(1000) == 64  # small layers: the anchor cap
+    assert LA.score_block(LA.SCORE_BLOCK_BYTES) == 1  # one anchor's scores over budget: still one
