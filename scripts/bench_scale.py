@@ -2,7 +2,8 @@
 """Scale benchmark: amazon-like models from 100M to 2B parameters on one machine.
 
     python scripts/bench_scale.py [--part scale|data|precision] [--hidden 128,512,1024,1536,2560]
-                                  [--adam float32,bfloat16] [--samples 12800] [--plot docs/scale.png]
+                                  [--adam float32,bfloat16] [--samples 12800] [--no-run] [--record]
+                                  [--plot docs/bench_scale.png]
 
 Part "scale" (the default): amazon-like data (670,091 labels, 135,909
 features; 50,000 training points, the first --eval-points of 5,000 test
@@ -28,8 +29,9 @@ Part "precision": P@1 after the default 5 epochs on amazon-like (50,000
 training points, 5,000 test points, hidden 128, 2 ranks x 1 thread) with
 float32 and bfloat16 moments, and the memory per parameter of each.
 
-Results go to runs/bench_scale_<part>.json (merged across invocations) and,
-with --record, to docs/benchmarks.md; --plot draws memory and samples/s
+Results go to runs/bench_scale_<part>.json (merged across invocations: a
+case run again replaces its row; the table names each row's command) and,
+with --record, to docs/benchmarks.md (--no-run: only that, from the stored rows); --plot draws memory and samples/s
 against parameters from the recorded scale results.
 """
 
@@ -250,7 +252,7 @@ def gb(x) -> str:
     return f"{x / 1e9:.2f}"
 
 
-def rows_table(results: list[dict]) -> str:
+def rows_table(results: list[dict], commands: list[str] | None = None) -> str:
     def peak(r):
         return max(p["hwm"] for p in r["per_rank"])
 
@@ -268,7 +270,7 @@ def rows_table(results: list[dict]) -> str:
             ("moments", lambda r: r["case"]["adam"]),
             ("ranks x threads", lambda r: f"{r['ranks']}x{r['threads']}"),
             ("parameters", lambda r: f"{r['params'] / 1e9:.3f}B" if r["params"] >= 1e9 else f"{r['params'] / 1e6:.0f}M"),
-            ("account GB/rank", lambda r: gb(r["account"]["total"])),
+            ("account peak GB/rank", lambda r: gb(r["account"]["peak"])),
             ("peak RSS GB/rank", lambda r: gb(peak(r))),
             ("bytes/param", lambda r: f"{bpp(r):.1f}"),
             ("samples/s", lambda r: f"{r['samples_per_s']:,.0f}"),
@@ -278,6 +280,8 @@ def rows_table(results: list[dict]) -> str:
             ("ckpt GB full / weights", lambda r: f"{ck(r, 'full', 'bytes')} / {ck(r, 'weights', 'bytes')}"),
             ("write s full / weights", lambda r: f"{ck(r, 'full', 'write')} / {ck(r, 'weights', 'write')}"),
             ("load s full / weights", lambda r: f"{ck(r, 'full', 'load')} / {ck(r, 'weights', 'load')}")]
+    if commands:
+        cols.append(("command", lambda r: str(commands.index(r["case"].get("command", "(not recorded)")) + 1)))
     return B.table(results, cols)
 
 
@@ -313,6 +317,7 @@ def main(argv=None) -> int:
     p.add_argument("--adam", default="float32,bfloat16")
     p.add_argument("--samples", type=int, default=12_800, help="training samples per case (scale, data)")
     p.add_argument("--eval-points", type=int, default=1000, help="test points scored exactly for P@1")
+    p.add_argument("--no-run", action="store_true", help="run nothing: print (and record) the stored results")
     p.add_argument("--record", action="store_true", help="write the section into docs/benchmarks.md")
     p.add_argument("--plot", help="draw the recorded scale results to this PNG")
     args = p.parse_args(argv)
@@ -321,7 +326,9 @@ def main(argv=None) -> int:
     store = RUNS / f"bench_scale_{args.part}.json"
     results = json.loads(store.read_text()) if store.exists() else []
     cases = {"scale": scale_cases, "data": data_cases, "precision": precision_cases}[args.part](args)
-    for case in cases:
+    command = "python scripts/bench_scale.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    for case in [] if args.no_run else cases:
+        case["command"] = command
         from dslide.data import read_xmc
 
         head = read_xmc(case["test"])
@@ -348,8 +355,10 @@ def main(argv=None) -> int:
         store.write_text(json.dumps(results, indent=1))
     done = [r for r in results if "per_rank" in r]
     done.sort(key=lambda r: (r["params"], r["case"]["adam"], -r["ranks"]))
-    text = f"command: python scripts/bench_scale.py {' '.join(argv if argv is not None else sys.argv[1:])}\n"
-    text += f"machine: {B.machine()}\n\n" + rows_table(done) + "\n"
+    # rows are merged across invocations (runs/bench_scale_<part>.json): name each one's command
+    commands = list(dict.fromkeys(r["case"].get("command", "(not recorded)") for r in results))
+    text = "".join(f"command{'' if len(commands) == 1 else f' {i + 1}'}: {c}\n" for i, c in enumerate(commands))
+    text += f"machine: {B.machine()}\n\n" + rows_table(done, commands if len(commands) > 1 else None) + "\n"
     skipped = [r for r in results if "skipped" in r or "error" in r]
     for r in skipped:
         text += f"\n- {r['case']['name']}: {r.get('skipped') or 'failed: ' + r['error']}"
