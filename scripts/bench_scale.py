@@ -285,6 +285,71 @@ def rows_table(results: list[dict], commands: list[str] | None = None) -> str:
     return B.table(results, cols)
 
 
+def targets(done: list[dict], precision: list[dict]) -> str:
+    """Issue 14's targets checked against the rows: bytes per parameter at 2.06B (bfloat16
+    moments, <= 10) and at 104M (float32 moments, <= 16) with where a rank's peak goes,
+    what bfloat16 moments save (>= 30% per parameter asked; P@1 within 0.5 point), and
+    samples/s against the hidden width (falling no faster than linearly)."""
+    def bpp(r):
+        return sum(p["hwm"] for p in r["per_rank"]) / r["params"]
+
+    def find(h, adam, ranks=2):
+        return next((r for r in done if r["case"]["hidden"] == h and r["case"]["adam"] == adam
+                     and r["ranks"] == ranks), None)
+
+    out = ["Targets (issue 14), from the rows above:", ""]
+    big = max((r for r in done if r["case"]["adam"] == "bfloat16"), key=lambda r: r["params"], default=None)
+    if big:
+        out.append(f"- {big['params'] / 1e9:.3f}B parameters (hidden {big['case']['hidden']}, bfloat16 moments, "
+                   f"{big['ranks']}x{big['threads']}): {bpp(big):.1f} bytes per parameter (target <= 10: "
+                   f"{'met' if bpp(big) <= 10 else 'not met'}), peak "
+                   f"{max(p['hwm'] for p in big['per_rank']) / 1e9:.2f} GB per rank.")
+    for ranks in (2, 1):
+        r = find(128, "float32", ranks)
+        if not r:
+            continue
+        n, a, q = r["params"], r["account"], r["per_rank"][0]
+        interp = sum(p["rss_start"] for p in r["per_rank"]) / n
+        data = sum(p["rss_data"] - p["rss_start"] for p in r["per_rank"]) / n
+        # every rank's account is alike (even shards): rank 0's times the ranks
+        wm = r["ranks"] * (a["weights"] + a["moments"]) / n
+        idx = r["ranks"] * (a["index"] + a["tables"] + a["scratch"]) / n
+        rest = bpp(r) - interp - data - wm - idx
+        out.append(f"- 104M parameters (hidden 128, float32 moments, {r['ranks']}x{r['threads']}): {bpp(r):.1f} "
+                   f"bytes per parameter (target <= 16: {'met' if bpp(r) <= 16 else 'not met'}): "
+                   f"weights and moments {wm:.1f}, interpreter and libraries before the model "
+                   f"({q['rss_start'] / 1e6:.0f} MB a process) {interp:.1f}, data {data:.2f}, tables, inference "
+                   f"index and scratch {idx:.2f}, the peak's transients (step or index build) and allocator "
+                   f"{rest:.2f}.")
+    for h in sorted({r["case"]["hidden"] for r in done}):
+        f32, b16 = find(h, "float32"), find(h, "bfloat16")
+        if f32 and b16:
+            saved = 1 - bpp(b16) / bpp(f32)
+            out.append(f"- hidden {h}, 2x1: bfloat16 moments {bpp(b16):.1f} against float32 {bpp(f32):.1f} bytes per "
+                       f"parameter, {100 * saved:.0f}% less (moments 8 -> 4 bytes: "
+                       f"{100 * 4 / bpp(f32):.0f}% of the float32 total; target >= 30%: "
+                       f"{'met' if saved >= 0.30 else 'not met'}).")
+    pre = {r["case"]["adam"]: r for r in precision if "p@1" in r}
+    if "float32" in pre and "bfloat16" in pre:
+        d = 100 * (pre["bfloat16"]["p@1"] - pre["float32"]["p@1"])
+        out.append(f"- P@1 after 5 epochs (bench_scale.py --part precision): float32 {pre['float32']['p@1']:.4f}, "
+                   f"bfloat16 {pre['bfloat16']['p@1']:.4f}, {d:+.2f} points (target within 0.5: "
+                   f"{'met' if abs(d) <= 0.5 else 'not met'}).")
+    for adam in ("float32", "bfloat16"):
+        rs = sorted((r for r in done if r["case"]["adam"] == adam and r["ranks"] == 2),
+                    key=lambda r: r["case"]["hidden"])
+        if len(rs) < 2:
+            continue
+        h0, s0 = rs[0]["case"]["hidden"], rs[0]["samples_per_s"]
+        # linear fall: samples/s x width constant; above 1 = slower than linear
+        kept = [r["samples_per_s"] * r["case"]["hidden"] / (s0 * h0) for r in rs[1:]]
+        out.append(f"- samples/s against the hidden width, {adam} moments, 2x1: samples/s x width relative to "
+                   f"hidden {h0}: " + ", ".join(f"{r['case']['hidden']}: {k:.2f}" for r, k in zip(rs[1:], kept))
+                   + f" (falls no faster than linearly where >= 1: "
+                   f"{'met' if min(kept) >= 1 else 'not met'} at every width).")
+    return "\n".join(out)
+
+
 def plot(results: list[dict], out: str) -> None:
     import matplotlib
 
@@ -362,6 +427,9 @@ def main(argv=None) -> int:
     skipped = [r for r in results if "skipped" in r or "error" in r]
     for r in skipped:
         text += f"\n- {r['case']['name']}: {r.get('skipped') or 'failed: ' + r['error']}"
+    if args.part == "scale":
+        pre = RUNS / "bench_scale_precision.json"
+        text += "\n\n" + targets(done, json.loads(pre.read_text()) if pre.exists() else [])
     if args.part == "data":
         for r in done:
             d = r["data"]
