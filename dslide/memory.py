@@ -36,7 +36,7 @@ import numpy as np
 
 from dslide.config import Config
 from dslide.kernels import MOMENT_DTYPES
-from dslide.lsh.anchors import score_block
+from dslide.lsh.anchors import kmeans_block, score_block
 from dslide.sharding import scaled_count, shard_bounds
 
 
@@ -125,7 +125,7 @@ def account(config: Config, n_features: int, n_labels: int, world_size: int = 1,
             # distances, the seeding subset, float64 sums) and fill_index (one block of
             # scores, and per chunk of anchors the top-T ids and scores with keys in place,
             # a key temporary and a mask)
-            kmeans = 8192 * A * 4 + 4 * A * d * 4 + A * d * 8
+            kmeans = kmeans_block(A) * A * 4 + 4 * A * d * 4 + A * d * 8
             fill = score_block(n_local) * n_local * 4 + min(A, INDEX_CHUNK) * t_local * (4 + 4 + 4 + 1)
             out["index_build"] = pts * d * 4 + max(kmeans, fill)
     out["step"] = step_peak
