@@ -22,8 +22,8 @@ bytes by kind:
 
 `data_bytes` adds the training set's CSR arrays. What no formula gives is the
 interpreter with numpy, scipy, numba and its compiled kernels (and MPI):
-about 0.3 GB per process, measured by scripts/bench_scale.py before the model
-is built. tests/unit/test_memory.py checks the account against the arrays of
+about 0.15 GB per process, measured by scripts/bench_scale.py before the model
+is built (153 MB in its recorded run). tests/unit/test_memory.py checks the account against the arrays of
 a built network and against measured resident memory.
 
 Bytes per parameter, the figure the benchmarks quote, is the sum over ranks
