@@ -110,9 +110,10 @@ def account(config: Config, n_features: int, n_labels: int, world_size: int = 1,
             cand = min(n_local, B * per)
         labels = min(n_local, int(np.ceil(B * 5 * n_local / n))) if is_out else 0  # ~5 labels a point
         m = min(n_local, labels + cand + n_rand)
-        # W[C] copied and its gradient [m, d]; logits and their exp [B, m] float;
+        # W[C] copied and its gradient [m, d]; the logits [B, m] float (softmax_stats
+        # exponentiates them in place, the gradient is written over them);
         # the dense input [B, d]
-        step_peak = max(step_peak, 2 * m * d * item + 2 * B * m * item + 2 * B * d * item)
+        step_peak = max(step_peak, 2 * m * d * item + B * m * item + 2 * B * d * item)
         if is_out and lc.index_anchors:
             A = min(lc.index_anchors, lc.index_points)
             T = max(1, int(np.ceil(lc.index_share * n)))
