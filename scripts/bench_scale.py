@@ -326,8 +326,8 @@ def targets(done: list[dict], precision: list[dict]) -> str:
         if f32 and b16:
             saved = 1 - bpp(b16) / bpp(f32)
             out.append(f"- hidden {h}, 2x1: bfloat16 moments {bpp(b16):.1f} against float32 {bpp(f32):.1f} bytes per "
-                       f"parameter, {100 * saved:.0f}% less (moments 8 -> 4 bytes: "
-                       f"{100 * 4 / bpp(f32):.0f}% of the float32 total; target >= 30%: "
+                       f"parameter, {100 * saved:.1f}% less (moments 8 -> 4 bytes: "
+                       f"{100 * 4 / bpp(f32):.1f}% of the float32 total; target >= 30%: "
                        f"{'met' if saved >= 0.30 else 'not met'}).")
     pre = {r["case"]["adam"]: r for r in precision if "p@1" in r}
     if "float32" in pre and "bfloat16" in pre:
@@ -402,7 +402,10 @@ def main(argv=None) -> int:
             print(f"skipped: {case['name']} (needs about {need:.1f} GB, {available_bytes() / 1e9:.1f} GB available)",
                   file=sys.stderr, flush=True)
             results = [r for r in results if r["case"]["name"] != case["name"]]
-            results.append({"case": case, "skipped": f"needs about {need:.1f} GB"})
+            results.append({"case": case, "skipped": f"needs about {need:.1f} GB, "
+                                                     f"{available_bytes() / 1e9:.1f} GB available"})
+            store.parent.mkdir(exist_ok=True)
+            store.write_text(json.dumps(results, indent=1))
             continue
         extra = prepare_data_case(case) if case["part"] == "data" else None
         print(f"running: {case['name']} (about {need:.1f} GB) ...", file=sys.stderr, flush=True)
