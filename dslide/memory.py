@@ -10,18 +10,20 @@ bytes by kind:
                 (compact: L x (2^range_pow + 1) offsets and L x n_r ids; fixed
                 capacity: L x 2^range_pow x capacity slots and counters; item codes)
     index       the output layer's inference index: index_anchors anchors and
-                this rank's share of their buckets (index_share of the labels each)
+                their buckets, room for min(T, n_r) ids each (T = index_share of
+                the labels; a rank fills its share of the T)
     scratch     per-layer arrays of the step kernels (marks, positions, thread rows)
     step        the largest transient of a training step: an LSH layer's block
-                (its weights copied, their gradient, logits), dense activations
+                (its weights copied, their gradient, logits), dense activations,
+                or an anchor-table refill between steps (one block of scores)
     index_build the transient of building the inference index at the end of
-                training (hidden vectors of index_points points, a block of
-                scores, the bucket candidates)
+                training (hidden vectors of index_points points, then k-means'
+                distances or one block of scores and a chunk of anchors' candidates)
 
 `data_bytes` adds the training set's CSR arrays. What no formula gives is the
 interpreter with numpy, scipy, numba and its compiled kernels (and MPI):
-about 0.3 GB per process, measured by scripts/bench_scale.py before the model
-is built. tests/unit/test_memory.py checks the account against the arrays of
+about 0.15 GB per process, measured by scripts/bench_scale.py before the model
+is built (153 MB in its recorded run). tests/unit/test_memory.py checks the account against the arrays of
 a built network and against measured resident memory.
 
 Bytes per parameter, the figure the benchmarks quote, is the sum over ranks
@@ -34,6 +36,7 @@ import numpy as np
 
 from dslide.config import Config
 from dslide.kernels import MOMENT_DTYPES
+from dslide.lsh.anchors import kmeans_block, score_block
 from dslide.sharding import scaled_count, shard_bounds
 
 
@@ -57,6 +60,7 @@ def account(config: Config, n_features: int, n_labels: int, world_size: int = 1,
     (index_build is a transient at the end of training, not counted in the total: it falls
     when the step's buffers are free; `peak` is the larger of total and the index build's)."""
     from dslide.candidates import auto_range_pow
+    from dslide.network import INDEX_CHUNK
 
     config = config.resolve(n_labels)
     # replicas: each replica's P ranks split the model; rank w is shard w % P (dslide.replicas)
@@ -95,6 +99,8 @@ def account(config: Config, n_features: int, n_labels: int, world_size: int = 1,
             T = max(1, min(per, n_local))
             out["tables"] += lc.L * lc.anchors * (d * 4 + 8 + 4 + T * 4)
             cand = _anchor_union(B, lc.anchors, per, n_local) if per else 0
+            # a refill (between steps): one block of scores and a table's [A, T] ids and scores
+            step_peak = max(step_peak, score_block(n_local) * n_local * item + lc.anchors * T * 8)
         else:
             from dslide import lsh
 
@@ -109,22 +115,24 @@ def account(config: Config, n_features: int, n_labels: int, world_size: int = 1,
             cand = min(n_local, B * per)
         labels = min(n_local, int(np.ceil(B * 5 * n_local / n))) if is_out else 0  # ~5 labels a point
         m = min(n_local, labels + cand + n_rand)
-        # W[C] copied and its gradient [m, d]; logits and their exp [B, m] float;
+        # W[C] copied and its gradient [m, d]; the logits [B, m] float (softmax_stats
+        # exponentiates them in place, the gradient is written over them);
         # the dense input [B, d]
-        step_peak = max(step_peak, 2 * m * d * item + 2 * B * m * item + 2 * B * d * item)
+        step_peak = max(step_peak, 2 * m * d * item + B * m * item + 2 * B * d * item)
         if is_out and lc.index_anchors:
             A = min(lc.index_anchors, lc.index_points)
             T = max(1, int(np.ceil(lc.index_share * n)))
             t_local = min(T, n_local)
-            share = min(t_local, int(np.ceil(T * n_local / n)))  # what this rank keeps per anchor
-            out["index"] += A * d * 4 + A * (8 + 4) + A * share * 4
+            # every rank's buckets have room for min(T, n_local) ids an anchor (filled
+            # with its share of the T, the rest padding)
+            out["index"] += A * d * 4 + A * (8 + 4) + A * t_local * 4
             pts = lc.index_points
             # the hidden vectors of the sampled points, and the larger of k-means (a block of
-            # distances, the seeding subset, float64 sums) and fill_index (a block of 64
-            # anchors' scores, the top-T ids and scores with keys in place, a key temporary
-            # and a mask)
-            kmeans = 8192 * A * 4 + 4 * A * d * 4 + A * d * 8
-            fill = 64 * n_local * 4 + A * t_local * (4 + 4 + 4 + 1)
+            # distances, the seeding subset, float64 sums) and fill_index (one block of
+            # scores, and per chunk of anchors the top-T ids and scores with keys in place,
+            # a key temporary and a mask)
+            kmeans = kmeans_block(A) * A * 4 + 4 * A * d * 4 + A * d * 8
+            fill = score_block(n_local) * n_local * 4 + min(A, INDEX_CHUNK) * t_local * (4 + 4 + 4 + 1)
             out["index_build"] = pts * d * 4 + max(kmeans, fill)
     out["step"] = step_peak
     out["total"] = sum(out[k] for k in ("weights", "moments", "tables", "index", "scratch", "step"))

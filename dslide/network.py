@@ -653,32 +653,47 @@ class LSHLayer(Layer):
         return out
 
 
+#: anchors of the inference index filled at a time: their [chunk, T] ids, scores-turned-keys
+#: and comparison masks are the fill's transient (13 bytes an entry; 256 x 6,701 = 22 MB at
+#: 670,091 labels, against 178 MB for all 2048 anchors at once), besides the one block of
+#: scores that score_top reuses
+INDEX_CHUNK = 256
+
+
 def fill_index(layer: LSHLayer, comm: Comm, T: int) -> None:
     """Fill layer.index's buckets: per anchor, this rank's labels among the T best of the
-    whole layer (a threshold found by bisection over ranks: P all-reduces of A counts)."""
+    whole layer (a threshold found by bisection over ranks: P all-reduces of A counts).
+    Anchors are taken INDEX_CHUNK at a time (every rank the same chunks, in order), so
+    besides the buckets int32 [A, min(T, n_local)] the transient stays bounded."""
     from dslide import lsh
 
     tables = layer.inference
+    C = tables.anchors[0]
+    A, t = C.shape[0], min(T, layer.n_local)
     lc = layer.lc
     # a bucket serves the queries of its anchor's cell, h = c + e, whose scores are
     # w.c + b + w.e: rank by a shrunk mean plus a margin for the spread of w.e (sd ~ |w|)
     #   bucket score_j = index_shrink * w_j.c + b_j + index_spread * |w_j|
-    wn = np.sqrt(np.einsum("ij,ij->i", layer.neuron_major(), layer.neuron_major(), dtype=np.float64))
+    Wn = layer.neuron_major()
+    wn = np.sqrt(np.einsum("ij,ij->i", Wn, Wn, dtype=np.float64))
     b_eff = (layer.b + lc.index_spread * wn).astype(layer.b.dtype)
-    ids, scores = lsh.anchors.score_top(np.ascontiguousarray(lc.index_shrink * tables.anchors[0]), layer.W, b_eff,
-                                        min(T, layer.n_local))
-    del wn, b_eff
-    # in place, and int32: this runs after training with every weight resident, over
-    # [A, T] arrays (2048 x 6,701 at 670,091 labels); 13 instead of 26 bytes an entry
-    keys = _order_keys(scores, in_place=True)
-    theta = kth_largest(keys, T, comm)
-    fill = (keys >= theta[:, None]).sum(axis=1).astype(np.int32)  # rows are sorted best first
-    del keys, scores
-    # what a bucket keeps, by id: queries then read the weight rows in address order
-    # (25-30% faster scoring than in score order, measured at 670,091 labels)
-    ids[np.arange(ids.shape[1])[None, :] >= fill[:, None]] = np.iinfo(np.int32).max
-    ids.sort(axis=1)
-    tables.set_buckets(ids[None], fill[None])
+    del wn
+    buckets = np.empty((1, A, t), np.int32)
+    fill = np.empty((1, A), np.int32)
+    for s in range(0, A, INDEX_CHUNK):
+        Cs = np.ascontiguousarray(lc.index_shrink * C[s:s + INDEX_CHUNK], dtype=C.dtype)
+        ids, scores = lsh.anchors.score_top(Cs, layer.W, b_eff, t)
+        keys = _order_keys(scores, in_place=True)  # int32 over the scores' own memory
+        theta = kth_largest(keys, T, comm)
+        f = (keys >= theta[:, None]).sum(axis=1).astype(np.int32)  # rows are sorted best first
+        del keys, scores
+        # what a bucket keeps, by id: queries then read the weight rows in address order
+        # (25-30% faster scoring than in score order, measured at 670,091 labels)
+        ids[np.arange(t)[None, :] >= f[:, None]] = np.iinfo(np.int32).max
+        ids.sort(axis=1)
+        buckets[0, s:s + INDEX_CHUNK] = ids
+        fill[0, s:s + INDEX_CHUNK] = f
+    tables.set_buckets(buckets, fill)
     tables.bucket_target = T
 
 
@@ -906,8 +921,15 @@ class Network:
         return out.topk(x.dense(), k)
 
 
+#: the most a column block of exact scoring may take: its scores (float32) and their
+#: argpartition (int64), 12 bytes an entry. Evaluation runs with every weight and moment
+#: resident; 1,024 points x 8,192 columns were 190 MB (with a negated copy of the scores)
+EXACT_BLOCK_BYTES = 32 << 20
+
+
 def _blocked_topk(x, Wn, b, k, lo, block=8192):
-    """Top k of x @ Wn^T + b per row, over column blocks; (scores float64 [B, k], ids int64 [B, k]).
+    """Top k of x @ Wn^T + b per row, over column blocks of at most `block` columns and
+    EXACT_BLOCK_BYTES; (scores float64 [B, k], ids int64 [B, k]).
 
     x float [B, d] dense or a scipy CSR matrix; Wn float [n, d] neuron-major.
     Ties go to the lower id.
@@ -916,12 +938,14 @@ def _blocked_topk(x, Wn, b, k, lo, block=8192):
     n = Wn.shape[0]
     best_s = np.full((B, k), -np.inf)
     best_i = np.full((B, k), -1, dtype=np.int64)
+    block = max(k, min(block, EXACT_BLOCK_BYTES // (12 * max(1, B))))
     for c0 in range(0, n, block):
         c1 = min(n, c0 + block)
         s = np.asarray(x @ Wn[c0:c1].T)
         s += b[c0:c1]
         kk = min(k, c1 - c0)
-        part = np.argpartition(-s, kk - 1, axis=1)[:, :kk]
+        # the kk largest sit at the end after partitioning at c - kk (no negated copy of s)
+        part = np.argpartition(s, s.shape[1] - kk, axis=1)[:, s.shape[1] - kk:]
         cand_s = np.concatenate([best_s, np.take_along_axis(s, part, axis=1).astype(np.float64)], axis=1)
         cand_i = np.concatenate([best_i, part + c0 + lo], axis=1)
         order = np.lexsort((cand_i, -cand_s), axis=1)[:, :k]

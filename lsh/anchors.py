@@ -141,19 +141,38 @@ def top_rows(S, T, out_ids, out_scores):
         _top_of_row(S[r], T, out_ids[r], out_scores[r])
 
 
+#: the most a block of anchor scores (score_top) or of distances to the anchors (kmeans)
+#: may take: both run with every weight and moment resident (table refills, the
+#: inference index), so their transient must stay small next to them (a fixed 64 anchors
+#: were 171 MB at 670,091 labels, two blocks alive at once before the buffer was reused;
+#: k-means' 8192 rows x 2048 anchors 67 MB); smaller blocks only mean more, smaller
+#: matrix products
+SCORE_BLOCK_BYTES = 32 << 20
+
+
+def score_block(m: int, itemsize: int = 4, block: int = 64) -> int:
+    """Anchors scored at a time against m items: at most `block`, and at most
+    SCORE_BLOCK_BYTES of scores (at least 1)."""
+    return int(max(1, min(block, SCORE_BLOCK_BYTES // max(1, m * itemsize))))
+
+
 def score_top(C, W, b, T: int, block: int = 64):
     """The T best items at each anchor: (ids int32 [A, T], scores float32 [A, T]), best first.
 
     scores = C @ W^T + b for C float [A, d], W float [m, d] (neuron-major), b [m];
-    products in blocks of `block` anchors (a block's scores are [block, m] floats).
+    products in blocks of at most `block` anchors and SCORE_BLOCK_BYTES, written into one
+    reused [block, m] buffer (the only transient besides the outputs).
     """
     A = C.shape[0]
     m = W.shape[0]
     T = min(T, m)
     ids = np.empty((A, T), np.int32)
     scores = np.empty((A, T), np.float32)
+    block = score_block(m, np.dtype(W.dtype).itemsize, block)
+    buf = np.empty((min(block, A), m), np.result_type(C.dtype, W.dtype))
     for s in range(0, A, block):
-        S = C[s:s + block] @ W.T
+        S = buf[:min(block, A - s)]
+        np.matmul(C[s:s + block], W.T, out=S)
         S += b
         top_rows(S, T, ids[s:s + block], scores[s:s + block])
     return ids, scores
@@ -310,17 +329,25 @@ def _add_rows(sums, codes, X):
             sums[a, k] += X[i, k]
 
 
+def kmeans_block(A: int, block: int = 8192) -> int:
+    """Rows whose distances to A anchors k-means takes at a time: at most `block`, and at
+    most SCORE_BLOCK_BYTES of float32 distances (at least 1)."""
+    return int(max(1, min(block, SCORE_BLOCK_BYTES // (4 * A))))
+
+
 def kmeans(X, A: int, seed: int, iters: int = 6, block: int = 8192, seed_points: int = 4) -> np.ndarray:
     """A anchors [A, d] (float32) for the rows of X [n, d] by Lloyd's k-means.
 
     Seeded by k-means++ on a random subset of min(n, seed_points * A) rows (the
     subset and the draws from `seed`); an anchor left without points restarts
-    at the point farthest from its own anchor. Needs n >= A.
+    at the point farthest from its own anchor. Needs n >= A. Distances are taken
+    `kmeans_block(A, block)` rows at a time.
     """
     X = np.ascontiguousarray(X, dtype=np.float32)
     n = X.shape[0]
     if n < A:
         raise ValueError(f"k-means of {A} anchors needs at least {A} points, got {n}")
+    block = kmeans_block(A, block)
     rng = np.random.default_rng(seed)
     sub = np.sort(rng.choice(n, min(n, seed_points * A), replace=False))
     C = X[sub[kmeanspp_seed(X[sub], A, rng.random(A))]].copy()

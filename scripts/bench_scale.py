@@ -2,7 +2,8 @@
 """Scale benchmark: amazon-like models from 100M to 2B parameters on one machine.
 
     python scripts/bench_scale.py [--part scale|data|precision] [--hidden 128,512,1024,1536,2560]
-                                  [--adam float32,bfloat16] [--samples 12800] [--plot docs/scale.png]
+                                  [--adam float32,bfloat16] [--samples 12800] [--no-run] [--record]
+                                  [--plot docs/bench_scale.png]
 
 Part "scale" (the default): amazon-like data (670,091 labels, 135,909
 features; 50,000 training points, the first --eval-points of 5,000 test
@@ -28,8 +29,9 @@ Part "precision": P@1 after the default 5 epochs on amazon-like (50,000
 training points, 5,000 test points, hidden 128, 2 ranks x 1 thread) with
 float32 and bfloat16 moments, and the memory per parameter of each.
 
-Results go to runs/bench_scale_<part>.json (merged across invocations) and,
-with --record, to docs/benchmarks.md; --plot draws memory and samples/s
+Results go to runs/bench_scale_<part>.json (merged across invocations: a
+case run again replaces its row; the table names each row's command) and,
+with --record, to docs/benchmarks.md (--no-run: only that, from the stored rows); --plot draws memory and samples/s
 against parameters from the recorded scale results.
 """
 
@@ -250,7 +252,7 @@ def gb(x) -> str:
     return f"{x / 1e9:.2f}"
 
 
-def rows_table(results: list[dict]) -> str:
+def rows_table(results: list[dict], commands: list[str] | None = None) -> str:
     def peak(r):
         return max(p["hwm"] for p in r["per_rank"])
 
@@ -268,7 +270,7 @@ def rows_table(results: list[dict]) -> str:
             ("moments", lambda r: r["case"]["adam"]),
             ("ranks x threads", lambda r: f"{r['ranks']}x{r['threads']}"),
             ("parameters", lambda r: f"{r['params'] / 1e9:.3f}B" if r["params"] >= 1e9 else f"{r['params'] / 1e6:.0f}M"),
-            ("account GB/rank", lambda r: gb(r["account"]["total"])),
+            ("account peak GB/rank", lambda r: gb(r["account"]["peak"])),
             ("peak RSS GB/rank", lambda r: gb(peak(r))),
             ("bytes/param", lambda r: f"{bpp(r):.1f}"),
             ("samples/s", lambda r: f"{r['samples_per_s']:,.0f}"),
@@ -278,7 +280,74 @@ def rows_table(results: list[dict]) -> str:
             ("ckpt GB full / weights", lambda r: f"{ck(r, 'full', 'bytes')} / {ck(r, 'weights', 'bytes')}"),
             ("write s full / weights", lambda r: f"{ck(r, 'full', 'write')} / {ck(r, 'weights', 'write')}"),
             ("load s full / weights", lambda r: f"{ck(r, 'full', 'load')} / {ck(r, 'weights', 'load')}")]
+    if commands:
+        cols.append(("command", lambda r: str(commands.index(r["case"].get("command", "(not recorded)")) + 1)))
     return B.table(results, cols)
+
+
+def targets(done: list[dict], precision: list[dict]) -> str:
+    """Issue 14's targets checked against the rows: bytes per parameter at 2.06B (bfloat16
+    moments, <= 10) and at 104M (float32 moments, <= 16) with where a rank's peak goes,
+    what bfloat16 moments save (>= 30% per parameter asked; P@1 within 0.5 point), and
+    samples/s against the hidden width (falling no faster than linearly)."""
+    def bpp(r):
+        return sum(p["hwm"] for p in r["per_rank"]) / r["params"]
+
+    def find(h, adam, ranks=2):
+        return next((r for r in done if r["case"]["hidden"] == h and r["case"]["adam"] == adam
+                     and r["ranks"] == ranks), None)
+
+    out = ["Targets (issue 14), from the rows above:", ""]
+    big = max((r for r in done if r["case"]["adam"] == "bfloat16"), key=lambda r: r["params"], default=None)
+    if big:
+        out.append(f"- {big['params'] / 1e9:.3f}B parameters (hidden {big['case']['hidden']}, bfloat16 moments, "
+                   f"{big['ranks']}x{big['threads']}): {bpp(big):.1f} bytes per parameter (target <= 10: "
+                   f"{'met' if bpp(big) <= 10 else 'not met'}), peak "
+                   f"{max(p['hwm'] for p in big['per_rank']) / 1e9:.2f} GB per rank.")
+    for ranks in (2, 1):
+        r = find(128, "float32", ranks)
+        if not r:
+            continue
+        n, a, q = r["params"], r["account"], r["per_rank"][0]
+        interp = sum(p["rss_start"] for p in r["per_rank"]) / n
+        data = sum(p["rss_data"] - p["rss_start"] for p in r["per_rank"]) / n
+        # every rank's account is alike (even shards): rank 0's times the ranks
+        wm = r["ranks"] * (a["weights"] + a["moments"]) / n
+        idx = r["ranks"] * (a["index"] + a["tables"] + a["scratch"]) / n
+        rest = bpp(r) - interp - data - wm - idx
+        out.append(f"- 104M parameters (hidden 128, float32 moments, {r['ranks']}x{r['threads']}): {bpp(r):.1f} "
+                   f"bytes per parameter (target <= 16: {'met' if bpp(r) <= 16 else 'not met'}): "
+                   f"weights and moments {wm:.1f}, interpreter and libraries before the model "
+                   f"({q['rss_start'] / 1e6:.0f} MB a process) {interp:.1f}, data {data:.2f}, tables, inference "
+                   f"index and scratch {idx:.2f}, the peak's transients (step or index build) and allocator "
+                   f"{rest:.2f}.")
+    for h in sorted({r["case"]["hidden"] for r in done}):
+        f32, b16 = find(h, "float32"), find(h, "bfloat16")
+        if f32 and b16:
+            saved = 1 - bpp(b16) / bpp(f32)
+            out.append(f"- hidden {h}, 2x1: bfloat16 moments {bpp(b16):.1f} against float32 {bpp(f32):.1f} bytes per "
+                       f"parameter, {100 * saved:.1f}% less (moments 8 -> 4 bytes: "
+                       f"{100 * 4 / bpp(f32):.1f}% of the float32 total; target >= 30%: "
+                       f"{'met' if saved >= 0.30 else 'not met'}).")
+    pre = {r["case"]["adam"]: r for r in precision if "p@1" in r}
+    if "float32" in pre and "bfloat16" in pre:
+        d = 100 * (pre["bfloat16"]["p@1"] - pre["float32"]["p@1"])
+        out.append(f"- P@1 after 5 epochs (bench_scale.py --part precision): float32 {pre['float32']['p@1']:.4f}, "
+                   f"bfloat16 {pre['bfloat16']['p@1']:.4f}, {d:+.2f} points (target within 0.5: "
+                   f"{'met' if abs(d) <= 0.5 else 'not met'}).")
+    for adam in ("float32", "bfloat16"):
+        rs = sorted((r for r in done if r["case"]["adam"] == adam and r["ranks"] == 2),
+                    key=lambda r: r["case"]["hidden"])
+        if len(rs) < 2:
+            continue
+        h0, s0 = rs[0]["case"]["hidden"], rs[0]["samples_per_s"]
+        # linear fall: samples/s x width constant; above 1 = slower than linear
+        kept = [r["samples_per_s"] * r["case"]["hidden"] / (s0 * h0) for r in rs[1:]]
+        out.append(f"- samples/s against the hidden width, {adam} moments, 2x1: samples/s x width relative to "
+                   f"hidden {h0}: " + ", ".join(f"{r['case']['hidden']}: {k:.2f}" for r, k in zip(rs[1:], kept))
+                   + f" (falls no faster than linearly where >= 1: "
+                   f"{'met' if min(kept) >= 1 else 'not met'} at every width).")
+    return "\n".join(out)
 
 
 def plot(results: list[dict], out: str) -> None:
@@ -313,6 +382,7 @@ def main(argv=None) -> int:
     p.add_argument("--adam", default="float32,bfloat16")
     p.add_argument("--samples", type=int, default=12_800, help="training samples per case (scale, data)")
     p.add_argument("--eval-points", type=int, default=1000, help="test points scored exactly for P@1")
+    p.add_argument("--no-run", action="store_true", help="run nothing: print (and record) the stored results")
     p.add_argument("--record", action="store_true", help="write the section into docs/benchmarks.md")
     p.add_argument("--plot", help="draw the recorded scale results to this PNG")
     args = p.parse_args(argv)
@@ -321,7 +391,9 @@ def main(argv=None) -> int:
     store = RUNS / f"bench_scale_{args.part}.json"
     results = json.loads(store.read_text()) if store.exists() else []
     cases = {"scale": scale_cases, "data": data_cases, "precision": precision_cases}[args.part](args)
-    for case in cases:
+    command = "python scripts/bench_scale.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    for case in [] if args.no_run else cases:
+        case["command"] = command
         from dslide.data import read_xmc
 
         head = read_xmc(case["test"])
@@ -330,7 +402,10 @@ def main(argv=None) -> int:
             print(f"skipped: {case['name']} (needs about {need:.1f} GB, {available_bytes() / 1e9:.1f} GB available)",
                   file=sys.stderr, flush=True)
             results = [r for r in results if r["case"]["name"] != case["name"]]
-            results.append({"case": case, "skipped": f"needs about {need:.1f} GB"})
+            results.append({"case": case, "skipped": f"needs about {need:.1f} GB, "
+                                                     f"{available_bytes() / 1e9:.1f} GB available"})
+            store.parent.mkdir(exist_ok=True)
+            store.write_text(json.dumps(results, indent=1))
             continue
         extra = prepare_data_case(case) if case["part"] == "data" else None
         print(f"running: {case['name']} (about {need:.1f} GB) ...", file=sys.stderr, flush=True)
@@ -348,11 +423,16 @@ def main(argv=None) -> int:
         store.write_text(json.dumps(results, indent=1))
     done = [r for r in results if "per_rank" in r]
     done.sort(key=lambda r: (r["params"], r["case"]["adam"], -r["ranks"]))
-    text = f"command: python scripts/bench_scale.py {' '.join(argv if argv is not None else sys.argv[1:])}\n"
-    text += f"machine: {B.machine()}\n\n" + rows_table(done) + "\n"
+    # rows are merged across invocations (runs/bench_scale_<part>.json): name each one's command
+    commands = list(dict.fromkeys(r["case"].get("command", "(not recorded)") for r in results))
+    text = "".join(f"command{'' if len(commands) == 1 else f' {i + 1}'}: {c}\n" for i, c in enumerate(commands))
+    text += f"machine: {B.machine()}\n\n" + rows_table(done, commands if len(commands) > 1 else None) + "\n"
     skipped = [r for r in results if "skipped" in r or "error" in r]
     for r in skipped:
         text += f"\n- {r['case']['name']}: {r.get('skipped') or 'failed: ' + r['error']}"
+    if args.part == "scale":
+        pre = RUNS / "bench_scale_precision.json"
+        text += "\n\n" + targets(done, json.loads(pre.read_text()) if pre.exists() else [])
     if args.part == "data":
         for r in done:
             d = r["data"]

@@ -136,10 +136,15 @@ def test_softmax_normaliser_merges_over_ranks_with_rows_empty_on_some():
         assert S[i] == pytest.approx(float(np.sum(all_s[live, i] * np.exp(all_m[live, i] - ref_M))), rel=1e-12)
 
 
-def test_lsh_inference_index_gives_the_same_topk_and_share_at_p_ranks_as_at_one():
+@pytest.mark.parametrize("chunk", [256, 5])
+def test_lsh_inference_index_gives_the_same_topk_and_share_at_p_ranks_as_at_one(chunk, monkeypatch):
     """The inference index keeps, per anchor, the labels of the whole layer above one threshold
-    agreed across ranks, and re-ranks exactly: P ranks retrieve and return what 1 rank does."""
+    agreed across ranks, and re-ranks exactly: P ranks retrieve and return what 1 rank does,
+    whether the 16 anchors are filled at once or 5 at a time (chunks of 5, 5, 5, 1)."""
+    from dslide import network as N
     from dslide import train as T
+
+    monkeypatch.setattr(N, "INDEX_CHUNK", chunk)
     from dslide.config import LSHConfig
     from dslide.data import XMCData
 

@@ -174,3 +174,14 @@ def test_observe_places_then_moves_anchors_and_errors_are_clear():
     assert not np.array_equal(before, tables.anchors)
     with pytest.raises(ValueError, match=r"shape \[n, 4\]"):
         tables.observe(np.zeros((2, 5), np.float32))
+
+
+def test_kmeans_in_small_blocks_of_distances_gives_the_same_anchors():
+    """k-means' distances taken 7 rows at a time (and kmeans_block's byte cap) give what
+    one block of every row gives."""
+    rs = np.random.default_rng(3)
+    X = (rs.normal(size=(6, 5))[rs.integers(0, 6, 400)] + 0.3 * rs.normal(size=(400, 5))).astype(np.float32)
+    np.testing.assert_allclose(A.kmeans(X, 6, seed=0, iters=10, block=7), A.kmeans(X, 6, seed=0, iters=10),
+                               rtol=1e-5, atol=1e-6)
+    assert A.kmeans_block(2048) == A.SCORE_BLOCK_BYTES // (4 * 2048) == 4096
+    assert A.kmeans_block(256) == 8192 and A.kmeans_block(1 << 40) == 1

@@ -514,3 +514,62 @@ def test_inference_index_buckets_are_the_top_labels_by_the_documented_score(shri
         got = out.inference.buckets[0, a, :out.inference.fill_count[0, a]]
         assert len(set(got) ^ set(want)) <= 2, a  # float32 ties at the cut may swap one label
         np.testing.assert_array_equal(got, np.sort(got))
+
+
+@pytest.mark.parametrize("chunk", [256, 7, 1])
+def test_inference_index_buckets_are_each_anchors_top_labels_by_id_in_any_chunking(chunk, monkeypatch):
+    """fill_index, anchors taken `chunk` at a time (and score_top's block of scores cut to a
+    few anchors): every bucket holds exactly the T labels scoring highest at its anchor
+    (numpy: C @ W.T + b, ties to the lower id), sorted by id, fill T."""
+    from dslide import network as N
+    from dslide.comm import Comm
+    from dslide.lsh import anchors as LA
+
+    monkeypatch.setattr(N, "INDEX_CHUNK", chunk)
+    monkeypatch.setattr(LA, "SCORE_BLOCK_BYTES", 3 * 400 * 4)  # 3 anchors a block of scores
+    cfg = Config(hidden=(12,), kinds=("dense", "lsh"),
+                 lsh=LSHConfig(anchors=8, max_active=20, index_anchors=20, index_share=0.05,
+                               index_shrink=1.0, index_spread=0.0))
+    net = Network(cfg, 30, 400, Comm())
+    out = net.layers[-1]
+    H = np.random.default_rng(5).random((300, 12), dtype=np.float32)
+    info = out.build_index(H, Comm())
+    T = info["bucket"]
+    assert T == 20 and info["anchors"] == 20
+    C = out.inference.anchors[0]
+    S = C.astype(np.float64) @ out.W.T.astype(np.float64) + out.b
+    np.testing.assert_array_equal(out.inference.fill_count, np.full((1, 20), T))
+    for a in range(20):
+        want = np.sort(np.lexsort((np.arange(400), -S[a]))[:T])
+        np.testing.assert_array_equal(out.inference.buckets[0, a, :T], want)
+
+
+def test_score_block_bounds_the_scores_block():
+    from dslide.lsh import anchors as LA
+
+    assert LA.score_block(670_091) == LA.SCORE_BLOCK_BYTES // (670_091 * 4) == 12
+    assert LA.score_block(1000) == 64  # small layers: the anchor cap
+    assert LA.score_block(LA.SCORE_BLOCK_BYTES) == 1  # one anchor's scores over budget: still one
+
+
+@pytest.mark.parametrize("sparse", [False, True])
+def test_exact_topk_in_column_blocks_matches_numpy(sparse, monkeypatch):
+    """_blocked_topk with blocks of 100 columns (EXACT_BLOCK_BYTES cut down; 3,000 columns,
+    ties included) and with the default block: numpy's top k of x @ W.T + b, ties to the
+    lower id, ids offset by the slice's first column."""
+    from dslide import network as N
+
+    rs = np.random.default_rng(7)
+    x = rs.random((50, 8)).astype(np.float32)
+    x[x < 0.5] = 0.0
+    Wn = rs.normal(size=(3000, 8)).astype(np.float32)
+    Wn[2000:2010] = Wn[150]  # exact ties across blocks
+    b = rs.normal(size=3000).astype(np.float32)
+    b[2000:2010] = b[150]
+    S = x.astype(np.float64) @ Wn.T.astype(np.float64) + b
+    want = np.array([np.lexsort((np.arange(3000), -row))[:5] for row in (x @ Wn.T + b)])
+    for budget in (12 * 50 * 100, N.EXACT_BLOCK_BYTES):
+        monkeypatch.setattr(N, "EXACT_BLOCK_BYTES", budget)
+        s, i = N._blocked_topk(sp.csr_matrix(x) if sparse else x, Wn, b, 5, 1000)
+        np.testing.assert_array_equal(i, want + 1000)
+        np.testing.assert_allclose(s, np.take_along_axis(S, want, axis=1), rtol=1e-5)
