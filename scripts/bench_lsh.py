@@ -172,7 +172,7 @@ def trained_layer(args) -> None:
     path = ck.latest(args.model)
     manifest = ck.read_manifest(path)
     model = T.build_network((manifest["n_features"], manifest["n_labels"]), ck.config_of(path), Comm())
-    ck.load_into(model.network, path, Comm())
+    ck.load_into(model.network, path, Comm(), weights_only=True)
     net = model.network
     out = net.layers[-1]
     W, b = np.ascontiguousarray(out.neuron_major()), out.b
