@@ -199,13 +199,12 @@ class Config:
         "lsh" (LSH-selected active neurons) or "auto" (by cost: an LSH layer
         computes about random_count + max_active neurons per sample where a
         dense one computes all of them with faster BLAS products, and pays a
-        fixed cost per sample for its hash queries and its candidates, scored
-        one by one; so "auto" is LSH when the layer is at least
+        fixed cost per step for its tables' upkeep; so "auto" is LSH when the layer is at least
         `auto_lsh_ratio` times wider than the neurons it computes and at least
         `auto_lsh_min_width` wide. scripts/bench_auto_lsh.py trains `small`
         with both kinds of output at several label counts and records their
         samples/s and P@1 in docs/benchmarks.md; its run of 1 Dec 2026 (2
-        threads, a shared machine): LSH / dense samples/s 0.99 at 5,120
+        threads, a shared machine, lsh.min_active 2,048 then): LSH / dense samples/s 0.99 at 5,120
         labels (width / LSH neurons 3.33), 0.92 at 10,000 (3.98), 2.54 at 14,000
         (5.47), 1.31 at 20,000 (7.81), P@1 of LSH 0.1 to 3.0 points higher. The
         defaults (4.0, 12,000) pick dense at the first two and LSH at the
