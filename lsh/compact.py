@@ -27,8 +27,8 @@ import numba
 import numpy as np
 from numba import njit, prange
 
-from ._common import HashFamily, check_int
-from .tables import HashTables, _fmt_bytes, run_query
+from ._common import HashFamily
+from .tables import HashTables, _fmt_bytes, check_family_range, run_query
 
 
 @njit(parallel=True)
@@ -67,14 +67,9 @@ class CompactTables:
     policy = "all"
 
     def __init__(self, family: HashFamily, range_pow: int):
-        if not isinstance(family, HashFamily):
-            raise ValueError(f"family must be a hash family from lsh.make_family, got {type(family).__name__}")
         self.family = family
         self.L = family.L
-        self.range_pow = check_int("range_pow", range_pow, 1, 24)
-        if self.range_pow > family.code_bits:
-            raise ValueError(f"range_pow ({self.range_pow}) exceeds the {family.code_bits} bits of a "
-                             f"full {family.name} code (K={family.K}); valid: 1..{family.code_bits}")
+        self.range_pow = check_family_range(family, range_pow)
         self.n_buckets = 1 << self.range_pow
         self.offsets = np.zeros((self.L, self.n_buckets + 1), np.int32)
         self.ids = np.zeros((self.L, 0), np.int32)

@@ -436,6 +436,17 @@ def _fmt_bytes(n: int) -> str:
     return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
 
 
+def check_family_range(family, range_pow) -> int:
+    """range_pow checked against `family` (a HashFamily): 1..24 and at most its code bits."""
+    if not isinstance(family, HashFamily):
+        raise ValueError(f"family must be a hash family from dslide.lsh.make_family, got {type(family).__name__}")
+    range_pow = check_int("range_pow", range_pow, 1, 24)
+    if range_pow > family.code_bits:
+        raise ValueError(f"range_pow ({range_pow}) exceeds the {family.code_bits} bits of a "
+                         f"full {family.name} code (K={family.K}); valid: 1..{family.code_bits}")
+    return range_pow
+
+
 class HashTables:
     """L fixed-capacity hash tables over item vectors (rows of W, neuron-major).
 
@@ -453,14 +464,9 @@ class HashTables:
 
     def __init__(self, family: HashFamily, range_pow: int, capacity: int, policy: str = "fifo",
                  seed: int = 0, max_bytes: int = MAX_TABLE_BYTES):
-        if not isinstance(family, HashFamily):
-            raise ValueError(f"family must be a hash family from dslide.lsh.make_family, got {type(family).__name__}")
         self.family = family
         self.L = family.L
-        self.range_pow = check_int("range_pow", range_pow, 1, 24)
-        if self.range_pow > family.code_bits:
-            raise ValueError(f"range_pow ({self.range_pow}) exceeds the {family.code_bits} bits of a "
-                             f"full {family.name} code (K={family.K}); valid: 1..{family.code_bits}")
+        self.range_pow = check_family_range(family, range_pow)
         self.capacity = check_int("capacity", capacity, 1, 2**31 - 1)
         if policy not in POLICIES:
             raise ValueError(f"policy {policy!r} is not one of {', '.join(POLICIES)}")

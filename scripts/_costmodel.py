@@ -62,15 +62,7 @@ ALLREDUCE_ALGORITHMS = ("ring", "recursive_doubling", "best")
 
 
 def _check_P(P) -> int:
-    try:
-        if isinstance(P, bool):
-            raise TypeError
-        P = operator.index(P)
-    except TypeError:
-        raise ValueError(f"P = {P!r} must be an integer number of nodes >= 1") from None
-    if P < 1:
-        raise ValueError(f"P = {P} must be an integer number of nodes >= 1")
-    return P
+    return _check_pos_int("P", P)
 
 
 def _check_nonneg(name: str, value) -> float:

@@ -181,15 +181,21 @@ def main_part(a, suite: dict) -> None:
         text += "\n" + "\n".join(f"- {n}" for n in notes) + "\n"
     if a.suite == "full":
         text += "\n" + bibtex_section(a.no_torch)
+    _publish(a, "", text, rows, f"P@1 against training time ({shape})", rows)
+
+
+def _publish(a, part: str, text: str, rows: list, title: str, payload) -> None:
+    """Print a part's text, draw its P@1 curves (docs/bench_<suite>[_<part>][_<preset>].png),
+    record the section in docs/benchmarks.md unless --no-record, and keep `payload` as json in runs/."""
     print(text)
-    name = f"bench_{a.suite}" + (f"_{a.preset}" if a.preset != "amazon-like" else "")
+    name = f"bench_{a.suite}" + (f"_{part}" if part else "") + (f"_{a.preset}" if a.preset != "amazon-like" else "")
     png = B.ROOT / "docs" / f"{name}.png"
-    drew = plot(rows, png, f"P@1 against training time ({shape})")
+    drew = plot(rows, png, title)
     if not a.no_record:
-        B.record(f"bench.py --suite {a.suite}" + _preset_flag(a),
+        B.record(f"bench.py --suite {a.suite}" + (f" --parts {part}" if part else "") + _preset_flag(a),
                  text + "\n" + (f"![P@1 against training time]({png.name})\n" if drew else ""))
     (B.ROOT / "runs").mkdir(exist_ok=True)
-    (B.ROOT / "runs" / f"{name}.json").write_text(json.dumps(rows, indent=1))
+    (B.ROOT / "runs" / f"{name}.json").write_text(json.dumps(payload, indent=1, default=float))
 
 
 def _preset_flag(a) -> str:
@@ -547,16 +553,8 @@ def lsh_part(a, suite: dict) -> None:
     if notes:
         text += "\n" + "\n".join(f"- {n}" for n in notes) + "\n"
     text += f"\n({time.time() - t0:.0f} s in all)\n"
-    print(text)
-    name = f"bench_{a.suite}_lsh" + (f"_{a.preset}" if a.preset != "amazon-like" else "")
-    png = B.ROOT / "docs" / f"{name}.png"
-    drew = plot(rows, png, f"P@1 against training time by output layer ({shape})")
-    if not a.no_record:
-        B.record(f"bench.py --suite {a.suite} --parts lsh" + _preset_flag(a),
-                 text + "\n" + (f"![P@1 against training time]({png.name})\n" if drew else ""))
-    (B.ROOT / "runs").mkdir(exist_ok=True)
-    (B.ROOT / "runs" / f"{name}.json").write_text(json.dumps({"train": rows, "inference": [r for *_, r in inf]},
-                                                             indent=1, default=float))
+    _publish(a, "lsh", text, rows, f"P@1 against training time by output layer ({shape})",
+             {"train": rows, "inference": [r for *_, r in inf]})
 
 
 def p1_at_curve(r: dict, t: float):
