@@ -157,14 +157,20 @@ def test_grouped_rescoring_equals_numpy_per_query_with_ties_and_short_buckets(th
     b = rs.normal(size=m).astype(np.float32)
     b[50:60] = b[3]
     tables = lsh.AnchorTables(d, 1, n_anchors, 40, seed=2)
-    Q = rs.normal(size=(200, d)).astype(np.float32)
-    Q[:30] = W[3]  # queries whose best items tie
-    tables.fit_anchors(Q)
-    buckets = np.stack([np.sort(rs.choice(m, 40, replace=False)) for _ in range(n_anchors)])[None].astype(np.int32)
+    tables.fit_anchors(rs.normal(size=(200, d)).astype(np.float32))
+    # queries next to the anchors, 1, 3, 2, 5, 1 and 4 of them: single queries, odd and even groups
+    per_anchor = [1, 3, 2, 5, 1, 4]
+    Q = np.concatenate([tables.anchors[0, a] + 0.01 * rs.normal(size=(c, d)) for a, c in enumerate(per_anchor)])
+    Q = Q.astype(np.float32)[rs.permutation(sum(per_anchor))]
+    buckets = np.stack([np.sort(rs.choice(np.arange(100, m), 40, replace=False)) for _ in range(n_anchors)])[None]
+    buckets = buckets.astype(np.int32)
     buckets[0, :, :3] = [3, 50, 51]  # the tied items in every bucket
     buckets[0] = np.sort(buckets[0], axis=1)
     fill = np.full((1, n_anchors), 40, np.int32)
     fill[0, 1] = 4  # fewer than k items: the rest is -inf / -1
+    fill[0, 2] = 38  # not a multiple of the 4 items scored at a time...
+    fill[0, 4] = 39
+    b[buckets[0, 2, 37]] = b[buckets[0, 4, 38]] = 50.0  # ...and the last one is every query's best
     tables.set_buckets(buckets, fill)
     old = numba.get_num_threads()
     numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
@@ -173,7 +179,7 @@ def test_grouped_rescoring_equals_numpy_per_query_with_ties_and_short_buckets(th
     finally:
         numba.set_num_threads(old)
     codes = tables.codes(Q)[:, 0]
-    assert np.bincount(codes, minlength=n_anchors).max() > 1  # grouping really happens
+    np.testing.assert_array_equal(np.bincount(codes, minlength=n_anchors), per_anchor)
     S = Q.astype(np.float64) @ W.T.astype(np.float64) + b
     for q in range(Q.shape[0]):
         cand = buckets[0, codes[q], :fill[0, codes[q]]]
