@@ -127,7 +127,7 @@ def config_toml(config) -> str:
             lines.append(f"{_toml_key(k)} = {_toml_value(v)}")
     for name, table in tables:
         lines.append(f"\n[{name}]")
-        lines.extend(f"{_toml_key(k)} = {_toml_value(v)}" for k, v in table.items())
+        lines.extend(f"{_toml_key(k)} = {_toml_value(v)}" for k, v in table.items() if v is not None)
     return "\n".join(lines) + "\n"
 
 
@@ -147,7 +147,7 @@ def _toml_value(v) -> str:
     if isinstance(v, (list, tuple)):
         return "[" + ", ".join(_toml_value(x) for x in v) + "]"
     if isinstance(v, dict):
-        return "{" + ", ".join(f"{_toml_key(k)} = {_toml_value(x)}" for k, x in v.items()) + "}"
+        return "{" + ", ".join(f"{_toml_key(k)} = {_toml_value(x)}" for k, x in v.items() if x is not None) + "}"
     raise TypeError(f"cannot write {v!r} as TOML")
 
 

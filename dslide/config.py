@@ -23,6 +23,10 @@ INPUT_NORMS = ("l2", "none")
 DTYPES = ("float32", "float64")
 ADAM_DTYPES = ("float32", "float64", "bfloat16")
 PARALLEL = ("model", "data")
+#: lsh.max_active left at None: this many candidates per sample in a layer of at least
+#: CANDIDATES_MIN_WIDTH neurons, none in a narrower one (LSHConfig.active_count)
+MAX_ACTIVE = 512
+CANDIDATES_MIN_WIDTH = 100_000
 NARROW_OUTPUT = 4096  # labels: at most this many take the "narrow output" defaults
 LR_SCHEDULES = ("linear", "constant")
 BIAS_INITS = ("log_prior", "zero")
@@ -59,7 +63,8 @@ class LSHConfig:
     Each training step a layer computes one block of neurons for the whole
     batch: in the output layer the batch's labels; the union of the samples'
     candidates from the layer's tables, at most `max_active` per sample (0:
-    none, plain sampled softmax) and `max_candidates` per step (0: no cap;
+    none, plain sampled softmax; None, the default: 512 in a layer of at least
+    CANDIDATES_MIN_WIDTH neurons and 0 in a narrower one, see `active_count`) and `max_candidates` per step (0: no cap;
     taken rank by rank across the samples); and `min_active` neurons drawn uniformly
     afresh each step (never more than `min_active_share` of the layer:
     `random_count`), which stand for all the others (log-Q correction). Counts
@@ -114,7 +119,7 @@ class LSHConfig:
     threshold: int = 2
     min_active: int = 8192
     min_active_share: float = 0.2
-    max_active: int = 512
+    max_active: int | None = None
     max_candidates: int = 0
     rehash_every: int = 50
     rebuild_every: int = 1000
@@ -152,7 +157,8 @@ class LSHConfig:
         _int_range("lsh.threshold", self.threshold, 1, None if self.family == "anchor" else self.L)
         _int_range("lsh.min_active", self.min_active, 0)
         _float_range("lsh.min_active_share", self.min_active_share, 0.0, 1.0)
-        _int_range("lsh.max_active", self.max_active, 0)
+        if self.max_active is not None:
+            _int_range("lsh.max_active", self.max_active, 0)
         _int_range("lsh.max_candidates", self.max_candidates, 0)
         _int_range("lsh.rehash_every", self.rehash_every, 1)
         _int_range("lsh.rebuild_every", self.rebuild_every, 1)
@@ -163,6 +169,16 @@ class LSHConfig:
         _float_range("lsh.index_shrink", self.index_shrink, 0.0, 1.0)
         _float_range("lsh.index_spread", self.index_spread, 0.0, 100.0)
         _int_range("lsh.index_points", self.index_points, 1)
+
+    def active_count(self, width: int) -> int:
+        """Candidates per sample in a layer of `width` neurons: max_active, or when it is None
+        MAX_ACTIVE if width >= CANDIDATES_MIN_WIDTH else 0. Measured (docs/lsh.md, bench.py
+        --parts lsh): at 670,091 labels candidates + uniform negatives beat uniform negatives
+        alone; at 20,000 labels the batch's candidates cover half the layer, cost twice the
+        time per step and lose to uniform negatives alone at every point of the run."""
+        if self.max_active is not None:
+            return self.max_active
+        return MAX_ACTIVE if width >= CANDIDATES_MIN_WIDTH else 0
 
     def random_count(self, width: int) -> int:
         """Shared random neurons per step in a layer of `width` neurons (all ranks together)."""
@@ -397,7 +413,7 @@ class Config:
             return "dense"
         if kind == "auto":
             lc = self.layer_lsh(index)
-            cheaper = width >= self.auto_lsh_ratio * (lc.random_count(width) + lc.max_active)
+            cheaper = width >= self.auto_lsh_ratio * (lc.random_count(width) + lc.active_count(width))
             return "lsh" if cheaper and width >= self.auto_lsh_min_width else "dense"
         return kind
 

@@ -89,7 +89,8 @@ def account(config: Config, n_features: int, n_labels: int, world_size: int = 1,
             step_peak = max(step_peak, 3 * B * n * item + 2 * B * n_local * item)
             continue
         lc = config.layer_lsh(i)
-        per = min(scaled_count(lc.max_active, n_local, n), n_local) if lc.max_active else 0
+        per = lc.active_count(n)
+        per = min(scaled_count(per, n_local, n), n_local) if per else 0
         n_rand = lc.random_count(n)
         n_rand = min(scaled_count(n_rand, n_local, n), n_local) if n_rand else 0
         # _pos int32, _mark, dirty, touched, the candidates' mark: uint8 each [n_local]; with

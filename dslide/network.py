@@ -441,7 +441,8 @@ class LSHLayer(Layer):
         rng.init_neuron_major(self.init_key, self.lo, self.W, self.scale)
         self.b = np.zeros(self.n_local, dtype=self.dtype)
         self._optimiser((self.lo, 0, self.d_in))  # W [n_r, d_in]: row r is neuron lo + r
-        self.max_active = min(scaled_count(lc.max_active, self.n_local, self.n), self.n_local) if lc.max_active else 0
+        per = lc.active_count(self.n)
+        self.max_active = min(scaled_count(per, self.n_local, self.n), self.n_local) if per else 0
         self.max_candidates = scaled_count(lc.max_candidates, self.n_local, self.n) if lc.max_candidates else 0
         n_random = lc.random_count(self.n)
         self.n_random = min(scaled_count(n_random, self.n_local, self.n), self.n_local) if n_random else 0

@@ -62,8 +62,20 @@ def _recall(pred, exact, k=10):
     return float(np.mean([np.isin(exact[i, :k], pred[i, :k]).mean() for i in range(exact.shape[0])]))
 
 
-def compare_inference(model, test, inv_prop) -> list[dict]:
-    """Rows for exact, --lsh and the static shortlist of equal size (see the module docstring)."""
+def refill_index(model, share: float) -> None:
+    """Refill the output layer's inference index, same anchors, with buckets of `share` of the labels."""
+    import dataclasses
+
+    from dslide.network import fill_index
+
+    out = model.network.layers[-1]
+    out.lc = dataclasses.replace(out.lc, index_share=share)
+    fill_index(out, model.network.comm, max(1, int(np.ceil(share * out.n))))
+
+
+def compare_inference(model, test, inv_prop, shares=()) -> list[dict]:
+    """Rows for exact, --lsh and the static shortlist of equal size (see the module docstring),
+    then --lsh again with the index refilled at each of `shares` (same anchors, other bucket sizes)."""
     Y = sp.csr_matrix(test.Y)
     T.predict_topk(model, test.X[:64], 10, exact=False)  # compile outside the timings
     rows = []
@@ -79,6 +91,13 @@ def compare_inference(model, test, inv_prop) -> list[dict]:
     t0 = time.perf_counter()
     static = static_topk(model, test.X, 10, m)
     rows.append(("static shortlist (highest biases)", m / n_labels, time.perf_counter() - t0, static))
+    for share in shares:
+        refill_index(model, share)
+        T.predict_topk(model, test.X[:64], 10, exact=False)
+        stats = {}
+        t0 = time.perf_counter()
+        pred = T.predict_topk(model, test.X, 10, exact=False, stats=stats)
+        rows.append((f"--lsh, buckets of {share:.0%}", stats["scored_share"], time.perf_counter() - t0, pred))
     out = []
     for name, share, secs, ids in rows:
         met = evaluate(Y, ids[:, :5], k=5, inv_prop=inv_prop)

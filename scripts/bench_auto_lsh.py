@@ -47,7 +47,7 @@ def main(argv=None) -> int:
         if lsh is None or dense is None:
             continue
         cfg = Config().resolve(n)
-        active = cfg.lsh.random_count(n) + cfg.lsh.max_active
+        active = cfg.lsh.random_count(n) + cfg.lsh.active_count(n)
         rows.append({"labels": f"{n:,}", "auto": cfg.layer_kind(1, n), "active": f"{active:,}",
                      "width_ratio": f"{n / active:.2f}",
                      "lsh_sps": f"{lsh['samples_per_s']:,.0f}", "dense_sps": f"{dense['samples_per_s']:,.0f}",

@@ -29,6 +29,15 @@ of the same size; SimHash over [w, b] with the asymmetric MIPS transform
 (Neyshabur & Srebro 2015) and SLIDE's DWTA over w, in union mode.
 
     NUMBA_NUM_THREADS=2 python scripts/bench_lsh.py --model runs/amz --data data/amz_test.txt --train data/amz_train.txt
+
+End to end (`--model RUN_DIR --data TEST --eval`): `dslide eval` on every test
+point three ways, at 1 rank x 2 threads and at 2 ranks x 1 thread (mpiexec),
+one after the other: exact scoring, `--lsh` (the run's index) and a static
+shortlist of the highest-bias labels as large as what --lsh scored, and with
+--shares the index refilled at other bucket sizes; share of labels scored, seconds, speed-up, recall of the exact top-10, P@1, P@5, PSP@5
+(propensities saved with the run). scripts/_lsh_eval.py does the work.
+
+    python scripts/bench_lsh.py --model runs/amz --data data/amz_test.txt --eval
 """
 
 from __future__ import annotations
@@ -48,6 +57,8 @@ import numba  # noqa: E402
 import numpy as np  # noqa: E402
 
 from dslide import lsh  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # _bench, _lsh_eval (also under mpi4py)
 
 # family,K,L,rp (range_pow),C (capacity)[,policy][,mode][,m|t][,family params]
 DEFAULT_SETTINGS = [
@@ -267,11 +278,69 @@ def trained_layer(args) -> None:
         print(f"| {name} | {share:.2%} | {ms_s} | {speed} | {bs} | {r1:.3f} | {r10:.3f} | {r100:.3f} |", flush=True)
 
 
+def end_to_end(args) -> None:
+    """The --eval mode: the comparison at 1 x 2 and 2 x 1, each in a fresh process."""
+    import json
+    import subprocess
+
+    import _bench as B
+
+    rows = []
+    for ranks, threads in ((1, 2), (2, 1)):
+        env = {**os.environ, **{v: str(threads) for v in ("NUMBA_NUM_THREADS", "OPENBLAS_NUM_THREADS",
+                                                          "OMP_NUM_THREADS", "MKL_NUM_THREADS")}}
+        cmd = [sys.executable, "-m", "mpi4py", __file__, "--model", args.model, "--data", args.data, "--eval-child",
+               "--shares", args.shares]
+        if ranks > 1:
+            cmd = [B.mpiexec(), "-n", str(ranks), *cmd]
+        p = subprocess.run(cmd, capture_output=True, text=True, env=env)
+        got = [line[len("RESULT "):] for line in p.stdout.splitlines() if line.startswith("RESULT ")]
+        if p.returncode != 0 or not got:
+            raise SystemExit(f"{' '.join(cmd)} failed (exit {p.returncode}):\n{p.stderr[-3000:]}")
+        rows += [(ranks, threads, r) for r in json.loads(got[0])]
+    print(f"command: {' '.join(shlex.quote(a) for a in [sys.executable, *sys.argv])}")
+    print(f"machine: {B.machine()}")
+    print(f"model: {args.model}; test points: {args.data}")
+    print()
+    print("| ranks x threads | method | labels scored | seconds | speed-up | recall of exact top-10 | P@1 | P@5 | PSP@5 |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for ranks, threads, r in rows:
+        exact = next(x for q, t, x in rows if (q, t) == (ranks, threads) and x["method"] == "exact")
+        print(f"| {ranks} x {threads} | {r['method']} | {r['share']:.2%} | {r['seconds']:.2f} | "
+              f"{exact['seconds'] / r['seconds']:.1f}x | {r['recall@10']:.4f} | {r['p@1']:.4f} | {r['p@5']:.4f} | "
+              f"{r['psp@5']:.4f} |", flush=True)
+
+
+def eval_child(args) -> None:
+    import json
+
+    from _lsh_eval import compare_inference
+
+    from dslide import cli, propensity
+    from dslide.comm import Comm
+    from dslide.data import read_xmc
+
+    comm = Comm()
+    model = cli._load_model(args.model, comm)
+    shares = [float(x) for x in args.shares.split(",") if x.strip()]
+    rows = compare_inference(model, read_xmc(args.data), propensity.load(args.model, model.n_labels)["inv_prop"],
+                             shares)
+    if comm.rank == 0:
+        print("RESULT " + json.dumps(rows), flush=True)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", help="a run directory: measure retrieval on its trained output layer")
     ap.add_argument("--data", help="with --model: test data whose hidden vectors are the queries")
     ap.add_argument("--train", help="with --model: training data, for anchors of other sizes")
+    ap.add_argument("--eval", action="store_true",
+                    help="with --model and --data: exact against --lsh against a static shortlist, end to end, "
+                         "at 1 x 2 and 2 x 1")
+    ap.add_argument("--eval-child", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--shares", default="",
+                    help="with --eval: also refill the run's index (same anchors) with buckets of these shares "
+                         "of the labels, comma-separated, and score through each")
     ap.add_argument("--budgets", default="0.01,0.02", help="with --model: shares of the labels to score")
     ap.add_argument("--index-points", type=int, default=50000, help="with --model: training points for anchors")
     ap.add_argument("--items", type=int, default=670_091)
@@ -290,6 +359,10 @@ def main(argv=None):
     if args.model:
         if not args.data:
             ap.error("--model needs --data (test points whose hidden vectors are the queries)")
+        if args.eval_child:
+            return eval_child(args)
+        if args.eval:
+            return end_to_end(args)
         if args.queries == 256:
             args.queries = 2000
         return trained_layer(args)

@@ -85,7 +85,7 @@ def _lsh_configs(draw):
         policy=draw(st.sampled_from(POLICIES)), select=draw(st.sampled_from(SELECT_MODES)),
         threshold=draw(st.integers(1, max_threshold)),
         min_active=draw(st.integers(0, 10**9)), min_active_share=draw(_floats01),
-        max_active=draw(st.integers(0, 10**9)), rehash_every=draw(st.integers(1, 10**9)),
+        max_active=draw(st.none() | st.integers(0, 10**9)), rehash_every=draw(st.integers(1, 10**9)),
         rebuild_every=draw(st.integers(1, 10**9)), growth=draw(st.floats(1.0, 10.0)),
         index_anchors=draw(st.integers(0, 1 << 20)), index_share=draw(st.floats(0.0, 1.0, exclude_min=True)),
         index_probes=draw(st.integers(1, 1024)), index_points=draw(st.integers(1, 10**9)),
@@ -209,10 +209,12 @@ def test_random_negatives_scale_with_width_and_set_the_automatic_layer_kind(widt
     assert cfg.layer_kind(1, width) == kind
     assert cfg.layer_kind(0, width) == "dense"          # the input layer is always dense
     assert Config(hidden=(16,), exact=True).layer_kind(1, width) == "dense"
-    no_min = Config(hidden=(16,), auto_lsh_min_width=0)
+    no_min = Config(hidden=(16,), auto_lsh_min_width=0, lsh={"max_active": 512})
     # without the minimum width, the ratio alone: 4 * (2,047 + 512) = 10,236 is LSH, 10,235 is not
     assert [no_min.layer_kind(1, w) for w in (10_235, 10_236)] == ["dense", "lsh"]
-    no_random = Config(hidden=(16,), auto_lsh_min_width=0, lsh={"min_active_share": 0.0})
+    # with max_active unset a layer this narrow has no candidates: 4 * 20% of it always fits
+    assert Config(hidden=(16,), auto_lsh_min_width=0).layer_kind(1, 1_000) == "lsh"
+    no_random = Config(hidden=(16,), auto_lsh_min_width=0, lsh={"min_active_share": 0.0, "max_active": 512})
     assert no_random.lsh.random_count(width) == 0
     assert no_random.layer_kind(1, width) == ("lsh" if width >= 4 * 512 else "dense")
 

@@ -455,6 +455,34 @@ def test_max_active_zero_trains_with_no_candidates_in_any_block():
     assert evaluate(model, test)["p@1"] >= 4 * constant
 
 
+def test_default_candidates_depend_on_the_layer_width_and_an_explicit_max_active_wins():
+    """lsh.max_active left at None: MAX_ACTIVE candidates per sample from CANDIDATES_MIN_WIDTH
+    neurons up, none below (bench.py --parts lsh --labels 20000: candidates lose there); a
+    layer built that narrow draws no candidate in any block, an explicit value is kept."""
+    from dslide.config import CANDIDATES_MIN_WIDTH, MAX_ACTIVE
+    from dslide.datasets.synthetic import generate_split
+    from dslide.train import fit
+
+    lc = LSHConfig()
+    assert lc.max_active is None
+    assert lc.active_count(CANDIDATES_MIN_WIDTH) == MAX_ACTIVE == 512
+    assert lc.active_count(CANDIDATES_MIN_WIDTH - 1) == 0
+    assert LSHConfig(max_active=7).active_count(10) == 7
+    assert LSHConfig(max_active=0).active_count(10**7) == 0
+    train, _ = generate_split("tiny", seed=3)
+    blocks = {}
+    for name, lsh_cfg in (("default", LSHConfig(min_active=100)), ("explicit", LSHConfig(min_active=100,
+                                                                                           max_active=16))):
+        cfg = Config(hidden=(16,), kinds=("dense", "lsh"), threads=1, epochs=1, batch_size=64, dropout=0.0,
+                     lr=1e-2, lsh=lsh_cfg)
+        got = []
+        fit(train, cfg, callback=lambda ev, m, info: got.append(m.network.layers[1].last_block)
+            if ev == "step" else None, index=False)
+        blocks[name] = got
+    assert all(c == 0 for _, c, _ in blocks["default"])
+    assert sum(c for _, c, _ in blocks["explicit"]) > 0
+
+
 def test_item_hashing_candidates_cap_takes_rank_by_rank():
     from dslide.candidates import _rank_major_union
 
