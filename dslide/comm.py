@@ -33,11 +33,12 @@ Replicas (dslide.replicas) add three things, all here because they are MPI:
 `split` (a replica's model communicator, the communicator of the ranks that
 hold the same shard in every replica), `exchange` (an all-gather among any
 subset of a communicator's ranks by point-to-point messages, so a partial
-all-reduce needs no communicator per group), and `Board`: a few int64 words
+all-reduce needs no communicator per group), `Board`: a few int64 words
 on one rank that every rank reads and changes with one-sided atomic
 operations (MPI-3 RMA: compare-and-swap, fetch-and-add) without the host's
-participation, which is how replicas agree on groups without waiting on a
-slow one.
+participation, and `Mailbox`: per rank two slots of published arrays that
+any rank copies one-sidedly (MPI-3 RMA get), which is how a replica averages
+with another's latest state without waiting for it (partial sync).
 """
 
 from __future__ import annotations
@@ -408,11 +409,7 @@ class Board:
 
     def free(self) -> None:
         """Collective: every rank has stopped using the board."""
-        if self._win is not None:
-            self._win.Unlock_all()
-            self._comm._mpi.Barrier()
-            self._win.Free()
-            self._win = None
+        self._win = _free_window(self._win, self._comm)
 
 
 class Mailbox:
@@ -441,7 +438,7 @@ class Mailbox:
         self._comm = comm
         self.capacity = _align8(int(capacity) + 8 * 64)
         self._win = None
-        self._recv: dict[int, np.ndarray] = {}
+        self._recv = np.empty(0, dtype=np.uint8)
         if comm.size == 1:
             self._mem = np.zeros(2 * self.capacity, dtype=np.uint8)
             self._stamps().fill(-1)
@@ -475,12 +472,18 @@ class Mailbox:
         return int(self._res[0])
 
     def publish(self, version: int, parts: list) -> int:
-        """Write `parts` (1-D arrays) as `version` of this rank's mailbox; returns its bytes."""
+        """Write `parts` as `version` of this rank's mailbox; returns its bytes. A part is an
+        array (written whole, flattened) or (array, ids): its rows `ids` along axis 0,
+        gathered straight into the slot (no copy in between)."""
         if version < 1:
             raise ValueError(f"mailbox version {version} must be >= 1")
-        parts = [np.ascontiguousarray(p).reshape(-1) for p in parts]
+        shapes = []  # (source, ids or None, bytes)
+        for p in parts:
+            a, ids = p if isinstance(p, tuple) else (p, None)
+            row = a.nbytes // max(1, a.shape[0]) if a.ndim else a.nbytes
+            shapes.append((a, ids, a.nbytes if ids is None else ids.shape[0] * row))
         head = 8 * (2 + len(parts))
-        total = head + sum(_align8(p.nbytes) for p in parts)
+        total = head + sum(_align8(nb) for _, _, nb in shapes)
         if total > self.capacity:
             raise ValueError(f"mailbox version {version} needs {total} bytes, more than its capacity "
                              f"{self.capacity}")
@@ -488,13 +491,17 @@ class Mailbox:
         me = self._comm.rank
         self._stamp(me, slot, -1)
         base = slot * self.capacity
-        hdr = np.frombuffer(self._mem[base:base + head], dtype=np.int64)
+        hdr = self._mem[base:base + head].view(np.int64)
         hdr[1] = len(parts)
         off = base + head
-        for i, p in enumerate(parts):
-            hdr[2 + i] = p.nbytes
-            self._mem[off:off + p.nbytes] = p.view(np.uint8)
-            off += _align8(p.nbytes)
+        for i, (a, ids, nb) in enumerate(shapes):
+            hdr[2 + i] = nb
+            dst = self._mem[off:off + nb].view(a.dtype)
+            if ids is None:
+                dst[...] = a.reshape(-1)
+            else:
+                np.take(a, ids, axis=0, out=dst.reshape((ids.shape[0],) + a.shape[1:]))
+            off += _align8(nb)
         if self._win is not None:
             self._win.Sync()  # the parts are stored before the stamp says so
         self._stamp(me, slot, version)
@@ -510,7 +517,7 @@ class Mailbox:
 
     def get(self, rank: int, version: int, lengths: np.ndarray, want: list, kind: str) -> list | None:
         """Prefixes of parts of `rank`'s `version`: want = [(part index, bytes)]; returns the
-        byte arrays (views into a receive buffer reused by the next `get` from `rank`), or
+        byte arrays (views into one receive buffer, reused by the next `get`), or
         None when the slot no longer holds `version` (the copy would be torn)."""
         slot = version % 2
         n = lengths.shape[0]
@@ -526,9 +533,9 @@ class Mailbox:
 
     def _fetch(self, rank: int, ranges: list, kind: str) -> list:
         total = sum(_align8(nb) for _, nb in ranges)
-        buf = self._recv.get(rank)
-        if buf is None or buf.nbytes < total:  # kept: fresh pages cost more than the copy
-            buf = self._recv[rank] = np.empty(max(total, 2 * (0 if buf is None else buf.nbytes)), dtype=np.uint8)
+        if self._recv.nbytes < total:  # kept: fresh pages cost more than the copy
+            self._recv = np.empty(total + total // 4, dtype=np.uint8)
+        buf = self._recv
         t0 = time.perf_counter()
         out, off = [], 0
         for start, nb in ranges:
@@ -543,17 +550,24 @@ class Mailbox:
         if self._win is not None:
             self._win.Flush(rank)
         if rank != self._comm.rank:
-            self._comm._count(kind, total, t0)
+            self._comm._count(kind, sum(nb for _, nb in ranges), t0)
         return out
 
     def free(self) -> None:
         """Collective: every rank has stopped using the mailbox."""
         if self._win is not None:
-            self._win.Unlock_all()
-            self._comm._mpi.Barrier()
-            self._win.Free()
-            self._win = None
-            self._mem = None
+            self._mem = None  # a view of the window's memory
+        self._win = _free_window(self._win, self._comm)
+
+
+def _free_window(win, comm: Comm) -> None:
+    """End the window's lock-all epoch and free it once every rank is done (collective);
+    returns None (the caller's new handle)."""
+    if win is not None:
+        win.Unlock_all()
+        comm._mpi.Barrier()
+        win.Free()
+    return None
 
 
 def _align8(n: int) -> int:

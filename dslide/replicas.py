@@ -74,13 +74,14 @@ waits: at its synchronisation point (every `sync_every` local steps) it
      shard reads the same versions; each rank copies from its peer h the rows
      of the first min(gap, D) levels of version v (the rows h changed in the
      intervals this replica has not seen), then checks that the slot still
-     holds v; an allreduce of those checks on the model communicator drops a
+     holds v; an allreduce of that check on the model communicator drops the
      partner for every shard if one shard's copy was torn;
   3. averages: for each received row r, with C_r the partners that sent it,
 
-         w[r] <- (w[r] + sum_{h in C_r} w_h[r]) / (1 + |C_r|)     (float64, partner order)
+         w[r] <- (w[r] + sum_{h in C_r} w_h[r]) / (1 + |C_r|)
 
-     and whole arrays over all used partners; rows nobody sent are left alone.
+     and whole arrays over all used partners (a running mean, one partner folded
+     in at a time); rows nobody sent are left alone.
 
 If no partner published a fresh version, the replica goes on alone (a group
 of one). Guarantees: no replica waits for another's computation (only for
@@ -139,6 +140,7 @@ FROZEN = 1 << 62
 STOP = 1 << 61
 STEP_BITS = 40  # PUB word: version << STEP_BITS | counter
 DEPTH = 4  # partial: intervals of own changes a version carries (levels of `recent`)
+MERGE_ROWS = 1 << 14  # partial: rows averaged at a time (float64 temporaries of this many rows)
 
 # intents at a global point
 I_CKPT, I_DONE, I_STOP, I_AUTO = 1, 2, 4, 8
@@ -344,7 +346,7 @@ class Replicas:
             i = np.concatenate(levels).astype(np.int64)
             rows, whole = layer.sync_arrays()
             ids.append(i)
-            vals += [a[i].reshape(-1) for a in rows] + [a.reshape(-1) for a in whole]
+            vals += [(a, i) for a in rows] + list(whole)  # gathered straight into the window
             np.subtract(recent, 1, out=recent, where=recent > 0)
         self.version += 1
         self.box.publish(self.version, [np.array(counts, dtype=np.int64).reshape(-1)] + ids + vals)
@@ -368,25 +370,33 @@ class Replicas:
 
     def pull(self, partners: list | None = None) -> int:
         """Partial: average with the fresh partners' latest versions (the leader's choice,
-        broadcast when `partners` is None). Collective over the model communicator only;
-        returns the number of partners used (0: this replica went on alone)."""
+        broadcast when `partners` is None), one partner after the other. Collective over
+        the model communicator only; returns the number of partners used (0: this replica
+        went on alone)."""
         t0 = time.perf_counter()
         if partners is None:
             partners = self.choose_partners() if self.leader else None
             if self.P > 1:
                 partners = self.model.bcast_object(partners)
-        got = [self._read(h, v, gap) for h, v, gap in partners]
-        ok = np.array([x is not None for x in got], dtype=np.float64)
-        if self.P > 1 and len(partners):
-            ok = self.model.allreduce_sum(ok, kind="replica_ids")  # a copy torn on one shard drops it for all
-        used = [x for x, o in zip(got, ok) if o == self.P]
-        self.torn += len(partners) - len(used)
-        self.missed += sum(1 for (h, v, gap), o in zip(partners, ok) if o == self.P and gap > DEPTH)
-        self._merge(used)
+        counts = None  # per layer, per row: values averaged so far (this replica's own: 1)
+        used = 0
+        for h, v, gap in partners:
+            got = self._read(h, v, gap)
+            ok = got is not None
+            if self.P > 1:  # a copy torn on one shard drops the partner on every shard
+                ok = self.model.allreduce_sum(np.array([float(ok)]), kind="replica_ids")[0] == self.P
+            if not ok:
+                self.torn += 1
+                continue
+            if counts is None:
+                counts = [np.ones(r.shape[0], dtype=np.int32) for r in self.recent]
+            self._merge(got, counts, used)
+            used += 1
+            self.missed += gap > DEPTH
         self.syncs += 1
-        self.group_sizes.append(1 + len(used))
+        self.group_sizes.append(1 + used)
         self.wait_s += time.perf_counter() - t0
-        return len(used)
+        return used
 
     def _read(self, h: int, v: int, gap: int):
         """Partner h's version v from its peer on this shard: per layer (ids int64 [n],
@@ -427,32 +437,24 @@ class Replicas:
             out.append((ids, r, w))
         return out
 
-    def _merge(self, used: list) -> None:
-        """w[r] <- (w[r] + sum of the partners' rows r) / (1 + partners that sent r); whole
-        arrays over every used partner. Sums in float64 in partner order."""
-        if not used:
-            return
-        for l, (layer, changed) in enumerate(zip(self.net.layers, self.changed)):
+    def _merge(self, part: list, counts: list, merged: int) -> None:
+        """Fold one partner's version into the running mean: on each row r it sent,
+        w[r] <- (c_r w[r] + w_h[r]) / (c_r + 1) with c_r the values averaged into w[r]
+        so far (counts, updated); whole arrays likewise with c = merged + 1. Each step
+        in float64, rounded to the parameters' dtype; rows in chunks (bounded memory)."""
+        for layer, (ids, r, w), cnt, changed in zip(self.net.layers, part, counts, self.changed):
             rows, whole = layer.sync_arrays()
-            parts = [p[l] for p in used]
-            u = np.unique(np.concatenate([ids for ids, _, _ in parts]))
-            if u.size:
-                cnt = np.ones(u.shape[0], dtype=np.float64)
-                pos = [np.searchsorted(u, ids) for ids, _, _ in parts]
-                for p in pos:
-                    cnt[p] += 1.0
+            if ids.size:
                 for j, a in enumerate(rows):
-                    acc = a[u].astype(np.float64)
-                    for (_, r, _), p in zip(parts, pos):
-                        acc[p] += r[j]  # ids are distinct within one version
-                    a[u] = (acc / cnt.reshape((-1,) + (1,) * (a.ndim - 1))).astype(a.dtype)
-                layer.rows_synced(u)
-                changed[u] = 1
+                    for lo in range(0, ids.shape[0], MERGE_ROWS):
+                        i = ids[lo:lo + MERGE_ROWS]  # distinct rows: one version lists a row once
+                        c = cnt[i].astype(np.float64).reshape((-1,) + (1,) * (a.ndim - 1))
+                        a[i] = ((a[i] * c + r[j][lo:lo + MERGE_ROWS]) / (c + 1.0)).astype(a.dtype)
+                cnt[ids] += 1
+                layer.rows_synced(ids)
+                changed[ids] = 1
             for j, a in enumerate(whole):
-                acc = a.astype(np.float64)
-                for _, _, w in parts:
-                    acc += w[j]
-                a[...] = (acc / (1 + len(parts))).astype(a.dtype)
+                a[...] = ((a * float(merged + 1) + w[j].astype(np.float64)) / (merged + 2.0)).astype(a.dtype)
 
     def reconcile(self, flags: int = 0) -> int:
         """A global point's averaging: every replica, every row changed since the last one

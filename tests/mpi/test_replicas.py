@@ -20,7 +20,7 @@ from dslide.comm import Comm
 from dslide.config import Config, LSHConfig
 from dslide.data import XMCData
 from dslide.network import Network, full_parameters
-from dslide.replicas import Replicas, reshard
+from dslide.replicas import DEPTH, Replicas, reshard
 from dslide.sharding import shard_bounds
 from dslide.train import _csr_parts, epoch_order, fit, make_batch
 
@@ -225,13 +225,24 @@ def test_partial_reader_gets_the_rows_of_every_interval_it_missed(R):
     if rep.g == 1:
         train(rows(3), 4)
         only = out.touched.astype(bool).copy()
+        n_rows = [int(l.touched.sum()) for l in net.layers]
         rep.publish()
     W1 = rep.peer.bcast_object(out.W.copy() if rep.g == 1 else None, root=1)
     only = rep.peer.bcast_object(only if rep.g == 1 else None, root=1)
+    n_rows = rep.peer.bcast_object(n_rows if rep.g == 1 else None, root=1)
     WORLD.barrier()
     if rep.g == 0:
         W0 = out.W.copy()
+        b0 = rep.sync_bytes()
         assert rep.pull() == 1
+        # bytes received: the part lengths, the level counts, then per layer ids and rows of
+        # the last interval and the whole arrays
+        arrays = [l.sync_arrays() for l in net.layers]
+        n_parts = 1 + len(arrays) + sum(len(r) + len(w) for r, w in arrays)
+        expect = 8 * n_parts + 8 * len(arrays) * DEPTH + sum(
+            8 * n + sum(n * a.nbytes // a.shape[0] for a in r) + sum(a.nbytes for a in w)
+            for n, (r, w) in zip(n_rows, arrays))
+        assert rep.sync_bytes() - b0 == expect
         np.testing.assert_allclose(out.W[only], (W0[only].astype(np.float64) + W1[only]) / 2, rtol=1e-6)
         assert np.array_equal(out.W[~only], W0[~only]), "rows of intervals already seen do not travel again"
         assert rep.pull() == 0 and rep.group_sizes[-1] == 1, "a version is used once"
