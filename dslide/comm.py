@@ -500,7 +500,8 @@ class Mailbox:
             if ids is None:
                 dst[...] = a.reshape(-1)
             else:
-                np.take(a, ids, axis=0, out=dst.reshape((ids.shape[0],) + a.shape[1:]))
+                # mode "clip" (ids are in range): "raise" would gather into a temporary first
+                np.take(a, ids, axis=0, out=dst.reshape((ids.shape[0],) + a.shape[1:]), mode="clip")
             off += _align8(nb)
         if self._win is not None:
             self._win.Sync()  # the parts are stored before the stamp says so
