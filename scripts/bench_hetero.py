@@ -99,7 +99,9 @@ def child(case_path: str) -> None:
                                   "skipped": [stats.get(k, 0) for k in ("stale_skips", "torn", "missed")],
                                   "peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
                                   "step_bytes": history[-1]["bytes_per_step"] if history else 0.0})
-    pred = T.predict_topk(model, test.X, 5, exact=True)
+    # scored 128 points at a time: the default 1,024 holds [1,000, 670,091] logits (2.7 GB) on every
+    # rank at 4x1, which with four whole models went past this machine's memory
+    pred = T.predict_topk_scores(model, test.X, 5, exact=True, batch_size=128)[0]
     final = evaluate(sp.csr_matrix(test.Y), pred, k=5)
     if comm.rank != 0:
         return
