@@ -23,7 +23,8 @@ is the global t: learning-rate schedule, dropout and negative-sample streams
 and LSH upkeep periods follow the progress of the whole model.
 
 What is averaged. Each layer marks the rows of W its update changed
-(`Layer.touched`); a synchronisation of a set S of k replicas takes the
+(`Layer.touched`); an allreduce synchronisation, and every global point,
+of the set S of all k replicas takes the
 union U of their sets of rows, and every member's rows U of W (and an LSH
 layer's biases; a dense layer's bias, which every step changes, whole)
 become the members' mean, computed in float64 in member order, so members
@@ -33,6 +34,7 @@ get bit-identical values and the mean of identical values is exact:
 
 Only ids and rows cross the network (`Comm.exchange`): k - 1 messages of
 |U| ids, then of |U| rows, per member. Rows outside U are left alone.
+(partial averages one-sidedly instead, below.)
 
 Adam's moments are not averaged: each replica keeps its own m and v. They
 are per-coordinate statistics of the replica's own gradients (v a scale,
