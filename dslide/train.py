@@ -365,7 +365,13 @@ def format_record(r: dict) -> str:
     return s
 
 
-def predict_topk_scores(model: Model, X: sp.csr_matrix, k: int, exact: bool = True, batch_size: int = 1024,
+#: points scored at a time: exact scoring holds a [batch, column block] of scores; the
+#: inference index only [batch, hidden], and the more points a batch has, the more of
+#: them share an anchor and read its bucket's weight rows together (AnchorTables.topk)
+PREDICT_BATCH = {"exact": 1024, "index": 65536}
+
+
+def predict_topk_scores(model: Model, X: sp.csr_matrix, k: int, exact: bool = True, batch_size: int | None = None,
                         stats: dict | None = None):
     """Top k labels per point and their scores (logits): (ids int64 [n, k], scores float64 [n, k]).
 
@@ -385,6 +391,8 @@ def predict_topk_scores(model: Model, X: sp.csr_matrix, k: int, exact: bool = Tr
     ids = np.empty((n, k), dtype=np.int64)
     scores = np.empty((n, k), dtype=np.float64)
     scored = 0
+    if batch_size is None:
+        batch_size = PREDICT_BATCH["exact" if exact else "index"]
     for s in range(0, n, batch_size):
         rows = np.arange(s, min(n, s + batch_size))
         batch = make_batch(parts, None, rows, net.step, norms=norms)

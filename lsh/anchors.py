@@ -277,6 +277,133 @@ def topk_of_buckets(X, W, b, codes, buckets, fill, k, marks, out_scores, out_ids
                     mark[buckets[l, a, s]] = 0
 
 
+@njit(inline="always")
+def _push(top_s, top_i, r, k, v, j):
+    """Insert score v of item j into row r of a sorted top k (score desc, id asc)."""
+    t = k - 1
+    if v < top_s[r, t] or (v == top_s[r, t] and j > top_i[r, t]):
+        return
+    while t > 0 and (v > top_s[r, t - 1] or (v == top_s[r, t - 1] and j < top_i[r, t - 1])):
+        top_s[r, t] = top_s[r, t - 1]
+        top_i[r, t] = top_i[r, t - 1]
+        t -= 1
+    top_s[r, t] = v
+    top_i[r, t] = j
+
+
+@njit(parallel=True, fastmath=True, cache=True)
+def topk_by_anchor(X, W, b, order, gptr, ganchor, buckets, fill, k, n_chunks, out_scores, out_ids, n_scored):
+    """Exact re-ranking with one bucket per query (1 table, 1 probe), the queries of one anchor together.
+
+    The queries order[gptr[g]:gptr[g+1]] all have anchor ganchor[g]; each item row
+    W[j] of that bucket is read once for the whole group and scored against every
+    query of the group while it sits in cache, so a bucket's rows cross memory
+    once per anchor rather than once per query (5,000 points hit ~900 of 2,048
+    anchors at 670,091 labels). Scores are computed 4 items x 2 queries at a time:
+    eight independent sums, where one dot product at a time waits on its own
+    additions (2.8x fewer seconds for the products, measured at hidden 128).
+    Groups are dealt round-robin to n_chunks parallel chunks (pass them largest
+    first for even work).
+
+    X float32 [n, d], W float32 [m, d], b float32 [m]; buckets int32 [1, A, T],
+    fill int32 [1, A]. Writes out_scores float64 [n, k] (-inf where fewer than k),
+    out_ids int64 [n, k] (-1 there), n_scored int64 [n]. Ties go to the lower id.
+    Dot products accumulate in float32 (vector width; the re-ranked scores agree
+    with a float64 product to ~1e-6 relative).
+    """
+    n, d = X.shape
+    G = ganchor.shape[0]
+    big = 0
+    for g in range(G):
+        big = max(big, gptr[g + 1] - gptr[g])
+    for c in prange(n_chunks):
+        Q = np.empty((big, d), np.float32)
+        top_s = np.empty((big, k), np.float32)
+        top_i = np.empty((big, k), np.int64)
+        for g in range(c, G, n_chunks):
+            a = ganchor[g]
+            g0 = gptr[g]
+            ng = gptr[g + 1] - g0
+            for qi in range(ng):
+                q = order[g0 + qi]
+                for f in range(d):
+                    Q[qi, f] = X[q, f]
+                for t in range(k):
+                    top_s[qi, t] = -np.inf
+                    top_i[qi, t] = -1
+            F = fill[0, a]
+            F4 = F - F % 4
+            for s in range(0, F4, 4):
+                j0 = buckets[0, a, s]
+                j1 = buckets[0, a, s + 1]
+                j2 = buckets[0, a, s + 2]
+                j3 = buckets[0, a, s + 3]
+                w0 = W[j0]
+                w1 = W[j1]
+                w2 = W[j2]
+                w3 = W[j3]
+                for qi in range(0, ng - 1, 2):
+                    x = Q[qi]
+                    y = Q[qi + 1]
+                    c0 = np.float32(0.0)
+                    c1 = np.float32(0.0)
+                    c2 = np.float32(0.0)
+                    c3 = np.float32(0.0)
+                    e0 = np.float32(0.0)
+                    e1 = np.float32(0.0)
+                    e2 = np.float32(0.0)
+                    e3 = np.float32(0.0)
+                    for f in range(d):
+                        xf = x[f]
+                        yf = y[f]
+                        c0 += w0[f] * xf
+                        c1 += w1[f] * xf
+                        c2 += w2[f] * xf
+                        c3 += w3[f] * xf
+                        e0 += w0[f] * yf
+                        e1 += w1[f] * yf
+                        e2 += w2[f] * yf
+                        e3 += w3[f] * yf
+                    _push(top_s, top_i, qi, k, c0 + b[j0], j0)
+                    _push(top_s, top_i, qi, k, c1 + b[j1], j1)
+                    _push(top_s, top_i, qi, k, c2 + b[j2], j2)
+                    _push(top_s, top_i, qi, k, c3 + b[j3], j3)
+                    _push(top_s, top_i, qi + 1, k, e0 + b[j0], j0)
+                    _push(top_s, top_i, qi + 1, k, e1 + b[j1], j1)
+                    _push(top_s, top_i, qi + 1, k, e2 + b[j2], j2)
+                    _push(top_s, top_i, qi + 1, k, e3 + b[j3], j3)
+                if ng % 2:  # the odd query out: 4 items at a time
+                    qi = ng - 1
+                    x = Q[qi]
+                    c0 = np.float32(0.0)
+                    c1 = np.float32(0.0)
+                    c2 = np.float32(0.0)
+                    c3 = np.float32(0.0)
+                    for f in range(d):
+                        xf = x[f]
+                        c0 += w0[f] * xf
+                        c1 += w1[f] * xf
+                        c2 += w2[f] * xf
+                        c3 += w3[f] * xf
+                    _push(top_s, top_i, qi, k, c0 + b[j0], j0)
+                    _push(top_s, top_i, qi, k, c1 + b[j1], j1)
+                    _push(top_s, top_i, qi, k, c2 + b[j2], j2)
+                    _push(top_s, top_i, qi, k, c3 + b[j3], j3)
+            for s in range(F4, F):  # the last F % 4 items one at a time
+                j = buckets[0, a, s]
+                for qi in range(ng):
+                    acc = np.float32(0.0)
+                    for f in range(d):
+                        acc += W[j, f] * Q[qi, f]
+                    _push(top_s, top_i, qi, k, acc + b[j], j)
+            for qi in range(ng):
+                q = order[g0 + qi]
+                for t in range(k):
+                    out_scores[q, t] = top_s[qi, t]
+                    out_ids[q, t] = top_i[qi, t]
+                n_scored[q] = F
+
+
 @njit(cache=True, fastmath=True)
 def kmeanspp_seed(X, A, u):
     """k-means++ seeding (Arthur & Vassilvitskii 2007): indices int64 [A] of rows of X [n, d].
@@ -481,11 +608,23 @@ class AnchorTables:
         codes = self.codes(X, probes)
         n = X.shape[0]
         X = np.ascontiguousarray(X, dtype=W.dtype)
-        if marks is None:
-            marks = np.zeros((max(1, min(n, 4 * numba.get_num_threads())), W.shape[0]), np.uint8)
         scores = np.empty((n, k), np.float64)
         ids = np.empty((n, k), np.int64)
         n_scored = np.empty(n, np.int64)
+        if codes.shape[1] == 1 and W.dtype == np.float32 and n > 0:
+            # one bucket per query: score each anchor's queries together
+            order = np.argsort(codes[:, 0], kind="stable")
+            ganchor, first, sizes = np.unique(codes[order, 0], return_index=True, return_counts=True)
+            big_first = np.argsort(-sizes, kind="stable")
+            gptr = np.concatenate([[0], np.cumsum(sizes[big_first])]).astype(np.int64)
+            order = np.concatenate([order[first[g]:first[g] + sizes[g]] for g in big_first]).astype(np.int64)
+            n_chunks = max(1, min(ganchor.size, 4 * numba.get_num_threads()))
+            topk_by_anchor(X, W, b.astype(W.dtype, copy=False), order, gptr,
+                           ganchor[big_first].astype(np.int64), self.buckets, self.fill_count, k, n_chunks,
+                           scores, ids, n_scored)
+            return scores, ids, n_scored
+        if marks is None:
+            marks = np.zeros((max(1, min(n, 4 * numba.get_num_threads())), W.shape[0]), np.uint8)
         topk_of_buckets(X, W, b.astype(W.dtype, copy=False), codes, self.buckets, self.fill_count, k,
                         marks, scores, ids, n_scored)
         return scores, ids, n_scored

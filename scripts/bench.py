@@ -46,8 +46,12 @@ many active neurons as the defaults compute), candidates only, and SLIDE's
 DWTA hashing in place of the anchor tables, 1 rank x 2 threads, the same
 training-time budget and constant learning rate for all: samples/s, active
 neurons per step, P@1 half-way and at the end, P@5 and PSP@5 at the end,
-seconds to the old default's final P@1. Then inference on the defaults'
-model, at 1 rank and at 2 ranks: exact scoring against `--lsh` (the index
+seconds to the old default's final P@1. With --labels N (a narrower
+layer; the issue's "20,000 labels" case) the comparison is the defaults,
+the same uniform negatives without candidates, uniform negatives as many as
+the defaults' whole active block (measured in their run) and candidates
+only; the target is the equal-block row's final P@1. Then inference on the defaults'
+model (670,091 labels only), at 1 rank and at 2 ranks: exact scoring against `--lsh` (the index
 built from the final weights) and against a static shortlist of the
 highest-bias labels of the same size: share scored, seconds, recall of the
 exact top-10, P@1, P@5, PSP@5.
@@ -125,6 +129,8 @@ def main(argv=None) -> int:
                         "peers (dslide's defaults against omikuji, napkinXC, PyTorch sampled softmax), "
                         "lsh (what the hash tables buy: candidates against uniform negatives, --lsh inference)")
     p.add_argument("--preset", choices=PRESETS, default="amazon-like", help="the synthetic data set")
+    p.add_argument("--labels", type=int, default=0,
+                   help="part lsh only: generate the preset with this many labels (default: the preset's)")
     p.add_argument("--no-torch", action="store_true")
     p.add_argument("--no-trees", action="store_true", help="leave omikuji and napkinXC out")
     p.add_argument("--no-record", action="store_true", help="do not update docs/benchmarks.md")
@@ -133,7 +139,11 @@ def main(argv=None) -> int:
     bad = sorted(set(parts) - {"main", "peers", "lsh"})
     if bad or not parts:
         p.error(f"--parts {a.parts!r}: choose from main, peers, lsh (comma-separated)")
+    if a.labels and (a.labels < 1000 or parts != ["lsh"]):
+        p.error(f"--labels {a.labels}: must be >= 1000 and goes with --parts lsh alone")
     suite = {**SUITES[a.suite], "data": {**SUITES[a.suite]["data"], "preset": a.preset}}
+    if a.labels:
+        suite["data"]["n_labels"] = a.labels
     if "main" in parts:
         main_part(a, suite)
     if "peers" in parts:
@@ -188,7 +198,8 @@ def _publish(a, part: str, text: str, rows: list, title: str, payload) -> None:
     """Print a part's text, draw its P@1 curves (docs/bench_<suite>[_<part>][_<preset>].png),
     record the section in docs/benchmarks.md unless --no-record, and keep `payload` as json in runs/."""
     print(text)
-    name = f"bench_{a.suite}" + (f"_{part}" if part else "") + (f"_{a.preset}" if a.preset != "amazon-like" else "")
+    name = (f"bench_{a.suite}" + (f"_{part}" if part else "") + (f"_{a.preset}" if a.preset != "amazon-like" else "")
+            + (f"_{a.labels}labels" if a.labels else ""))
     png = B.ROOT / "docs" / f"{name}.png"
     drew = plot(rows, png, title)
     if not a.no_record:
@@ -199,7 +210,8 @@ def _publish(a, part: str, text: str, rows: list, title: str, payload) -> None:
 
 
 def _preset_flag(a) -> str:
-    return f" --preset {a.preset}" if a.preset != "amazon-like" else ""
+    return (f" --preset {a.preset}" if a.preset != "amazon-like" else "") + (
+        f" --labels {a.labels}" if a.labels else "")
 
 
 def bibtex_section(no_torch: bool) -> str:
@@ -505,22 +517,52 @@ def inference_table(r: dict, title: str, n_test: int) -> str:
             f"{info.get('index_s', float('nan')):.1f} s after training):\n\n" + B.table(r["inference"], icols) + "\n")
 
 
+def narrow_lsh_rows(suite: dict, notes: list) -> list[dict]:
+    """--labels: the defaults first, then uniform negatives alone (as many as the defaults draw,
+    and as many as their whole measured block), then candidates alone."""
+    cfg = {**COMMON, "eval_every": suite["eval_every"][0], "eval_points": suite["eval_points"]}
+
+    def case(name, lc, kind="lsh"):  # the kind forced: "auto" turns a wide uniform block dense
+        return {"name": name, "label": name, "ranks": 1, "threads": 2, "data": suite["data"],
+                "time_budget": suite["budget"], "config": {**cfg, "lsh": lc, "kinds": ["dense", kind]}}
+
+    rows = B.run_cases([case("the defaults: anchor candidates + uniform negatives", {})], notes)
+    if not rows or not rows[0].get("block"):
+        return rows
+    blk = rows[0]["block"]
+    uniform = int(round(blk["random"]))
+    equal = int(round(blk["candidates"] + blk["random"]))
+    rows += B.run_cases([
+        case(f"uniform negatives only, as many as the defaults draw ({uniform:,})",
+             {"max_active": 0, "min_active": uniform, "min_active_share": 1.0}),
+        case(f"uniform negatives only, the defaults' whole block ({equal:,}): the target",
+             {"max_active": 0, "min_active": equal, "min_active_share": 1.0}),
+        case("anchor candidates only (no uniform negatives)", {"min_active": 0}),
+        case("every label (dense output layer, full softmax)", {}, kind="dense"),
+    ], notes)
+    return rows
+
+
 def lsh_part(a, suite: dict) -> None:
     t0 = time.time()
     notes: list[str] = []
-    cases = [{**case, "label": case["name"], "data": suite["data"], "time_budget": suite["budget"]}
-             for case in lsh_systems(suite)]
-    rows = B.run_cases(cases, notes)
+    if a.labels:
+        rows = narrow_lsh_rows(suite, notes)
+    else:
+        cases = [{**case, "label": case["name"], "data": suite["data"], "time_budget": suite["budget"]}
+                 for case in lsh_systems(suite)]
+        rows = B.run_cases(cases, notes)
     # inference on the defaults' model, at 1 rank and at 2 ranks (index built after training)
     inf = []
-    for ranks, threads in ((1, 2), (2, 1)):
+    for ranks, threads in ((1, 2), (2, 1)) if not a.labels else ():
         case = {"name": "the defaults", "label": f"inference, {ranks} x {threads}", "ranks": ranks,
                 "threads": threads, "data": suite["data"], "time_budget": suite["budget"], "inference": True,
                 "config": {**COMMON, "eval_every": 0, "eval_points": suite["eval_points"]}}
         r = B.run_cases([case], notes)
         if r:
             inf.append((ranks, threads, r[0]))
-    old = next((r for r in rows if r["config"]["lsh"].get("min_active") == UNIFORM_OLD), None)
+    old = next((r for r in rows if r["config"]["lsh"].get("min_active") == UNIFORM_OLD
+                or "the target" in r["name"]), None)
     target = old["curve"][-1]["p@1"] if old and old["curve"] else None
     half = suite["budget"] / 2
 
@@ -540,7 +582,8 @@ def lsh_part(a, suite: dict) -> None:
             (f"s to P@1 {target:.4f}" if target is not None else "s to target", t_to),
             ("upkeep s", lambda r: f"{r.get('lsh_upkeep_s', 0.0):.1f}")]
     d = suite["data"]
-    shape = f"{d['preset']} synthetic, {d['n_train']:,} train / {d['n_test']:,} test points, 135,909 features, 670,091 labels"
+    shape = (f"{d['preset']} synthetic, {d['n_train']:,} train / {d['n_test']:,} test points, 135,909 features, "
+             f"{d.get('n_labels', 670091):,} labels")
     cmd = f"python scripts/bench.py --suite {a.suite} --parts lsh" + _preset_flag(a)
     text = (f"command: `{cmd}`\n\nmachine: {B.machine()}\n\ncode: {_code_version()}\n\n"
             f"data: {shape}; every output layer 1 rank x 2 threads, hidden 128, batch 128, lr 1e-2 held constant, "

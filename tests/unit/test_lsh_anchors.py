@@ -142,6 +142,59 @@ def test_planted_structure_top1_retrieved_for_95_percent_of_queries_at_a_small_s
         np.testing.assert_allclose(scores[q], S[q, ref], rtol=1e-5)
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+def test_grouped_rescoring_equals_numpy_per_query_with_ties_and_short_buckets(threads):
+    """One table, one probe: queries are scored anchor by anchor (topk_by_anchor). Each query's
+    result must be the k best of its own bucket by a float64 numpy product (ties to the lower
+    id, -inf / -1 past a short bucket), whatever the grouping or thread count, and the same as
+    the per-query kernel (topk_of_buckets) gives."""
+    import numba
+
+    rs = np.random.default_rng(11)
+    m, d, n_anchors, k = 700, 16, 6, 7
+    W = rs.normal(size=(m, d)).astype(np.float32)
+    W[50:60] = W[3]  # exact ties
+    b = rs.normal(size=m).astype(np.float32)
+    b[50:60] = b[3]
+    tables = lsh.AnchorTables(d, 1, n_anchors, 40, seed=2)
+    tables.fit_anchors(rs.normal(size=(200, d)).astype(np.float32))
+    # queries next to the anchors, 1, 3, 2, 5, 1 and 4 of them: single queries, odd and even groups
+    per_anchor = [1, 3, 2, 5, 1, 4]
+    Q = np.concatenate([tables.anchors[0, a] + 0.01 * rs.normal(size=(c, d)) for a, c in enumerate(per_anchor)])
+    Q = Q.astype(np.float32)[rs.permutation(sum(per_anchor))]
+    buckets = np.stack([np.sort(rs.choice(np.arange(100, m), 40, replace=False)) for _ in range(n_anchors)])[None]
+    buckets = buckets.astype(np.int32)
+    buckets[0, :, :3] = [3, 50, 51]  # the tied items in every bucket
+    buckets[0] = np.sort(buckets[0], axis=1)
+    fill = np.full((1, n_anchors), 40, np.int32)
+    fill[0, 1] = 4  # fewer than k items: the rest is -inf / -1
+    fill[0, 2] = 38  # not a multiple of the 4 items scored at a time...
+    fill[0, 4] = 39
+    b[buckets[0, 2, 37]] = b[buckets[0, 4, 38]] = 50.0  # ...and the last one is every query's best
+    tables.set_buckets(buckets, fill)
+    old = numba.get_num_threads()
+    numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
+    try:
+        scores, ids, n_scored = tables.topk(Q, W, b, k)
+    finally:
+        numba.set_num_threads(old)
+    codes = tables.codes(Q)[:, 0]
+    np.testing.assert_array_equal(np.bincount(codes, minlength=n_anchors), per_anchor)
+    S = Q.astype(np.float64) @ W.T.astype(np.float64) + b
+    for q in range(Q.shape[0]):
+        cand = buckets[0, codes[q], :fill[0, codes[q]]]
+        ref = cand[np.lexsort((cand, -S[q, cand]))[:k]]
+        np.testing.assert_array_equal(ids[q, :ref.size], ref)
+        np.testing.assert_allclose(scores[q, :ref.size], S[q, ref], rtol=1e-5, atol=1e-5)
+        assert np.all(ids[q, ref.size:] == -1) and np.all(np.isneginf(scores[q, ref.size:]))
+        assert n_scored[q] == cand.size
+    per_query = [np.empty((Q.shape[0], k)), np.empty((Q.shape[0], k), np.int64), np.empty(Q.shape[0], np.int64)]
+    A.topk_of_buckets(Q, W, b, codes[:, None].astype(np.int32), tables.buckets, tables.fill_count, k,
+                      np.zeros((2, m), np.uint8), *per_query)
+    np.testing.assert_array_equal(ids, per_query[1])
+    np.testing.assert_array_equal(n_scored, per_query[2])
+
+
 def test_probes_union_their_buckets():
     W, b, Q = _planted(seed=5, n_items=600)
     tables = lsh.AnchorTables(W.shape[1], 2, 16, 20, seed=3)
