@@ -260,9 +260,10 @@ class Config:
         epoch and average the parameter rows they changed every `sync_every`
         steps (dslide.replicas). The world size must be a multiple of R.
     sync: how replicas average: "allreduce" (every group at each
-        synchronisation, bulk synchronous) or "partial" (Ripples' partial
-        all-reduce: each synchronisation averages among the groups ready at
-        that moment, so a slow group never stalls the others).
+        synchronisation, bulk synchronous) or "partial" (asynchronous gossip:
+        at its synchronisation a group publishes the rows it changed and
+        averages with the latest versions the others published, copied
+        one-sidedly, so no group ever waits for another).
     sync_every: steps of a group between its synchronisations.
     shard_weights: how a group's P ranks share each layer's neurons: empty
         (even shares), one positive weight per rank (shares in proportion),

@@ -23,7 +23,8 @@ is the global t: learning-rate schedule, dropout and negative-sample streams
 and LSH upkeep periods follow the progress of the whole model.
 
 What is averaged. Each layer marks the rows of W its update changed
-(`Layer.touched`); a synchronisation of a set S of k replicas takes the
+(`Layer.touched`); an allreduce synchronisation, and every global point,
+of the set S of all k replicas takes the
 union U of their sets of rows, and every member's rows U of W (and an LSH
 layer's biases; a dense layer's bias, which every step changes, whole)
 become the members' mean, computed in float64 in member order, so members
@@ -33,6 +34,7 @@ get bit-identical values and the mean of identical values is exact:
 
 Only ids and rows cross the network (`Comm.exchange`): k - 1 messages of
 |U| ids, then of |U| rows, per member. Rows outside U are left alone.
+(partial averages one-sidedly instead, below.)
 
 Adam's moments are not averaged: each replica keeps its own m and v. They
 are per-coordinate statistics of the replica's own gradients (v a scale,
@@ -44,58 +46,77 @@ sampling noise. A checkpoint (or a re-shard) takes replica 0's moments.
 Masks. allreduce: every synchronisation includes every replica, so rows
 no replica touched since the last one are equal everywhere (they were equal
 after it): U = union of `touched` is exact and `touched` is cleared.
-partial: a synchronisation leaves non-members as they were, so a row a
-member changed must travel further: each row carries a hop budget
-(uint8): a replica's own update sets it to H = max(1, ceil(log2 R)); a
-synchronisation gives the members max(budgets) - 1 on U. A change thus
-reaches its replica's partners for H synchronisations. `changed` (uint8)
-marks every row whose value changed since the last global point; a global
-point (checkpoint, re-shard, end of training) averages the union of
-`changed` over all replicas, after which every replica holds the same
-model and both masks are clear.
+partial: `recent` (uint8 per row) is D = DEPTH for a row this replica's own
+updates changed since its last publication, and drops by one at each
+publication; `changed` (uint8) marks every row whose value changed since the
+last global point (own updates and averaging). A global point (checkpoint,
+re-shard, end of training) averages the union of `changed` over all
+replicas, after which every replica holds the same model and both masks are
+clear.
 
-Partial all-reduce (Ripples / Prague, Luo et al. ASPLOS 2020): averaging
-among the replicas that are ready, with a group generator that never
-deadlocks. The group generator is a `Board` of int64 words on world rank 0,
-changed only by atomic one-sided operations of each replica's leader (its
-shard-0 rank); the leader's decision goes to its replica's other ranks by
-one broadcast on the model communicator:
+Partial: asynchronous gossip (no replica ever waits for another). Ripples'
+partial all-reduce (Luo et al., ASPLOS 2020) averages among the replicas
+ready at the same moment; with two replicas its only group is both, so the
+one that arrives first waits for the other's step. Here a replica never
+waits: at its synchronisation point (every `sync_every` local steps) it
 
-    STATE    open mask (bit g: replica g is posted, waiting to be grouped)
-             | FROZEN (a global point is under way) | STOP
+  1. publishes version s (its s-th) of its recent rows in its `Mailbox` on the
+     peer communicator (each rank its shard; slot s % 2, so version s - 1 stays
+     readable while s is written): per layer the ids with recent > 0 ordered
+     newest first (D levels: rows last changed in this interval, the one
+     before, ...), their current rows, the whole arrays. When every rank of the
+     replica has written (a barrier on the model communicator) the leader sets
+     the replica's board word PUB+g = (s << 40) | c, c = the global step
+     counter at publication;
+  2. pulls: the leader reads every other replica's PUB word; a partner h is
+     fresh when its version v is newer than the last one this replica used
+     (seen[h]) and c_h >= counter - STALE (STALE = stale_limit(R, sync_every)
+     global steps); every fresh partner is used, each version at most once.
+     The leader broadcasts [(h, v, gap = v - seen[h])] to its ranks, so every
+     shard reads the same versions; each rank copies from its peer h the rows
+     of the first min(gap, D) levels of version v (the rows h changed in the
+     intervals this replica has not seen), then checks that the slot still
+     holds v; an allreduce of that check on the model communicator drops the
+     partner for every shard if one shard's copy was torn;
+  3. averages: for each received row r, with C_r the partners that sent it,
+
+         w[r] <- (w[r] + sum_{h in C_r} w_h[r]) / (1 + |C_r|)
+
+     and whole arrays over all used partners (a running mean, one partner folded
+     in at a time); rows nobody sent are left alone.
+
+If no partner published a fresh version, the replica goes on alone (a group
+of one). Guarantees: no replica waits for another's computation (only for
+its own P ranks, which are in the same step); a used state is its author's
+latest complete version, at most STALE global steps old, and never used
+twice; rows an author changed in the intervals a reader missed arrive with
+it, up to D intervals back (further ones wait for the row's next change or
+the next global point: counted in `missed`). The averaging is one-sided: a
+member's mean is exact for the rows it receives, and the replicas' mean of a
+row is kept when every replica sends and receives it (identical states stay
+identical bit for bit), not in general; global points make all replicas
+equal. Bound on drift: a replica that reads a fresh version of every other
+is pulled halfway (or further) toward them on every row they changed; a
+replica whose versions are too stale for the others still pulls theirs, so
+it follows them, and its own changes reach them at the next global point.
+
+The board (int64 words on world rank 0, one-sided atomics, changed by the
+leaders only) also runs the global points:
+
+    STATE    FROZEN (a global point is under way) | STOP
     DONE     mask of the replicas that have no step left
     COUNTER  the last global step dealt (partial mode)
-    ASSIGN+g the group replica g was taken into (a mask), 0 when none
-
-At a synchronisation point (every `sync_every` local steps) a replica
-arrives: with one compare-and-swap on STATE it either takes every posted
-replica (then it is the group's grouper: it clears their open bits, writes
-each one's ASSIGN word and starts the group's exchange) or posts itself and
-goes on training. A posted replica checks STATE at every step boundary: if
-its bit is gone it was taken: it waits for its ASSIGN word (written right
-after the compare-and-swap) and joins the exchange. So:
-
-  * nobody waits for a replica that is not ready: a grouper waits only for
-    the members it took, each for at most the step it is in;
-  * every group is a set of replicas removed atomically from the open mask,
-    so groups never overlap and each member learns its group without waiting
-    on anyone else; the exchange completes once every member has called it
-    (no deadlock: a member is never in two groups, and never enters a global
-    point while posted or taken);
-  * a replica does not form the same group twice in a row (unless that group
-    is the only one possible, R = 2): it posts beside the others instead, so
-    fixed arrival orders cannot split the replicas into groups that never mix
-    (A,B | C,D forever); with the atomic open mask, arrival order then
-    decides the groups, and every replica posted is taken by the next arrival.
+    PUB+g    replica g's latest complete version and the counter then
 
 Global points (checkpoint, re-shard for "auto", end of the run) are world
-collectives. A replica that wants one raises FROZEN; no group forms while it
-is up; every replica settles (withdraws if posted, or joins the group that
-took it) at its next step boundary and enters. A replica with no step left
-sets its DONE bit and polls STATE (sleeping 1 ms between reads) until
-FROZEN: the last one to finish raises it, so the final point comes when
-every replica is done, and done replicas still take part in checkpoints.
-The host clears FROZEN inside the point, before the barrier that ends it.
+collectives. A replica that wants one raises FROZEN; every replica sees it
+at its next step boundary (the leader reads STATE after every step) and
+enters. A replica with no step left sets its DONE bit and polls STATE
+(sleeping 1 ms between reads) until FROZEN: the last one to finish raises
+it, so the final point comes when every replica is done, and done replicas
+still take part in checkpoints. Inside the point every replica marks every
+published version as seen (they predate the averaging of everything). The
+host clears FROZEN inside the point, before the barrier that ends it.
 
 Every rank of a replica makes the same decisions in the same order (the
 leader's, broadcast), so a replica's model-parallel collectives always
@@ -109,17 +130,19 @@ import time
 
 import numpy as np
 
-from dslide.comm import Board, Comm
+from dslide.comm import Board, Comm, Mailbox
 from dslide.sharding import speed_weights
 
 AUTO_STEPS = 20  # local steps whose times measure each rank's speed (the first, which compiles, left out)
 TAG = 0x5C  # message tag of the exchanges on the peer communicator
 
 # board words
-STATE, DONE, COUNTER, ASSIGN = 0, 1, 2, 3
+STATE, DONE, COUNTER, PUB = 0, 1, 2, 3
 FROZEN = 1 << 62
 STOP = 1 << 61
-OPEN = (1 << 60) - 1
+STEP_BITS = 40  # PUB word: version << STEP_BITS | counter
+DEPTH = 4  # partial: intervals of own changes a version carries (levels of `recent`)
+MERGE_ROWS = 1 << 14  # partial: rows averaged at a time (float64 temporaries of this many rows)
 
 # intents at a global point
 I_CKPT, I_DONE, I_STOP, I_AUTO = 1, 2, 4, 8
@@ -127,29 +150,32 @@ I_CKPT, I_DONE, I_STOP, I_AUTO = 1, 2, 4, 8
 MAX_REPLICAS = 60
 
 
-def hop_budget(R: int) -> int:
-    """Synchronisations a change travels in partial mode: ceil(log2 R), at least 1."""
-    return max(1, math.ceil(math.log2(max(R, 2))))
+def stale_limit(R: int, sync_every: int) -> int:
+    """Partial: the most global steps dealt since a version's publication for it to be
+    used (4 intervals of every replica's steps at equal speeds)."""
+    return 4 * R * sync_every
 
 
-def choose(open_mask: int, me: int, last_group: int, R: int) -> int:
-    """The group replica `me` forms on arriving (a mask), or 0: post and wait to be taken.
-
-    It takes every posted replica, unless that would repeat its last group while
-    another group is possible (R > 2): then it posts beside them.
-    """
-    bit = 1 << me
-    others = open_mask & ~bit & OPEN
-    if not others:
-        return 0
-    group = others | bit
-    if group == last_group and R > 2:
-        return 0
-    return group
+def pub_word(version: int, counter: int) -> int:
+    return (int(version) << STEP_BITS) | int(counter)
 
 
-def members_of(mask: int) -> list[int]:
-    return [g for g in range(MAX_REPLICAS) if mask >> g & 1]
+def fresh_partners(words, me: int, seen, counter: int, limit: int) -> tuple[list, list]:
+    """Partial: which published versions replica `me` uses now.
+
+    words: per replica its PUB word; seen: per replica the last version used (or
+    skipped); counter: global steps dealt. Returns ([(h, v, gap)] the fresh partners,
+    [(h, v)] the versions skipped as older than `limit` global steps)."""
+    use, stale = [], []
+    for h, w in enumerate(words):
+        v, c = int(w) >> STEP_BITS, int(w) & ((1 << STEP_BITS) - 1)
+        if h == me or v <= seen[h]:
+            continue
+        if counter - c > limit:
+            stale.append((h, v))
+        else:
+            use.append((h, v, v - int(seen[h])))
+    return use, stale
 
 
 class Replicas:
@@ -176,8 +202,13 @@ class Replicas:
         self.peer = world.split(self.p, self.g) if R > 1 else Comm()
         self.leader = self.p == 0
         self.partial = config.sync == "partial" and R > 1
-        self.board = Board(world, ASSIGN + R) if self.partial else None
-        self.H = hop_budget(R)
+        self.board = Board(world, PUB + R) if self.partial else None
+        self.box = None  # partial: this rank's mailbox on the peer communicator
+        self.version = 0  # partial: versions this replica published
+        self.seen = [0] * R  # partial: per replica the last version used or skipped
+        self.stale_skips = 0  # partial: versions skipped as too stale
+        self.torn = 0  # partial: versions dropped because a copy was overwritten meanwhile
+        self.missed = 0  # partial: versions used with more than DEPTH intervals unseen
         self.auto = config.shard_weights == "auto"
         self.weights = None  # measured shard weights (float [P]) once "auto" has re-sharded
         self.net = None
@@ -191,8 +222,21 @@ class Replicas:
     def attach(self, net) -> None:
         self.net = net
         rows = [layer.touched.shape[0] for layer in net.layers]
-        self.hops = [np.zeros(n, dtype=np.uint8) for n in rows]
+        self.recent = [np.zeros(n, dtype=np.uint8) for n in rows]
         self.changed = [np.zeros(n, dtype=np.uint8) for n in rows]
+        if self.partial:  # collective over the peer communicator, as attach is over the world
+            if self.box is not None:
+                self.box.free()
+            self.box = Mailbox(self.peer, self._capacity(net))
+
+    def _capacity(self, net) -> int:
+        """Bytes of a version holding every row of every layer (the most it can hold)."""
+        total = 8 * len(net.layers) * DEPTH + 8 * 4 * len(net.layers) * 4
+        for layer in net.layers:
+            rows, whole = layer.sync_arrays()
+            n = layer.touched.shape[0]
+            total += 8 * n + sum(a.nbytes + 8 for a in rows) + sum(a.nbytes + 8 for a in whole)
+        return total
 
     def sync_bytes(self) -> int:
         """Bytes this rank received in synchronisations (ids and rows)."""
@@ -204,10 +248,14 @@ class Replicas:
                 "sync_bytes": self.sync_bytes(), "bytes_per_sync": self.sync_bytes() / max(1, self.syncs),
                 "mean_group": float(np.mean(self.group_sizes)) if self.group_sizes else 0.0,
                 "sync_wait_s": self.wait_s, "local_steps": self.k, "trained": self.trained,
+                "stale_skips": self.stale_skips, "torn": self.torn, "missed": self.missed,
                 "shard_weights": None if self.net.shard_weights is None else list(self.net.shard_weights)}
 
     def close(self) -> None:
-        """Release the board (collective over the world; after the run's final point)."""
+        """Release the board and mailbox (collective over the world; after the run's final point)."""
+        if self.box is not None:
+            self.box.free()
+            self.box = None
         if self.board is not None:
             self.board.free()
             self.board = None
@@ -215,20 +263,18 @@ class Replicas:
     # -- averaging --------------------------------------------------------------------------
 
     def _absorb(self) -> None:
-        """Move the layers' `touched` marks into the hop budgets and `changed` (partial)."""
-        for layer, hops, changed in zip(self.net.layers, self.hops, self.changed):
+        """Move the layers' `touched` marks into `recent` and `changed` (partial)."""
+        for layer, recent, changed in zip(self.net.layers, self.recent, self.changed):
             t = layer.touched.view(bool)
-            hops[t] = self.H
+            recent[t] = DEPTH
             changed |= layer.touched
             layer.touched[:] = 0
 
-    def average(self, members: list[int], masks: list[np.ndarray], hops: list[np.ndarray] | None = None,
-                flags: int = 0) -> tuple[list[np.ndarray], int]:
+    def average(self, members: list[int], masks: list[np.ndarray], flags: int = 0) -> tuple[list[np.ndarray], int]:
         """Average the rows in the union of the members' masks among `members` (replica ids,
         ascending, this one among them); each rank of the members calls it with its own shard.
 
-        masks: per layer, uint8 [rows] (nonzero: in this replica's set); hops: per layer,
-        uint8 [rows] budgets to merge (max - 1 on the union, written back) or None.
+        masks: per layer, uint8 [rows] (nonzero: in this replica's set).
         flags: an int every member contributes; returns (per layer the union U int64
         sorted, the OR of the members' flags).
         """
@@ -236,11 +282,10 @@ class Replicas:
         layers = self.net.layers
         ids = [np.flatnonzero(m).astype(np.int64) for m in masks]
         head = np.array([flags] + [i.shape[0] for i in ids], dtype=np.int64)
-        parts = [head] + ids + ([h[i].astype(np.int64) for h, i in zip(hops, ids)] if hops is not None else [])
+        parts = [head] + ids
         got = self.peer.exchange(members, np.concatenate(parts), TAG, "replica_ids")
         L = len(layers)
         union = [[] for _ in range(L)]
-        their_hops = [[] for _ in range(L)]
         flags_all = 0
         for msg in got:
             flags_all |= int(msg[0])
@@ -249,10 +294,6 @@ class Replicas:
             for l in range(L):
                 union[l].append(msg[off:off + counts[l]])
                 off += int(counts[l])
-            if hops is not None:
-                for l in range(L):
-                    their_hops[l].append(msg[off:off + counts[l]])
-                    off += int(counts[l])
         U = [np.unique(np.concatenate(u)) if u else np.empty(0, np.int64) for u in union]
         # the rows, then the whole arrays, of every layer in one vector
         vec = []
@@ -278,11 +319,6 @@ class Replicas:
                 off += a.size
             if u.size:
                 layer.rows_synced(u)
-            if hops is not None:
-                merged = np.zeros(u.shape[0], dtype=np.int64)
-                for i_m, h_m in zip(union[l], their_hops[l]):
-                    np.maximum.at(merged, np.searchsorted(u, i_m), h_m)
-                hops[l][u] = np.maximum(merged - 1, 0).astype(np.uint8)
         self.syncs += 1
         self.group_sizes.append(len(members))
         self.wait_s += time.perf_counter() - t0
@@ -297,12 +333,130 @@ class Replicas:
             layer.touched[:] = 0
         return out
 
-    def sync_group(self, members: list[int]) -> None:
-        """Partial mode: average with `members` on the rows with a hop budget left."""
+    # -- partial: gossip through the mailboxes ---------------------------------------------
+
+    def publish(self) -> None:
+        """Partial: write this replica's next version (every rank its shard), then the
+        leader announces it on the board. Collective over the model communicator only."""
+        t0 = time.perf_counter()
         self._absorb()
-        U, _ = self.average(members, self.hops, hops=self.hops)
-        for changed, u in zip(self.changed, U):
-            changed[u] = 1
+        counter = self.board.read(COUNTER) if self.leader else 0
+        counts, ids, vals = [], [], []
+        for layer, recent in zip(self.net.layers, self.recent):
+            levels = [np.flatnonzero(recent == DEPTH - j) for j in range(DEPTH)]  # newest first
+            counts.append([lv.shape[0] for lv in levels])
+            i = np.concatenate(levels).astype(np.int64)
+            rows, whole = layer.sync_arrays()
+            ids.append(i)
+            vals += [(a, i) for a in rows] + list(whole)  # gathered straight into the window
+            np.subtract(recent, 1, out=recent, where=recent > 0)
+        self.version += 1
+        self.box.publish(self.version, [np.array(counts, dtype=np.int64).reshape(-1)] + ids + vals)
+        if self.P > 1:
+            self.model.barrier()  # every shard of this version is written
+        if self.leader:
+            self.board.swap(PUB + self.g, pub_word(self.version, counter))
+        self.wait_s += time.perf_counter() - t0
+
+    def choose_partners(self) -> list:
+        """Partial, leader: the fresh partners [(h, v, gap)] (fresh_partners), marked seen."""
+        words = [self.board.read(PUB + h) if h != self.g else 0 for h in range(self.R)]
+        use, stale = fresh_partners(words, self.g, self.seen, self.board.read(COUNTER),
+                                    stale_limit(self.R, self.config.sync_every))
+        for h, v, _ in use:
+            self.seen[h] = v
+        for h, v in stale:
+            self.seen[h] = v
+        self.stale_skips += len(stale)
+        return use
+
+    def pull(self, partners: list | None = None) -> int:
+        """Partial: average with the fresh partners' latest versions (the leader's choice,
+        broadcast when `partners` is None), one partner after the other. Collective over
+        the model communicator only; returns the number of partners used (0: this replica
+        went on alone)."""
+        t0 = time.perf_counter()
+        if partners is None:
+            partners = self.choose_partners() if self.leader else None
+            if self.P > 1:
+                partners = self.model.bcast_object(partners)
+        counts = None  # per layer, per row: values averaged so far (this replica's own: 1)
+        used = 0
+        for h, v, gap in partners:
+            got = self._read(h, v, gap)
+            ok = got is not None
+            if self.P > 1:  # a copy torn on one shard drops the partner on every shard
+                ok = self.model.allreduce_sum(np.array([float(ok)]), kind="replica_ids")[0] == self.P
+            if not ok:
+                self.torn += 1
+                continue
+            if counts is None:
+                counts = [np.ones(r.shape[0], dtype=np.int32) for r in self.recent]
+            self._merge(got, counts, used)
+            used += 1
+            self.missed += gap > DEPTH
+        self.syncs += 1
+        self.group_sizes.append(1 + used)
+        self.wait_s += time.perf_counter() - t0
+        return used
+
+    def _read(self, h: int, v: int, gap: int):
+        """Partner h's version v from its peer on this shard: per layer (ids int64 [n],
+        row arrays, whole arrays) with the rows of its newest min(gap, DEPTH) levels;
+        None when the slot no longer holds v."""
+        layers = self.net.layers
+        L = len(layers)
+        shapes = [layer.sync_arrays() for layer in layers]
+        n_parts = 1 + L + sum(len(r) + len(w) for r, w in shapes)
+        lengths = self.box.lengths(h, v, n_parts)
+        if lengths is None:
+            return None
+        first = self.box.get(h, v, lengths, [(0, int(lengths[0]))], "replica_ids")
+        if first is None:
+            return None
+        counts = first[0].view(np.int64).reshape(L, DEPTH)
+        n = counts[:, :min(gap, DEPTH)].sum(axis=1)
+        want, part = [], 1 + L
+        for l in range(L):
+            want.append((1 + l, 8 * int(n[l])))
+        for l, (rows, whole) in enumerate(shapes):
+            for a in rows:
+                want.append((part, int(n[l]) * (a.nbytes // max(1, a.shape[0]))))
+                part += 1
+            for a in whole:
+                want.append((part, a.nbytes))
+                part += 1
+        got = self.box.get(h, v, lengths, want, "replica_sync")
+        if got is None:
+            return None
+        out, i = [], L
+        for l, (rows, whole) in enumerate(shapes):
+            ids = got[l].view(np.int64)
+            r = [got[i + j].view(a.dtype).reshape((int(n[l]),) + a.shape[1:]) for j, a in enumerate(rows)]
+            i += len(rows)
+            w = [got[i + j].view(a.dtype).reshape(a.shape) for j, a in enumerate(whole)]
+            i += len(whole)
+            out.append((ids, r, w))
+        return out
+
+    def _merge(self, part: list, counts: list, merged: int) -> None:
+        """Fold one partner's version into the running mean: on each row r it sent,
+        w[r] <- (c_r w[r] + w_h[r]) / (c_r + 1) with c_r the values averaged into w[r]
+        so far (counts, updated); whole arrays likewise with c = merged + 1. Each step
+        in float64, rounded to the parameters' dtype; rows in chunks (bounded memory)."""
+        for layer, (ids, r, w), cnt, changed in zip(self.net.layers, part, counts, self.changed):
+            rows, whole = layer.sync_arrays()
+            if ids.size:
+                for j, a in enumerate(rows):
+                    for lo in range(0, ids.shape[0], MERGE_ROWS):
+                        i = ids[lo:lo + MERGE_ROWS]  # distinct rows: one version lists a row once
+                        c = cnt[i].astype(np.float64).reshape((-1,) + (1,) * (a.ndim - 1))
+                        a[i] = ((a[i] * c + r[j][lo:lo + MERGE_ROWS]) / (c + 1.0)).astype(a.dtype)
+                cnt[ids] += 1
+                layer.rows_synced(ids)
+                changed[ids] = 1
+            for j, a in enumerate(whole):
+                a[...] = ((a * float(merged + 1) + w[j].astype(np.float64)) / (merged + 2.0)).astype(a.dtype)
 
     def reconcile(self, flags: int = 0) -> int:
         """A global point's averaging: every replica, every row changed since the last one
@@ -315,8 +469,8 @@ class Replicas:
             return self.sync_all(flags)
         self._absorb()
         _, out = self.average(list(range(self.R)), self.changed, flags=flags)
-        for hops, changed in zip(self.hops, self.changed):
-            hops[:] = 0
+        for recent, changed in zip(self.recent, self.changed):
+            recent[:] = 0
             changed[:] = 0
         return out
 
@@ -331,8 +485,6 @@ class Replicas:
         self.ckpts = [c for c in range(every * (self.base // every + 1), self.last, every)] if every else []
         self.k = 0  # local steps trained
         self.trained = 0  # the last global step this replica trained
-        self.posted = False
-        self.last_group = 0
         self.last_sync_k = 0
         self.stop_wanted = False
         self.stop_agreed = False
@@ -462,69 +614,26 @@ class Replicas:
         if self.stop_wanted:
             return None if self._global(I_STOP) == "end" else self._fetch()
         due = self.k - self.last_sync_k >= self.config.sync_every
-        while True:
-            action, mask = self._decide(due) if self.leader else (0, 0)
-            if self.P > 1:
-                action, mask = self.model.bcast_object((action, mask))
-            if action == 1:
-                self._join(mask)
-                due = False  # then look again: a global point may have begun meanwhile
-                continue
-            if action == 2 and self._global(0) == "end":
+        action, partners = self._decide(due) if self.leader else (0, None)
+        if self.P > 1:
+            action, partners = self.model.bcast_object((action, partners))
+        if action == 2:
+            if self._global(0) == "end":
                 return None
-            return self._fetch()
+        elif action == 1:
+            self.publish()
+            self.pull(partners)
+            self.last_sync_k = self.k
+        return self._fetch()
 
-    def _decide(self, due: bool) -> tuple[int, int]:
-        """Leader: (0, 0) go on; (1, mask) synchronise with group `mask`; (2, 0) global point."""
-        b, bit = self.board, 1 << self.g
-        while True:
-            s = b.read(STATE)
-            if self.posted and not s & bit:
-                return 1, self._taken()
-            if s & FROZEN:
-                return 2, 0  # _global settles (withdraws, or joins the group that took it)
-            if not (due or self.posted):
-                return 0, 0
-            group = choose(s & OPEN, self.g, self.last_group, self.R) if due else 0
-            if group:
-                if b.cas(STATE, s, s & ~group) == s:
-                    for m in members_of(group & ~bit):
-                        b.swap(ASSIGN + m, group)
-                    self.posted = False
-                    return 1, group
-                continue
-            if self.posted:
-                return 0, 0
-            if b.cas(STATE, s, s | bit) == s:
-                self.posted = True
-                return 0, 0
-
-    def _taken(self) -> int:
-        """Leader, when its open bit is gone: the group that took it (written right after)."""
-        while True:
-            mask = self.board.swap(ASSIGN + self.g, 0)
-            if mask:
-                self.posted = False
-                return mask
-
-    def _settle(self) -> int:
-        """Leader: leave the open mask before a global point. Returns 0 when withdrawn, else
-        the group that took this replica first (also kept in _last_taken)."""
-        b, bit = self.board, 1 << self.g
-        while self.posted:
-            s = b.read(STATE)
-            if not s & bit:
-                self._last_taken = self._taken()
-                return self._last_taken
-            if b.cas(STATE, s, s & ~bit) == s:
-                self.posted = False
-        return 0
-
-    def _join(self, mask: int) -> None:
-        members = members_of(mask)
-        self.sync_group(members)
-        self.last_group = mask
-        self.last_sync_k = self.k
+    def _decide(self, due: bool) -> tuple[int, list | None]:
+        """Leader, after each step: (2, None) a global point is under way; (1, partners)
+        synchronise (publish, then pull from the fresh partners); (0, None) go on."""
+        if self.board.read(STATE) & FROZEN:
+            return 2, None
+        if due:
+            return 1, self.choose_partners()
+        return 0, None
 
     def _raise(self, bits: int) -> None:
         b = self.board
@@ -546,14 +655,6 @@ class Replicas:
         else "continue"."""
         t0 = time.perf_counter()
         if self.leader:
-            taken = self._settle()
-            if taken:
-                if self.P > 1:
-                    self.model.bcast_object(("join", taken))
-                self.sync_group(members_of(taken))
-                self.last_group = taken
-            if self.P > 1:
-                self.model.bcast_object(("go", 0))
             if intent & I_STOP:
                 self._raise(STOP | FROZEN)
             elif intent & I_CKPT:
@@ -566,14 +667,10 @@ class Replicas:
             # wait (idle replicas sleep) until the point is on
             while not self.board.read(STATE) & FROZEN:
                 time.sleep(0.001)
-        else:
-            while True:
-                what, taken = self.model.bcast_object(None)
-                if what == "go":
-                    break
-                self.sync_group(members_of(taken))
-                self.last_group = taken
         got = self.world.allgather_rows(np.array([intent, held], dtype=np.int64))
+        # everyone is here, so nobody publishes: every version so far predates the averaging
+        if self.leader:
+            self.seen = [int(self.board.read(PUB + h)) >> STEP_BITS for h in range(self.R)]
         intents = got[:, 0]
         self.reconcile()
         self.global_points += 1
@@ -592,7 +689,6 @@ class Replicas:
         return "end" if end else "continue"
 
     _done_set = False
-    _last_taken = 0
 
     # -- shard weights = "auto" -------------------------------------------------------------
 

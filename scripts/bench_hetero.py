@@ -8,8 +8,10 @@ C / 4 each), so the kernel, not dslide, slows it. Every case trains for the same
 wall time (`--budget` seconds after the kernels are compiled), then P@1/P@5 are
 measured on the test set (exact scoring, outside the budget). Reported per case:
 global steps trained in the budget by all replicas together, samples/s, P@1, P@5,
-the mean replica group size and bytes received per synchronisation (replicas), and
-the CPU seconds of the slow rank against the others' mean (what the quota did).
+the mean replica group size (partial: 1 + partners averaged with) and bytes received
+per synchronisation (replicas), partial's versions skipped (too stale, torn copies) or
+used with more than DEPTH intervals unseen, the largest peak resident memory of a
+rank, and the CPU seconds of the slow rank against the others' mean (what the quota did).
 
     python scripts/bench_hetero.py --quick                 (tiny data, seconds per case)
     flock /tmp/dslide-bench.lock python scripts/bench_hetero.py --record
@@ -23,8 +25,10 @@ a busy co-runner pinned to the slow rank's core, all ranks pinned round-robin).
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
+import resource
 import subprocess
 import sys
 import tempfile
@@ -68,6 +72,7 @@ def child(case_path: str) -> None:
     # compile (or load) the kernels on a few batches, replicas included, outside the budget
     m = min(train.n_points, 2 * R * config.batch_size)
     T.fit(XMCData(train.X[:m], train.Y[:m]), config.replace(epochs=1.0), comm=comm, index=False)
+    gc.collect()  # that model is garbage in reference cycles: 1.45 GB per rank at 4x1 until collected
     budget = float(case["budget"])
     steps: list[int] = []
     comm.barrier()
@@ -91,8 +96,12 @@ def child(case_path: str) -> None:
     rows = comm.allgather_object({"g": g, "p": p, "steps": len(steps), "train_s": train_s, "cpu_s": cpu_s,
                                   "syncs": stats.get("syncs", 0), "sync_bytes": stats.get("sync_bytes", 0),
                                   "mean_group": stats.get("mean_group", 0.0),
+                                  "skipped": [stats.get(k, 0) for k in ("stale_skips", "torn", "missed")],
+                                  "peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
                                   "step_bytes": history[-1]["bytes_per_step"] if history else 0.0})
-    pred = T.predict_topk(model, test.X, 5, exact=True)
+    # scored 128 points at a time: the default 1,024 holds [1,000, 670,091] logits (2.7 GB) on every
+    # rank at 4x1, which with four whole models went past this machine's memory
+    pred = T.predict_topk_scores(model, test.X, 5, exact=True, batch_size=128)[0]
     final = evaluate(sp.csr_matrix(test.Y), pred, k=5)
     if comm.rank != 0:
         return
@@ -110,6 +119,8 @@ def child(case_path: str) -> None:
         "mean_group": float(np.mean([r["mean_group"] for r in leaders])) if R > 1 else 0.0,
         "bytes_per_sync": (sum(r["sync_bytes"] for r in rows) / max(1, sum(r["syncs"] for r in rows))) if R > 1 else 0,
         "bytes_per_step": float(np.mean([r["step_bytes"] for r in rows])),
+        "skipped": [int(sum(r["skipped"][i] for r in leaders)) for i in range(3)],
+        "peak_mb": max(r["peak_mb"] for r in rows),
         "cpu_slow": rows[SLOW_RANK]["cpu_s"], "cpu_others": float(np.mean(others)),
         "data": {"n_train": train.n_points, "n_test": test.n_points, "n_features": train.n_features,
                  "n_labels": train.n_labels},
@@ -248,6 +259,8 @@ def main(argv=None) -> int:
         ("mean group", lambda r: f"{r['mean_group']:.2f}" if r["mean_group"] else ""),
         ("bytes/sync/rank", lambda r: f"{r['bytes_per_sync']:,.0f}" if r["bytes_per_sync"] else ""),
         ("bytes/step/rank", lambda r: f"{r['bytes_per_step']:,.0f}"),
+        ("versions stale / torn / missed", lambda r: "/".join(map(str, r["skipped"])) if r["sync"] == "partial" else ""),
+        ("peak RSS/rank MB", lambda r: f"{r['peak_mb']:,.0f}"),
         ("CPU s slow rank / others", lambda r: f"{r['cpu_slow']:.1f} / {r['cpu_others']:.1f}"),
     ]
     d = rows[0]["data"] if rows else {}

@@ -20,7 +20,7 @@ from dslide.comm import Comm
 from dslide.config import Config, LSHConfig
 from dslide.data import XMCData
 from dslide.network import Network, full_parameters
-from dslide.replicas import Replicas, reshard
+from dslide.replicas import DEPTH, Replicas, reshard
 from dslide.sharding import shard_bounds
 from dslide.train import _csr_parts, epoch_order, fit, make_batch
 
@@ -79,14 +79,18 @@ def test_replicas_fed_identical_data_and_synced_every_step_stay_identical(R, kin
         alone.train_step(make_batch(xp, yp, rows(k), k + 1))
         if mode == "allreduce":
             rep.sync_all()
-        else:
-            rep.sync_group(list(range(R)))
+        else:  # every version is out before anyone pulls, and pulled before the next is out
+            rep.publish()
+            WORLD.barrier()
+            assert rep.pull() == R - 1
+            WORLD.barrier()
     assert rep.sync_bytes() > 0, "rows travelled"
     for (W, b), (W1, b1) in zip(full_parameters(net), full_parameters(alone)):
         assert np.array_equal(W, W1) and np.array_equal(b, b1)
     for layer in net.layers:
         stack = _peer_stack(rep, layer.W)
         assert all(np.array_equal(stack[0], s) for s in stack)
+    rep.close()
 
 
 @needs_replicas
@@ -128,32 +132,220 @@ def test_allreduce_sets_the_touched_rows_to_their_mean_and_leaves_the_others(R, 
         assert not layer.touched.any()
 
 
-@needs_replicas
-@pytest.mark.parametrize("R", LAYOUTS)
-def test_partial_group_averages_its_members_only(R):
-    """A partial synchronisation among replicas {0, 1}: they get their own mean on their
-    touched rows; any other replica keeps its parameters."""
-    X, Y = _data(L=300)
+def _partial(R, L=300, total_steps=10):
+    X, Y = _data(L=L)
     cfg = _cfg("lsh", replicas=R, sync="partial")
+    rep = Replicas(cfg, WORLD)
+    net = Network(cfg, X.shape[1], Y.shape[1], rep.model, total_steps=total_steps)
+    rep.attach(net)
+    xp, yp = _csr_parts(X), _csr_parts(Y, np.float32)
+    return rep, net, lambda rows, step: net.train_step(make_batch(xp, yp, rows, step))
+
+
+def _arrays(net):
+    return [rows + whole for rows, whole in (l.sync_arrays() for l in net.layers)]
+
+
+@needs_replicas
+@pytest.mark.parametrize("kind", ["dense", "lsh"])
+@pytest.mark.parametrize("R", LAYOUTS)
+def test_partial_pull_averages_each_row_with_the_partners_that_sent_it(R, kind):
+    """Replicas train different batches, publish, then (after a barrier) pull every other
+    replica's version: on each row, the numpy mean of this replica's value and those of
+    the replicas that changed the row; rows no other replica changed stay as they were;
+    the replicas' mean is kept on rows every replica changed; moments are untouched."""
+    X, Y = _data(L=300)
+    cfg = _cfg(kind, replicas=R, sync="partial")
     rep = Replicas(cfg, WORLD)
     net = Network(cfg, X.shape[1], Y.shape[1], rep.model, total_steps=10)
     rep.attach(net)
     xp, yp, rows = _csr_parts(X), _csr_parts(Y, np.float32), _batches(X, 3)
     for k in range(2):
         net.train_step(make_batch(xp, yp, rows(k * R + rep.g), k + 1))
-    out = net.layers[-1]
-    W0, m0 = _peer_stack(rep, out.W), _peer_stack(rep, out.touched)
-    if rep.g < 2:
-        rep.sync_group([0, 1])
-    U = m0[:2].any(axis=0)
-    if rep.g < 2:
-        np.testing.assert_allclose(out.W[U], W0[:2, U].astype(np.float64).mean(axis=0), rtol=1e-6, atol=1e-7)
-        assert np.array_equal(out.W[~U], W0[rep.g][~U])
-        # the rows keep a hop budget of H - 1 to travel further
-        assert np.all(rep.hops[-1][U] == rep.H - 1) and not rep.hops[-1][~U].any()
-    else:
-        assert np.array_equal(out.W, W0[rep.g])
+    before = [[_peer_stack(rep, a) for a in arrs] for arrs in _arrays(net)]
+    masks = [_peer_stack(rep, l.touched).astype(bool) for l in net.layers]
+    moments = [[a.copy() for a in (l.opt_W.m, l.opt_W.v, l.opt_b.m, l.opt_b.v)] for l in net.layers]
+    rep.publish()
     WORLD.barrier()
+    assert rep.pull() == R - 1 and rep.group_sizes == [R]
+    for l, mom in zip(net.layers, moments):
+        assert all(np.array_equal(a, b) for a, b in zip((l.opt_W.m, l.opt_W.v, l.opt_b.m, l.opt_b.v), mom))
+    g = rep.g
+    for layer, pre, mask, arrs in zip(net.layers, before, masks, _arrays(net)):
+        n_rows = len(layer.sync_arrays()[0])
+        others = np.delete(mask, g, axis=0)  # [R - 1, rows]: which partner sent which row
+        sent = others.any(axis=0)
+        assert sent.any() and (kind == "dense" or not sent.all() or layer.index == 0)
+        for i, (a, b) in enumerate(zip(arrs, pre)):
+            b64 = b.astype(np.float64)
+            if i < n_rows:
+                w = np.concatenate([np.ones((1, mask.shape[1])), np.delete(mask, g, axis=0)]).astype(np.float64)
+                stack = np.concatenate([b64[g:g + 1], np.delete(b64, g, axis=0)])
+                w = w.reshape(w.shape + (1,) * (b.ndim - 2))
+                expect = (stack * w).sum(axis=0) / w.sum(axis=0)
+                np.testing.assert_allclose(a[sent], expect[sent], rtol=1e-6, atol=1e-7)
+                assert np.array_equal(a[~sent], b[g][~sent]), "rows no partner sent are left alone"
+                everyone = mask.all(axis=0)
+                after = _peer_stack(rep, a).astype(np.float64).mean(axis=0)
+                np.testing.assert_allclose(after[everyone], b64.mean(axis=0)[everyone], rtol=1e-6, atol=1e-7)
+            else:  # whole arrays: the mean over every replica
+                np.testing.assert_allclose(a, b64.mean(axis=0), rtol=1e-6, atol=1e-7)
+    assert rep.sync_bytes() > 0
+    rep.close()
+
+
+@needs_replicas
+@pytest.mark.parametrize("R", LAYOUTS)
+def test_partial_reader_gets_the_rows_of_every_interval_it_missed(R):
+    """Replica 1 trains and publishes three times; replica 0 pulls once: it must average
+    every row replica 1 changed in any of the three intervals (levels 1..3), with replica
+    1's values at its last version. Then replica 1 publishes once more: a pull now brings
+    only the rows of that last interval (gap 1). Replicas >= 2 publish nothing."""
+    rep, net, train = _partial(R)
+    X, _ = _data(L=300)
+    rows = _batches(X, 8)
+    out = net.layers[-1]
+    masks = []
+    for k in range(3):
+        if rep.g == 1:
+            train(rows(k), k + 1)
+            masks.append(out.touched.astype(bool).copy())
+            rep.publish()
+    W1 = rep.peer.bcast_object(out.W.copy() if rep.g == 1 else None, root=1)
+    union = rep.peer.bcast_object(np.logical_or.reduce(masks) if rep.g == 1 else None, root=1)
+    last = rep.peer.bcast_object(masks[-1] if rep.g == 1 else None, root=1)
+    assert union.sum() > last.sum() > 0
+    WORLD.barrier()
+    if rep.g == 0:
+        W0 = out.W.copy()
+        assert rep.pull() == 1 and rep.missed == 0
+        np.testing.assert_allclose(out.W[union], (W0[union].astype(np.float64) + W1[union]) / 2, rtol=1e-6)
+        assert np.array_equal(out.W[~union], W0[~union])
+    WORLD.barrier()
+    if rep.g == 1:
+        train(rows(3), 4)
+        only = out.touched.astype(bool).copy()
+        n_rows = [int(l.touched.sum()) for l in net.layers]
+        rep.publish()
+    W1 = rep.peer.bcast_object(out.W.copy() if rep.g == 1 else None, root=1)
+    only = rep.peer.bcast_object(only if rep.g == 1 else None, root=1)
+    n_rows = rep.peer.bcast_object(n_rows if rep.g == 1 else None, root=1)
+    WORLD.barrier()
+    if rep.g == 0:
+        W0 = out.W.copy()
+        b0 = rep.sync_bytes()
+        assert rep.pull() == 1
+        # bytes received: the part lengths, the level counts, then per layer ids and rows of
+        # the last interval and the whole arrays
+        arrays = [l.sync_arrays() for l in net.layers]
+        n_parts = 1 + len(arrays) + sum(len(r) + len(w) for r, w in arrays)
+        expect = 8 * n_parts + 8 * len(arrays) * DEPTH + sum(
+            8 * n + sum(n * a.nbytes // a.shape[0] for a in r) + sum(a.nbytes for a in w)
+            for n, (r, w) in zip(n_rows, arrays))
+        assert rep.sync_bytes() - b0 == expect
+        np.testing.assert_allclose(out.W[only], (W0[only].astype(np.float64) + W1[only]) / 2, rtol=1e-6)
+        assert np.array_equal(out.W[~only], W0[~only]), "rows of intervals already seen do not travel again"
+        assert rep.pull() == 0 and rep.group_sizes[-1] == 1, "a version is used once"
+    WORLD.barrier()
+    rep.close()
+
+
+@needs_replicas
+@pytest.mark.parametrize("R", LAYOUTS)
+def test_partial_skips_a_version_older_than_the_staleness_bound(R):
+    """A version published when the global counter was c is used while counter - c <=
+    stale_limit(R, sync_every), and skipped (never used later) beyond it."""
+    from dslide.replicas import COUNTER, stale_limit
+
+    rep, net, train = _partial(R)
+    X, _ = _data(L=300)
+    rows = _batches(X, 9)
+    limit = stale_limit(R, rep.config.sync_every)
+    train(rows(rep.g), 1)
+    rep.publish()
+    WORLD.barrier()
+    if WORLD.rank == 0:
+        rep.board.add(COUNTER, limit + 1)  # more steps dealt since than the bound allows
+    WORLD.barrier()
+    out_before = net.layers[-1].W.copy()
+    assert rep.pull() == 0 and rep.stale_skips == (R - 1 if rep.leader else 0)  # the leader chooses
+    assert np.array_equal(net.layers[-1].W, out_before)
+    WORLD.barrier()
+    assert rep.pull() == 0 and rep.stale_skips == (R - 1 if rep.leader else 0), "a skipped version is not looked at again"
+    WORLD.barrier()
+    train(rows(R + rep.g), 2)
+    rep.publish()  # published at the current counter: within the bound
+    WORLD.barrier()
+    W = net.layers[-1].W.copy()
+    assert rep.pull() == R - 1
+    assert not np.array_equal(net.layers[-1].W, W)
+    WORLD.barrier()
+    rep.close()
+
+
+@needs_replicas
+@pytest.mark.parametrize("R", LAYOUTS)
+def test_partial_sync_never_waits_for_a_replica_that_is_computing(R):
+    """Every replica but 0 computes for 2 s without any MPI call (a sleep); meanwhile
+    replica 0 synchronises three times: it uses the others' versions published before
+    (once), then goes on alone, each synchronisation in well under the 2 s."""
+    rep, net, train = _partial(R)
+    X, _ = _data(L=300)
+    rows = _batches(X, 10)
+    train(rows(rep.g), 1)
+    rep.publish()
+    WORLD.barrier()
+    if rep.g == 0:
+        times, used = [], []
+        for k in range(3):
+            train(rows(R * (k + 1)), k + 2)
+            t0 = time.perf_counter()
+            rep.publish()
+            used.append(rep.pull())
+            times.append(time.perf_counter() - t0)
+        assert used == [R - 1, 0, 0] and max(times) < 0.5, (used, times)
+    else:
+        time.sleep(2.0)
+    WORLD.barrier()
+    rep.close()
+
+
+def test_mailbox_gives_the_published_parts_and_refuses_an_overwritten_version():
+    """Every rank publishes versions 1..3 of two parts; every rank reads every other's
+    version 3 (equal to what was published), version 2 (still in its slot), and version 1
+    (overwritten by 3: refused, not torn)."""
+    from dslide.comm import Mailbox
+
+    box = Mailbox(WORLD, 1 << 12)
+
+    def parts(rank, v):
+        return [np.arange(5 + v, dtype=np.int64) * (rank + 1), np.full(3 * v, rank + v / 4, dtype=np.float32)]
+
+    for v in (1, 2, 3):
+        box.publish(v, parts(WORLD.rank, v))
+    WORLD.barrier()
+    for r in range(WORLD.size):
+        for v in (3, 2):
+            lengths = box.lengths(r, v, 2)
+            assert lengths.tolist() == [8 * (5 + v), 4 * 3 * v]
+            got = box.get(r, v, lengths, [(0, int(lengths[0])), (1, 8)], "test")
+            want = parts(r, v)
+            assert np.array_equal(got[0].view(np.int64), want[0])
+            assert np.array_equal(got[1].view(np.float32), want[1][:2])  # a prefix of part 1
+        assert box.lengths(r, 1, 2) is None
+    WORLD.barrier()
+    if WORLD.size > 1:  # a reader that saw version 2's lengths, then the publisher wrote 4 over it
+        lengths = box.lengths(1, 2, 2) if WORLD.rank == 0 else None
+        WORLD.barrier()
+        if WORLD.rank == 1:
+            box.publish(4, parts(1, 4))
+        WORLD.barrier()
+        if WORLD.rank == 0:
+            assert box.get(1, 2, lengths, [(0, 8)], "test") is None
+    with pytest.raises(ValueError, match="more than its capacity"):
+        box.publish(5, [np.zeros(2 << 12, np.uint8)])
+    WORLD.barrier()
+    box.free()
 
 
 def _fit_with_delays(R, mode, sync_every, seed):

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from dslide.comm import Comm
 from dslide.config import Config
-from dslide.replicas import OPEN, Replicas, choose, hop_budget, members_of
+from dslide.replicas import STEP_BITS, Replicas, fresh_partners, pub_word, stale_limit
 from dslide.sharding import shard_bounds, shard_range, speed_weights
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -69,23 +69,27 @@ def test_wrong_number_of_weights_is_refused():
         shard_bounds(10, 2, [1, 0])
 
 
-# -- the group choice of partial all-reduce -----------------------------------------------
+# -- partial: which published versions a replica uses ------------------------------------------
 
 
-def test_an_arrival_takes_every_posted_replica_or_posts_itself():
-    assert choose(0, me=1, last_group=0, R=4) == 0  # nobody posted: post and go on
-    assert choose(0b0101, me=1, last_group=0, R=4) == 0b0111
-    assert choose(0b0010, me=1, last_group=0, R=4) == 0  # only itself posted
-    # never the same group twice in a row while another is possible
-    assert choose(0b0001, me=1, last_group=0b0011, R=4) == 0
-    assert choose(0b0001, me=1, last_group=0b0011, R=2) == 0b0011
-    assert choose(0b0101, me=1, last_group=0b0011, R=4) == 0b0111
-    # the board's flag bits are never members
-    assert members_of(choose(OPEN + 1 | 0b100, me=0, last_group=0, R=3)) == [0, 2]
+def test_a_replica_uses_every_fresh_version_once_and_skips_stale_ones():
+    limit = stale_limit(4, 8)
+    assert limit == 4 * 4 * 8
+    words = [pub_word(9, 0), pub_word(3, 100), pub_word(5, 120), pub_word(0, 0)]
+    # replica 0 (its own word ignored) has used version 2 of replica 1 and nothing else
+    use, stale = fresh_partners(words, 0, [7, 2, 0, 0], counter=130, limit=limit)
+    assert use == [(1, 3, 1), (2, 5, 5)] and stale == []  # replica 3 published nothing
+    # nothing newer than what was used: a group of one
+    assert fresh_partners(words, 0, [0, 3, 5, 0], counter=130, limit=limit) == ([], [])
+    # published when the counter was 100: usable up to counter 100 + limit, not beyond
+    assert fresh_partners(words, 0, [0, 2, 5, 0], counter=100 + limit, limit=limit) == ([(1, 3, 1)], [])
+    assert fresh_partners(words, 0, [0, 2, 5, 0], counter=101 + limit, limit=limit) == ([], [(1, 3)])
 
 
-def test_hop_budget_reaches_every_replica_by_doubling():
-    assert [hop_budget(R) for R in (1, 2, 3, 4, 5, 8, 9, 60)] == [1, 1, 2, 2, 3, 3, 4, 6]
+def test_pub_word_packs_version_and_counter():
+    w = pub_word(123456, (1 << STEP_BITS) - 1)
+    assert w >> STEP_BITS == 123456 and w & ((1 << STEP_BITS) - 1) == (1 << STEP_BITS) - 1
+    assert w < 1 << 63
 
 
 # -- configuration ----------------------------------------------------------------------------
