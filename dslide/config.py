@@ -26,7 +26,7 @@ PARALLEL = ("model", "data")
 #: lsh.max_active left at None: this many candidates per sample in a layer of at least
 #: CANDIDATES_MIN_WIDTH neurons, none in a narrower one (LSHConfig.active_count)
 MAX_ACTIVE = 512
-CANDIDATES_MIN_WIDTH = 100_000
+CANDIDATES_MIN_WIDTH = 250_000  # between 100,000 (candidates lose) and 670,091 (they win): docs/lsh.md
 NARROW_OUTPUT = 4096  # labels: at most this many take the "narrow output" defaults
 LR_SCHEDULES = ("linear", "constant")
 BIAS_INITS = ("log_prior", "zero")
@@ -175,7 +175,8 @@ class LSHConfig:
         MAX_ACTIVE if width >= CANDIDATES_MIN_WIDTH else 0. Measured (docs/lsh.md, bench.py
         --parts lsh): at 670,091 labels candidates + uniform negatives beat uniform negatives
         alone; at 20,000 labels the batch's candidates cover half the layer, cost twice the
-        time per step and lose to uniform negatives alone at every point of the run."""
+        time per step and lose to uniform negatives alone at every point of the run; at
+        100,000 they cost three times the time for no gain."""
         if self.max_active is not None:
             return self.max_active
         return MAX_ACTIVE if width >= CANDIDATES_MIN_WIDTH else 0
