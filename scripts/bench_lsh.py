@@ -298,17 +298,18 @@ def end_to_end(args) -> None:
         if p.returncode != 0 or not got:
             raise SystemExit(f"{' '.join(cmd)} failed (exit {p.returncode}):\n{p.stderr[-3000:]}")
         rows += [(ranks, threads, r) for r in json.loads(got[0])]
-    print(f"command: {' '.join(shlex.quote(a) for a in [sys.executable, *sys.argv])}")
-    print(f"machine: {B.machine()}")
-    print(f"model: {args.model}; test points: {args.data}")
-    print()
-    print("| ranks x threads | method | labels scored | seconds | speed-up | recall of exact top-10 | P@1 | P@5 | PSP@5 |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    lines = [f"command: `{' '.join(shlex.quote(a) for a in ['python', *sys.argv])}`", "",
+             f"machine: {B.machine()}", "", f"model: {args.model}; test points: {args.data}", "",
+             "| ranks x threads | method | labels scored | seconds | speed-up | recall of exact top-10 | P@1 | P@5 "
+             "| PSP@5 |", "|---|---|---|---|---|---|---|---|---|"]
     for ranks, threads, r in rows:
         exact = next(x for q, t, x in rows if (q, t) == (ranks, threads) and x["method"] == "exact")
-        print(f"| {ranks} x {threads} | {r['method']} | {r['share']:.2%} | {r['seconds']:.2f} | "
-              f"{exact['seconds'] / r['seconds']:.1f}x | {r['recall@10']:.4f} | {r['p@1']:.4f} | {r['p@5']:.4f} | "
-              f"{r['psp@5']:.4f} |", flush=True)
+        lines.append(f"| {ranks} x {threads} | {r['method']} | {r['share']:.2%} | {r['seconds']:.2f} | "
+                     f"{exact['seconds'] / r['seconds']:.1f}x | {r['recall@10']:.4f} | {r['p@1']:.4f} | "
+                     f"{r['p@5']:.4f} | {r['psp@5']:.4f} |")
+    print("\n".join(lines), flush=True)
+    if not args.no_record:
+        B.record("bench_lsh.py --model ... --eval", "\n".join(lines))
 
 
 def eval_child(args) -> None:
@@ -338,6 +339,7 @@ def main(argv=None):
                     help="with --model and --data: exact against --lsh against a static shortlist, end to end, "
                          "at 1 x 2 and 2 x 1")
     ap.add_argument("--eval-child", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--no-record", action="store_true", help="with --eval: do not update docs/benchmarks.md")
     ap.add_argument("--shares", default="",
                     help="with --eval: also refill the run's index (same anchors) with buckets of these shares "
                          "of the labels, comma-separated, and score through each")
