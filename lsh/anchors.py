@@ -222,6 +222,20 @@ def union_of_buckets(codes, buckets, fill, limit, total, mark):
     return res
 
 
+@njit(inline="always")
+def _push(top_s, top_i, r, k, v, j):
+    """Insert score v of item j into row r of a sorted top k (score desc, id asc)."""
+    t = k - 1
+    if v < top_s[r, t] or (v == top_s[r, t] and j > top_i[r, t]):
+        return
+    while t > 0 and (v > top_s[r, t - 1] or (v == top_s[r, t - 1] and j < top_i[r, t - 1])):
+        top_s[r, t] = top_s[r, t - 1]
+        top_i[r, t] = top_i[r, t - 1]
+        t -= 1
+    top_s[r, t] = v
+    top_i[r, t] = j
+
+
 @njit(parallel=True, fastmath=True, cache=True)
 def topk_of_buckets(X, W, b, codes, buckets, fill, k, marks, out_scores, out_ids, n_scored):
     """Exact re-ranking of what the buckets retrieve: per query, the k best of the union of its buckets.
@@ -258,37 +272,13 @@ def topk_of_buckets(X, W, b, codes, buckets, fill, k, marks, out_scores, out_ids
                     acc = 0.0
                     for f in range(d):
                         acc += W[j, f] * X[q, f]
-                    v = acc + b[j]
-                    # insertion into the sorted top k (score desc, id asc)
-                    t = k - 1
-                    if v < out_scores[q, t] or (v == out_scores[q, t] and j > out_ids[q, t]):
-                        continue
-                    while t > 0 and (v > out_scores[q, t - 1] or (v == out_scores[q, t - 1] and j < out_ids[q, t - 1])):
-                        out_scores[q, t] = out_scores[q, t - 1]
-                        out_ids[q, t] = out_ids[q, t - 1]
-                        t -= 1
-                    out_scores[q, t] = v
-                    out_ids[q, t] = j
+                    _push(out_scores, out_ids, q, k, acc + b[j], j)
             n_scored[q] = got
             for col in range(cols):  # reset the marks of what this query touched
                 l = col // p
                 a = codes[q, col]
                 for s in range(fill[l, a]):
                     mark[buckets[l, a, s]] = 0
-
-
-@njit(inline="always")
-def _push(top_s, top_i, r, k, v, j):
-    """Insert score v of item j into row r of a sorted top k (score desc, id asc)."""
-    t = k - 1
-    if v < top_s[r, t] or (v == top_s[r, t] and j > top_i[r, t]):
-        return
-    while t > 0 and (v > top_s[r, t - 1] or (v == top_s[r, t - 1] and j < top_i[r, t - 1])):
-        top_s[r, t] = top_s[r, t - 1]
-        top_i[r, t] = top_i[r, t - 1]
-        t -= 1
-    top_s[r, t] = v
-    top_i[r, t] = j
 
 
 @njit(parallel=True, fastmath=True, cache=True)
