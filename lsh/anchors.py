@@ -291,7 +291,9 @@ def topk_by_anchor(X, W, b, order, gptr, ganchor, buckets, fill, k, n_chunks, ou
     once per anchor rather than once per query (5,000 points hit ~900 of 2,048
     anchors at 670,091 labels). Scores are computed 4 items x 2 queries at a time:
     eight independent sums, where one dot product at a time waits on its own
-    additions (2.8x fewer seconds for the products, measured at hidden 128).
+    additions (the kernel 1.6x faster at 1 thread and 1.4x at 2 than one dot
+    product at a time, same ids; 5,000 queries of a trained amazon-like layer,
+    hidden 128).
     Groups are dealt round-robin to n_chunks parallel chunks (pass them largest
     first for even work).
 
@@ -602,12 +604,13 @@ class AnchorTables:
         ids = np.empty((n, k), np.int64)
         n_scored = np.empty(n, np.int64)
         if codes.shape[1] == 1 and W.dtype == np.float32 and n > 0:
-            # one bucket per query: score each anchor's queries together
-            order = np.argsort(codes[:, 0], kind="stable")
-            ganchor, first, sizes = np.unique(codes[order, 0], return_index=True, return_counts=True)
+            # one bucket per query: score each anchor's queries together, largest groups first
+            ganchor, group, sizes = np.unique(codes[:, 0], return_inverse=True, return_counts=True)
             big_first = np.argsort(-sizes, kind="stable")
+            rank = np.empty_like(big_first)
+            rank[big_first] = np.arange(big_first.size)
+            order = np.argsort(rank[group], kind="stable").astype(np.int64)  # queries of a group by index
             gptr = np.concatenate([[0], np.cumsum(sizes[big_first])]).astype(np.int64)
-            order = np.concatenate([order[first[g]:first[g] + sizes[g]] for g in big_first]).astype(np.int64)
             n_chunks = max(1, min(ganchor.size, 4 * numba.get_num_threads()))
             topk_by_anchor(X, W, b.astype(W.dtype, copy=False), order, gptr,
                            ganchor[big_first].astype(np.int64), self.buckets, self.fill_count, k, n_chunks,

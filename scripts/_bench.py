@@ -29,12 +29,16 @@ def mpiexec() -> str:
     return str(here) if here.exists() else "mpiexec"
 
 
+def thread_env(threads: int) -> dict:
+    """This environment with numba and every BLAS limited to `threads` threads (for a child process)."""
+    return dict(os.environ, NUMBA_NUM_THREADS=str(threads), OMP_NUM_THREADS=str(threads),
+                OPENBLAS_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
+
+
 def run_case(case: dict, timeout: float = 7200) -> dict:
     """Run `case` in a child process; returns its result dict (with 'error' on failure)."""
     ranks = int(case.get("ranks", 1))
-    threads = int(case.get("threads", 1))
-    env = dict(os.environ, NUMBA_NUM_THREADS=str(threads), OMP_NUM_THREADS=str(threads),
-               OPENBLAS_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
+    env = thread_env(int(case.get("threads", 1)))
     # the case goes in a file, not stdin: mpiexec forwards stdin to rank 0 only
     with tempfile.NamedTemporaryFile("w", suffix=".json", prefix="dslide-case-") as f:
         json.dump(case, f)

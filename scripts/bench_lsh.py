@@ -287,8 +287,7 @@ def end_to_end(args) -> None:
 
     rows = []
     for ranks, threads in ((1, 2), (2, 1)):
-        env = {**os.environ, **{v: str(threads) for v in ("NUMBA_NUM_THREADS", "OPENBLAS_NUM_THREADS",
-                                                          "OMP_NUM_THREADS", "MKL_NUM_THREADS")}}
+        env = B.thread_env(threads)
         cmd = [sys.executable, "-m", "mpi4py", __file__, "--model", args.model, "--data", args.data, "--eval-child",
                "--shares", args.shares]
         if ranks > 1:
