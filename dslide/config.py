@@ -130,6 +130,9 @@ class LSHConfig:
     index_shrink: float = 0.6
     index_spread: float = 0.5
     index_points: int = 50000
+    index_neighbors: int = 5
+    index_degree: int = 16
+    index_search: int = 64
 
     def __post_init__(self):
         from dslide.lsh import LAYER_FAMILIES
@@ -169,6 +172,9 @@ class LSHConfig:
         _float_range("lsh.index_shrink", self.index_shrink, 0.0, 1.0)
         _float_range("lsh.index_spread", self.index_spread, 0.0, 100.0)
         _int_range("lsh.index_points", self.index_points, 1)
+        _int_range("lsh.index_neighbors", self.index_neighbors, 0, 1024)
+        _int_range("lsh.index_degree", self.index_degree, 1, 1024)
+        _int_range("lsh.index_search", self.index_search, max(1, self.index_neighbors), 1 << 16)
 
     def active_count(self, width: int) -> int:
         """Candidates per sample in a layer of `width` neurons: max_active, or when it is None

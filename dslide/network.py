@@ -455,6 +455,7 @@ class LSHLayer(Layer):
         self.dirty = np.zeros(self.n_local, dtype=np.uint8)
         self.touched = np.zeros(self.n_local, dtype=np.uint8)
         self.inference = None  # inference tables (lsh.AnchorTables), from build_index
+        self.neighbors = None  # the index's nearest training points (lsh.NeighborIndex), from build_index
         self.query_time = 0.0
         self.last_block = (0, 0, 0)  # (labels, candidates, random) of the last training step, for reports
         self.last_ids = np.empty(0, dtype=np.int32)  # and its local ids, for checks
@@ -562,32 +563,53 @@ class LSHLayer(Layer):
 
     # -- inference index ----------------------------------------------------------------
 
-    def build_index(self, H, comm: Comm) -> dict:
+    def build_index(self, H, comm: Comm, labels=None) -> dict:
         """Inference tables from the final weights: anchors = k-means of the inputs H
         float [n, d_in] (the same on every rank), each bucket the labels that score
-        highest at its anchor, `index_share` of the layer in all (a threshold agreed
-        across ranks, so P ranks keep what 1 rank keeps). Returns timings."""
+        highest at its anchor (a threshold agreed across ranks, so P ranks keep what 1
+        rank keeps). labels: (ptr int64 [n + 1], ids int32) the points' labels (CSR,
+        global ids); with lsh.index_neighbors > 0 a query also scores the labels of its
+        index_neighbors nearest points (lsh.neighbors), and the buckets give up the room
+        those take on average, so that a query scores `index_share` of the layer in all.
+        Returns timings."""
         from dslide import lsh
 
         lc = self.lc
         t0 = time.perf_counter()
         A = min(lc.index_anchors, H.shape[0])
-        T = max(1, int(np.ceil(lc.index_share * self.n)))
+        use_nn = lc.index_neighbors > 0 and labels is not None
+        per_point = float(labels[0][-1]) / max(1, H.shape[0]) if use_nn else 0.0
+        T = index_bucket(lc.index_share, self.n, lc.index_neighbors if use_nn else 0, per_point)
         tables = lsh.AnchorTables(self.d_in, 1, A, min(T, self.n_local), _seed31(self.config.seed, 9, self.index))
         tables.fit_anchors(H)
         t1 = time.perf_counter()
         self.inference = tables
+        self.neighbors = None
         fill_index(self, comm, T)
-        return {"kmeans_s": t1 - t0, "fill_s": time.perf_counter() - t1, "anchors": A, "bucket": T}
+        t2 = time.perf_counter()
+        info = {"kmeans_s": t1 - t0, "fill_s": t2 - t1, "anchors": A, "bucket": T}
+        if use_nn:
+            self.neighbors = lsh.NeighborIndex.build(H, tables.codes(H)[:, 0], A, labels[0], labels[1],
+                                                     lc.index_degree, lc.index_degree,
+                                                     rows=lambda P, M: _graph_rows(P, M, comm))
+            info["graph_s"] = time.perf_counter() - t2
+        return info
 
     def topk(self, x, k: int):
-        """This rank's best k neurons per input among what the inference index retrieves:
+        """This rank's best k neurons per input among what the inference index retrieves
+        (its buckets and, when the index has them, its nearest training points' labels):
         (scores float64 [B, k], global ids int64 [B, k], n_scored int64 [B])."""
         if self.inference is None:
             raise ValueError("this model has no inference index for --lsh: it is built at the end of "
                              "training (lsh.index_anchors > 0); score every label instead (exact)")
         t0 = time.perf_counter()
-        s, i, n = self.inference.topk(x, self.W, self.b, k, self.lc.index_probes)
+        x = np.ascontiguousarray(x, dtype=np.float32)
+        codes = self.inference.codes(x, self.lc.index_probes)
+        extras = None
+        if self.neighbors is not None:
+            nn, _ = self.neighbors.neighbors(x, codes[:, 0], self.lc.index_search, self.lc.index_neighbors)
+            extras = self.neighbors.extras(nn, self.lo, self.lo + self.n_local)
+        s, i, n = self.inference.topk(x, self.W, self.b, k, self.lc.index_probes, extras=extras, codes=codes)
         i[i >= 0] += self.lo
         self.query_time += time.perf_counter() - t0
         return s, i, n
@@ -605,6 +627,8 @@ class LSHLayer(Layer):
         if self.inference is not None:
             out.update({f"index.{k}": v for k, v in self.inference.state_arrays().items()})
             out["index.bucket"] = np.array([self.inference.bucket_target], dtype=np.int64)
+        if self.neighbors is not None:
+            out.update({f"nn.{k}": v for k, v in self.neighbors.state_arrays().items()})
         return out
 
     def load_state(self, arrays: dict, same_layout: bool = True, weights_only: bool = False) -> None:
@@ -628,6 +652,11 @@ class LSHLayer(Layer):
                 tables.anchors[...] = anchors
                 tables.ready = True
                 fill_index(self, self.comm, tables.bucket_target)
+        if "nn.points" in arrays:  # the same on every rank: each reads the labels of its own slice
+            from dslide import lsh
+
+            self.neighbors = lsh.NeighborIndex.from_state({k[len("nn."):]: v for k, v in arrays.items()
+                                                           if k.startswith("nn.")})
 
     def _load_candidates(self, arrays: dict, same_layout: bool) -> None:
         if same_layout:
@@ -651,6 +680,7 @@ class LSHLayer(Layer):
         out = super().shard_axes()
         out.update({"anchor.anchors": None, "anchor.counts": None, "anchor.ready": None, "anchor.schedule": None,
                     "index.anchors": None, "index.bucket": None})
+        out.update({f"nn.{k}": None for k in ("points", "graph", "cell_ptr", "cell_ids", "label_ptr", "label_ids")})
         return out
 
 
@@ -659,6 +689,25 @@ class LSHLayer(Layer):
 #: 670,091 labels, against 178 MB for all 2048 anchors at once), besides the one block of
 #: scores that score_top reuses
 INDEX_CHUNK = 256
+
+
+def index_bucket(share: float, n: int, neighbors: int = 0, labels_per_point: float = 0.0) -> int:
+    """Bucket size T of an inference index that scores `share` of n labels per query: the
+    neighbours' labels (about neighbors x labels_per_point ids a query) come out of it."""
+    return max(1, int(np.ceil(share * n)) - int(np.ceil(neighbors * labels_per_point)))
+
+
+def _graph_rows(P, M: int, comm: Comm) -> np.ndarray:
+    """The k-NN graph rows of all n points P (unit rows, the same on every rank), each rank
+    computing a contiguous share and all of them gathering the whole: int32 [n, M]."""
+    from dslide import lsh
+
+    n, size = P.shape[0], comm.size
+    per = -(-n // size)
+    lo, hi = min(n, comm.rank * per), min(n, (comm.rank + 1) * per)
+    mine = np.full((per, M), -1, np.int32)
+    mine[:hi - lo] = lsh.neighbors.knn_rows(P, lo, hi, M)
+    return np.ascontiguousarray(comm.allgather_rows(mine, kind="index").reshape(size * per, M)[:n])
 
 
 def fill_index(layer: LSHLayer, comm: Comm, T: int) -> None:

@@ -235,7 +235,9 @@ def build_index(model: Model, train: XMCData) -> dict:
     for s in range(0, m, 4096):
         batch = make_batch(parts, None, rows[s:s + 4096], net.step, norms=norms)
         H[s:s + 4096] = net.hidden(batch).dense()
-    info = out.build_index(H, net.comm)
+    Y = sp.csr_matrix(train.Y)[rows]
+    labels = (Y.indptr.astype(np.int64), Y.indices.astype(np.int32))
+    info = out.build_index(H, net.comm, labels)
     kept = net.comm.allreduce_sum(np.array([float(np.mean(out.inference.fill_count))]), kind="index")[0]
     info.update({"points": m, "index_s": time.perf_counter() - t0, "share": float(kept) / out.n})
     model.index_info = info

@@ -21,7 +21,9 @@ they hold (lsh.compact).
 
 `AnchorTables` (lsh.anchors) is the data-dependent alternative for maximum
 inner product search with biases: queries hash to their nearest k-means
-anchor, whose bucket holds the items scoring highest there.
+anchor, whose bucket holds the items scoring highest there. `NeighborIndex`
+(lsh.neighbors) finds a query's nearest training points on a k-NN graph; an
+output layer's inference index adds their labels to the query's bucket.
 
 LAYER_FAMILIES: what an LSH layer of dslide can pick its neurons with
 ("anchor", then the item-hashing families that hash dense vectors; the
@@ -36,9 +38,10 @@ from ._common import HashFamily
 from .dwta import DWTA
 from .minhash import MinHash
 from .srp import SRP
-from . import anchors
+from . import anchors, neighbors
 from .anchors import AnchorTables
 from .compact import CompactTables
+from .neighbors import NeighborIndex
 from .tables import HashTables
 from .wta import WTA
 
@@ -62,4 +65,4 @@ def make_family(name: str, dim: int, K: int, L: int, seed: int, **params) -> Has
     return cls(dim, K, L, seed, **params)
 
 
-__all__ = ["FAMILIES", "LAYER_FAMILIES", "AnchorTables", "CompactTables", "make_family", "HashFamily", "HashTables", "SRP", "DWTA", "WTA", "MinHash"]
+__all__ = ["FAMILIES", "LAYER_FAMILIES", "AnchorTables", "CompactTables", "NeighborIndex", "make_family", "HashFamily", "HashTables", "SRP", "DWTA", "WTA", "MinHash"]

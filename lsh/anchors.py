@@ -237,8 +237,9 @@ def _push(top_s, top_i, r, k, v, j):
 
 
 @njit(parallel=True, fastmath=True, cache=True)
-def topk_of_buckets(X, W, b, codes, buckets, fill, k, marks, out_scores, out_ids, n_scored):
-    """Exact re-ranking of what the buckets retrieve: per query, the k best of the union of its buckets.
+def topk_of_buckets(X, W, b, codes, buckets, fill, k, marks, xptr, xids, out_scores, out_ids, n_scored):
+    """Exact re-ranking of what the buckets retrieve: per query, the k best of the union of its buckets
+    and its extra items xids[xptr[q]:xptr[q+1]] (int64 [n + 1], int32; pass xptr all zero for none).
 
     X float [n, d] queries; W float [m, d], b [m] the items; codes int32 [n, L*p]
     (the buckets of each query: L tables x p probes, flattened; bucket (l, a)
@@ -273,17 +274,31 @@ def topk_of_buckets(X, W, b, codes, buckets, fill, k, marks, out_scores, out_ids
                     for f in range(d):
                         acc += W[j, f] * X[q, f]
                     _push(out_scores, out_ids, q, k, acc + b[j], j)
+            for r in range(xptr[q], xptr[q + 1]):
+                j = xids[r]
+                if mark[j]:
+                    continue
+                mark[j] = 1
+                got += 1
+                acc = 0.0
+                for f in range(d):
+                    acc += W[j, f] * X[q, f]
+                _push(out_scores, out_ids, q, k, acc + b[j], j)
             n_scored[q] = got
             for col in range(cols):  # reset the marks of what this query touched
                 l = col // p
                 a = codes[q, col]
                 for s in range(fill[l, a]):
                     mark[buckets[l, a, s]] = 0
+            for r in range(xptr[q], xptr[q + 1]):
+                mark[xids[r]] = 0
 
 
 @njit(parallel=True, fastmath=True, cache=True)
-def topk_by_anchor(X, W, b, order, gptr, ganchor, buckets, fill, k, n_chunks, out_scores, out_ids, n_scored):
-    """Exact re-ranking with one bucket per query (1 table, 1 probe), the queries of one anchor together.
+def topk_by_anchor(X, W, b, order, gptr, ganchor, buckets, fill, k, n_chunks, xptr, xids,
+                   out_scores, out_ids, n_scored):
+    """Exact re-ranking with one bucket per query (1 table, 1 probe), the queries of one anchor together,
+    plus each query's extra items xids[xptr[q]:xptr[q+1]] (int64 [n + 1], int32) that its bucket lacks.
 
     The queries order[gptr[g]:gptr[g+1]] all have anchor ganchor[g]; each item row
     W[j] of that bucket is read once for the whole group and scored against every
@@ -298,7 +313,8 @@ def topk_by_anchor(X, W, b, order, gptr, ganchor, buckets, fill, k, n_chunks, ou
     first for even work).
 
     X float32 [n, d], W float32 [m, d], b float32 [m]; buckets int32 [1, A, T],
-    fill int32 [1, A]. Writes out_scores float64 [n, k] (-inf where fewer than k),
+    fill int32 [1, A], each bucket's first fill ids in increasing order (extras are
+    looked up in it by bisection). Writes out_scores float64 [n, k] (-inf where fewer than k),
     out_ids int64 [n, k] (-1 there), n_scored int64 [n]. Ties go to the lower id.
     Dot products accumulate in float32 (vector width; the re-ranked scores agree
     with a float64 product to ~1e-6 relative).
@@ -390,10 +406,28 @@ def topk_by_anchor(X, W, b, order, gptr, ganchor, buckets, fill, k, n_chunks, ou
                     _push(top_s, top_i, qi, k, acc + b[j], j)
             for qi in range(ng):
                 q = order[g0 + qi]
+                extra = 0
+                for r in range(xptr[q], xptr[q + 1]):
+                    j = xids[r]
+                    lo = 0
+                    hi = F
+                    while lo < hi:  # is j in the bucket already?
+                        mid = (lo + hi) // 2
+                        if buckets[0, a, mid] < j:
+                            lo = mid + 1
+                        else:
+                            hi = mid
+                    if lo < F and buckets[0, a, lo] == j:
+                        continue
+                    acc = np.float32(0.0)
+                    for f in range(d):
+                        acc += W[j, f] * Q[qi, f]
+                    _push(top_s, top_i, qi, k, acc + b[j], j)
+                    extra += 1
                 for t in range(k):
                     out_scores[q, t] = top_s[qi, t]
                     out_ids[q, t] = top_i[qi, t]
-                n_scored[q] = F
+                n_scored[q] = F + extra
 
 
 @njit(cache=True, fastmath=True)
@@ -592,13 +626,21 @@ class AnchorTables:
         return union_of_buckets(np.ascontiguousarray(codes, dtype=np.int32), self.buckets, self.fill_count,
                                 self.T if limit is None else limit, total, mark)
 
-    def topk(self, X, W, b, k: int, probes: int = 1, marks=None):
+    def topk(self, X, W, b, k: int, probes: int = 1, marks=None, extras=None, codes=None):
         """Per query X [n, dim], the k best of its retrieved items by exact score W[j] . x + b[j]:
-        (scores float64 [n, k], ids int64 [n, k], n_scored int64 [n]); -inf / -1 where fewer than k."""
+        (scores float64 [n, k], ids int64 [n, k], n_scored int64 [n]); -inf / -1 where fewer than k.
+        extras: (xptr int64 [n + 1], xids int32) more items per query, scored too when their
+        buckets lack them (distinct within a query). codes: `codes(X, probes)` when known."""
         import numba
 
-        codes = self.codes(X, probes)
+        if codes is None:
+            codes = self.codes(X, probes)
         n = X.shape[0]
+        if extras is None:
+            xptr, xids = np.zeros(n + 1, np.int64), np.zeros(0, np.int32)
+        else:
+            xptr, xids = (np.ascontiguousarray(extras[0], dtype=np.int64),
+                          np.ascontiguousarray(extras[1], dtype=np.int32))
         X = np.ascontiguousarray(X, dtype=W.dtype)
         scores = np.empty((n, k), np.float64)
         ids = np.empty((n, k), np.int64)
@@ -613,14 +655,31 @@ class AnchorTables:
             gptr = np.concatenate([[0], np.cumsum(sizes[big_first])]).astype(np.int64)
             n_chunks = max(1, min(ganchor.size, 4 * numba.get_num_threads()))
             topk_by_anchor(X, W, b.astype(W.dtype, copy=False), order, gptr,
-                           ganchor[big_first].astype(np.int64), self.buckets, self.fill_count, k, n_chunks,
-                           scores, ids, n_scored)
+                           ganchor[big_first].astype(np.int64), self._id_sorted_buckets(), self.fill_count, k,
+                           n_chunks, xptr, xids, scores, ids, n_scored)
             return scores, ids, n_scored
         if marks is None:
             marks = np.zeros((max(1, min(n, 4 * numba.get_num_threads())), W.shape[0]), np.uint8)
         topk_of_buckets(X, W, b.astype(W.dtype, copy=False), codes, self.buckets, self.fill_count, k,
-                        marks, scores, ids, n_scored)
+                        marks, xptr, xids, scores, ids, n_scored)
         return scores, ids, n_scored
+
+    def _id_sorted_buckets(self) -> np.ndarray:
+        """The buckets with each one's filled part in increasing id order (what topk_by_anchor
+        needs): the buckets themselves when so (the inference index keeps them so), else a copy."""
+        cached = getattr(self, "_sorted", None)
+        if cached is not None and cached[0] is self.buckets and cached[1] is self.fill_count:
+            return cached[2]
+        B = self.buckets
+        if self.L == 1 and B.shape[2] > 1:
+            filled = np.arange(B.shape[2])[None, :] < self.fill_count[0][:, None]
+            pairs = filled[:, 1:] & filled[:, :-1]
+            if np.any((np.diff(B[0], axis=1) < 0) & pairs):
+                B = B.copy()
+                for a in range(self.A):
+                    B[0, a, :self.fill_count[0, a]].sort()
+        self._sorted = (self.buckets, self.fill_count, B)
+        return B
 
     # -- state ----------------------------------------------------------------
     def state_arrays(self) -> dict:

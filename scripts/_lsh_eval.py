@@ -66,11 +66,14 @@ def refill_index(model, share: float) -> None:
     """Refill the output layer's inference index, same anchors, with buckets of `share` of the labels."""
     import dataclasses
 
-    from dslide.network import fill_index
+    from dslide.network import fill_index, index_bucket
 
     out = model.network.layers[-1]
     out.lc = dataclasses.replace(out.lc, index_share=share)
-    fill_index(out, model.network.comm, max(1, int(np.ceil(share * out.n))))
+    nn = out.neighbors
+    per_point = 0.0 if nn is None else float(nn.label_ptr[-1]) / max(1, nn.points.shape[0])
+    fill_index(out, model.network.comm, index_bucket(share, out.n, 0 if nn is None else out.lc.index_neighbors,
+                                                     per_point))
 
 
 def compare_inference(model, test, inv_prop, shares=()) -> list[dict]:

@@ -136,11 +136,12 @@ def test_softmax_normaliser_merges_over_ranks_with_rows_empty_on_some():
         assert S[i] == pytest.approx(float(np.sum(all_s[live, i] * np.exp(all_m[live, i] - ref_M))), rel=1e-12)
 
 
-@pytest.mark.parametrize("chunk", [256, 5])
-def test_lsh_inference_index_gives_the_same_topk_and_share_at_p_ranks_as_at_one(chunk, monkeypatch):
+@pytest.mark.parametrize("chunk,neighbors", [(256, 0), (5, 0), (256, 5)])
+def test_lsh_inference_index_gives_the_same_topk_and_share_at_p_ranks_as_at_one(chunk, neighbors, monkeypatch):
     """The inference index keeps, per anchor, the labels of the whole layer above one threshold
     agreed across ranks, and re-ranks exactly: P ranks retrieve and return what 1 rank does,
-    whether the 16 anchors are filled at once or 5 at a time (chunks of 5, 5, 5, 1)."""
+    whether the 16 anchors are filled at once or 5 at a time (chunks of 5, 5, 5, 1), and with
+    the nearest training points' labels added (a graph whose rows the ranks share out)."""
     from dslide import network as N
     from dslide import train as T
 
@@ -149,7 +150,12 @@ def test_lsh_inference_index_gives_the_same_topk_and_share_at_p_ranks_as_at_one(
     from dslide.data import XMCData
 
     X, Y = _data(n=160, F=40, L=300)
-    lc = LSHConfig(min_active=30, max_active=10, anchors=8, index_anchors=16, index_share=0.1)
+    if neighbors:  # at most 2 labels a point (45 here), as in extreme classification
+        Y = sp.csr_matrix((np.ones(160 * 2, np.float32), Y.indices[np.add.outer(Y.indptr[:-1], [0, 1]).ravel()],
+                           np.arange(0, 321, 2)), shape=Y.shape)
+        Y.sum_duplicates()
+    lc = LSHConfig(min_active=30, max_active=10, anchors=8, index_anchors=16, index_share=0.1,
+                   index_neighbors=neighbors, index_degree=4, index_search=8)
     cfg = Config(hidden=(16,), kinds=("dense", "lsh"), input_norm="none", seed=3, lr_schedule="constant",
                  dropout=0.0, lsh=lc)
     data = XMCData(X, Y)
@@ -162,13 +168,21 @@ def test_lsh_inference_index_gives_the_same_topk_and_share_at_p_ranks_as_at_one(
         stats = {}
         ids = T.predict_topk(model, X, 5, exact=False, stats=stats)
         exact = T.predict_topk(model, X, 5, exact=True)
-        out[name] = (ids, stats["scored_share"], exact, info)
-    ids_p, share_p, exact_p, info_p = out["p"]
-    ids_1, share_1, exact_1, _ = out["1"]
+        out[name] = (ids, stats["scored_share"], exact, info, net.layers[-1].neighbors)
+    ids_p, share_p, exact_p, info_p, nn_p = out["p"]
+    ids_1, share_1, exact_1, _, nn_1 = out["1"]
     np.testing.assert_array_equal(ids_p, ids_1)
     assert share_p == pytest.approx(share_1, rel=1e-12)
-    assert 0.09 <= share_1 <= 0.12  # about index_share of the labels (ties may add a few)
-    assert info_p["anchors"] == 16 and info_p["bucket"] == 30
+    # about index_share of the labels (ties may add a few); the neighbours' labels are budgeted
+    # at their count, and some of them are in the bucket already
+    assert (0.06 if neighbors else 0.09) <= share_1 <= 0.12
+    per_point = Y.nnz / Y.shape[0]
+    assert info_p["anchors"] == 16 and info_p["bucket"] == 30 - int(np.ceil(neighbors * per_point))
+    if neighbors:
+        np.testing.assert_array_equal(nn_p.graph, nn_1.graph)
+        assert share_1 > info_p["bucket"] / 300  # the neighbours' labels were scored too
+    else:
+        assert nn_p is None
     # a sanity floor: the exact top-1 is retrieved for most points (measured 0.8 on this random model)
     assert (ids_1[:, 0] == exact_1[:, 0]).mean() >= 0.6
 

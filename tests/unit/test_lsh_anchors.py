@@ -190,7 +190,8 @@ def test_grouped_rescoring_equals_numpy_per_query_with_ties_and_short_buckets(th
         assert n_scored[q] == cand.size
     per_query = [np.empty((Q.shape[0], k)), np.empty((Q.shape[0], k), np.int64), np.empty(Q.shape[0], np.int64)]
     A.topk_of_buckets(Q, W, b, codes[:, None].astype(np.int32), tables.buckets, tables.fill_count, k,
-                      np.zeros((2, m), np.uint8), *per_query)
+                      np.zeros((2, m), np.uint8), np.zeros(Q.shape[0] + 1, np.int64), np.zeros(0, np.int32),
+                      *per_query)
     np.testing.assert_array_equal(ids, per_query[1])
     np.testing.assert_array_equal(n_scored, per_query[2])
 

@@ -1,0 +1,138 @@
+"""lsh.neighbors: the k-NN graph, its best-first search and the neighbours' labels, against numpy."""
+
+import numpy as np
+import pytest
+
+from dslide import lsh
+from dslide.lsh import neighbors as NB
+
+
+def _clusters(seed=0, n=600, d=12, k=20, noise=0.25):
+    rs = np.random.default_rng(seed)
+    centres = rs.normal(size=(k, d))
+    X = centres[rs.integers(0, k, n)] + noise * rs.normal(size=(n, d))
+    return X.astype(np.float32), centres
+
+
+def _brute(Q, P, k):
+    S = Q.astype(np.float64) @ P.astype(np.float64).T
+    ids = np.arange(P.shape[0])
+    return np.stack([np.lexsort((ids, -S[q]))[:k] for q in range(Q.shape[0])])
+
+
+def test_knn_rows_equal_numpy_with_ties_and_any_row_range():
+    X, _ = _clusters(1, n=300)
+    X[7] = X[3]  # an exact duplicate: 3 and 7 are each other's best, ties go to the lower index
+    X[8] = X[3]
+    P = NB.unit_rows(X)
+    S = P.astype(np.float64) @ P.astype(np.float64).T
+    np.fill_diagonal(S, -np.inf)
+    ids = np.arange(P.shape[0])
+    want = np.stack([np.lexsort((ids, -S[i]))[:6] for i in range(P.shape[0])])
+    got = NB.knn_rows(P, 0, P.shape[0], 6, block=64)
+    # float32 BLAS against float64 may swap near-equal neighbours: compare sets, then the exact ties
+    agree = np.mean([len(np.intersect1d(got[i], want[i])) / 6 for i in range(P.shape[0])])
+    assert agree >= 0.99
+    assert list(got[3, :2]) == [7, 8] and list(got[7, :2]) == [3, 8]
+    np.testing.assert_array_equal(NB.knn_rows(P, 100, 170, 6, block=32), got[100:170])
+    assert not np.any(got == np.arange(P.shape[0])[:, None])  # never its own neighbour
+
+
+def test_reverse_links_are_the_most_similar_points_that_list_a_point():
+    X, _ = _clusters(2, n=200)
+    P = NB.unit_rows(X)
+    G = NB.knn_rows(P, 0, P.shape[0], 4)
+    rptr, rids = NB.reverse_lists(G, P.shape[0])
+    full = np.empty((P.shape[0], 7), np.int32)
+    NB.add_reverse(G, P, 3, rptr, rids, full)
+    S = P.astype(np.float64) @ P.astype(np.float64).T
+    for i in range(P.shape[0]):
+        who = [v for v in range(P.shape[0]) if i in G[v] and v not in G[i]]
+        want = sorted(who, key=lambda v: (-S[i, v], v))[:3]
+        np.testing.assert_array_equal(full[i, :4], G[i])
+        got = [v for v in full[i, 4:] if v >= 0]
+        assert got == want, i
+        assert np.all(full[i, 4 + len(got):] == -1)
+
+
+def test_search_finds_the_exact_nearest_points_on_clustered_data():
+    """Property: the beam search returns the exact top-1 for >= 95% of queries, without scanning
+    everything; a beam as wide as the data returns the exact top 5 (the clusters' sub-graphs
+    are searched to the end) and computes more similarities than a narrow one."""
+    X, centres = _clusters(3, n=2000, d=16, k=40)
+    rs = np.random.default_rng(4)
+    Q = (centres[rs.integers(0, 40, 300)] + 0.25 * rs.normal(size=(300, 16))).astype(np.float32)
+    # cells: the nearest centre of each point (what the anchors give the index)
+    codes = np.argmin(((X[:, None, :] - centres[None]) ** 2).sum(-1), axis=1)
+    qcodes = np.argmin(((Q[:, None, :] - centres[None]) ** 2).sum(-1), axis=1)
+    labels = (np.arange(2001, dtype=np.int64), np.arange(2000, dtype=np.int32))
+    index = lsh.NeighborIndex.build(X, codes, 40, *labels, M=8, R=8)
+    want = _brute(NB.unit_rows(Q), index.points, 5)
+    nn, visited = index.neighbors(Q, qcodes, ef=32, k=5)
+    assert np.mean(nn[:, 0] == want[:, 0]) >= 0.95
+    assert np.mean([np.isin(want[q], nn[q]).mean() for q in range(300)]) >= 0.9
+    assert visited.max() < 2000  # it did not scan everything
+    nn_all, visited_all = index.neighbors(Q[:20], qcodes[:20], ef=2000, k=5)
+    np.testing.assert_array_equal(nn_all, want[:20])
+    assert np.all(visited_all >= visited[:20])
+
+
+def test_search_from_an_empty_cell_and_beam_narrower_than_k():
+    X, centres = _clusters(5, n=100, d=8, k=5)
+    codes = np.zeros(100, np.int64)  # every point in cell 0; cells 1 and 2 are empty
+    index = lsh.NeighborIndex.build(X, codes, 3, np.arange(101, dtype=np.int64), np.arange(100, dtype=np.int32),
+                                    M=6, R=6)
+    nn, _ = index.neighbors(X[:10] + 0.01, np.full(10, 2), ef=1, k=3)  # ef is raised to k
+    assert np.all(nn >= 0)
+    want = _brute(NB.unit_rows(X[:10] + 0.01), index.points, 3)
+    assert np.mean(nn[:, 0] == want[:, 0]) >= 0.9
+
+
+def test_neighbour_labels_in_a_slice_are_local_sorted_distinct():
+    label_ptr = np.array([0, 3, 3, 5, 7], np.int64)
+    label_ids = np.array([2, 9, 15, 9, 11, 2, 30], np.int32)
+    nn = np.array([[0, 2, 3], [1, -1, -1], [3, 2, 0]], np.int32)
+    xptr, xids = NB.labels_in_range(nn, label_ptr, label_ids, 2, 16)
+    per_query = [list(xids[xptr[q]:xptr[q + 1]]) for q in range(3)]
+    assert per_query == [[0, 7, 9, 13], [], [0, 7, 9, 13]]  # {2, 9, 11, 15} - 2; 30 is another rank's
+
+
+def _anchored(seed=6):
+    rs = np.random.default_rng(seed)
+    m, d, A, T, k = 500, 10, 5, 30, 6
+    W = rs.normal(size=(m, d)).astype(np.float32)
+    b = rs.normal(size=m).astype(np.float32)
+    tables = lsh.AnchorTables(d, 1, A, T, seed=1)
+    tables.fit_anchors(rs.normal(size=(100, d)).astype(np.float32))
+    Q = rs.normal(size=(23, d)).astype(np.float32)
+    return W, b, tables, Q, k, rs
+
+
+@pytest.mark.parametrize("probes", [1, 2])
+def test_topk_with_extras_scores_the_union_of_bucket_and_extras_exactly(probes):
+    """Extras (a query's neighbours' labels) are scored besides its buckets, once each: the
+    result is the numpy top k of the union, and n_scored counts the union."""
+    W, b, tables, Q, k, rs = _anchored()
+    tables.fill(W, b)  # buckets in score order: the grouped kernel needs a sorted copy
+    codes = tables.codes(Q, probes)
+    S = Q.astype(np.float64) @ W.astype(np.float64).T + b
+    extra = []
+    for q in range(Q.shape[0]):
+        mine = set(np.concatenate([tables.buckets[0, a] for a in codes[q]]).tolist())
+        outside = rs.choice([j for j in range(W.shape[0]) if j not in mine], 4, replace=False)
+        inside = rs.choice(sorted(mine), 2, replace=False)  # already retrieved: not scored twice
+        extra.append(np.sort(np.concatenate([outside, inside])).astype(np.int32))
+    best = int(np.argmax(S[0]))
+    extra[0] = np.union1d(extra[0], [best]).astype(np.int32)  # query 0's best label only as an extra
+    xptr = np.concatenate([[0], np.cumsum([e.size for e in extra])]).astype(np.int64)
+    xids = np.concatenate(extra)
+    scores, ids, n_scored = tables.topk(Q, W, b, k, probes=probes, extras=(xptr, xids))
+    for q in range(Q.shape[0]):
+        cand = np.union1d(np.concatenate([tables.buckets[0, a] for a in codes[q]]), extra[q])
+        ref = cand[np.lexsort((cand, -S[q, cand]))[:k]]
+        np.testing.assert_array_equal(ids[q], ref)
+        np.testing.assert_allclose(scores[q], S[q, ref], rtol=1e-5, atol=1e-5)
+        assert n_scored[q] == cand.size
+    assert ids[0, 0] == best
+    plain = tables.topk(Q, W, b, k, probes=probes)
+    assert np.all(plain[2] < n_scored)
