@@ -406,8 +406,9 @@ def _load_model(run_dir: str, comm):
     from dslide import train as T
 
     path = ck.latest(run_dir)
-    # the layout it was trained on is not the model's: eval and predict split it over every rank
-    config = ck.config_of(path).replace(replicas=1, shard_weights=())
+    # the layout it was trained on is not the model's: eval and predict split it over every rank,
+    # each with the threads this process has (NUMBA_NUM_THREADS), not those of the training run
+    config = ck.config_of(path).replace(replicas=1, shard_weights=(), threads=0)
     manifest = ck.read_manifest(path)
     model = T.build_network((manifest["n_features"], manifest["n_labels"]), config, comm)
     # inference needs the weights and the index only: Adam's moments are never read (nor

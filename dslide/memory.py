@@ -11,14 +11,18 @@ bytes by kind:
                 capacity: L x 2^range_pow x capacity slots and counters; item codes)
     index       the output layer's inference index: index_anchors anchors and
                 their buckets, room for min(T, n_r) ids each (T = index_share of
-                the labels; a rank fills its share of the T)
+                the labels; a rank fills its share of the T); with
+                index_neighbors, every rank's copy of the index_points points
+                (unit hidden vectors, graph of 2 x index_degree links, cells,
+                ~5 labels a point)
     scratch     per-layer arrays of the step kernels (marks, positions, thread rows)
     step        the largest transient of a training step: an LSH layer's block
                 (its weights copied, their gradient, logits), dense activations,
                 or an anchor-table refill between steps (one block of scores)
     index_build the transient of building the inference index at the end of
                 training (hidden vectors of index_points points, then k-means'
-                distances or one block of scores and a chunk of anchors' candidates)
+                distances, one block of scores and a chunk of anchors' candidates,
+                or a block of the neighbour graph's similarities)
 
 `data_bytes` adds the training set's CSR arrays. What no formula gives is the
 interpreter with numpy, scipy, numba and its compiled kernels (and MPI):
@@ -37,6 +41,7 @@ import numpy as np
 from dslide.config import Config
 from dslide.kernels import MOMENT_DTYPES
 from dslide.lsh.anchors import kmeans_block, score_block
+from dslide.lsh.neighbors import GRAPH_BLOCK
 from dslide.sharding import scaled_count, shard_bounds
 
 
@@ -128,13 +133,20 @@ def account(config: Config, n_features: int, n_labels: int, world_size: int = 1,
             # with its share of the T, the rest padding)
             out["index"] += A * d * 4 + A * (8 + 4) + A * t_local * 4
             pts = lc.index_points
+            graph = 0
+            if lc.index_neighbors:
+                # points float32 [pts, d], graph int32 [pts, 2 degree], cells (A + 1) int64 and
+                # pts int32, labels (pts + 1) int64 and ~5 int32 a point
+                out["index"] += pts * d * 4 + pts * 2 * lc.index_degree * 4 + (A + 1) * 8 + pts * 4 \
+                    + (pts + 1) * 8 + 5 * pts * 4
+                graph = GRAPH_BLOCK * pts * 16 + pts * d * 4  # a block's similarities; the unit copy
             # the hidden vectors of the sampled points, and the larger of k-means (a block of
             # distances, the seeding subset, float64 sums) and fill_index (one block of
             # scores, and per chunk of anchors the top-T ids and scores with keys in place,
             # a key temporary and a mask)
             kmeans = kmeans_block(A) * A * 4 + 4 * A * d * 4 + A * d * 8
             fill = score_block(n_local) * n_local * 4 + min(A, INDEX_CHUNK) * t_local * (4 + 4 + 4 + 1)
-            out["index_build"] = pts * d * 4 + max(kmeans, fill)
+            out["index_build"] = pts * d * 4 + max(kmeans, fill, graph)
     out["step"] = step_peak
     out["total"] = sum(out[k] for k in ("weights", "moments", "tables", "index", "scratch", "step"))
     resident = out["total"] - out["step"]

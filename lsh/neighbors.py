@@ -51,10 +51,15 @@ def unit_rows(X) -> np.ndarray:
     return np.ascontiguousarray(X / np.maximum(norms, 1e-30)[:, None], dtype=np.float32)
 
 
-def knn_rows(P, lo: int, hi: int, M: int, block: int = 1024) -> np.ndarray:
+#: rows of the exact k-NN graph computed at a time: their similarities (float32), negated
+#: copy and argpartition (int64) are 16 bytes x block x n (205 MB at n = 50,000)
+GRAPH_BLOCK = 256
+
+
+def knn_rows(P, lo: int, hi: int, M: int, block: int = GRAPH_BLOCK) -> np.ndarray:
     """int32 [hi - lo, M]: for each point lo <= i < hi of P (unit rows, float32 [n, d]), its
     M most similar other points by P[i] . P[j], best first, ties to the lower index.
-    O((hi - lo) n d) through BLAS, block rows at a time (block x n float32 transient)."""
+    O((hi - lo) n d) through BLAS, block rows at a time (GRAPH_BLOCK: the transient)."""
     n = P.shape[0]
     M = check_int("M (graph degree)", M, 1, max(1, n - 1))
     out = np.empty((hi - lo, M), np.int32)

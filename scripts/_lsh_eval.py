@@ -8,7 +8,9 @@ same test points are ranked three ways, one after the other:
 - --lsh: what the index retrieves for each point, scored exactly;
 - static shortlist: the labels with the highest output biases, as many as
   --lsh scored per point on average, scored exactly (what a frequency
-  shortlist with no hashing gives).
+  shortlist with no hashing gives);
+- when the index has its nearest-training-point graph: its buckets alone,
+  refilled to the same share (what the neighbours add).
 Each row: share of labels scored, seconds, recall of the exact top-10,
 P@1/P@5, PSP@5 (inverse propensities from the training labels). Every rank
 gets the same rows.
@@ -94,6 +96,20 @@ def compare_inference(model, test, inv_prop, shares=()) -> list[dict]:
     t0 = time.perf_counter()
     static = static_topk(model, test.X, 10, m)
     rows.append(("static shortlist (highest biases)", m / n_labels, time.perf_counter() - t0, static))
+    layer = model.network.layers[-1]
+    if layer.neighbors is not None:  # what the neighbours add: the same share from buckets alone
+        graph, share = layer.neighbors, layer.lc.index_share
+        layer.neighbors = None
+        try:
+            refill_index(model, share)
+            stats = {}
+            t0 = time.perf_counter()
+            pred = T.predict_topk(model, test.X, 10, exact=False, stats=stats)
+            rows.append(("--lsh, buckets alone (no neighbours)", stats["scored_share"], time.perf_counter() - t0,
+                         pred))
+        finally:
+            layer.neighbors = graph
+            refill_index(model, share)
     for share in shares:
         refill_index(model, share)
         T.predict_topk(model, test.X[:64], 10, exact=False)

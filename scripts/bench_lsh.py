@@ -34,8 +34,12 @@ End to end (`--model RUN_DIR --data TEST --eval`): `dslide eval` on every test
 point three ways, at 1 rank x 2 threads and at 2 ranks x 1 thread (mpiexec),
 one after the other: exact scoring, `--lsh` (the run's index) and a static
 shortlist of the highest-bias labels as large as what --lsh scored, and with
---shares the index refilled at other bucket sizes; share of labels scored, seconds, speed-up, recall of the exact top-10, P@1, P@5, PSP@5
-(propensities saved with the run). scripts/_lsh_eval.py does the work.
+--shares the index refilled at other bucket sizes; when the index has its
+nearest-training-point graph, also its buckets alone (no neighbours) at the
+same share. Columns: share of labels scored, seconds, speed-up, recall of
+the exact top-10, P@1, P@5, PSP@5 (propensities saved with the run).
+--rebuild TRAIN first rebuilds the index with this code's settings.
+scripts/_lsh_eval.py does the work.
 
     python scripts/bench_lsh.py --model runs/amz --data data/amz_test.txt --eval
 """
@@ -285,20 +289,25 @@ def end_to_end(args) -> None:
 
     import _bench as B
 
-    rows = []
+    rows, builds = [], []
     for ranks, threads in ((1, 2), (2, 1)):
         env = B.thread_env(threads)
         cmd = [sys.executable, "-m", "mpi4py", __file__, "--model", args.model, "--data", args.data, "--eval-child",
-               "--shares", args.shares]
+               "--shares", args.shares] + (["--rebuild", args.rebuild] if args.rebuild else [])
         if ranks > 1:
             cmd = [B.mpiexec(), "-n", str(ranks), *cmd]
         p = subprocess.run(cmd, capture_output=True, text=True, env=env)
         got = [line[len("RESULT "):] for line in p.stdout.splitlines() if line.startswith("RESULT ")]
         if p.returncode != 0 or not got:
             raise SystemExit(f"{' '.join(cmd)} failed (exit {p.returncode}):\n{p.stderr[-3000:]}")
-        rows += [(ranks, threads, r) for r in json.loads(got[0])]
+        result = json.loads(got[0])
+        rows += [(ranks, threads, r) for r in result["rows"]]
+        builds.append(f"{ranks} x {threads}: " + ", ".join(f"{k} {v:.1f}" if isinstance(v, float) else f"{k} {v}"
+                                                          for k, v in result["index"].items()))
+    rebuilt = (f"; the index rebuilt from {args.rebuild} with this code's settings (seconds and sizes: "
+               + "; ".join(builds) + ")") if args.rebuild else ""
     lines = [f"command: `{' '.join(shlex.quote(a) for a in ['python', *sys.argv])}`", "",
-             f"machine: {B.machine()}", "", f"model: {args.model}; test points: {args.data}", "",
+             f"machine: {B.machine()}", "", f"model: {args.model}; test points: {args.data}{rebuilt}", "",
              "| ranks x threads | method | labels scored | seconds | speed-up | recall of exact top-10 | P@1 | P@5 "
              "| PSP@5 |", "|---|---|---|---|---|---|---|---|---|"]
     for ranks, threads, r in rows:
@@ -308,7 +317,7 @@ def end_to_end(args) -> None:
                      f"{r['p@5']:.4f} | {r['psp@5']:.4f} |")
     print("\n".join(lines), flush=True)
     if not args.no_record:
-        B.record("bench_lsh.py --model ... --eval", "\n".join(lines))
+        B.record(f"bench_lsh.py --model ... --eval ({os.path.basename(args.data)})", "\n".join(lines))
 
 
 def eval_child(args) -> None:
@@ -320,13 +329,18 @@ def eval_child(args) -> None:
     from dslide.comm import Comm
     from dslide.data import read_xmc
 
+    from dslide import train as T
+
     comm = Comm()
     model = cli._load_model(args.model, comm)
+    info = {}
+    if args.rebuild:
+        info = {k: v for k, v in T.build_index(model, read_xmc(args.rebuild)).items() if k != "share"}
     shares = [float(x) for x in args.shares.split(",") if x.strip()]
     rows = compare_inference(model, read_xmc(args.data), propensity.load(args.model, model.n_labels)["inv_prop"],
                              shares)
     if comm.rank == 0:
-        print("RESULT " + json.dumps(rows), flush=True)
+        print("RESULT " + json.dumps({"rows": rows, "index": info}), flush=True)
 
 
 def main(argv=None):
@@ -339,6 +353,9 @@ def main(argv=None):
                          "at 1 x 2 and 2 x 1")
     ap.add_argument("--eval-child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--no-record", action="store_true", help="with --eval: do not update docs/benchmarks.md")
+    ap.add_argument("--rebuild", metavar="TRAIN",
+                    help="with --eval: first rebuild the run's inference index from this training data with "
+                         "this code's settings (a run saved before the index had its neighbour graph)")
     ap.add_argument("--shares", default="",
                     help="with --eval: also refill the run's index (same anchors) with buckets of these shares "
                          "of the labels, comma-separated, and score through each")

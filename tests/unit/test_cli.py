@@ -89,7 +89,9 @@ def _lsh_configs(draw):
         rebuild_every=draw(st.integers(1, 10**9)), growth=draw(st.floats(1.0, 10.0)),
         index_anchors=draw(st.integers(0, 1 << 20)), index_share=draw(st.floats(0.0, 1.0, exclude_min=True)),
         index_probes=draw(st.integers(1, 1024)), index_points=draw(st.integers(1, 10**9)),
-        index_shrink=draw(_floats01), index_spread=draw(st.floats(0.0, 100.0)))
+        index_shrink=draw(_floats01), index_spread=draw(st.floats(0.0, 100.0)),
+        index_neighbors=(k := draw(st.integers(0, 1024))), index_degree=draw(st.integers(1, 1024)),
+        index_search=draw(st.integers(max(1, k), 1 << 16)))
 
 
 @st.composite
@@ -194,6 +196,8 @@ def test_config_validation_names_field_value_and_range():
         Config(hidden=(8,), kinds=("dense",))
     with pytest.raises(ValueError, match=r"lsh\.min_active_share = 1.5 must be in \[0.0, 1.0\]"):
         Config(lsh={"min_active_share": 1.5})
+    with pytest.raises(ValueError, match=r"lsh\.index_search = 4 must be >= lsh\.index_neighbors = 5"):
+        Config(lsh={"index_search": 4})
 
 
 @pytest.mark.parametrize("width, n_random, kind", [
@@ -372,3 +376,19 @@ def test_lsh_family_choices_are_lsh_layer_families_and_minhash_is_refused_with_w
         Config(lsh={"family": "minhash"})
     with pytest.raises(ValueError, match="lsh.family"):
         Config(lsh={"family": "simhash"})
+
+
+def test_eval_uses_this_process_threads_not_the_training_runs(tiny, tmp_path):
+    """A model trained at 1 thread (say 2 ranks x 1) is evaluated with every thread the
+    evaluating process has: the layout of training is not the model's."""
+    import numba
+
+    from dslide.cli import _load_model
+    from dslide.comm import Comm
+
+    run_dir = tmp_path / "one_thread"
+    assert cli.main(["train", "--train", str(tiny[0]), "--out", str(run_dir), "--quiet", "--set", "epochs=1",
+                     "--set", "hidden=16", "--set", "threads=1"]) == 0
+    assert numba.get_num_threads() == 1
+    _load_model(str(run_dir), Comm())
+    assert numba.get_num_threads() == numba.config.NUMBA_NUM_THREADS

@@ -27,6 +27,8 @@ def _held(net) -> dict:
             if layer.inference is not None:
                 inf = layer.inference
                 out["index"] += inf.anchors.nbytes + inf.counts.nbytes + inf.fill_count.nbytes + inf.buckets.nbytes
+            if layer.neighbors is not None:
+                out["index"] += layer.neighbors.memory_bytes
     return out
 
 
@@ -34,13 +36,19 @@ def _held(net) -> dict:
 def test_account_matches_the_arrays_of_a_built_network(family, adam):
     F, L = 3000, 20000
     cfg = Config(hidden=(24,), kinds=("dense", "lsh"), adam_dtype=adam, batch_size=64,
-                 lsh=LSHConfig(family=family, anchors=16, max_active=64, index_anchors=32, index_share=0.02))
+                 lsh=LSHConfig(family=family, anchors=16, max_active=64, index_anchors=32, index_share=0.02,
+                               index_points=500))
     net = Network(cfg, F, L, Comm())
     out = net.layers[-1]
     if family == "anchor":  # fill the anchor tables as training does
         out.candidates.tables.observe(np.random.default_rng(0).random((64, 24), dtype=np.float32))
         out.maintain(1)
-    out.build_index(np.random.default_rng(1).random((500, 24), dtype=np.float32), Comm())
+    rs = np.random.default_rng(1)
+    per_point = rs.integers(3, 8, 500)  # 5 labels a point on average, as the account assumes
+    labels = (np.concatenate([[0], np.cumsum(per_point)]).astype(np.int64),
+              rs.integers(0, L, int(per_point.sum())).astype(np.int32))
+    out.build_index(rs.random((500, 24), dtype=np.float32), Comm(), labels)
+    assert out.neighbors is not None and out.neighbors.points.shape == (500, 24)
     acc = memory.account(cfg, F, L)
     held = _held(net)
     assert acc["weights"] == held["weights"] == (F * 24 + 24 + 24 * L + L) * 4
