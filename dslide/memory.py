@@ -13,7 +13,7 @@ bytes by kind:
                 their buckets, room for min(T, n_r) ids each (T = index_share of
                 the labels; a rank fills its share of the T); with
                 index_neighbors, every rank's copy of the index_points points
-                (unit hidden vectors, graph of 2 x index_degree links, cells,
+                (unit hidden vectors as int8, graph of 2 x index_degree links, cells,
                 ~5 labels a point)
     scratch     per-layer arrays of the step kernels (marks, positions, thread rows)
     step        the largest transient of a training step: an LSH layer's block
@@ -135,11 +135,11 @@ def account(config: Config, n_features: int, n_labels: int, world_size: int = 1,
             pts = lc.index_points
             graph = 0
             if lc.index_neighbors:
-                # points float32 [pts, d], graph int32 [pts, 2 degree], cells (A + 1) int64 and
+                # points int8 [pts, d], graph int32 [pts, 2 degree], cells (A + 1) int64 and
                 # pts int32, labels (pts + 1) int64 and ~5 int32 a point
-                out["index"] += pts * d * 4 + pts * 2 * lc.index_degree * 4 + (A + 1) * 8 + pts * 4 \
+                out["index"] += pts * d + pts * 2 * lc.index_degree * 4 + (A + 1) * 8 + pts * 4 \
                     + (pts + 1) * 8 + 5 * pts * 4
-                graph = GRAPH_BLOCK * pts * 16 + pts * d * 4  # a block's similarities; the unit copy
+                graph = GRAPH_BLOCK * pts * 4 + pts * d * 4  # a block's similarities; the unit rows
             # the hidden vectors of the sampled points, and the larger of k-means (a block of
             # distances, the seeding subset, float64 sums) and fill_index (one block of
             # scores, and per chunk of anchors the top-T ids and scores with keys in place,

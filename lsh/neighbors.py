@@ -4,29 +4,31 @@ Why an output layer's index wants them. Anchor buckets (lsh.anchors) hold what
 scores high at the centre of a query's cell; what they miss is what only the
 query's own direction makes score high, typically a tail label. The training
 points nearest to the query (by cosine of the hidden vectors) carry exactly
-those labels: on the defaults' trained amazon-like layer (670,091 labels, 5,000
-test points), 87% of the true exact-top-5 labels that a 2% bucket misses are
-labels of the query's single nearest training point, and adding the labels of
-the 5 nearest (found exactly) brings P@5 from 0.3028 to 0.3289 against exact
-scoring's 0.3293 (/work-era analysis, reproduced by scripts/bench_lsh.py --eval,
-which measures what this module finds).
+those labels: on the defaults' trained amazon-like layer most of the true
+exact-top-5 labels that a 2% bucket misses are labels of the query's single
+nearest training point. scripts/bench_lsh.py --eval measures what the index
+gains from them (docs/lsh.md).
 
 Graph. Each of the n points P (unit rows, float32 [n, d]) links to its M
 nearest others by cosine (exact, BLAS blocks: O(n^2 d) once), then to up to R
 of the points that link to it, the most similar first. The reverse links
 matter: a k-NN graph is dominated by hubs, and the points few others list
-(in-degree 8 against 51 for the median point, on that layer) are the tail
-points the search is for; without them the beam search found the exact
-nearest point for 38% of the queries a bucket fails, with them for 67-78%.
+are the tail points the search is for; without reverse links the search
+seldom reaches them.
 
-Search. A best-first beam of width ef (the classic graph search of HNSW's
-bottom layer and NSG): start from entry points (the training points of the
-query's anchor cell), repeatedly expand the best unexpanded point of the beam,
-stop when every point in it is expanded; return its k best. Each query costs
-a few hundred to a thousand dot products of length d, next to the bucket's
-~13,000 at 2% of 670,091 labels.
+Search. A best-first beam of width ef (the graph search of HNSW's bottom
+layer): start from entry points (the training points of the query's anchor
+cell), repeatedly expand the best point not yet expanded, keep the ef best
+seen, stop when the best left to expand is worse than the beam's worst;
+return the beam's k best. Each query costs one to three thousand dot products
+of length d (ef = 128 on the layer above), next to the bucket's ~13,000 rows
+at 2% of 670,091 labels; but its rows are read at random, where a bucket's
+are read once per anchor for all of its queries, so at 1 thread the search
+takes about as long as the bucket's scoring (scripts/bench_lsh.py --eval
+times the whole against the buckets alone).
 
-Storage: graph int32 [n, M + R] (-1 pads a row), entries as a CSR over cells
+Storage: the points as int8 (`quantize`: unit rows x 127; the search's dot
+products are int32), graph int32 [n, M + R] (-1 pads a row), entries as a CSR over cells
 (cell_ptr int64 [A + 1], cell_ids int32), the points' labels as a CSR
 (label_ptr int64 [n + 1], label_ids int32, global ids). Ties go to the lower
 index everywhere, so the result depends only on the points' values.
@@ -51,28 +53,59 @@ def unit_rows(X) -> np.ndarray:
     return np.ascontiguousarray(X / np.maximum(norms, 1e-30)[:, None], dtype=np.float32)
 
 
-#: rows of the exact k-NN graph computed at a time: their similarities (float32), negated
-#: copy and argpartition (int64) are 16 bytes x block x n (205 MB at n = 50,000)
+def quantize(X) -> np.ndarray:
+    """int8 [n, d]: the unit rows of X times 127, rounded. The search compares int32 dot
+    products of these: a row costs 2 cache lines instead of 8 (d = 128), which halves its
+    time (memory-bound: most of a graph search's rows are not in cache), and the order
+    they give is exact integers, the same on every machine and thread count."""
+    return np.rint(unit_rows(X) * 127.0).astype(np.int8)
+
+
+#: rows of the exact k-NN graph computed at a time: their similarities, float32 block x n
+#: (51 MB at n = 50,000)
 GRAPH_BLOCK = 256
+
+
+@njit(parallel=True, fastmath=True, cache=True)
+def top_of_rows(S, M, first, out):
+    """out[r] := the j of the M largest S[r, j] (float32 [R, n]) other than j = first + r,
+    best first, ties to the lower j; -1 past the row's n - 1 others."""
+    R, n = S.shape
+    for r in prange(R):
+        ts = np.empty(M, np.float32)
+        ti = np.empty(M, np.int32)
+        cnt = 0
+        me = first + r
+        for j in range(n):
+            if j == me:
+                continue
+            v = S[r, j]
+            if cnt == M and v <= ts[M - 1]:  # a tie keeps the lower j, seen first
+                continue
+            t = cnt if cnt < M else M - 1
+            while t > 0 and ts[t - 1] < v:
+                ts[t] = ts[t - 1]
+                ti[t] = ti[t - 1]
+                t -= 1
+            ts[t] = v
+            ti[t] = j
+            if cnt < M:
+                cnt += 1
+        for t in range(M):
+            out[r, t] = ti[t] if t < cnt else -1
 
 
 def knn_rows(P, lo: int, hi: int, M: int, block: int = GRAPH_BLOCK) -> np.ndarray:
     """int32 [hi - lo, M]: for each point lo <= i < hi of P (unit rows, float32 [n, d]), its
     M most similar other points by P[i] . P[j], best first, ties to the lower index.
-    O((hi - lo) n d) through BLAS, block rows at a time (GRAPH_BLOCK: the transient)."""
+    O((hi - lo) n d) through BLAS, `block` rows at a time, then one pass per row
+    (top_of_rows: 2x faster than numpy's argpartition and sort at n = 50,000)."""
     n = P.shape[0]
     M = check_int("M (graph degree)", M, 1, max(1, n - 1))
     out = np.empty((hi - lo, M), np.int32)
-    ids = np.arange(n)
     for s in range(lo, hi, block):
         e = min(hi, s + block)
-        S = P[s:e] @ P.T
-        S[np.arange(e - s), np.arange(s, e)] = -np.inf  # not its own neighbour
-        part = np.argpartition(-S, M - 1, axis=1)[:, :M]
-        # exact order among the M (score desc, id asc); the partition may cut a tie either way
-        key_s = -np.take_along_axis(S, part, 1)
-        order = np.lexsort((ids[part], key_s), axis=1)
-        out[s - lo:e - lo] = np.take_along_axis(part, order, 1)
+        top_of_rows(P[s:e] @ P.T, M, s, out[s - lo:e - lo])
     return out
 
 
@@ -134,40 +167,83 @@ def reverse_lists(G, n: int):
 
 
 @njit(inline="always")
-def _offer(rs, ri, rx, cnt, ef, s, v):
-    """Insert point v of similarity s into the beam (rs desc, ri asc on ties); returns the new count."""
-    if cnt == ef and (s < rs[ef - 1] or (s == rs[ef - 1] and v > ri[ef - 1])):
-        return cnt
-    pos = cnt if cnt < ef else ef - 1
-    while pos > 0 and (rs[pos - 1] < s or (rs[pos - 1] == s and ri[pos - 1] > v)):
-        rs[pos] = rs[pos - 1]
-        ri[pos] = ri[pos - 1]
-        rx[pos] = rx[pos - 1]
-        pos -= 1
-    rs[pos] = s
-    ri[pos] = v
-    rx[pos] = False
-    return cnt + 1 if cnt < ef else cnt
+def _dot8(Q, q, P, v, d):
+    acc = np.int32(0)
+    for f in range(d):
+        acc += np.int32(Q[q, f]) * np.int32(P[v, f])
+    return acc
+
+
+@njit(inline="always")
+def _better(s1, i1, s2, i2):
+    """Similarity s1 of point i1 ranks before s2 of i2: larger first, ties to the lower index."""
+    return s1 > s2 or (s1 == s2 and i1 < i2)
+
+
+@njit(inline="always")
+def _push(hs, hi, size, s, v, best_on_top):
+    """Add (s, v) to the binary heap hs/hi of `size` entries; returns the new size. The top
+    is the best entry (best_on_top) or the worst."""
+    t = size
+    while t > 0:
+        p = (t - 1) // 2
+        if _better(s, v, hs[p], hi[p]) != best_on_top:
+            break
+        hs[t] = hs[p]
+        hi[t] = hi[p]
+        t = p
+    hs[t] = s
+    hi[t] = v
+    return size + 1
+
+
+@njit(inline="always")
+def _pop(hs, hi, size, best_on_top):
+    """Remove the heap's top; returns the new size."""
+    size -= 1
+    s, v = hs[size], hi[size]
+    t = 0
+    while True:
+        c = 2 * t + 1
+        if c >= size:
+            break
+        if c + 1 < size and _better(hs[c + 1], hi[c + 1], hs[c], hi[c]) == best_on_top:
+            c += 1
+        if _better(hs[c], hi[c], s, v) != best_on_top:
+            break
+        hs[t] = hs[c]
+        hi[t] = hi[c]
+        t = c
+    if size > 0:
+        hs[t] = s
+        hi[t] = v
+    return size
 
 
 @njit(parallel=True, fastmath=True, cache=True)
 def beam_search(Q, P, G, cell_ptr, cell_ids, qcell, ef, k, n_chunks, out, n_visited):
-    """Per query Q[q] (float32 [nq, d], unit or not: only the order matters), the k points of
-    P (unit rows, float32 [n, d]) most similar to it found by a best-first beam of width ef
+    """Per query Q[q] (int8 [nq, d], `quantize`d), the k points of P (int8 [n, d], quantized)
+    with the largest dot products with it found by a best-first beam of width ef
     over the graph G (int32 [n, D], -1 pads), entered at the points of cell qcell[q]
     (cell_ids[cell_ptr[a]:cell_ptr[a+1]]; an empty cell enters at points 0..7).
-    Writes out int32 [nq, k] (best first, -1 where fewer were found) and n_visited int64
-    [nq] (similarities computed). Queries are dealt to n_chunks parallel chunks."""
+    The beam is the ef best points seen (a heap, worst on top) and the points still to
+    expand are a heap, best on top; the search ends when the best point left to expand
+    is worse than the beam's worst (HNSW's bottom-layer search).
+    Writes out int32 [nq, k] (best first, ties to the lower index, -1 where fewer were
+    found) and n_visited int64 [nq] (dot products computed). Queries are dealt to
+    n_chunks parallel chunks."""
     nq, d = Q.shape
     n, D = G.shape
     for c in prange(n_chunks):
-        stamp = np.zeros(n, np.int64)
-        rs = np.empty(ef, np.float32)
-        ri = np.empty(ef, np.int32)
-        rx = np.zeros(ef, np.bool_)
+        stamp = np.zeros(n, np.int32)
+        ws = np.empty(ef + 1, np.int32)  # the beam: worst on top
+        wi = np.empty(ef + 1, np.int32)
+        cs = np.empty(n + 8, np.int32)  # to expand: best on top (a point enters once)
+        ci = np.empty(n + 8, np.int32)
         for q in range(c, nq, n_chunks):
             tag = q + 1
-            cnt = 0
+            nw = 0
+            nc = 0
             vis = 0
             a = qcell[q]
             e0, e1 = cell_ptr[a], cell_ptr[a + 1]
@@ -177,21 +253,18 @@ def beam_search(Q, P, G, cell_ptr, cell_ids, qcell, ef, k, n_chunks, out, n_visi
                 if stamp[v] == tag:
                     continue
                 stamp[v] = tag
-                acc = np.float32(0.0)
-                for f in range(d):
-                    acc += Q[q, f] * P[v, f]
                 vis += 1
-                cnt = _offer(rs, ri, rx, cnt, ef, acc, v)
-            while True:
-                u = -1
-                for t in range(cnt):
-                    if not rx[t]:
-                        u = t
-                        break
-                if u < 0:
-                    break
-                rx[u] = True
-                x = ri[u]
+                s = _dot8(Q, q, P, v, d)
+                if nw < ef or _better(s, v, ws[0], wi[0]):
+                    nc = _push(cs, ci, nc, s, v, True)
+                    nw = _push(ws, wi, nw, s, v, False)
+                    if nw > ef:
+                        nw = _pop(ws, wi, nw, False)
+            while nc > 0:
+                s0, x = cs[0], ci[0]
+                if nw == ef and _better(ws[0], wi[0], s0, x):
+                    break  # the best left is worse than the beam's worst
+                nc = _pop(cs, ci, nc, True)
                 for t in range(D):
                     v = G[x, t]
                     if v < 0:
@@ -199,13 +272,22 @@ def beam_search(Q, P, G, cell_ptr, cell_ids, qcell, ef, k, n_chunks, out, n_visi
                     if stamp[v] == tag:
                         continue
                     stamp[v] = tag
-                    acc = np.float32(0.0)
-                    for f in range(d):
-                        acc += Q[q, f] * P[v, f]
                     vis += 1
-                    cnt = _offer(rs, ri, rx, cnt, ef, acc, v)
-            for t in range(k):
-                out[q, t] = ri[t] if t < cnt else -1
+                    s = _dot8(Q, q, P, v, d)
+                    if nw < ef or _better(s, v, ws[0], wi[0]):
+                        nc = _push(cs, ci, nc, s, v, True)
+                        nw = _push(ws, wi, nw, s, v, False)
+                        if nw > ef:
+                            nw = _pop(ws, wi, nw, False)
+            # the beam, best first: pop the worst into the back
+            m = nw
+            while nw > 0:
+                ts, ti = ws[0], wi[0]
+                nw = _pop(ws, wi, nw, False)
+                if nw < k:
+                    out[q, nw] = ti
+            for t in range(m, k):
+                out[q, t] = -1
             n_visited[q] = vis
 
 
@@ -269,7 +351,7 @@ class NeighborIndex:
     KEYS = ("points", "graph", "cell_ptr", "cell_ids", "label_ptr", "label_ids")
 
     def __init__(self, points, graph, cell_ptr, cell_ids, label_ptr, label_ids):
-        self.points = np.ascontiguousarray(points, dtype=np.float32)
+        self.points = np.ascontiguousarray(points, dtype=np.int8)
         self.graph = np.ascontiguousarray(graph, dtype=np.int32)
         self.cell_ptr = np.ascontiguousarray(cell_ptr, dtype=np.int64)
         self.cell_ids = np.ascontiguousarray(cell_ids, dtype=np.int32)
@@ -298,7 +380,7 @@ class NeighborIndex:
         cell_ids = np.argsort(codes, kind="stable").astype(np.int32)
         cell_ptr = np.zeros(A + 1, np.int64)
         np.cumsum(np.bincount(codes, minlength=A), out=cell_ptr[1:])
-        return cls(P, full, cell_ptr, cell_ids, label_ptr, label_ids)
+        return cls(quantize(P), full, cell_ptr, cell_ids, label_ptr, label_ids)
 
     @property
     def memory_bytes(self) -> int:
@@ -309,7 +391,7 @@ class NeighborIndex:
         fewer; int64 [nq] similarities computed per query)."""
         import numba
 
-        Q = np.ascontiguousarray(Q, dtype=np.float32)
+        Q = quantize(Q)
         nq = Q.shape[0]
         k = check_int("k (neighbours)", k, 1)
         ef = max(check_int("ef (search width)", ef, 1), k)

@@ -15,6 +15,8 @@ def _clusters(seed=0, n=600, d=12, k=20, noise=0.25):
 
 
 def _brute(Q, P, k):
+    """The k best rows of P per query by dot product, ties to the lower index (float64; exact
+    for the int8 vectors the search compares)."""
     S = Q.astype(np.float64) @ P.astype(np.float64).T
     ids = np.arange(P.shape[0])
     return np.stack([np.lexsort((ids, -S[q]))[:k] for q in range(Q.shape[0])])
@@ -35,6 +37,12 @@ def test_knn_rows_equal_numpy_with_ties_and_any_row_range():
     assert agree >= 0.99
     assert list(got[3, :2]) == [7, 8] and list(got[7, :2]) == [3, 8]
     np.testing.assert_array_equal(NB.knn_rows(P, 100, 170, 6, block=32), got[100:170])
+    # the per-row selection against numpy's on the same float32 similarities: identical
+    S32 = P[:50] @ P.T
+    sel = np.empty((50, 6), np.int32)
+    NB.top_of_rows(S32, 6, 0, sel)
+    S32[np.arange(50), np.arange(50)] = -np.inf
+    np.testing.assert_array_equal(sel, np.stack([np.lexsort((ids, -S32[i]))[:6] for i in range(50)]))
     assert not np.any(got == np.arange(P.shape[0])[:, None])  # never its own neighbour
 
 
@@ -67,8 +75,11 @@ def test_search_finds_the_exact_nearest_points_on_clustered_data():
     qcodes = np.argmin(((Q[:, None, :] - centres[None]) ** 2).sum(-1), axis=1)
     labels = (np.arange(2001, dtype=np.int64), np.arange(2000, dtype=np.int32))
     index = lsh.NeighborIndex.build(X, codes, 40, *labels, M=8, R=8)
-    want = _brute(NB.unit_rows(Q), index.points, 5)
+    want = _brute(NB.quantize(Q), index.points, 5)
     nn, visited = index.neighbors(Q, qcodes, ef=32, k=5)
+    # the int8 vectors' top-1 is as close as the float top-1, to within their rounding
+    cos = NB.unit_rows(Q).astype(np.float64) @ NB.unit_rows(X).astype(np.float64).T
+    assert np.all(cos[np.arange(300), want[:, 0]] >= cos.max(axis=1) - 0.01)
     assert np.mean(nn[:, 0] == want[:, 0]) >= 0.95
     assert np.mean([np.isin(want[q], nn[q]).mean() for q in range(300)]) >= 0.9
     assert visited.max() < 2000  # it did not scan everything
@@ -84,7 +95,7 @@ def test_search_from_an_empty_cell_and_beam_narrower_than_k():
                                     M=6, R=6)
     nn, _ = index.neighbors(X[:10] + 0.01, np.full(10, 2), ef=1, k=3)  # ef is raised to k
     assert np.all(nn >= 0)
-    want = _brute(NB.unit_rows(X[:10] + 0.01), index.points, 3)
+    want = _brute(NB.quantize(X[:10] + 0.01), index.points, 3)
     assert np.mean(nn[:, 0] == want[:, 0]) >= 0.9
 
 
