@@ -138,7 +138,7 @@ class LSHConfig:
     index_points: int = 50000
     index_neighbors: int = 5
     index_degree: int = 16
-    index_search: int = 128
+    index_search: int = 96
 
     def __post_init__(self):
         from dslide.lsh import LAYER_FAMILIES

@@ -78,7 +78,8 @@ def test_search_finds_the_exact_nearest_points_on_clustered_data():
     want = _brute(NB.quantize(Q), index.points, 5)
     nn, visited = index.neighbors(Q, qcodes, ef=32, k=5)
     # the int8 vectors' top-1 is as close as the float top-1, to within their rounding
-    cos = NB.unit_rows(Q).astype(np.float64) @ NB.unit_rows(X).astype(np.float64).T
+    Xc = X[np.argsort(codes, kind="stable")]  # the index keeps the points cell by cell
+    cos = NB.unit_rows(Q).astype(np.float64) @ NB.unit_rows(Xc).astype(np.float64).T
     assert np.all(cos[np.arange(300), want[:, 0]] >= cos.max(axis=1) - 0.01)
     assert np.mean(nn[:, 0] == want[:, 0]) >= 0.95
     assert np.mean([np.isin(want[q], nn[q]).mean() for q in range(300)]) >= 0.9
@@ -147,3 +148,16 @@ def test_topk_with_extras_scores_the_union_of_bucket_and_extras_exactly(probes):
     assert ids[0, 0] == best
     plain = tables.topk(Q, W, b, k, probes=probes)
     assert np.all(plain[2] < n_scored)
+
+
+def test_the_index_keeps_points_cell_by_cell_with_their_own_labels():
+    X, _ = _clusters(7, n=50, d=6, k=3)
+    codes = np.random.default_rng(0).integers(0, 4, 50)
+    ptr = np.arange(51, dtype=np.int64) * 2
+    ids = np.repeat(np.arange(50, dtype=np.int32), 2) * 10 + np.tile([0, 1], 50).astype(np.int32)
+    index = lsh.NeighborIndex.build(X, codes, 4, ptr, ids, M=3, R=3)
+    perm = np.argsort(codes, kind="stable")
+    np.testing.assert_array_equal(index.points, NB.quantize(X[perm]))
+    np.testing.assert_array_equal(index.cell_ptr, np.concatenate([[0], np.cumsum(np.bincount(codes, minlength=4))]))
+    for i, p in enumerate(perm):  # point i of the index is point p of the input, labels and all
+        np.testing.assert_array_equal(index.label_ids[index.label_ptr[i]:index.label_ptr[i + 1]], [10 * p, 10 * p + 1])
