@@ -108,9 +108,9 @@ class LSHConfig:
     buckets give up the room those labels take on average, so a query scores
     about `index_share` of the labels in all. index_anchors = 0: no index;
     index_neighbors = 0: buckets alone. Measured on the saved amazon-like
-    model (docs/lsh.md, bench_lsh.py --eval): recall of the exact top-10 0.962
-    from buckets alone at 2%, 0.987 with the neighbours, whose labels bring
-    P@5 from 2.7 points below exact scoring to 0.7 below.
+    model (docs/lsh.md, bench_lsh.py --eval --rebuild): recall of the exact
+    top-10 0.962 from buckets alone at 2%, 0.989 with the neighbours, whose
+    labels bring P@5 from 2.7 points below exact scoring to 0.6 below.
     """
 
     family: str = "anchor"
