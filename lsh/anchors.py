@@ -236,6 +236,19 @@ def _push(top_s, top_i, r, k, v, j):
     top_i[r, t] = j
 
 
+@njit(inline="always")
+def _score_once(X, W, b, q, j, mark, k, out_scores, out_ids):
+    """Score item j for query q into its top k unless marked (then 0); returns 1 if scored."""
+    if mark[j]:
+        return 0
+    mark[j] = 1
+    acc = 0.0
+    for f in range(X.shape[1]):
+        acc += W[j, f] * X[q, f]
+    _push(out_scores, out_ids, q, k, acc + b[j], j)
+    return 1
+
+
 @njit(parallel=True, fastmath=True, cache=True)
 def topk_of_buckets(X, W, b, codes, buckets, fill, k, marks, xptr, xids, out_scores, out_ids, n_scored):
     """Exact re-ranking of what the buckets retrieve: per query, the k best of the union of its buckets
@@ -265,25 +278,9 @@ def topk_of_buckets(X, W, b, codes, buckets, fill, k, marks, xptr, xids, out_sco
                 l = col // p
                 a = codes[q, col]
                 for s in range(fill[l, a]):
-                    j = buckets[l, a, s]
-                    if mark[j]:
-                        continue
-                    mark[j] = 1
-                    got += 1
-                    acc = 0.0
-                    for f in range(d):
-                        acc += W[j, f] * X[q, f]
-                    _push(out_scores, out_ids, q, k, acc + b[j], j)
+                    got += _score_once(X, W, b, q, buckets[l, a, s], mark, k, out_scores, out_ids)
             for r in range(xptr[q], xptr[q + 1]):
-                j = xids[r]
-                if mark[j]:
-                    continue
-                mark[j] = 1
-                got += 1
-                acc = 0.0
-                for f in range(d):
-                    acc += W[j, f] * X[q, f]
-                _push(out_scores, out_ids, q, k, acc + b[j], j)
+                got += _score_once(X, W, b, q, xids[r], mark, k, out_scores, out_ids)
             n_scored[q] = got
             for col in range(cols):  # reset the marks of what this query touched
                 l = col // p

@@ -220,6 +220,23 @@ def _pop(hs, hi, size, best_on_top):
     return size
 
 
+@njit(inline="always")
+def _visit(Q, q, P, v, d, stamp, tag, ef, ws, wi, nw, cs, ci, nc):
+    """Consider point v for query q, once (stamp[v] == tag: seen): its dot product joins the
+    beam ws/wi (nw entries, worst on top) and the points to expand cs/ci (nc, best on top)
+    when the beam has room or it beats the beam's worst. Returns (nw, nc, dot products)."""
+    if stamp[v] == tag:
+        return nw, nc, 0
+    stamp[v] = tag
+    s = _dot8(Q, q, P, v, d)
+    if nw < ef or _better(s, v, ws[0], wi[0]):
+        nc = _push(cs, ci, nc, s, v, True)
+        nw = _push(ws, wi, nw, s, v, False)
+        if nw > ef:
+            nw = _pop(ws, wi, nw, False)
+    return nw, nc, 1
+
+
 @njit(parallel=True, fastmath=True, cache=True)
 def beam_search(Q, P, G, cell_ptr, cell_ids, qcell, ef, k, n_chunks, out, n_visited):
     """Per query Q[q] (int8 [nq, d], `quantize`d), the k points of P (int8 [n, d], quantized)
@@ -250,16 +267,8 @@ def beam_search(Q, P, G, cell_ptr, cell_ids, qcell, ef, k, n_chunks, out, n_visi
             n_entry = e1 - e0 if e1 > e0 else min(n, 8)
             for e in range(n_entry):
                 v = cell_ids[e0 + e] if e1 > e0 else e
-                if stamp[v] == tag:
-                    continue
-                stamp[v] = tag
-                vis += 1
-                s = _dot8(Q, q, P, v, d)
-                if nw < ef or _better(s, v, ws[0], wi[0]):
-                    nc = _push(cs, ci, nc, s, v, True)
-                    nw = _push(ws, wi, nw, s, v, False)
-                    if nw > ef:
-                        nw = _pop(ws, wi, nw, False)
+                nw, nc, got = _visit(Q, q, P, v, d, stamp, tag, ef, ws, wi, nw, cs, ci, nc)
+                vis += got
             while nc > 0:
                 s0, x = cs[0], ci[0]
                 if nw == ef and _better(ws[0], wi[0], s0, x):
@@ -269,20 +278,12 @@ def beam_search(Q, P, G, cell_ptr, cell_ids, qcell, ef, k, n_chunks, out, n_visi
                     v = G[x, t]
                     if v < 0:
                         break
-                    if stamp[v] == tag:
-                        continue
-                    stamp[v] = tag
-                    vis += 1
-                    s = _dot8(Q, q, P, v, d)
-                    if nw < ef or _better(s, v, ws[0], wi[0]):
-                        nc = _push(cs, ci, nc, s, v, True)
-                        nw = _push(ws, wi, nw, s, v, False)
-                        if nw > ef:
-                            nw = _pop(ws, wi, nw, False)
+                    nw, nc, got = _visit(Q, q, P, v, d, stamp, tag, ef, ws, wi, nw, cs, ci, nc)
+                    vis += got
             # the beam, best first: pop the worst into the back
             m = nw
             while nw > 0:
-                ts, ti = ws[0], wi[0]
+                ti = wi[0]
                 nw = _pop(ws, wi, nw, False)
                 if nw < k:
                     out[q, nw] = ti
