@@ -678,10 +678,12 @@ class LSHLayer(Layer):
                 self.candidates.refill.load(anchor["anchor.schedule"])
 
     def shard_axes(self) -> dict:
+        from dslide import lsh
+
         out = super().shard_axes()
         out.update({"anchor.anchors": None, "anchor.counts": None, "anchor.ready": None, "anchor.schedule": None,
                     "index.anchors": None, "index.bucket": None})
-        out.update({f"nn.{k}": None for k in ("points", "graph", "cell_ptr", "cell_ids", "label_ptr", "label_ids")})
+        out.update({f"nn.{k}": None for k in lsh.NeighborIndex.KEYS})
         return out
 
 
@@ -700,30 +702,31 @@ def index_bucket(share: float, n: int, neighbors: int = 0, labels_per_point: flo
 
 def _nearest_points(index, x, cells, ef: int, k: int, comm: Comm) -> np.ndarray:
     """The k nearest training points of every query x (the same on every rank): int32 [n, k].
-    Each rank searches a contiguous share of the queries and all gather the whole (n x k
-    int32 a rank), so the search costs 1/P of its time at P ranks."""
-    n, size = x.shape[0], comm.size
-    if size == 1:
-        return index.neighbors(x, cells, ef, k)[0]
-    per = -(-n // size)
-    lo, hi = min(n, comm.rank * per), min(n, (comm.rank + 1) * per)
-    mine = np.full((per, k), -1, np.int32)
-    if hi > lo:
-        mine[:hi - lo] = index.neighbors(x[lo:hi], cells[lo:hi], ef, k)[0]
-    return comm.allgather_rows(mine).reshape(size * per, k)[:n]
+    Each rank searches a share of the queries (n x k int32 gathered), so the search costs
+    1/P of its time at P ranks."""
+    return _rows_shared(x.shape[0], k, comm, "evaluation",
+                        lambda lo, hi: index.neighbors(x[lo:hi], cells[lo:hi], ef, k)[0])
 
 
 def _graph_rows(P, M: int, comm: Comm) -> np.ndarray:
-    """The k-NN graph rows of all n points P (unit rows, the same on every rank), each rank
-    computing a contiguous share and all of them gathering the whole: int32 [n, M]."""
+    """The k-NN graph rows of all n points P (unit rows, the same on every rank): int32 [n, M],
+    each rank computing a share of them."""
     from dslide import lsh
 
-    n, size = P.shape[0], comm.size
-    per = -(-n // size)
+    return _rows_shared(P.shape[0], M, comm, "index", lambda lo, hi: lsh.neighbors.knn_rows(P, lo, hi, M))
+
+
+def _rows_shared(n: int, width: int, comm: Comm, kind: str, rows) -> np.ndarray:
+    """int32 [n, width] whose rows lo:hi of each rank's contiguous share come from rows(lo, hi),
+    gathered on every rank."""
+    if comm.size == 1:
+        return np.ascontiguousarray(rows(0, n), dtype=np.int32)
+    per = -(-n // comm.size)
     lo, hi = min(n, comm.rank * per), min(n, (comm.rank + 1) * per)
-    mine = np.full((per, M), -1, np.int32)
-    mine[:hi - lo] = lsh.neighbors.knn_rows(P, lo, hi, M)
-    return np.ascontiguousarray(comm.allgather_rows(mine, kind="index").reshape(size * per, M)[:n])
+    mine = np.full((per, width), -1, np.int32)
+    if hi > lo:
+        mine[:hi - lo] = rows(lo, hi)
+    return np.ascontiguousarray(comm.allgather_rows(mine, kind=kind).reshape(comm.size * per, width)[:n])
 
 
 def fill_index(layer: LSHLayer, comm: Comm, T: int) -> None:

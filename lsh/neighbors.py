@@ -293,26 +293,14 @@ def beam_search(Q, P, G, cell_ptr, cell_ids, qcell, ef, k, n_chunks, out, n_visi
 
 
 @njit(cache=True)
-def labels_in_range(nn, label_ptr, label_ids, lo, hi):
-    """The labels of each query's neighbours that fall in [lo, hi), as local ids (id - lo),
-    sorted and distinct per query: (xptr int64 [nq + 1], xids int32). nn int32 [nq, k]
-    (-1 entries skipped); label_ptr int64 [n + 1], label_ids int32 (global ids)."""
+def _labels_in_range(nn, label_ptr, label_ids, lo, hi, cap_ptr):
+    """Kernel of `labels_in_range`; cap_ptr int64 [nq + 1]: room per query (its neighbours'
+    label counts, an upper bound of what falls in [lo, hi))."""
     nq, k = nn.shape
-    xptr = np.zeros(nq + 1, np.int64)
+    end = np.empty(nq, np.int64)
+    raw = np.empty(cap_ptr[nq], np.int32)
     for q in range(nq):
-        c = 0
-        for t in range(k):
-            v = nn[q, t]
-            if v < 0:
-                continue
-            for r in range(label_ptr[v], label_ptr[v + 1]):
-                j = label_ids[r]
-                if lo <= j < hi:
-                    c += 1
-        xptr[q + 1] = xptr[q] + c
-    raw = np.empty(xptr[nq], np.int32)
-    for q in range(nq):
-        c = xptr[q]
+        c = cap_ptr[q]
         for t in range(k):
             v = nn[q, t]
             if v < 0:
@@ -322,11 +310,12 @@ def labels_in_range(nn, label_ptr, label_ids, lo, hi):
                 if lo <= j < hi:
                     raw[c] = j - lo
                     c += 1
+        end[q] = c
     # sort and drop repeats per query, compacting in place
     out_ptr = np.zeros(nq + 1, np.int64)
     w = 0
     for q in range(nq):
-        seg = np.sort(raw[xptr[q]:xptr[q + 1]])
+        seg = np.sort(raw[cap_ptr[q]:end[q]])
         for t in range(seg.shape[0]):
             if t == 0 or seg[t] != seg[t - 1]:
                 raw[w] = seg[t]
@@ -346,6 +335,17 @@ def _csr_rows(ptr, ids, rows):
     np.cumsum(lengths, out=new_ptr[1:])
     take = np.repeat(ptr[rows] - new_ptr[:-1], lengths) + np.arange(new_ptr[-1])
     return new_ptr, np.ascontiguousarray(ids[take], dtype=np.int32)
+
+
+def labels_in_range(nn, label_ptr, label_ids, lo: int, hi: int):
+    """The labels of each query's neighbours that fall in [lo, hi), as local ids (id - lo),
+    sorted and distinct per query: (xptr int64 [nq + 1], xids int32). nn int32 [nq, k]
+    (-1 entries skipped); label_ptr int64 [n + 1], label_ids int32 (global ids)."""
+    nn = np.ascontiguousarray(nn, dtype=np.int32)
+    counts = np.where(nn >= 0, np.diff(label_ptr)[np.maximum(nn, 0)], 0).sum(axis=1)
+    cap_ptr = np.zeros(nn.shape[0] + 1, np.int64)
+    np.cumsum(counts, out=cap_ptr[1:])
+    return _labels_in_range(nn, label_ptr, label_ids, int(lo), int(hi), cap_ptr)
 
 
 class NeighborIndex:
