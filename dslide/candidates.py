@@ -28,6 +28,7 @@ import time
 
 import numpy as np
 
+from dslide import kernels as K
 from dslide import lsh
 from dslide.config import LSHConfig
 
@@ -78,6 +79,20 @@ class AnchorCandidates:
             out = self.tables.candidates(codes, self.per_sample, self.per_step, self._mark)
         self.tables.observe(x, codes)
         return out
+
+    def own(self, x, mark, out):
+        """Each sample's own candidates into out int32 [B, k] (-1 past its count), skipping
+        the neurons mark (uint8 [n_local]) flags; returns the counts int64 [B], or None before
+        the first fill. The batch x then moves the anchors, as in `batch`."""
+        if not self.tables.ready:
+            self.tables.observe(x)
+            return None
+        codes = self.tables.codes(x)
+        cnt = None
+        if self.filled and self.per_sample:
+            cnt = K.own_candidates(codes, self.tables.buckets, self.tables.fill_count, out.shape[1], mark, out)
+        self.tables.observe(x, codes)
+        return cnt
 
     def maintain(self, step: int, W, b, dirty) -> str | None:
         """Refill the buckets from the current weights when due (and as soon as anchors exist)."""

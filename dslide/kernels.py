@@ -560,3 +560,97 @@ def dropout_mask(k, sample_ids, n, rate, out):
         ks = rng.key(k, sample_ids[i])
         for j in range(n):
             out[i, j] = keep if rng.uniform(ks, j) >= rate else 0.0
+
+
+# ----------------------------------------------------------------------------
+# each sample's own candidates (lsh.scope = "sample"): scored by gathers beside
+# the shared block, a few per sample
+# ----------------------------------------------------------------------------
+
+
+@njit(cache=True)
+def own_candidates(codes, buckets, fill, k, mark, out):
+    """Per sample i, into out int32 [B, k] (-1 past its count): the first k distinct
+    entries of its buckets (table l's bucket codes[i, l] of buckets int32 [L, A, T],
+    rank by rank across the tables) not marked (mark uint8 [n_items] != 0: scored
+    for every sample already). Returns the counts int64 [B]. mark comes back as it went in."""
+    B, L = codes.shape
+    cnt = np.zeros(B, np.int64)
+    for i in range(B):
+        c = 0
+        depth = 0
+        for l in range(L):
+            depth = max(depth, fill[l, codes[i, l]])
+        for t in range(depth):
+            if c >= k:
+                break
+            for l in range(L):
+                a = codes[i, l]
+                if t < fill[l, a]:
+                    j = buckets[l, a, t]
+                    if mark[j] == 0:
+                        mark[j] = 2
+                        out[i, c] = j
+                        c += 1
+                        if c >= k:
+                            break
+        for t in range(c):
+            mark[out[i, t]] = 0
+        for t in range(c, k):
+            out[i, t] = -1
+        cnt[i] = c
+    return cnt
+
+
+@njit(parallel=True, fastmath=True, cache=True)
+def own_scores(X, W, b, P, out):
+    """out[i, t] = W[P[i, t]] . X[i] + b[P[i, t]] (-inf where P[i, t] < 0)."""
+    B, k = P.shape
+    d = X.shape[1]
+    for i in prange(B):
+        for t in range(k):
+            j = P[i, t]
+            if j < 0:
+                out[i, t] = -np.inf
+                continue
+            s = 0.0
+            for c in range(d):
+                s += W[j, c] * X[i, c]
+            out[i, t] = s + b[j]
+
+
+@njit(parallel=True, fastmath=True, cache=True)
+def own_dx(G, W, P, dx):
+    """dx[i] += sum_t G[i, t] W[P[i, t]] (entries with P[i, t] < 0 skipped)."""
+    B, k = P.shape
+    d = W.shape[1]
+    for i in prange(B):
+        for t in range(k):
+            j = P[i, t]
+            if j < 0:
+                continue
+            g = G[i, t]
+            if g == 0:
+                continue
+            for c in range(d):
+                dx[i, c] += g * W[j, c]
+
+
+@njit(parallel=True, fastmath=True, cache=True)
+def own_dw(start, order, G, X, k, out, gb):
+    """out[u] = sum of G.flat[o] X[o // k] and gb[u] = sum of G.flat[o], over the occurrences
+    o = order[start[u]:start[u + 1]] of row u (out [U, d], gb [U])."""
+    U = start.shape[0] - 1
+    d = X.shape[1]
+    for u in prange(U):
+        for c in range(d):
+            out[u, c] = 0.0
+        s = 0.0
+        for q in range(start[u], start[u + 1]):
+            o = order[q]
+            i = o // k
+            g = G[i, o - i * k]
+            s += g
+            for c in range(d):
+                out[u, c] += g * X[i, c]
+        gb[u] = s

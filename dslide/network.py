@@ -443,6 +443,7 @@ class LSHLayer(Layer):
         self._optimiser((self.lo, 0, self.d_in))  # W [n_r, d_in]: row r is neuron lo + r
         per = lc.active_count(self.n)
         self.max_active = min(scaled_count(per, self.n_local, self.n), self.n_local) if per else 0
+        self.own = self.is_output and lc.scope == "sample" and self.max_active > 0
         self.max_candidates = scaled_count(lc.max_candidates, self.n_local, self.n) if lc.max_candidates else 0
         n_random = lc.random_count(self.n)
         self.n_random = min(scaled_count(n_random, self.n_local, self.n), self.n_local) if n_random else 0
@@ -459,6 +460,7 @@ class LSHLayer(Layer):
         self.query_time = 0.0
         self.last_block = (0, 0, 0)  # (labels, candidates, random) of the last training step, for reports
         self.last_ids = np.empty(0, dtype=np.int32)  # and its local ids, for checks
+        self.last_own = None  # lsh.scope "sample": each sample's own candidates of the last step, for checks
         self.block_sum, self.block_steps = np.zeros(3), 0  # running totals, for `block_mean`
         self.candidates.maintain(0, self.W, self.b, self.dirty)
 
@@ -471,14 +473,20 @@ class LSHLayer(Layer):
     # -- the step's block ----------------------------------------------------------------
 
     def block(self, x, batch: Batch):
-        """(C int32 [m] local ids, corr float [m] added to their logits, n_labels) of a training step."""
+        """(C int32 [m] local ids, corr float [m] added to their logits, n_labels, own) of a
+        training step; own: None, or (P int32 [B, k] each sample's own candidates, -1 past
+        its count; corr float [B] added to the random neurons' logits instead of `corr`)."""
         if self.is_output:
             g = batch.Y[1]
             labels = np.unique(g[(g >= self.lo) & (g < self.hi)]).astype(np.int32) - self.lo
         else:
             labels = np.empty(0, dtype=np.int32)
         t0 = time.perf_counter()
-        cand = self.candidates.batch(x)
+        own = None
+        if self.own:
+            cand = np.empty(0, dtype=np.int32)
+        else:
+            cand = self.candidates.batch(x)
         self.query_time += time.perf_counter() - t0
         if labels.size and cand.size:
             cand = cand[~np.isin(cand, labels, assume_unique=True)]
@@ -490,14 +498,33 @@ class LSHLayer(Layer):
             rand = drawn[self._mark[drawn] == 0]
             self._mark[exact] = 0
         corr = np.zeros(exact.size + rand.size, dtype=self.dtype)
-        if self.is_output and rand.size:
+        if self.own:
+            t0 = time.perf_counter()
+            P = np.empty((x.shape[0], self.max_active), np.int32)
+            self._mark[exact] = 1
+            self._mark[rand] = 1
+            cnt = self.candidates.own(x, self._mark, P)
+            self._mark[exact] = 0
+            self._mark[rand] = 0
+            if cnt is None:
+                P, cnt = P[:, :0], np.zeros(x.shape[0], np.int64)
+            self.query_time += time.perf_counter() - t0
+            row_corr = np.zeros(x.shape[0], dtype=self.dtype)
+            if rand.size:
+                row_corr[:] = np.log((self.n_local - exact.size - cnt) / rand.size)
+            own = (P, row_corr)
+            n_cand = float(cnt.mean()) if cnt.size else 0.0
+            self.last_own = P
+        elif self.is_output and rand.size:
             # the random neurons stand for every neuron of the slice not scored exactly
             corr[exact.size:] = np.log((self.n_local - exact.size) / rand.size)
+        if not self.own:
+            n_cand = cand.size
         C = np.concatenate([exact, rand])
-        self.last_block, self.last_ids = (labels.size, cand.size, rand.size), C
+        self.last_block, self.last_ids = (labels.size, n_cand, rand.size), C
         self.block_sum += self.last_block
         self.block_steps += 1
-        return C, corr, labels.size
+        return C, corr, labels.size, own
 
     # -- forward / backward ----------------------------------------------------------------
 
@@ -511,11 +538,17 @@ class LSHLayer(Layer):
             if not self.is_output:
                 np.maximum(z, 0, out=z)
             return Out(z, None), (x, xd, None, self.W, None if self.is_output else z)
-        C, corr, n_labels = self.block(xd, batch)
+        C, corr, n_labels, own = self.block(xd, batch)
         WC = self.W[C]  # a copy: the backward pass needs the weights before the update
         z = xd @ WC.T
         z += self.b[C]
         z += corr
+        if own is not None:
+            P, row_corr = own
+            z[:, n_labels:] += row_corr[:, None]
+            zp = np.empty(P.shape, dtype=z.dtype)
+            K.own_scores(xd, self.W, self.b, P, zp)
+            z = np.concatenate([z, zp], axis=1)
         targets = None
         if self.is_output:
             rows, cols, w = label_targets(batch.Y, self.lo, self.hi)
@@ -525,17 +558,37 @@ class LSHLayer(Layer):
             targets = (rows, cols, w)
         else:
             np.maximum(z, 0, out=z)
-        return Out(z, (C + self.lo).astype(np.int32), targets), (x, xd, C, WC, None if self.is_output else z)
+        tape = (x, xd, C, WC, None if self.is_output else z, None if own is None else own[0])
+        return Out(z, (C + self.lo).astype(np.int32), targets), tape
 
     def backward(self, g, tape):
-        x, xd, C, WC, out = tape
+        x, xd, C, WC, out, P = tape
         if out is not None:
             g *= out > 0
-        dx = g @ WC
+        m = C.size
+        gs = g[:, :m] if P is not None else g
+        dx = gs @ WC
+        G = gs.T @ xd
+        gbr = gs.sum(axis=0)
+        if P is not None and P.shape[1]:
+            # each sample's own candidates: W is still the weights of the forward pass
+            gp = np.ascontiguousarray(g[:, m:])
+            K.own_dx(gp, self.W, P, dx)
+            flat = P.ravel()
+            occ = np.flatnonzero(flat >= 0)
+            U, inv = np.unique(flat[occ], return_inverse=True)
+            start = np.zeros(U.size + 1, np.int64)
+            np.cumsum(np.bincount(inv, minlength=U.size), out=start[1:])
+            order = occ[np.argsort(inv, kind="stable")].astype(np.int64)
+            GU = np.empty((U.size, G.shape[1]), dtype=G.dtype)
+            gbU = np.empty(U.size, dtype=gbr.dtype)
+            K.own_dw(start, order, gp, xd, P.shape[1], GU, gbU)
+            C = np.concatenate([C, U.astype(C.dtype)])
+            G = np.concatenate([G, GU])
+            gbr = np.concatenate([gbr, gbU])
         if x.ids is not None:
             dx = np.ascontiguousarray(dx[:, x.ids])
-        G = g.T @ xd
-        return dx, Grads(C, G, gbr=g.sum(axis=0))
+        return dx, Grads(C, G, gbr=gbr)
 
     def update(self, grads: Grads, hp, step: int = 0) -> None:
         K.adam_rows(grads.rows, grads.G, grads.gbr, self.W, self.opt_W.m, self.opt_W.v,

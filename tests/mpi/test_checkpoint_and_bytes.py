@@ -87,15 +87,19 @@ def test_a_checkpoint_loads_on_another_number_of_ranks(tiny, tmp_path_factory):
     np.testing.assert_array_equal(preds["one"], saved)
 
 
-def test_sparse_mode_loss_curve_stays_close_to_one_rank(tiny):
+@pytest.mark.parametrize("scope", ["batch", "sample"])
+def test_sparse_mode_loss_curve_stays_close_to_one_rank(tiny, scope):
     """With P ranks each draws its share of random negatives and queries its own
     tables, so the active sets differ from one rank's and the curves cannot be
     equal; both must fall alike. Tolerance: the mean loss over the last third of
     the run within 15% of the 1-rank run's (the spread between two 1-rank runs
     with different seeds is about 5% on this problem), and both at least 25%
-    below the first step's."""
+    below the first step's. scope "sample": each sample's own anchor candidates."""
     train, _ = tiny
     cfg = _lsh_cfg(epochs=10, log_every=1, output_bias_init="zero", lr_schedule="constant")
+    if scope == "sample":
+        cfg = cfg.replace(lsh=LSHConfig(family="anchor", anchors=8, min_active=60, max_active=40, scope="sample",
+                                        rehash_every=3, growth=1.2))
     _, hp = T.fit(train, cfg, comm=Comm(WORLD))
     _, h1 = T.fit(train, cfg, comm=Comm())
     lp = np.array([r["loss"] for r in hp])

@@ -181,6 +181,67 @@ def test_lsh_layer_with_every_neuron_active_equals_exact_mode():
         np.testing.assert_allclose(gbs, gbe, rtol=1e-10, atol=1e-14)
 
 
+def test_own_candidates_gradient_is_each_samples_softmax_over_its_own_set():
+    """lsh.scope = "sample": sample i's softmax runs over the shared block (the batch's labels,
+    then random neurons) and its own candidates, the first k of its anchor's bucket not in the
+    block; the random neurons' logits carry log((n - |labels| - |own_i|) / |random|)."""
+    X, Y = _tiny_problem(n=40, L=300, density=0.4, label_density=0.008)
+    n_out, k = Y.shape[1], 10
+    cfg = Config(hidden=(8,), kinds=("dense", "lsh"), dtype="float64", input_norm="none", seed=2, dropout=0.0,
+                 lr_schedule="constant", lsh=_lsh_config(6, k, family="anchor", anchors=4, scope="sample"))
+    net = Network(cfg, X.shape[1], n_out)
+    out = net.layers[1]
+    (W0, b0), (W1, b1) = _params_dense(net)
+    A0 = X.toarray()
+    z0 = A0 @ W0 + b0
+    h = np.maximum(z0, 0)
+    out.candidates.batch(h)  # place the anchors and fill the buckets: candidates from the first step on
+    out.maintain(0)
+    tables = out.candidates.tables
+    code = ((h[:, None, :] - tables.anchors[0][None]) ** 2).sum(axis=2).argmin(axis=1)  # nearest anchor
+    buckets = tables.buckets[0].copy()
+    loss = net.train_step(_batch(X, Y))
+    U = np.unique(Y.indices)
+    n_lab, _, n_rand = out.last_block
+    C = out.last_ids
+    assert n_lab == U.size and np.array_equal(C[:U.size], U) and C.size == U.size + n_rand
+    rand = C[U.size:]
+    assert 0 < rand.size <= 6 and not np.isin(rand, U).any()
+    own = [[j for j in buckets[code[i]] if j not in C][:k] for i in range(X.shape[0])]
+    P = out.last_own
+    assert P.shape == (X.shape[0], k)
+    for i in range(X.shape[0]):
+        assert list(P[i][P[i] >= 0]) == own[i] and (P[i][len(own[i]):] == -1).all()
+    assert sum(len(o) for o in own) > 0
+    labels = [Y.indices[Y.indptr[i]:Y.indptr[i + 1]] for i in range(X.shape[0])]
+
+    n = X.shape[0]
+    gW1, gb1, dh = np.zeros_like(W1), np.zeros_like(b1), np.zeros_like(h)
+    ref_loss = 0.0
+    for i in range(n):
+        if labels[i].size == 0:
+            continue
+        S = np.concatenate([C, own[i]]).astype(np.int64)
+        corr = np.log((n_out - U.size - len(own[i])) / rand.size)
+        shift = np.concatenate([np.zeros(U.size), np.full(rand.size, corr), np.zeros(len(own[i]))])
+        z = h[i] @ W1[:, S] + b1[S] + shift
+        p = np.exp(z - z.max())
+        p /= p.sum()
+        t = np.isin(S, labels[i]) / labels[i].size
+        ref_loss += -(t * np.log(p)).sum() / n
+        dz = (p - t) / n
+        gW1[:, S] += np.outer(h[i], dz)
+        gb1[S] += dz
+        dh[i] = W1[:, S] @ dz
+    dz0 = dh * (z0 > 0)
+    assert loss == pytest.approx(ref_loss, rel=1e-10)
+    (g0, gb0_s), (g1, gb1_s) = _grads(net, cfg.beta1)
+    np.testing.assert_allclose(g1, gW1, rtol=1e-9, atol=1e-13)
+    np.testing.assert_allclose(gb1_s, gb1, rtol=1e-9, atol=1e-13)
+    np.testing.assert_allclose(g0, A0.T @ dz0, rtol=1e-9, atol=1e-13)
+    np.testing.assert_allclose(gb0_s, dz0.sum(axis=0), rtol=1e-9, atol=1e-13)
+
+
 def test_random_negatives_per_step_are_capped_by_the_share_of_the_layer():
     X, Y = _tiny_problem(n=20, L=300, density=0.4, label_density=0.008)
     for share, expected in ((1.0, 100), (0.2, 60), (0.0, 0)):  # min(100, int(share * 300))
