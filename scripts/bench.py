@@ -487,6 +487,8 @@ def peers_part(a, suite: dict) -> None:
 
 UNIFORM_OLD = 16384  # the uniform negatives of dslide's defaults before anchor candidates
 UNIFORM_EQUAL = 12288  # about the active neurons the defaults compute per step at 670,091 labels
+UNIFORM_DEFAULT = 8192  # the uniform negatives the defaults draw at 670,091 labels (LSHConfig.min_active)
+OWN_PER_SAMPLE = 64  # lsh.scope "sample": each sample's own candidates
 
 
 def lsh_systems(suite: dict) -> list[dict]:
@@ -498,6 +500,9 @@ def lsh_systems(suite: dict) -> list[dict]:
         ("anchor candidates only (no uniform negatives)", {"min_active": 0}),
         ("SLIDE's DWTA candidates + the default uniform negatives", {"family": "dwta"}),
         ("the defaults: anchor candidates + uniform negatives", {}),
+        ("uniform negatives only, as many as the defaults draw", {"max_active": 0, "min_active": UNIFORM_DEFAULT}),
+        ("each sample's own 64 anchor candidates (scope 'sample') + the default uniform negatives",
+         {"scope": "sample", "max_active": OWN_PER_SAMPLE}),
     ]
     return [{"name": name, "ranks": 1, "threads": 2, "config": {**cfg, "lsh": lc}} for name, lc in rows]
 
@@ -518,26 +523,26 @@ def inference_table(r: dict, title: str, n_test: int) -> str:
 
 
 def narrow_lsh_rows(suite: dict, notes: list) -> list[dict]:
-    """--labels: the defaults first, then uniform negatives alone (as many as the defaults draw,
-    and as many as their whole measured block), then candidates alone."""
+    """--labels: the defaults (at this width uniform negatives only: the target), then the same
+    uniform negatives with the batch's anchor candidates (the wide layers' defaults), with each
+    sample's own candidates (scope "sample", 64 and 256), and the full softmax."""
     cfg = {**COMMON, "eval_every": suite["eval_every"][0], "eval_points": suite["eval_points"]}
 
     def case(name, lc, kind="lsh"):  # the kind forced: "auto" turns a wide uniform block dense
         return {"name": name, "label": name, "ranks": 1, "threads": 2, "data": suite["data"],
                 "time_budget": suite["budget"], "config": {**cfg, "lsh": lc, "kinds": ["dense", kind]}}
 
-    rows = B.run_cases([case("the defaults: anchor candidates + uniform negatives", {})], notes)
+    rows = B.run_cases([case("the defaults (here: uniform negatives only): the target", {})], notes)
     if not rows or not rows[0].get("block"):
         return rows
-    blk = rows[0]["block"]
-    uniform = int(round(blk["random"]))
-    equal = int(round(blk["candidates"] + blk["random"]))
+    u = {"min_active": int(round(rows[0]["block"]["random"])), "min_active_share": 1.0}
     rows += B.run_cases([
-        case(f"uniform negatives only, as many as the defaults draw ({uniform:,})",
-             {"max_active": 0, "min_active": uniform, "min_active_share": 1.0}),
-        case(f"uniform negatives only, the defaults' whole block ({equal:,}): the target",
-             {"max_active": 0, "min_active": equal, "min_active_share": 1.0}),
-        case("anchor candidates only (no uniform negatives)", {"min_active": 0}),
+        case("the wide layers' defaults: the batch's anchor candidates (512 per sample) + the same uniform",
+             {**u, "max_active": 512}),
+        case(f"each sample's own {OWN_PER_SAMPLE} anchor candidates (scope 'sample') + the same uniform",
+             {**u, "scope": "sample", "max_active": OWN_PER_SAMPLE}),
+        case("each sample's own 256 anchor candidates (scope 'sample') + the same uniform",
+             {**u, "scope": "sample", "max_active": 256}),
         case("every label (dense output layer, full softmax)", {}, kind="dense"),
     ], notes)
     return rows
