@@ -41,16 +41,17 @@ the synthetic data and on BibTeX when present.
 
 Part "lsh", what the hash tables buy (see lsh_systems): the default
 output layer (anchor candidates + uniform negatives) against uniform
-negatives only (sampled softmax: as many as the old default, and about as
-many active neurons as the defaults compute), candidates only, and SLIDE's
-DWTA hashing in place of the anchor tables, 1 rank x 2 threads, the same
+negatives only (sampled softmax: as many as the old default, as many as the
+defaults draw, and about as many active neurons as the defaults compute),
+candidates only, SLIDE's DWTA hashing in place of the anchor tables, and each
+sample's own candidates (lsh.scope "sample"), 1 rank x 2 threads, the same
 training-time budget and constant learning rate for all: samples/s, active
 neurons per step, P@1 half-way and at the end, P@5 and PSP@5 at the end,
 seconds to the old default's final P@1. With --labels N (a narrower
-layer; the issue's "20,000 labels" case) the comparison is the defaults,
-the same uniform negatives without candidates, uniform negatives as many as
-the defaults' whole active block (measured in their run) and candidates
-only; the target is the equal-block row's final P@1. Then inference on the defaults'
+layer; the issue's "20,000 labels" case) the comparison is the defaults
+(uniform negatives only at that width: the target), the same uniform
+negatives with the batch's candidates and with each sample's own, and the
+full softmax. Then inference on the defaults'
 model (670,091 labels only), at 1 rank and at 2 ranks: exact scoring against `--lsh` (the index
 built from the final weights) and against a static shortlist of the
 highest-bias labels of the same size: share scored, seconds, recall of the
