@@ -181,6 +181,37 @@ def test_lsh_layer_with_every_neuron_active_equals_exact_mode():
         np.testing.assert_allclose(gbs, gbe, rtol=1e-10, atol=1e-14)
 
 
+def _assert_matches_block_softmax(net, loss, A0, z0, W1, b1, labels, block_of):
+    """A dense-then-output network's step against numpy: sample i's softmax runs over the output
+    neurons S with logits shifted by `shift`, (S, shift) = block_of(i); the loss and both layers'
+    gradients (read back from the optimiser) must match. Returns the output weights' gradient."""
+    h = np.maximum(z0, 0)
+    n = A0.shape[0]
+    gW1, gb1, dh = np.zeros_like(W1), np.zeros_like(b1), np.zeros_like(h)
+    ref_loss = 0.0
+    for i in range(n):
+        if labels[i].size == 0:
+            continue
+        S, shift = block_of(i)
+        z = h[i] @ W1[:, S] + b1[S] + shift
+        p = np.exp(z - z.max())
+        p /= p.sum()
+        t = np.isin(S, labels[i]) / labels[i].size
+        ref_loss += -(t * np.log(p)).sum() / n
+        dz = (p - t) / n
+        gW1[:, S] += np.outer(h[i], dz)
+        gb1[S] += dz
+        dh[i] = W1[:, S] @ dz
+    dz0 = dh * (z0 > 0)
+    assert loss == pytest.approx(ref_loss, rel=1e-10)
+    (g0, gb0_s), (g1, gb1_s) = _grads(net, net.config.beta1)
+    np.testing.assert_allclose(g1, gW1, rtol=1e-9, atol=1e-13)
+    np.testing.assert_allclose(gb1_s, gb1, rtol=1e-9, atol=1e-13)
+    np.testing.assert_allclose(g0, A0.T @ dz0, rtol=1e-9, atol=1e-13)
+    np.testing.assert_allclose(gb0_s, dz0.sum(axis=0), rtol=1e-9, atol=1e-13)
+    return g1
+
+
 def test_own_candidates_gradient_is_each_samples_softmax_over_its_own_set():
     """lsh.scope = "sample": sample i's softmax runs over the shared block (the batch's labels,
     then random neurons) and its own candidates, the first k of its anchor's bucket not in the
@@ -215,31 +246,12 @@ def test_own_candidates_gradient_is_each_samples_softmax_over_its_own_set():
     assert sum(len(o) for o in own) > 0
     labels = [Y.indices[Y.indptr[i]:Y.indptr[i + 1]] for i in range(X.shape[0])]
 
-    n = X.shape[0]
-    gW1, gb1, dh = np.zeros_like(W1), np.zeros_like(b1), np.zeros_like(h)
-    ref_loss = 0.0
-    for i in range(n):
-        if labels[i].size == 0:
-            continue
+    def own_set(i):
         S = np.concatenate([C, own[i]]).astype(np.int64)
         corr = np.log((n_out - U.size - len(own[i])) / rand.size)
-        shift = np.concatenate([np.zeros(U.size), np.full(rand.size, corr), np.zeros(len(own[i]))])
-        z = h[i] @ W1[:, S] + b1[S] + shift
-        p = np.exp(z - z.max())
-        p /= p.sum()
-        t = np.isin(S, labels[i]) / labels[i].size
-        ref_loss += -(t * np.log(p)).sum() / n
-        dz = (p - t) / n
-        gW1[:, S] += np.outer(h[i], dz)
-        gb1[S] += dz
-        dh[i] = W1[:, S] @ dz
-    dz0 = dh * (z0 > 0)
-    assert loss == pytest.approx(ref_loss, rel=1e-10)
-    (g0, gb0_s), (g1, gb1_s) = _grads(net, cfg.beta1)
-    np.testing.assert_allclose(g1, gW1, rtol=1e-9, atol=1e-13)
-    np.testing.assert_allclose(gb1_s, gb1, rtol=1e-9, atol=1e-13)
-    np.testing.assert_allclose(g0, A0.T @ dz0, rtol=1e-9, atol=1e-13)
-    np.testing.assert_allclose(gb0_s, dz0.sum(axis=0), rtol=1e-9, atol=1e-13)
+        return S, np.concatenate([np.zeros(U.size), np.full(rand.size, corr), np.zeros(len(own[i]))])
+
+    _assert_matches_block_softmax(net, loss, A0, z0, W1, b1, labels, own_set)
 
 
 def test_random_negatives_per_step_are_capped_by_the_share_of_the_layer():
@@ -290,32 +302,8 @@ def test_sparse_gradient_is_the_restricted_softmax_gradient_and_zero_elsewhere(f
     (W0, b0), (W1, b1) = params
     A0 = X.toarray()
     z0 = A0 @ W0 + b0
-    h = np.maximum(z0, 0)
-    n = X.shape[0]
-    gW1, gb1, dh = np.zeros_like(W1), np.zeros_like(b1), np.zeros_like(h)
-    ref_loss = 0.0
     shift = np.concatenate([np.zeros(U.size + n_cand), np.full(rand.size, corr)])
-    for i in range(n):
-        if labels[i].size == 0:
-            continue
-        z = h[i] @ W1[:, C] + b1[C] + shift
-        p = np.exp(z - z.max())
-        p /= p.sum()
-        t = np.isin(C, labels[i]) / labels[i].size
-        ref_loss += -(t * np.log(p)).sum() / n
-        dz = (p - t) / n
-        gW1[:, C] += np.outer(h[i], dz)
-        gb1[C] += dz
-        dh[i] = W1[:, C] @ dz
-    dz0 = dh * (z0 > 0)
-    gW0 = A0.T @ dz0
-    gb0 = dz0.sum(axis=0)
-    assert loss == pytest.approx(ref_loss, rel=1e-10)
-    (g0, gb0_s), (g1, gb1_s) = _grads(net, cfg.beta1)
-    np.testing.assert_allclose(g1, gW1, rtol=1e-9, atol=1e-13)
-    np.testing.assert_allclose(gb1_s, gb1, rtol=1e-9, atol=1e-13)
-    np.testing.assert_allclose(g0, gW0, rtol=1e-9, atol=1e-13)
-    np.testing.assert_allclose(gb0_s, gb0, rtol=1e-9, atol=1e-13)
+    g1 = _assert_matches_block_softmax(net, loss, A0, z0, W1, b1, labels, lambda i: (C, shift))
     never = np.setdiff1d(np.arange(n_out), C)
     assert never.size > 0 and not g1[:, never].any(), "inactive neurons get no gradient"
 
