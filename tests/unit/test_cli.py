@@ -378,6 +378,15 @@ def test_lsh_family_choices_are_lsh_layer_families_and_minhash_is_refused_with_w
         Config(lsh={"family": "simhash"})
 
 
+def test_lsh_scope_is_batch_or_sample_and_sample_needs_anchor_tables():
+    assert Config().lsh.scope == "batch"
+    assert Config(lsh={"scope": "sample"}).lsh.scope == "sample"
+    with pytest.raises(ValueError, match="lsh.scope = 'each' is not valid; choose one of 'batch', 'sample'"):
+        Config(lsh={"scope": "each"})
+    with pytest.raises(ValueError, match="lsh.scope = 'sample'.*needs lsh.family = 'anchor' \\(got 'dwta'\\)"):
+        Config(lsh={"scope": "sample", "family": "dwta"})
+
+
 def test_eval_uses_this_process_threads_not_the_training_runs(tiny, tmp_path):
     """A model trained at 1 thread (say 2 ranks x 1) is evaluated with every thread the
     evaluating process has: the layout of training is not the model's."""
