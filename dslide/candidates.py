@@ -70,29 +70,25 @@ class AnchorCandidates:
     def batch(self, x) -> np.ndarray:
         """Sorted local ids: the union of the training batch's buckets (empty before the first
         fill); the batch x float [B, d_in] then moves the anchors (the first ones place them)."""
-        if not self.tables.ready:
-            self.tables.observe(x)
-            return np.empty(0, np.int32)
-        codes = self.tables.codes(x)
-        out = np.empty(0, np.int32)
-        if self.filled and self.per_sample:
-            out = self.tables.candidates(codes, self.per_sample, self.per_step, self._mark)
-        self.tables.observe(x, codes)
-        return out
+        out = self._query(x, lambda codes: self.tables.candidates(codes, self.per_sample, self.per_step, self._mark))
+        return np.empty(0, np.int32) if out is None else out
 
     def own(self, x, mark, out):
         """Each sample's own candidates into out int32 [B, k] (-1 past its count), skipping
         the neurons mark (uint8 [n_local]) flags; returns the counts int64 [B], or None before
         the first fill. The batch x then moves the anchors, as in `batch`."""
+        return self._query(x, lambda codes: K.own_candidates(codes, self.tables.buckets, self.tables.fill_count,
+                                                             out.shape[1], mark, out))
+
+    def _query(self, x, pick):
+        """pick(codes of x) once the buckets are filled (else None); then x moves the anchors."""
         if not self.tables.ready:
             self.tables.observe(x)
             return None
         codes = self.tables.codes(x)
-        cnt = None
-        if self.filled and self.per_sample:
-            cnt = K.own_candidates(codes, self.tables.buckets, self.tables.fill_count, out.shape[1], mark, out)
+        got = pick(codes) if self.filled and self.per_sample else None
         self.tables.observe(x, codes)
-        return cnt
+        return got
 
     def maintain(self, step: int, W, b, dirty) -> str | None:
         """Refill the buckets from the current weights when due (and as soon as anchors exist)."""

@@ -482,11 +482,7 @@ class LSHLayer(Layer):
         else:
             labels = np.empty(0, dtype=np.int32)
         t0 = time.perf_counter()
-        own = None
-        if self.own:
-            cand = np.empty(0, dtype=np.int32)
-        else:
-            cand = self.candidates.batch(x)
+        cand = np.empty(0, dtype=np.int32) if self.own else self.candidates.batch(x)
         self.query_time += time.perf_counter() - t0
         if labels.size and cand.size:
             cand = cand[~np.isin(cand, labels, assume_unique=True)]
@@ -497,30 +493,26 @@ class LSHLayer(Layer):
             self._mark[exact] = 1
             rand = drawn[self._mark[drawn] == 0]
             self._mark[exact] = 0
-        corr = np.zeros(exact.size + rand.size, dtype=self.dtype)
+        C = np.concatenate([exact, rand])
+        corr = np.zeros(C.size, dtype=self.dtype)
+        own, n_cand = None, cand.size
         if self.own:
             t0 = time.perf_counter()
             P = np.empty((x.shape[0], self.max_active), np.int32)
-            self._mark[exact] = 1
-            self._mark[rand] = 1
+            self._mark[C] = 1
             cnt = self.candidates.own(x, self._mark, P)
-            self._mark[exact] = 0
-            self._mark[rand] = 0
+            self._mark[C] = 0
             if cnt is None:
                 P, cnt = P[:, :0], np.zeros(x.shape[0], np.int64)
             self.query_time += time.perf_counter() - t0
             row_corr = np.zeros(x.shape[0], dtype=self.dtype)
             if rand.size:
                 row_corr[:] = np.log((self.n_local - exact.size - cnt) / rand.size)
-            own = (P, row_corr)
-            n_cand = float(cnt.mean()) if cnt.size else 0.0
+            own, n_cand = (P, row_corr), (float(cnt.mean()) if cnt.size else 0.0)
             self.last_own = P
         elif self.is_output and rand.size:
             # the random neurons stand for every neuron of the slice not scored exactly
             corr[exact.size:] = np.log((self.n_local - exact.size) / rand.size)
-        if not self.own:
-            n_cand = cand.size
-        C = np.concatenate([exact, rand])
         self.last_block, self.last_ids = (labels.size, n_cand, rand.size), C
         self.block_sum += self.last_block
         self.block_steps += 1
