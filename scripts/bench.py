@@ -6,6 +6,7 @@
     python scripts/bench.py --suite full --parts peers         (about 15 minutes)
     python scripts/bench.py --suite full --parts peers --preset amazon-tail
     python scripts/bench.py --suite full --parts lsh           (what LSH buys; about 25 minutes)
+    python scripts/bench.py --suite full --parts schedule      (the same with the default schedule; 15 minutes)
 
 On a shared machine run each under the bench lock (flock /tmp/dslide-bench.lock ...);
 the full suite's two parts are two commands so that neither holds it past ~30 minutes.
@@ -122,26 +123,31 @@ def run_torch_case(data_spec: dict, budget: float, eval_points: int, threads: in
             "torch": r.get("torch_version", "")}
 
 
+PARTS = ("main", "peers", "lsh", "schedule")
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--suite", choices=sorted(SUITES), default="quick")
     p.add_argument("--parts", default="main,peers",
                    help="comma-separated: main (the same network by dslide, dense, data-parallel, PyTorch), "
                         "peers (dslide's defaults against omikuji, napkinXC, PyTorch sampled softmax), "
-                        "lsh (what the hash tables buy: candidates against uniform negatives, --lsh inference)")
+                        "lsh (what the hash tables buy: candidates against uniform negatives, --lsh inference), "
+                        "schedule (the same with the default schedule: epochs and a decaying lr)")
     p.add_argument("--preset", choices=PRESETS, default="amazon-like", help="the synthetic data set")
     p.add_argument("--labels", type=int, default=0,
-                   help="part lsh only: generate the preset with this many labels (default: the preset's)")
+                   help="parts lsh and schedule only: generate the preset with this many labels "
+                        "(default: the preset's)")
     p.add_argument("--no-torch", action="store_true")
     p.add_argument("--no-trees", action="store_true", help="leave omikuji and napkinXC out")
     p.add_argument("--no-record", action="store_true", help="do not update docs/benchmarks.md")
     a = p.parse_args(argv)
     parts = [x.strip() for x in a.parts.split(",") if x.strip()]
-    bad = sorted(set(parts) - {"main", "peers", "lsh"})
+    bad = sorted(set(parts) - set(PARTS))
     if bad or not parts:
-        p.error(f"--parts {a.parts!r}: choose from main, peers, lsh (comma-separated)")
-    if a.labels and (a.labels < 1000 or parts != ["lsh"]):
-        p.error(f"--labels {a.labels}: must be >= 1000 and goes with --parts lsh alone")
+        p.error(f"--parts {a.parts!r}: choose from {', '.join(PARTS)} (comma-separated)")
+    if a.labels and (a.labels < 1000 or not set(parts) <= {"lsh", "schedule"}):
+        p.error(f"--labels {a.labels}: must be >= 1000 and goes with --parts lsh and schedule alone")
     suite = {**SUITES[a.suite], "data": {**SUITES[a.suite]["data"], "preset": a.preset}}
     if a.labels:
         suite["data"]["n_labels"] = a.labels
@@ -151,6 +157,8 @@ def main(argv=None) -> int:
         peers_part(a, suite)
     if "lsh" in parts:
         lsh_part(a, suite)
+    if "schedule" in parts:
+        schedule_part(a, suite)
     return 0
 
 
@@ -490,6 +498,7 @@ UNIFORM_OLD = 16384  # the uniform negatives of dslide's defaults before anchor 
 UNIFORM_EQUAL = 12288  # about the active neurons the defaults compute per step at 670,091 labels
 UNIFORM_DEFAULT = 8192  # the uniform negatives the defaults draw at 670,091 labels (LSHConfig.min_active)
 OWN_PER_SAMPLE = 64  # lsh.scope "sample": each sample's own candidates
+MAX_ACTIVE_WIDE = 512  # candidates per sample that dslide's defaults give layers of >= 250,000 neurons
 
 
 def lsh_systems(suite: dict) -> list[dict]:
@@ -604,6 +613,50 @@ def lsh_part(a, suite: dict) -> None:
     text += f"\n({time.time() - t0:.0f} s in all)\n"
     _publish(a, "lsh", text, rows, f"P@1 against training time by output layer ({shape})",
              {"train": rows, "inference": [r for *_, r in inf]})
+
+
+def schedule_part(a, suite: dict) -> None:
+    """What the candidates buy with the default schedule (its epochs, lr decaying to zero): the
+    wide layers' defaults, fewer refills, and uniform negatives alone for the same epochs and for
+    as many epochs as fit in the defaults' training time (measured in their run) and 1.5x that."""
+    t0 = time.time()
+    notes: list[str] = []
+
+    def case(name, lc, **cfg):
+        return {"name": name, "ranks": 1, "threads": 2, "data": suite["data"], "config": {"lsh": lc, **cfg}}
+
+    rows = B.run_cases([case(f"{MAX_ACTIVE_WIDE} candidates per sample + uniform (the wide layers' defaults)",
+                             {"max_active": MAX_ACTIVE_WIDE}),
+                        case("the same, refill period x2.0", {"max_active": MAX_ACTIVE_WIDE, "growth": 2.0}),
+                        case("uniform negatives only, the same epochs", {"max_active": 0})], notes)
+    if len(rows) == 3:
+        ratio = rows[0]["train_s"] / rows[2]["train_s"]
+        rows += B.run_cases([case(f"uniform negatives only, {e:.1f} epochs", {"max_active": 0}, epochs=e)
+                             for e in (round(rows[2]["epochs"] * ratio, 1), round(rows[2]["epochs"] * ratio * 1.5, 1))],
+                            notes)
+    cols = [("output layer", "name"), ("epochs", lambda r: f"{r['epochs']:.1f}"),
+            ("training s", lambda r: f"{r['train_s']:.1f}"), ("upkeep s", lambda r: f"{r.get('lsh_upkeep_s', 0.0):.1f}"),
+            ("samples/s", lambda r: f"{r['samples_per_s']:,.0f}"), ("P@1", lambda r: f"{r['p@1']:.4f}"),
+            ("P@3", lambda r: f"{r.get('p@3', float('nan')):.4f}"), ("P@5", lambda r: f"{r['p@5']:.4f}"),
+            ("PSP@5", lambda r: f"{r.get('psp@5', float('nan')):.4f}"),
+            ("peak MB", lambda r: f"{r.get('peak_rss_mb', float('nan')):,.0f}")]
+    d = suite["data"]
+    shape = (f"{d['preset']} synthetic, {d['n_train']:,} train / {d['n_test']:,} test points, 135,909 features, "
+             f"{d.get('n_labels', 670091):,} labels")
+    text = (f"command: `python scripts/bench.py --suite {a.suite} --parts schedule{_preset_flag(a)}`\n\n"
+            f"machine: {B.machine()}\n\ncode: {_code_version()}\n\n"
+            f"data: {shape}; 1 rank x 2 threads, dslide's default settings otherwise (hidden layer, batch, lr "
+            f"decaying linearly to zero over the run's epochs); P@k and PSP@5 on all test points after training; "
+            f"'upkeep s': refilling the anchor buckets, inside the training time\n\n" + B.table(rows, cols) + "\n")
+    if notes:
+        text += "\n" + "\n".join(f"- {n}" for n in notes) + "\n"
+    text += f"\n({time.time() - t0:.0f} s in all)\n"
+    print(text)
+    if not a.no_record:
+        B.record(f"bench.py --suite {a.suite} --parts schedule" + _preset_flag(a), text)
+    (B.ROOT / "runs").mkdir(exist_ok=True)
+    (B.ROOT / "runs" / f"bench_{a.suite}_schedule{_preset_flag(a).replace(' --', '_').replace(' ', '')}.json"
+     ).write_text(json.dumps(rows, indent=1, default=float))
 
 
 def p1_at_curve(r: dict, t: float):
