@@ -7,7 +7,8 @@ The same command runs on one process and under `mpiexec -n P`:
     dslide eval --model RUN_DIR --data F [--k 5] [--exact | --lsh]
     dslide predict --model RUN_DIR --data F --k K --out PRED.txt
     dslide export --model RUN_DIR --out NEW_RUN_DIR     weights only, for deployment
-    dslide data gen --preset tiny|small|amazon-like|amazon-tail [--points N] --out PREFIX
+    dslide data gen --preset NAME [--points N] --out PREFIX   NAME: tiny, small or a suite member
+                                             (dslide.datasets.suite.all_presets())
     dslide data convert IN OUT
     dslide data stats F
 
@@ -516,12 +517,12 @@ def cmd_predict(args, comm) -> int:
 
 
 def cmd_data(args, comm) -> int:
-    from dslide.datasets import synthetic
+    from dslide.datasets import suite, synthetic
 
     if comm.rank != 0:
         return 0
     if args.data_cmd == "gen":
-        train, test = synthetic.generate_split(args.preset, n_train=args.points, n_test=args.test_points, seed=args.seed)
+        train, test = suite.generate_split(args.preset, n_train=args.points, n_test=args.test_points, seed=args.seed)
         paths = synthetic.write(args.out, train, test)
         print(f"wrote {paths[0]} ({train.n_points:,} points) and {paths[1]} ({test.n_points:,} points): "
               f"{train.n_features:,} features, {train.n_labels:,} labels")
@@ -606,7 +607,10 @@ def parser() -> argparse.ArgumentParser:
     d = sub.add_parser("data", help="generate, convert and inspect data sets")
     dsub = d.add_subparsers(dest="data_cmd", required=True)
     gen = dsub.add_parser("gen", help="write a synthetic data set (PREFIX_train.txt, PREFIX_test.txt)")
-    gen.add_argument("--preset", required=True, choices=["tiny", "small", "amazon-like", "amazon-tail"])
+    # Checked by dslide.datasets.suite (its message names every preset): importing the
+    # generators here would load numba for every command.
+    gen.add_argument("--preset", required=True, metavar="NAME",
+                     help="tiny, small, amazon-like, amazon-tail, baskets-*, a670k-*")
     gen.add_argument("--points", type=int, help="training points (default: the preset's)")
     gen.add_argument("--test-points", type=int, help="test points (default: the preset's)")
     gen.add_argument("--seed", type=int, default=0)
