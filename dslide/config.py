@@ -32,6 +32,9 @@ CANDIDATES_MIN_WIDTH = 250_000  # between 100,000 (candidates lose) and 670,091 
 SCOPES = ("batch", "sample")
 NARROW_OUTPUT = 4096  # labels: at most this many take the "narrow output" defaults
 LR_SCHEDULES = ("linear", "constant")
+#: knn left at None: neighbours whose labels are fused at inference, by the output's width
+KNN_WIDE, KNN_NARROW = 10, 0
+KNN_WEIGHT = 0.7  # knn_weight left at None
 BIAS_INITS = ("log_prior", "zero")
 SYNC_MODES = ("allreduce", "partial")
 
@@ -239,6 +242,8 @@ class Config:
         batch_size          64              128
         epochs              30              5
         init_input_scale    0.1             0.3
+        knn                 0               10
+        knn_weight          0.7             0.7
 
     (Measured on BibTeX, 159 labels, and on the synthetic `small` (20,000
     labels) and `amazon-like` (670,091) sets; see docs/benchmarks.md.)
@@ -303,6 +308,14 @@ class Config:
         (even shares), one positive weight per rank (shares in proportion),
         or "auto" (shares proportional to each rank's measured speed in the
         first steps, then the layers are re-sharded once).
+    knn: at inference, the labels of each query's `knn` nearest training points
+        (cosine of the L2-normalised input rows) vote beside the model's softmax
+        (dslide.fusion): score = (1 - knn_weight) p + knn_weight v, the softmax
+        taken over the model's `knn_candidates` best labels and each neighbour's
+        vote weighed by its similarity to the power `knn_power`. 0: the model
+        alone. None (with knn_weight None): from the data, by the width of the
+        output layer (`resolve`): the wide layers' few points per label are
+        where the network's tail is weak and its neighbours' labels strong.
     propensity_a, propensity_b: the constants A, B of the label propensities
         behind PSP@k (Jain et al. 2016; see dslide.metrics.inverse_propensity),
         computed from the training labels and saved with the run
@@ -336,6 +349,10 @@ class Config:
     parallel: str = "model"
     propensity_a: float = 0.55
     propensity_b: float = 1.5
+    knn: int | None = None
+    knn_weight: float | None = None
+    knn_power: float = 4.0
+    knn_candidates: int = 100
     replicas: int = 1
     sync: str = "allreduce"
     sync_every: int = 8
@@ -409,6 +426,12 @@ class Config:
                              f"parallel = 'data' does not; use parallel = 'model' or no shard_weights")
         _float_range("propensity_a", self.propensity_a, 0.0, 100.0)
         _float_range("propensity_b", self.propensity_b, 0.0, 1e6, lo_open=True)
+        if self.knn is not None:
+            _int_range("knn", self.knn, 0, 1024)
+        if self.knn_weight is not None:
+            _float_range("knn_weight", self.knn_weight, 0.0, 1.0)
+        _float_range("knn_power", self.knn_power, 0.0, 64.0)
+        _int_range("knn_candidates", self.knn_candidates, 1, 1 << 16)
         _int_range("eval_every", self.eval_every, 0)
         _int_range("eval_points", self.eval_points, 1)
         _int_range("log_every", self.log_every, 1)
@@ -418,7 +441,7 @@ class Config:
 
     # -- defaults from the data ---------------------------------------------------------
 
-    FROM_DATA = ("hidden", "dropout", "lr", "batch_size", "epochs", "init_input_scale")
+    FROM_DATA = ("hidden", "dropout", "lr", "batch_size", "epochs", "init_input_scale", "knn", "knn_weight")
 
     def resolve(self, n_labels: int) -> "Config":
         """This configuration with every setting left at None taken from the data
@@ -426,7 +449,8 @@ class Config:
         narrow = n_labels <= NARROW_OUTPUT
         auto = {"hidden": (1024,) if narrow else (128,), "dropout": 0.6 if narrow else 0.0,
                 "lr": 1e-3 if narrow else 1e-2, "batch_size": 64 if narrow else 128,
-                "epochs": 30.0 if narrow else 5.0, "init_input_scale": 0.1 if narrow else 0.3}
+                "epochs": 30.0 if narrow else 5.0, "init_input_scale": 0.1 if narrow else 0.3,
+                "knn": KNN_NARROW if narrow else KNN_WIDE, "knn_weight": KNN_WEIGHT}
         changes = {k: v for k, v in auto.items() if getattr(self, k) is None}
         return dataclasses.replace(self, **changes) if changes else self
 

@@ -265,6 +265,8 @@ class Layer:
         else:
             self.scale = np.sqrt(6.0 / (d_in + n))
         self.init_key = rng.stream_key(config.seed, rng.INIT, index)
+        # an output layer's neighbour labels (dslide.fusion), built after training
+        self.neighbour_labels = None
 
     def _optimiser(self, w_origin) -> None:
         """Adam state for W (its global layout: w_origin = (r0, c0, stride)) and b."""
@@ -293,24 +295,35 @@ class Layer:
     def state(self, weights_only: bool = False) -> dict:
         """This slice's arrays by name (the live arrays, not copies); weights_only: what
         inference needs (no optimiser state, nothing only training uses)."""
-        if weights_only:
-            return {"W": self.W, "b": self.b}
-        return {"W": self.W, "b": self.b, "W.m": self.opt_W.m, "W.v": self.opt_W.v,
-                "b.m": self.opt_b.m, "b.v": self.opt_b.v}
+        out = {"W": self.W, "b": self.b}
+        if not weights_only:
+            out.update({"W.m": self.opt_W.m, "W.v": self.opt_W.v, "b.m": self.opt_b.m, "b.v": self.opt_b.v})
+        if self.neighbour_labels is not None:
+            out.update({f"knn.{k}": v for k, v in self.neighbour_labels.state_arrays().items()})
+        return out
 
     def shard_axes(self) -> dict:
         """For each array of `state`: the axis along which ranks split it (the neuron axis),
         None for an array every rank holds whole and alike; arrays not named here are
         this rank's own derived state, rebuilt when the layout changes."""
+        from dslide import fusion
+
         c = self.neuron_axis
-        return {"W": c, "W.m": c, "W.v": c, "b": 0, "b.m": 0, "b.v": 0}
+        return {"W": c, "W.m": c, "W.v": c, "b": 0, "b.m": 0, "b.v": 0, **{f"knn.{k}": None for k in fusion.KEYS}}
 
     def load_state(self, arrays: dict, same_layout: bool = True, weights_only: bool = False) -> None:
         """Restore a slice from `state()`-named arrays (for a new layout: the ones in
         `shard_axes`, already cut to this rank's columns). An entry that is the live array
         itself (from `state()`) was filled in place. weights_only: the arrays of
         `state(weights_only=True)` only; the optimiser state is left as it is."""
+        if "knn.y_ptr" in arrays:  # the same on every rank
+            from dslide import fusion
+
+            self.neighbour_labels = fusion.NeighbourLabels.from_state(
+                {k[len("knn."):]: v for k, v in arrays.items() if k.startswith("knn.")})
         for name, arr in Layer.state(self, weights_only).items():
+            if name.startswith("knn."):
+                continue
             if name not in arrays:
                 raise ValueError(f"layer {self.index}: checkpoint lacks {name!r}")
             new = arrays[name]

@@ -213,7 +213,17 @@ def fit(train: XMCData, config: Config | None = None, test: XMCData | None = Non
     if index:
         with threadpool_limits(threads, user_api="blas"):
             build_index(model, train)
+    build_neighbours(model, train)
     return model, history
+
+
+def build_neighbours(model: Model, train: XMCData) -> None:
+    """The output layer's neighbour labels (dslide.fusion) from the training data, when
+    `knn` > 0: every rank builds the same store, a function of the data alone."""
+    from dslide import fusion
+
+    out = model.network.layers[-1]
+    out.neighbour_labels = fusion.NeighbourLabels.build(train.X, train.Y) if model.config.knn else None
 
 
 def build_index(model: Model, train: XMCData) -> dict:
@@ -381,7 +391,10 @@ def predict_topk_scores(model: Model, X: sp.csr_matrix, k: int, exact: bool = Tr
     only what its inference index retrieves. With P ranks each scores its own
     slice and the candidates (B x k per rank) are merged, so every rank gets
     the result. stats (a dict) receives "scored_share": the mean share of the
-    labels scored per point.
+    labels scored per point. When the output layer has neighbour labels
+    (`knn` > 0, dslide.fusion) the scores are the fused ones: the model's
+    softmax over its `knn_candidates` best labels mixed with the labels of the
+    point's `knn` nearest training points.
     """
     net = model.network
     if X.shape[1] != net.n_features:
@@ -395,12 +408,18 @@ def predict_topk_scores(model: Model, X: sp.csr_matrix, k: int, exact: bool = Tr
     scored = 0
     if batch_size is None:
         batch_size = PREDICT_BATCH["exact" if exact else "index"]
+    cfg = model.config
+    store = net.layers[-1].neighbour_labels if cfg.knn else None
+    kk = max(k, cfg.knn_candidates) if store is not None else k
     for s in range(0, n, batch_size):
         rows = np.arange(s, min(n, s + batch_size))
         batch = make_batch(parts, None, rows, net.step, norms=norms)
-        ls, li, ln = net.local_topk(batch, k, exact)
+        ls, li, ln = net.local_topk(batch, kk, exact)
         # the layers' communicator: a stand-in in data-parallel mode, where every rank has it all
-        ms, mi = merge_topk(net.comm.allgather_rows(ls), net.comm.allgather_rows(li), k)
+        ms, mi = merge_topk(net.comm.allgather_rows(ls), net.comm.allgather_rows(li), kk)
+        if store is not None:
+            nn_ids, nn_sims = store.neighbours(X[s:s + len(rows)], cfg.knn, net.comm)
+            mi, ms = store.fuse(mi, ms, nn_ids, nn_sims, cfg.knn_weight, cfg.knn_power, k)
         scores[rows], ids[rows] = ms, mi
         scored += int(ln.sum())
     if stats is not None:
