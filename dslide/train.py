@@ -25,9 +25,12 @@ from dslide import kernels as K
 from dslide.comm import Comm, allreduce_bytes
 from dslide.config import Config
 from dslide.data import XMCData
-from dslide.network import Batch, LSHLayer, Network, merge_topk
+from dslide.batch import Batch
+from dslide.layers import LSHLayer
+from dslide.network import Network
 from dslide.replicas import Replicas
 from dslide.sharding import shard_range
+from dslide.topk import merge_topk
 
 #: byte counters that belong to training steps (the rest: evaluation, logging, checks)
 STEP_KINDS = ("allgather", "reduce_scatter", "allgather_block", "softmax_stats", "gradients")

@@ -142,10 +142,10 @@ def test_lsh_inference_index_gives_the_same_topk_and_share_at_p_ranks_as_at_one(
     agreed across ranks, and re-ranks exactly: P ranks retrieve and return what 1 rank does,
     whether the 16 anchors are filled at once or 5 at a time (chunks of 5, 5, 5, 1), and with
     the nearest training points' labels added (a graph whose rows the ranks share out)."""
-    from dslide import network as N
+    from dslide import index as I
     from dslide import train as T
 
-    monkeypatch.setattr(N, "INDEX_CHUNK", chunk)
+    monkeypatch.setattr(I, "INDEX_CHUNK", chunk)
     from dslide.config import LSHConfig
     from dslide.data import XMCData
 
@@ -188,7 +188,8 @@ def test_lsh_inference_index_gives_the_same_topk_and_share_at_p_ranks_as_at_one(
 
 
 def test_kth_largest_across_ranks_equals_numpy_on_the_concatenation():
-    from dslide.network import _order_keys, kth_largest
+    from dslide.topk import kth_largest
+    from dslide.topk import order_keys as _order_keys
 
     world = Comm(MPI.COMM_WORLD)
     rs = np.random.default_rng(100 + world.rank)
