@@ -136,3 +136,67 @@ def test_state_round_trip():
     np.testing.assert_array_equal(store.neighbours(Xq, 3)[0], again.neighbours(Xq, 3)[0])
     with pytest.raises(ValueError, match="y_idx"):
         fusion.NeighbourLabels({k: v for k, v in store.state_arrays().items() if k != "y_idx"}, 10)
+
+
+def _fit_tiny(knn, **kw):
+    from dslide import train as T
+    from dslide.config import Config
+    from dslide.data import XMCData
+    from dslide.datasets.synthetic import generate_split
+
+    tr, te = generate_split("tiny", 400, 60, seed=3)
+    cfg = Config(hidden=(16,), epochs=2.0, batch_size=32, knn=knn, knn_weight=0.6, knn_candidates=12, **kw)
+    model, _ = T.fit(tr, cfg, index=False)
+    return T, model, tr, te
+
+
+def test_predictions_are_the_numpy_fusion_of_model_softmax_and_neighbour_votes():
+    from dslide.network import full_parameters
+    from dslide.train import normalise_inputs
+
+    T, model, tr, te = _fit_tiny(knn=4)
+    ids, scores = T.predict_topk_scores(model, te.X, 5)
+    # the model's logits, by numpy from the gathered parameters
+    (W0, b0), (W1, b1) = full_parameters(model.network)
+    Xn = normalise_inputs(sp.csr_matrix(te.X), "l2", np.float32).toarray().astype(np.float64)
+    Z = np.maximum(Xn @ W0 + b0, 0) @ W1 + b1
+    top = np.argsort(-Z, axis=1, kind="stable")[:, :12]
+    ref_nn, _ = _reference_neighbours(te.X, tr.X, 4)
+    S = (lambda A: A / np.linalg.norm(A, axis=1, keepdims=True))(te.X.toarray().astype(np.float64)) @ \
+        (lambda A: A / np.linalg.norm(A, axis=1, keepdims=True))(tr.X.toarray().astype(np.float64)).T
+    Y = sp.csr_matrix(tr.Y)
+    agree = 0
+    for q in range(te.n_points):
+        z = Z[q, top[q]]
+        p = np.exp(z - z.max()) / np.exp(z - z.max()).sum()
+        score = np.zeros(tr.n_labels)
+        score[top[q]] += 0.4 * p
+        w = np.maximum(S[q, ref_nn[q]], 0) ** 4.0
+        for pt, wi in zip(ref_nn[q], w / w.sum()):
+            score[Y.indices[Y.indptr[pt]:Y.indptr[pt + 1]]] += 0.6 * wi
+        ref = np.sort(score)[::-1][:5]
+        np.testing.assert_allclose(scores[q], ref, rtol=1e-4, atol=1e-6)
+        agree += set(ids[q]) == set(np.argsort(-score, kind="stable")[:5])
+    assert agree >= te.n_points - 2  # ids may differ only where float32 logits tie at the 5th place
+
+
+def test_knn_zero_leaves_the_model_alone_and_saves_no_store(tmp_path):
+    T, model, tr, te = _fit_tiny(knn=0)
+    assert model.network.layers[-1].neighbour_labels is None
+    assert not any(k.startswith("knn.") for k in model.network.layers[-1].state(weights_only=True))
+
+
+def test_store_survives_a_checkpoint(tmp_path):
+    from dslide import checkpoint as ck
+    from dslide.comm import Comm
+    from dslide.train import build_network
+
+    T, model, tr, te = _fit_tiny(knn=3)
+    before = T.predict_topk_scores(model, te.X, 5)
+    ck.save(model.network, tmp_path / "run", Comm(), weights_only=True)
+    fresh = build_network((tr.n_features, tr.n_labels), model.config, Comm())
+    ck.load_into(fresh.network, ck.latest(tmp_path / "run"), Comm(), weights_only=True)
+    assert fresh.network.layers[-1].neighbour_labels is not None
+    after = T.predict_topk_scores(fresh, te.X, 5)
+    np.testing.assert_array_equal(before[0], after[0])
+    np.testing.assert_allclose(before[1], after[1], rtol=1e-12)
