@@ -103,6 +103,16 @@ def tree_row(system: str, paths, workdir: Path) -> dict:
             "peak_rss_mb": r["peak_rss_mb"], "version": r["version"]}
 
 
+def output_is_lsh(paths) -> bool:
+    """Whether dslide's defaults make this member's output layer LSH-sparse (then --lsh is compared)."""
+    from dslide.config import Config
+    from dslide.data import read_xmc
+
+    n_labels = read_xmc(paths[1]).n_labels
+    cfg = Config().resolve(n_labels)
+    return cfg.layer_kind(len(cfg.hidden), n_labels) == "lsh"
+
+
 def shape_of(paths) -> str:
     from dslide.data import read_xmc
 
@@ -184,12 +194,13 @@ def run(a) -> int:
             notes.append(f"{name}: its files are not in ../shared/data, skipped")
             continue
         shape = shape_of(paths)
+        lsh_out = output_is_lsh(paths)
         work = B.ROOT / "runs" / "bench_shapes" / name
         todo = [(s, None) for s in systems] + [(f"dslide {v}", cfg) for v, cfg in variants.items()]
         for system, cfg in todo:
             print(f"running: {name}: {system} ...", file=sys.stderr, flush=True)
             if system == "dslide" or cfg is not None:
-                r = dslide_row(system, paths, cfg or {}, lsh_inference=not a.no_lsh)
+                r = dslide_row(system, paths, cfg or {}, lsh_inference=lsh_out and not a.no_lsh)
             else:
                 r = tree_row(system, paths, work / system)
             r.update(member=name, shape=shape, load=os.getloadavg()[0])
