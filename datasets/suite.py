@@ -19,9 +19,9 @@ from collections import OrderedDict
 from types import ModuleType
 
 from dslide.data import XMCData
-from dslide.datasets import baskets, synthetic
+from dslide.datasets import amazon670k, baskets, synthetic
 
-FAMILIES: tuple[ModuleType, ...] = (synthetic, baskets)
+FAMILIES: tuple[ModuleType, ...] = (synthetic, baskets, amazon670k)
 
 SUITE_TRAIN = 30_000
 SUITE_TEST = 3_000
@@ -29,6 +29,7 @@ SUITE_TEST = 3_000
 MEMBERS: "OrderedDict[str, tuple[ModuleType, str]]" = OrderedDict(
     [("amazon-like", (synthetic, "amazon-like")), ("amazon-tail", (synthetic, "amazon-tail"))]
     + [(name, (baskets, name)) for name in baskets.PRESETS]
+    + [(name, (amazon670k, name)) for name in amazon670k.PRESETS]
 )
 
 
