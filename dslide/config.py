@@ -34,6 +34,10 @@ NARROW_OUTPUT = 4096  # labels: at most this many take the "narrow output" defau
 LR_SCHEDULES = ("linear", "constant")
 BIAS_INITS = ("log_prior", "zero")
 SYNC_MODES = ("allreduce", "partial")
+#: propensity presets, (A, B) of the label propensities behind PSP@k (Jain et al. 2016):
+#: the constants the Extreme Classification Repository uses for Amazon and Wikipedia
+#: data sets, and for everything else napkinXC's default (pyxclib has none)
+PROPENSITY_PRESETS = {"default": (0.55, 1.5), "amazon": (0.6, 2.6), "wikipedia": (0.5, 0.4)}
 
 
 def _choice(name: str, value: Any, valid: tuple) -> None:
@@ -303,11 +307,13 @@ class Config:
         (even shares), one positive weight per rank (shares in proportion),
         or "auto" (shares proportional to each rank's measured speed in the
         first steps, then the layers are re-sharded once).
-    propensity_a, propensity_b: the constants A, B of the label propensities
+    propensity: the preset of the constants A, B of the label propensities
         behind PSP@k (Jain et al. 2016; see dslide.metrics.inverse_propensity),
         computed from the training labels and saved with the run
-        (dslide.propensity). Default pyxclib's 0.55, 1.5; Amazon data sets
-        usually take 0.6, 2.6 and Wikipedia ones 0.5, 0.4.
+        (dslide.propensity): "amazon" (0.6, 2.6), "wikipedia" (0.5, 0.4), or
+        "default" (0.55, 1.5, napkinXC's default; pyxclib has none).
+    propensity_a, propensity_b: explicit A, B; None takes the preset's
+        (`propensity_constants`).
     """
 
     hidden: tuple[int, ...] | None = None
@@ -334,8 +340,9 @@ class Config:
     dtype: str = "float32"
     adam_dtype: str | None = None
     parallel: str = "model"
-    propensity_a: float = 0.55
-    propensity_b: float = 1.5
+    propensity: str = "default"
+    propensity_a: float | None = None
+    propensity_b: float | None = None
     replicas: int = 1
     sync: str = "allreduce"
     sync_every: int = 8
@@ -407,8 +414,11 @@ class Config:
         if self.shard_weights and self.parallel == "data":
             raise ValueError(f"shard_weights = {self.shard_weights!r} splits layers over ranks, which "
                              f"parallel = 'data' does not; use parallel = 'model' or no shard_weights")
-        _float_range("propensity_a", self.propensity_a, 0.0, 100.0)
-        _float_range("propensity_b", self.propensity_b, 0.0, 1e6, lo_open=True)
+        _choice("propensity", self.propensity, tuple(PROPENSITY_PRESETS))
+        if self.propensity_a is not None:
+            _float_range("propensity_a", self.propensity_a, 0.0, 100.0)
+        if self.propensity_b is not None:
+            _float_range("propensity_b", self.propensity_b, 0.0, 1e6, lo_open=True)
         _int_range("eval_every", self.eval_every, 0)
         _int_range("eval_points", self.eval_points, 1)
         _int_range("log_every", self.log_every, 1)
@@ -433,6 +443,14 @@ class Config:
     @property
     def resolved(self) -> bool:
         return all(getattr(self, k) is not None for k in self.FROM_DATA)
+
+    @property
+    def propensity_constants(self) -> tuple[float, float]:
+        """(A, B) of the label propensities: propensity_a / propensity_b where given,
+        else the `propensity` preset's."""
+        a, b = PROPENSITY_PRESETS[self.propensity]
+        return (a if self.propensity_a is None else float(self.propensity_a),
+                b if self.propensity_b is None else float(self.propensity_b))
 
     # -- per-layer views ------------------------------------------------------------
 

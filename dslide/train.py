@@ -175,7 +175,7 @@ def init_from_data(model: Model, train: XMCData) -> None:
 def fit(train: XMCData, config: Config | None = None, test: XMCData | None = None, *,
         comm: Comm | None = None, model: Model | None = None, callback=None,
         verbose: bool = False, stop_at: int | None = None, index: bool = True,
-        checkpoint=None) -> tuple[Model, list]:
+        checkpoint=None, index_progress: bool = False) -> tuple[Model, list]:
     """Train a network on `train`; returns (model, history).
 
     history: a list of dicts, one per logging point: step, epoch, samples,
@@ -197,6 +197,7 @@ def fit(train: XMCData, config: Config | None = None, test: XMCData | None = Non
     final weights (`build_index`; its timings land in model.index_info).
     checkpoint(model, comm): called every `checkpoint_every` global steps (not
     at the last) on the ranks that write a checkpoint (see `save_model`).
+    index_progress: a progress bar (tqdm, stderr) for the index build.
     """
     if model is None:
         model = build_network((train.n_features, train.n_labels), config or Config(), comm)
@@ -212,15 +213,16 @@ def fit(train: XMCData, config: Config | None = None, test: XMCData | None = Non
         model, history = _fit(model, train, test, callback, verbose, threads, stop_at, checkpoint)
     if index:
         with threadpool_limits(threads, user_api="blas"):
-            build_index(model, train)
+            build_index(model, train, progress=index_progress)
     return model, history
 
 
-def build_index(model: Model, train: XMCData) -> dict:
+def build_index(model: Model, train: XMCData, progress: bool = False) -> dict:
     """The inference index of an LSH output layer, from its final weights: anchors from the
     hidden vectors of at most `lsh.index_points` training points (a sample chosen by the
     seed, the same on every rank). Returns (and keeps in model.index_info) its timings;
-    {} when the output layer is dense or lsh.index_anchors is 0."""
+    {} when the output layer is dense or lsh.index_anchors is 0. progress: a tqdm bar of
+    its two stages (the hidden vectors of the points, then anchors, buckets and graph)."""
     net = model.network
     out = net.layers[-1]
     if not isinstance(out, LSHLayer) or out.lc.index_anchors == 0:
@@ -232,12 +234,25 @@ def build_index(model: Model, train: XMCData) -> dict:
     parts = _csr_parts(train.X, net.dtype)
     norms = input_norms(train.X, model.config.input_norm)
     H = np.empty((m, out.d_in), np.float32)  # filled in place: no list of blocks to concatenate
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        # the second stage, anchors, buckets and the neighbour graph, counted as much as the first
+        bar = tqdm(total=2 * m, unit="point", desc="inference index", dynamic_ncols=True, leave=False)
     for s in range(0, m, 4096):
         batch = make_batch(parts, None, rows[s:s + 4096], net.step, norms=norms)
         H[s:s + 4096] = net.hidden(batch).dense()
+        if bar is not None:
+            bar.update(min(m, s + 4096) - s)
     Y = sp.csr_matrix(train.Y)[rows]
     labels = (Y.indptr.astype(np.int64), Y.indices.astype(np.int32))
+    if bar is not None:
+        bar.set_postfix_str("anchors, buckets, neighbour graph")
     info = out.build_index(H, net.comm, labels)
+    if bar is not None:
+        bar.update(m)
+        bar.close()
     kept = net.comm.allreduce_sum(np.array([float(np.mean(out.inference.fill_count))]), kind="index")[0]
     info.update({"points": m, "index_s": time.perf_counter() - t0, "share": float(kept) / out.n})
     model.index_info = info
@@ -374,14 +389,14 @@ PREDICT_BATCH = {"exact": 1024, "index": 65536}
 
 
 def predict_topk_scores(model: Model, X: sp.csr_matrix, k: int, exact: bool = True, batch_size: int | None = None,
-                        stats: dict | None = None):
+                        stats: dict | None = None, progress=None):
     """Top k labels per point and their scores (logits): (ids int64 [n, k], scores float64 [n, k]).
 
     exact: every output neuron scored; otherwise an LSH output layer scores
     only what its inference index retrieves. With P ranks each scores its own
     slice and the candidates (B x k per rank) are merged, so every rank gets
     the result. stats (a dict) receives "scored_share": the mean share of the
-    labels scored per point.
+    labels scored per point. progress(n): called with the points of each batch done.
     """
     net = model.network
     if X.shape[1] != net.n_features:
@@ -403,6 +418,8 @@ def predict_topk_scores(model: Model, X: sp.csr_matrix, k: int, exact: bool = Tr
         ms, mi = merge_topk(net.comm.allgather_rows(ls), net.comm.allgather_rows(li), k)
         scores[rows], ids[rows] = ms, mi
         scored += int(ln.sum())
+        if progress is not None:
+            progress(rows.shape[0])
     if stats is not None:
         total = float(net.comm.allreduce_sum(np.array([scored], dtype=np.float64))[0])
         stats["scored_share"] = total / max(1, n) / net.n_labels
