@@ -649,7 +649,8 @@ class _Help(argparse.RawDescriptionHelpFormatter):
     def _get_help_string(self, action):
         text = action.help or ""
         d = action.default
-        if "default" in text or d in (None, False, [], argparse.SUPPRESS) or action.option_strings == []:
+        if "default" in text or d is None or d is False or d == [] or d == argparse.SUPPRESS \
+                or not action.option_strings:
             return text
         return f"{text} (default: {d})"
 
