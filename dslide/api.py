@@ -131,6 +131,9 @@ class Model:
                 raise ValueError(f"X_val has {Xv.shape[1]} features, X has {X.shape[1]}")
             test = XMCData(Xv, labels_matrix(Y_val, Xv.shape[0], train.n_labels))
         config = self.config.resolve(train.n_labels)
+        from dslide.cli import _notice_threads
+
+        _notice_threads(self.comm, config)
         model = T.build_network((train.n_features, train.n_labels), config, self.comm)
         T.init_from_data(model, train)
         bar = Progress(self.comm, T.total_steps(config, train.n_points), 0, not progress, None,

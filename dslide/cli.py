@@ -303,6 +303,7 @@ def cmd_train(args, comm) -> int:
     _say(comm, f"dslide {__import__('dslide').__version__}: training on {train.n_points:,} points, "
                f"{train.n_features:,} features, {train.n_labels:,} labels; {layout} x "
                f"{T._threads(config)} thread(s); run directory {run_dir}")
+    _notice_threads(comm, config)
     if args.verbose:
         _say(comm, "effective configuration:\n" + "\n".join("  " + l for l in config_toml(config).splitlines() if l))
 
@@ -349,6 +350,16 @@ def cmd_train(args, comm) -> int:
         (run_dir / "metrics.json").write_text(json.dumps(metrics, indent=1) + "\n")
     _say(comm, _summary(metrics, run_dir))
     return 0
+
+
+def _notice_threads(comm, config) -> None:
+    """One line on stderr (rank 0) when the threads asked for exceed this node's cores."""
+    from dslide.comm import oversubscription
+
+    if config.threads:
+        notice = oversubscription(config.threads)
+        if notice:
+            _say(comm, notice, file=sys.stderr)
 
 
 def _run_propensities(run_dir: Path, train, config, comm):

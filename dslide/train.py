@@ -22,7 +22,7 @@ from threadpoolctl import threadpool_limits
 
 import dslide
 from dslide import kernels as K
-from dslide.comm import Comm, allreduce_bytes
+from dslide.comm import Comm, allreduce_bytes, default_threads
 from dslide.config import Config
 from dslide.data import XMCData
 from dslide.network import Batch, LSHLayer, Network, merge_topk
@@ -115,8 +115,10 @@ def total_steps(config: Config, n: int) -> int:
 
 
 def _threads(config: Config) -> int:
+    """numba threads of this rank: `threads`, or for 0 the node's cores divided by its ranks
+    (dslide.comm.default_threads); never more than NUMBA_NUM_THREADS."""
     n = numba.config.NUMBA_NUM_THREADS
-    return min(config.threads, n) if config.threads else n
+    return min(config.threads or default_threads(), n)
 
 
 def _blas_threads(net: Network, threads: int) -> int:
