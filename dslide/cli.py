@@ -553,7 +553,11 @@ def cmd_predict(args, comm) -> int:
     from dslide import formats
     from dslide import train as T
 
+    import dslide
+
+    t_load = time.perf_counter()
     model = _load_model(args.model, comm)
+    load_s = time.perf_counter() - t_load
     _check_scoring(model, args)
     out_fmt = args.out_format or ("npz" if args.out.endswith(".npz") else "text")
     data = _read(args.data, "--data", args.format, model.n_features, model.n_labels, comm=comm)
@@ -561,16 +565,23 @@ def cmd_predict(args, comm) -> int:
         raise UsageError(f"{args.data} has {data.n_features} features; the model was trained on {model.n_features}")
     stats = {}
     bar = _points_bar(comm, data.n_points, args, "predicting")
+    t0 = time.perf_counter()
     ids, scores = T.predict_topk_scores(model, data.X, args.k, exact=not args.lsh, stats=stats,
                                         progress=bar.update if bar else None)
+    dt = time.perf_counter() - t0
     if bar:
         bar.close()
+    # seconds from the process's start until scoring began, and of it loading the model
+    startup = max(comm.allgather_object(t0 - dslide.IMPORTED_AT))
+    load_s = max(comm.allgather_object(load_s))
     if comm.rank == 0:
         formats.write_predictions(args.out, ids, scores, model.n_labels, out_fmt)
         what = ("a CSR matrix of the top-k scores, scipy.sparse.load_npz" if out_fmt == "npz" else
                 "a header line 'points labels', then label:score per line, pyxclib's read_sparse_file")
         print(f"wrote the top {args.k} labels of {data.n_points:,} points to {args.out} ({what}; "
               f"{100 * stats['scored_share']:.2f}% of the labels scored per point)")
+        print(f"{data.n_points:,} points in {dt:.2f}s ({'lsh' if args.lsh else 'exact'} scoring), after "
+              f"{startup:.1f}s of start-up ({load_s:.1f}s loading the model)")
     return 0
 
 
