@@ -137,7 +137,7 @@ class Model:
         model = T.build_network((train.n_features, train.n_labels), config, self.comm)
         T.init_from_data(model, train)
         bar = Progress(self.comm, T.total_steps(config, train.n_points), 0, not progress, None,
-                       config.batch_size, lines=False)
+                       config.batch_size, lines=False, bar=progress)
         try:
             model, history = T.fit(train, config, test, model=model, callback=bar,
                                    index_progress=progress and self.comm.rank == 0)

@@ -210,9 +210,9 @@ class Progress:
     """A tqdm bar on rank 0 when stderr is a terminal, else plain log lines."""
 
     def __init__(self, comm, total: int, start: int, quiet: bool, log_path: Path | None, batch: int,
-                 lines: bool = True):
+                 lines: bool = True, bar: bool | None = None):
         """quiet: no bar and no log lines (the log file is still written); lines: plain
-        log lines where stderr is no terminal."""
+        log lines where there is no bar; bar: show one (None: when stderr is a terminal)."""
         self.rank0 = comm.rank == 0
         self.bar = None
         self.lines = lines and not quiet
@@ -220,7 +220,7 @@ class Progress:
         self.batch = batch
         self.last_t = time.perf_counter()
         self.last_step = start
-        if self.rank0 and not quiet and sys.stderr.isatty():
+        if self.rank0 and not quiet and (sys.stderr.isatty() if bar is None else bar):
             from tqdm import tqdm
 
             self.bar = tqdm(total=total, initial=start, unit="step", dynamic_ncols=True, smoothing=0.1,

@@ -252,6 +252,9 @@ def build_index(model: Model, train: XMCData, progress: bool = False) -> dict:
     if bar is not None:
         bar.set_postfix_str("anchors, buckets, neighbour graph")
     info = out.build_index(H, net.comm, labels)
+    t1 = time.perf_counter()
+    warm_index(model)
+    info["warm_s"] = time.perf_counter() - t1
     if bar is not None:
         bar.update(m)
         bar.close()
@@ -260,6 +263,31 @@ def build_index(model: Model, train: XMCData, progress: bool = False) -> dict:
     model.index_info = info
     return info
 
+
+
+def warm_index(model: Model) -> None:
+    """Compile the LSH output layer's query kernels (numba, into its on-disk cache) on a
+    tiny query of this rank's slice; nothing without an inference index.
+
+    Called at the end of `build_index`, so that the first `predict --lsh` of a run finds
+    them in the cache: compiled cold they take tens of CPU-seconds per rank, which on a
+    shared machine stretched `predict --lsh` of 3,000 points from seconds to minutes
+    (docs/lsh.md). The query goes through the kernels with the layer's own arrays and the
+    argument types scoring uses (`LSHLayer.topk`, `_nearest_points`), so the compiled
+    signatures are those scoring looks up.
+    """
+    out = model.network.layers[-1]
+    if not isinstance(out, LSHLayer) or getattr(out, "inference", None) is None:
+        return
+    x = np.zeros((2, out.d_in), np.float32)
+    x[:, 0] = 1.0
+    codes = out.inference.codes(x, out.lc.index_probes)
+    extras = None
+    if out.neighbors is not None:
+        nn = np.ascontiguousarray(out.neighbors.neighbors(x, codes[:, 0], out.lc.index_search,
+                                                          out.lc.index_neighbors)[0], dtype=np.int32)
+        extras = out.neighbors.extras(nn, out.lo, out.lo + out.n_local)
+    out.inference.topk(x, out.W, out.b, 1, out.lc.index_probes, extras=extras, codes=codes)
 
 
 def _fit(model, train, test, callback, verbose, threads, stop_at, checkpoint):
