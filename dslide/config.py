@@ -37,6 +37,10 @@ KNN_WIDE, KNN_NARROW = 10, 0
 KNN_WEIGHT = 0.7  # knn_weight left at None
 BIAS_INITS = ("log_prior", "zero")
 SYNC_MODES = ("allreduce", "partial")
+#: propensity presets, (A, B) of the label propensities behind PSP@k (Jain et al. 2016):
+#: the constants the Extreme Classification Repository uses for Amazon and Wikipedia
+#: data sets, and for everything else napkinXC's default (pyxclib has none)
+PROPENSITY_PRESETS = {"default": (0.55, 1.5), "amazon": (0.6, 2.6), "wikipedia": (0.5, 0.4)}
 
 
 def _choice(name: str, value: Any, valid: tuple) -> None:
@@ -316,11 +320,13 @@ class Config:
         alone. None (with knn_weight None): from the data, by the width of the
         output layer (`resolve`): the wide layers' few points per label are
         where the network's tail is weak and its neighbours' labels strong.
-    propensity_a, propensity_b: the constants A, B of the label propensities
+    propensity: the preset of the constants A, B of the label propensities
         behind PSP@k (Jain et al. 2016; see dslide.metrics.inverse_propensity),
         computed from the training labels and saved with the run
-        (dslide.propensity). Default pyxclib's 0.55, 1.5; Amazon data sets
-        usually take 0.6, 2.6 and Wikipedia ones 0.5, 0.4.
+        (dslide.propensity): "amazon" (0.6, 2.6), "wikipedia" (0.5, 0.4), or
+        "default" (0.55, 1.5, napkinXC's default; pyxclib has none).
+    propensity_a, propensity_b: explicit A, B; None takes the preset's
+        (`propensity_constants`).
     """
 
     hidden: tuple[int, ...] | None = None
@@ -347,8 +353,9 @@ class Config:
     dtype: str = "float32"
     adam_dtype: str | None = None
     parallel: str = "model"
-    propensity_a: float = 0.55
-    propensity_b: float = 1.5
+    propensity: str = "default"
+    propensity_a: float | None = None
+    propensity_b: float | None = None
     knn: int | None = None
     knn_weight: float | None = None
     knn_power: float = 4.0
@@ -424,8 +431,11 @@ class Config:
         if self.shard_weights and self.parallel == "data":
             raise ValueError(f"shard_weights = {self.shard_weights!r} splits layers over ranks, which "
                              f"parallel = 'data' does not; use parallel = 'model' or no shard_weights")
-        _float_range("propensity_a", self.propensity_a, 0.0, 100.0)
-        _float_range("propensity_b", self.propensity_b, 0.0, 1e6, lo_open=True)
+        _choice("propensity", self.propensity, tuple(PROPENSITY_PRESETS))
+        if self.propensity_a is not None:
+            _float_range("propensity_a", self.propensity_a, 0.0, 100.0)
+        if self.propensity_b is not None:
+            _float_range("propensity_b", self.propensity_b, 0.0, 1e6, lo_open=True)
         if self.knn is not None:
             _int_range("knn", self.knn, 0, 1024)
         if self.knn_weight is not None:
@@ -457,6 +467,14 @@ class Config:
     @property
     def resolved(self) -> bool:
         return all(getattr(self, k) is not None for k in self.FROM_DATA)
+
+    @property
+    def propensity_constants(self) -> tuple[float, float]:
+        """(A, B) of the label propensities: propensity_a / propensity_b where given,
+        else the `propensity` preset's."""
+        a, b = PROPENSITY_PRESETS[self.propensity]
+        return (a if self.propensity_a is None else float(self.propensity_a),
+                b if self.propensity_b is None else float(self.propensity_b))
 
     # -- per-layer views ------------------------------------------------------------
 

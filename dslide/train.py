@@ -22,7 +22,7 @@ from threadpoolctl import threadpool_limits
 
 import dslide
 from dslide import kernels as K
-from dslide.comm import Comm, allreduce_bytes
+from dslide.comm import Comm, allreduce_bytes, default_threads
 from dslide.config import Config
 from dslide.data import XMCData
 from dslide.batch import Batch
@@ -118,8 +118,10 @@ def total_steps(config: Config, n: int) -> int:
 
 
 def _threads(config: Config) -> int:
+    """numba threads of this rank: `threads`, or for 0 the node's cores divided by its ranks
+    (dslide.comm.default_threads); never more than NUMBA_NUM_THREADS."""
     n = numba.config.NUMBA_NUM_THREADS
-    return min(config.threads, n) if config.threads else n
+    return min(config.threads or default_threads(), n)
 
 
 def _blas_threads(net: Network, threads: int) -> int:
@@ -178,7 +180,7 @@ def init_from_data(model: Model, train: XMCData) -> None:
 def fit(train: XMCData, config: Config | None = None, test: XMCData | None = None, *,
         comm: Comm | None = None, model: Model | None = None, callback=None,
         verbose: bool = False, stop_at: int | None = None, index: bool = True,
-        checkpoint=None) -> tuple[Model, list]:
+        checkpoint=None, index_progress: bool = False) -> tuple[Model, list]:
     """Train a network on `train`; returns (model, history).
 
     history: a list of dicts, one per logging point: step, epoch, samples,
@@ -200,6 +202,7 @@ def fit(train: XMCData, config: Config | None = None, test: XMCData | None = Non
     final weights (`build_index`; its timings land in model.index_info).
     checkpoint(model, comm): called every `checkpoint_every` global steps (not
     at the last) on the ranks that write a checkpoint (see `save_model`).
+    index_progress: a progress bar (tqdm, stderr) for the index build.
     """
     if model is None:
         model = build_network((train.n_features, train.n_labels), config or Config(), comm)
@@ -215,7 +218,7 @@ def fit(train: XMCData, config: Config | None = None, test: XMCData | None = Non
         model, history = _fit(model, train, test, callback, verbose, threads, stop_at, checkpoint)
     if index:
         with threadpool_limits(threads, user_api="blas"):
-            build_index(model, train)
+            build_index(model, train, progress=index_progress)
     build_neighbours(model, train)
     return model, history
 
@@ -229,11 +232,12 @@ def build_neighbours(model: Model, train: XMCData) -> None:
     out.neighbour_labels = fusion.NeighbourLabels.build(train.X, train.Y) if model.config.knn else None
 
 
-def build_index(model: Model, train: XMCData) -> dict:
+def build_index(model: Model, train: XMCData, progress: bool = False) -> dict:
     """The inference index of an LSH output layer, from its final weights: anchors from the
     hidden vectors of at most `lsh.index_points` training points (a sample chosen by the
     seed, the same on every rank). Returns (and keeps in model.index_info) its timings;
-    {} when the output layer is dense or lsh.index_anchors is 0."""
+    {} when the output layer is dense or lsh.index_anchors is 0. progress: a tqdm bar of
+    its two stages (the hidden vectors of the points, then anchors, buckets and graph)."""
     net = model.network
     out = net.layers[-1]
     if not isinstance(out, LSHLayer) or out.lc.index_anchors == 0:
@@ -245,17 +249,58 @@ def build_index(model: Model, train: XMCData) -> dict:
     parts = _csr_parts(train.X, net.dtype)
     norms = input_norms(train.X, model.config.input_norm)
     H = np.empty((m, out.d_in), np.float32)  # filled in place: no list of blocks to concatenate
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        # the second stage, anchors, buckets and the neighbour graph, counted as much as the first
+        bar = tqdm(total=2 * m, unit="point", desc="inference index", dynamic_ncols=True, leave=False)
     for s in range(0, m, 4096):
         batch = make_batch(parts, None, rows[s:s + 4096], net.step, norms=norms)
         H[s:s + 4096] = net.hidden(batch).dense()
+        if bar is not None:
+            bar.update(min(m, s + 4096) - s)
     Y = sp.csr_matrix(train.Y)[rows]
     labels = (Y.indptr.astype(np.int64), Y.indices.astype(np.int32))
+    if bar is not None:
+        bar.set_postfix_str("anchors, buckets, neighbour graph")
     info = out.build_index(H, net.comm, labels)
+    t1 = time.perf_counter()
+    warm_index(model)
+    info["warm_s"] = time.perf_counter() - t1
+    if bar is not None:
+        bar.update(m)
+        bar.close()
     kept = net.comm.allreduce_sum(np.array([float(np.mean(out.inference.fill_count))]), kind="index")[0]
     info.update({"points": m, "index_s": time.perf_counter() - t0, "share": float(kept) / out.n})
     model.index_info = info
     return info
 
+
+
+def warm_index(model: Model) -> None:
+    """Compile the LSH output layer's query kernels (numba, into its on-disk cache) on a
+    tiny query of this rank's slice; nothing without an inference index.
+
+    Called at the end of `build_index`, so that the first `predict --lsh` of a run finds
+    them in the cache: compiled cold they take tens of CPU-seconds per rank, which on a
+    shared machine stretched `predict --lsh` of 3,000 points from seconds to minutes
+    (docs/lsh.md). The query goes through the kernels with the layer's own arrays and the
+    argument types scoring uses (`LSHLayer.topk`, `_nearest_points`), so the compiled
+    signatures are those scoring looks up.
+    """
+    out = model.network.layers[-1]
+    if not isinstance(out, LSHLayer) or getattr(out, "inference", None) is None:
+        return
+    x = np.zeros((2, out.d_in), np.float32)
+    x[:, 0] = 1.0
+    codes = out.inference.codes(x, out.lc.index_probes)
+    extras = None
+    if out.neighbors is not None:
+        nn = np.ascontiguousarray(out.neighbors.neighbors(x, codes[:, 0], out.lc.index_search,
+                                                          out.lc.index_neighbors)[0], dtype=np.int32)
+        extras = out.neighbors.extras(nn, out.lo, out.lo + out.n_local)
+    out.inference.topk(x, out.W, out.b, 1, out.lc.index_probes, extras=extras, codes=codes)
 
 
 def _fit(model, train, test, callback, verbose, threads, stop_at, checkpoint):
@@ -387,7 +432,7 @@ PREDICT_BATCH = {"exact": 1024, "index": 65536}
 
 
 def predict_topk_scores(model: Model, X: sp.csr_matrix, k: int, exact: bool = True, batch_size: int | None = None,
-                        stats: dict | None = None):
+                        stats: dict | None = None, progress=None):
     """Top k labels per point and their scores (logits): (ids int64 [n, k], scores float64 [n, k]).
 
     exact: every output neuron scored; otherwise an LSH output layer scores
@@ -397,7 +442,8 @@ def predict_topk_scores(model: Model, X: sp.csr_matrix, k: int, exact: bool = Tr
     labels scored per point. When the output layer has neighbour labels
     (`knn` > 0, dslide.fusion) the scores are the fused ones: the model's
     softmax over its `knn_candidates` best labels mixed with the labels of the
-    point's `knn` nearest training points.
+    point's `knn` nearest training points. progress(n): called
+    with the points of each batch done.
     """
     net = model.network
     if X.shape[1] != net.n_features:
@@ -425,6 +471,8 @@ def predict_topk_scores(model: Model, X: sp.csr_matrix, k: int, exact: bool = Tr
             mi, ms = store.fuse(mi, ms, nn_ids, nn_sims, cfg.knn_weight, cfg.knn_power, k)
         scores[rows], ids[rows] = ms, mi
         scored += int(ln.sum())
+        if progress is not None:
+            progress(rows.shape[0])
     if stats is not None:
         total = float(net.comm.allreduce_sum(np.array([scored], dtype=np.float64))[0])
         stats["scored_share"] = total / max(1, n) / net.n_labels

@@ -314,7 +314,8 @@ def test_train_eval_predict_end_to_end(trained, tiny, capsys, tmp_path):
     pred = tmp_path / "pred.txt"
     code, out, _ = run(["predict", "--model", str(trained), "--data", str(tiny[1]), "--k", "3", "--out", str(pred)],
                        capsys)
-    lines = pred.read_text().splitlines()
+    header, *lines = pred.read_text().splitlines()
+    assert header == "500 500"  # pyxclib's read_sparse_file reads it: points, labels
     assert code == 0 and len(lines) == 500 and all(len(l.split()) == 3 for l in lines)
     top1 = np.array([int(l.split()[0].split(":")[0]) for l in lines])
     hits = np.mean([Y[i, top1[i]] > 0 for i in range(500)])
