@@ -293,7 +293,7 @@ def cmd_train(args, comm) -> int:
     if test is not None and (test.n_features, test.n_labels) != (train.n_features, train.n_labels):
         raise UsageError(f"--test {args.test} has {test.n_features} features and {test.n_labels} labels, "
                          f"--train {args.train} has {train.n_features} and {train.n_labels}")
-    config = config.resolve(train.n_labels)
+    config = config.resolve(train.n_labels, T.points_per_label(train.Y))
     if comm.rank == 0:
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "config.toml").write_text(config_toml(config))
@@ -823,13 +823,16 @@ def cmd_config(args, comm) -> int:
     from dslide import settings
 
     config = make_config(args.config, args.set)
-    shape = (None, None)
+    shape = (None, None, None)
     if args.data:
+        from dslide import train as T
+
         data = _read(args.data, "--data", args.format, comm=comm)
-        shape = (data.n_features, data.n_labels)
+        shape = (data.n_features, data.n_labels, T.points_per_label(data.Y))
     if comm.rank == 0:
         if args.data:
-            print(f"{args.data}: {shape[0]:,} features, {shape[1]:,} labels")
+            print(f"{args.data}: {shape[0]:,} features, {shape[1]:,} labels, "
+                  f"{shape[2]:.2f} training points per label")
         print(settings.format_table(settings.table(config, *shape), with_value=bool(args.data or args.set
                                                                                      or args.config)))
     return 0

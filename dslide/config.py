@@ -32,9 +32,33 @@ CANDIDATES_MIN_WIDTH = 250_000  # between 100,000 (candidates lose) and 670,091 
 SCOPES = ("batch", "sample")
 NARROW_OUTPUT = 4096  # labels: at most this many take the "narrow output" defaults
 LR_SCHEDULES = ("linear", "constant")
-#: knn left at None: neighbours whose labels are fused at inference, by the output's width
-KNN_WIDE, KNN_NARROW = 10, 0
-KNN_WEIGHT = 0.7  # knn_weight left at None
+#: knn left at None: this many neighbours' labels fused at inference where the training data
+#: has fewer than KNN_MAX_POINTS_PER_LABEL points per label (none where it has more: the
+#: network alone learns such labels well); `knn_default` states the rule, docs/benchmarks.md
+#: ("--suite shapes") holds the measurements behind it
+KNN = 10
+KNN_MAX_POINTS_PER_LABEL = 20.0
+KNN_WEIGHT = 0.6  # knn_weight left at None
+WIDE_EPOCHS = 2.0  # epochs left at None, outputs wider than NARROW_OUTPUT
+
+
+def knn_default(n_labels: int, points_per_label: float | None = None) -> int:
+    """The `knn` a run takes when it is left at None: KNN where the training data has fewer
+    than KNN_MAX_POINTS_PER_LABEL points per (occurring) label, else 0; without that figure,
+    KNN for outputs wider than NARROW_OUTPUT and 0 for narrower ones."""
+    if points_per_label is not None:
+        return KNN if points_per_label < KNN_MAX_POINTS_PER_LABEL else 0
+    return 0 if n_labels <= NARROW_OUTPUT else KNN
+
+
+def label_points(label_counts) -> float:
+    """Training points per label over the labels that occur: sum(counts) / #(counts > 0)
+    (a point with 3 labels counts for each; 0.0 for no labels)."""
+    import numpy as np
+
+    counts = np.asarray(label_counts)
+    seen = int(np.count_nonzero(counts))
+    return float(counts.sum()) / seen if seen else 0.0
 BIAS_INITS = ("log_prior", "zero")
 SYNC_MODES = ("allreduce", "partial")
 #: propensity presets, (A, B) of the label propensities behind PSP@k (Jain et al. 2016):
@@ -244,13 +268,13 @@ class Config:
         dropout             0.6             0.0
         lr                  1e-3            1e-2
         batch_size          64              128
-        epochs              30              5
+        epochs              30              2 (the neighbours' labels carry the tail)
         init_input_scale    0.1             0.3
-        knn                 0               10
-        knn_weight          0.7             0.7
+        knn                 0 or 10 (points per label >= 20 or < 20; see knn_default)
+        knn_weight          0.6             0.6
 
-    (Measured on BibTeX, 159 labels, and on the synthetic `small` (20,000
-    labels) and `amazon-like` (670,091) sets; see docs/benchmarks.md.)
+    (Measured on BibTeX, 159 labels, and the data-shape suite of
+    dslide.datasets.suite: scripts/bench.py --suite shapes, docs/benchmarks.md.)
 
     hidden: widths of the hidden layers (ReLU); the output layer (softmax) has
         one neuron per label.
@@ -317,9 +341,9 @@ class Config:
         (dslide.fusion): score = (1 - knn_weight) p + knn_weight v, the softmax
         taken over the model's `knn_candidates` best labels and each neighbour's
         vote weighed by its similarity to the power `knn_power`. 0: the model
-        alone. None (with knn_weight None): from the data, by the width of the
-        output layer (`resolve`): the wide layers' few points per label are
-        where the network's tail is weak and its neighbours' labels strong.
+        alone. None: from the data (`knn_default`): on where the training data
+        has few points per label, where the network's tail is weak and the
+        neighbours' labels strong.
     propensity: the preset of the constants A, B of the label propensities
         behind PSP@k (Jain et al. 2016; see dslide.metrics.inverse_propensity),
         computed from the training labels and saved with the run
@@ -453,14 +477,17 @@ class Config:
 
     FROM_DATA = ("hidden", "dropout", "lr", "batch_size", "epochs", "init_input_scale", "knn", "knn_weight")
 
-    def resolve(self, n_labels: int) -> "Config":
+    def resolve(self, n_labels: int, points_per_label: float | None = None) -> "Config":
         """This configuration with every setting left at None taken from the data
-        (see the class docstring); settings given explicitly are kept."""
+        (see the class docstring); settings given explicitly are kept.
+
+        points_per_label: the training points per label, over the labels that occur
+        (`label_points`); it decides `knn` (`knn_default`); None: the width decides."""
         narrow = n_labels <= NARROW_OUTPUT
         auto = {"hidden": (1024,) if narrow else (128,), "dropout": 0.6 if narrow else 0.0,
                 "lr": 1e-3 if narrow else 1e-2, "batch_size": 64 if narrow else 128,
-                "epochs": 30.0 if narrow else 5.0, "init_input_scale": 0.1 if narrow else 0.3,
-                "knn": KNN_NARROW if narrow else KNN_WIDE, "knn_weight": KNN_WEIGHT}
+                "epochs": 30.0 if narrow else WIDE_EPOCHS, "init_input_scale": 0.1 if narrow else 0.3,
+                "knn": knn_default(n_labels, points_per_label), "knn_weight": KNN_WEIGHT}
         changes = {k: v for k, v in auto.items() if getattr(self, k) is None}
         return dataclasses.replace(self, **changes) if changes else self
 

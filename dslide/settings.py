@@ -52,12 +52,13 @@ def _message(cls, name, value) -> str:
     return ""
 
 
-def table(config: Config, n_features: int | None = None, n_labels: int | None = None) -> list[tuple]:
+def table(config: Config, n_features: int | None = None, n_labels: int | None = None,
+          points_per_label: float | None = None) -> list[tuple]:
     """Rows (key, default, valid range, value): value is what `config` holds, resolved for
     data of n_features features and n_labels labels when given ("-" for from-the-data
     settings without data)."""
     base = Config()
-    resolved = config.resolve(n_labels) if n_labels is not None else config
+    resolved = config.resolve(n_labels, points_per_label) if n_labels is not None else config
     rows = []
     for f in dataclasses.fields(Config):
         if f.name == "lsh":

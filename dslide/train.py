@@ -205,7 +205,8 @@ def fit(train: XMCData, config: Config | None = None, test: XMCData | None = Non
     index_progress: a progress bar (tqdm, stderr) for the index build.
     """
     if model is None:
-        model = build_network((train.n_features, train.n_labels), config or Config(), comm)
+        config = (config or Config()).resolve(train.n_labels, points_per_label(train.Y))
+        model = build_network((train.n_features, train.n_labels), config, comm)
         init_from_data(model, train)
     config = model.config  # resolved: every setting has its value
     net = model.network
@@ -221,6 +222,14 @@ def fit(train: XMCData, config: Config | None = None, test: XMCData | None = Non
             build_index(model, train, progress=index_progress)
     build_neighbours(model, train)
     return model, history
+
+
+def points_per_label(Y) -> float:
+    """Training points per label, over the labels that occur (Config.resolve's data shape)."""
+    from dslide.config import label_points
+
+    Y = sp.csr_matrix(Y)
+    return label_points(np.bincount(Y.indices, minlength=Y.shape[1]))
 
 
 def build_neighbours(model: Model, train: XMCData) -> None:
