@@ -73,7 +73,7 @@ def dslide_row(name: str, paths, config: dict, lsh_inference: bool) -> dict:
     if "error" in r:
         return {"system": name, "error": r["error"]}
     row = {"system": name, "train_s": r["train_s"], "p@1": r["p@1"], "p@5": r["p@5"], "psp@5": r.get("psp@5"),
-           "samples_per_s": r["samples_per_s"], "bytes_per_step": r["bytes_per_step"],
+           "predict_s": r["predict_s"], "samples_per_s": r["samples_per_s"], "bytes_per_step": r["bytes_per_step"],
            "peak_rss_mb": r["peak_rss_mb"], "kinds": r["kinds"], "epochs": r["epochs"]}
     inf = r.get("inference") or []
     exact = next((x for x in inf if x["method"].startswith("exact")), None)
@@ -99,7 +99,8 @@ def tree_row(system: str, paths, workdir: Path) -> dict:
     if not r["available"]:
         return {"system": system, "error": r["reason"]}
     m = TR.score(r["topk"], test.Y, inverse_propensity(train.Y))
-    return {"system": system, "train_s": r["train_s"], "p@1": m["p@1"], "p@5": m["p@5"], "psp@5": m["psp@5"],
+    return {"system": system, "train_s": r["train_s"], "predict_s": r["predict_s"], "p@1": m["p@1"], "p@5": m["p@5"],
+            "psp@5": m["psp@5"],
             "peak_rss_mb": r["peak_rss_mb"], "version": r["version"]}
 
 
@@ -126,9 +127,12 @@ def fmt(v, spec=".4f") -> str:
 
 def suite_table(rows: list[dict]) -> str:
     cols = [("member", "member"), ("shape", "shape"), ("system", "system"),
-            ("train s", lambda r: fmt(r.get("train_s"), ".1f")), ("P@1", lambda r: fmt(r.get("p@1"))),
+            ("train s", lambda r: fmt(r.get("train_s"), ".1f")), ("predict s", lambda r: fmt(r.get("predict_s"), ".1f")),
+            ("P@1", lambda r: fmt(r.get("p@1"))),
             ("P@5", lambda r: fmt(r.get("p@5"))), ("PSP@5", lambda r: fmt(r.get("psp@5"))),
             ("vs omikuji 3: P@1 / P@5 points", "gap"),
+            ("samples/s", lambda r: fmt(r.get("samples_per_s"), ",.0f")),
+            ("bytes/step/rank", lambda r: fmt(r.get("bytes_per_step"), ",.0f")),
             ("--lsh: recall@10 / P@5 lost", lambda r: (f"{r['lsh']['recall@10']:.3f} / {100 * r['lsh']['p@5_lost']:+.2f}"
                                                        if r.get("lsh") else "-")),
             ("peak MB/rank", lambda r: fmt(r.get("peak_rss_mb"), ",.0f"))]
