@@ -482,14 +482,22 @@ class Config:
         (see the class docstring); settings given explicitly are kept.
 
         points_per_label: the training points per label, over the labels that occur
-        (`label_points`); it decides `knn` (`knn_default`); None: the width decides."""
+        (`label_points`); it decides `knn` (`knn_default`). Without it `knn` stays None:
+        training resolves it from its data, and a model that has the neighbours' labels
+        uses KNN of them."""
         narrow = n_labels <= NARROW_OUTPUT
         auto = {"hidden": (1024,) if narrow else (128,), "dropout": 0.6 if narrow else 0.0,
                 "lr": 1e-3 if narrow else 1e-2, "batch_size": 64 if narrow else 128,
                 "epochs": 30.0 if narrow else WIDE_EPOCHS, "init_input_scale": 0.1 if narrow else 0.3,
                 "knn": knn_default(n_labels, points_per_label), "knn_weight": KNN_WEIGHT}
+        if points_per_label is None:
+            del auto["knn"]
         changes = {k: v for k, v in auto.items() if getattr(self, k) is None}
         return dataclasses.replace(self, **changes) if changes else self
+
+    def neighbours(self) -> int:
+        """The neighbours a model with the neighbours' labels fuses: knn, or KNN when unset."""
+        return KNN if self.knn is None else self.knn
 
     @property
     def resolved(self) -> bool:

@@ -237,8 +237,12 @@ def build_neighbours(model: Model, train: XMCData) -> None:
     `knn` > 0: every rank builds the same store, a function of the data alone."""
     from dslide import fusion
 
+    from dslide.config import knn_default
+
+    cfg = model.config
+    k = cfg.knn if cfg.knn is not None else knn_default(train.n_labels, points_per_label(train.Y))
     out = model.network.layers[-1]
-    out.neighbour_labels = fusion.NeighbourLabels.build(train.X, train.Y) if model.config.knn else None
+    out.neighbour_labels = fusion.NeighbourLabels.build(train.X, train.Y) if k else None
 
 
 def build_index(model: Model, train: XMCData, progress: bool = False) -> dict:
@@ -467,7 +471,7 @@ def predict_topk_scores(model: Model, X: sp.csr_matrix, k: int, exact: bool = Tr
     if batch_size is None:
         batch_size = PREDICT_BATCH["exact" if exact else "index"]
     cfg = model.config
-    store = net.layers[-1].neighbour_labels if cfg.knn else None
+    store = net.layers[-1].neighbour_labels if cfg.neighbours() else None
     kk = max(k, cfg.knn_candidates) if store is not None else k
     for s in range(0, n, batch_size):
         rows = np.arange(s, min(n, s + batch_size))
@@ -476,7 +480,7 @@ def predict_topk_scores(model: Model, X: sp.csr_matrix, k: int, exact: bool = Tr
         # the layers' communicator: a stand-in in data-parallel mode, where every rank has it all
         ms, mi = merge_topk(net.comm.allgather_rows(ls), net.comm.allgather_rows(li), kk)
         if store is not None:
-            nn_ids, nn_sims = store.neighbours(X[s:s + len(rows)], cfg.knn, net.comm)
+            nn_ids, nn_sims = store.neighbours(X[s:s + len(rows)], cfg.neighbours(), net.comm)
             mi, ms = store.fuse(mi, ms, nn_ids, nn_sims, cfg.knn_weight, cfg.knn_power, k)
         scores[rows], ids[rows] = ms, mi
         scored += int(ln.sum())

@@ -24,7 +24,14 @@ def test_label_points_counts_occurring_labels_only():
 ])
 def test_knn_default_per_regime(n_labels, ppl, knn):
     assert knn_default(n_labels, ppl) == knn
-    assert Config().resolve(n_labels, ppl).knn == knn
+    if ppl is not None:
+        assert Config().resolve(n_labels, ppl).knn == knn
+
+
+def test_without_the_data_shape_knn_stays_unset_and_a_store_uses_knn_neighbours():
+    c = Config().resolve(670_091)
+    assert c.knn is None and c.neighbours() == KNN
+    assert Config(knn=0).resolve(670_091).neighbours() == 0
 
 
 def test_wide_outputs_train_fewer_epochs_and_explicit_settings_win():
