@@ -211,7 +211,7 @@ PRESETS: dict[str, Preset] = {
     "a670k-head": Preset(**_WIDE, category_zipf=1.0, dept_prob=0.6, cat_prob=0.5),
     "a670k-tail": Preset(**_WIDE, category_zipf=0.8, dept_prob=0.0, cat_prob=0.5),
     "a670k-head-40k": Preset(**_NARROW, category_zipf=1.0, dept_prob=0.8, cat_prob=0.5),
-    "a670k-tail-40k": Preset(**_NARROW, category_zipf=0.8, dept_prob=0.0, cat_prob=0.5),
+    "a670k-tail-40k": Preset(**_NARROW, category_zipf=0.7, dept_prob=0.0, cat_prob=0.5),
 }
 
 
