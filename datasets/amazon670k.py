@@ -78,9 +78,9 @@ import numpy as np
 from numba import njit
 
 from dslide.data import XMCData
-from dslide.datasets.baskets import _check_points, _draw_features, _powerlaw_const_nb
+from dslide.datasets.baskets import _check_points, _powerlaw_const_nb
 from dslide.datasets.synthetic import (
-    _add_feature, _check_seed, _compact, _csr, _powerlaw_rank, _sort_row, _split_stream, _uniform,
+    _add_feature, _check_seed, _compact, _csr, _draw_features, _powerlaw_rank, _sort_row, _split_stream, _uniform,
     _zipf_mass,
 )
 
