@@ -312,7 +312,7 @@ def _product_labels(product_cat, n_lab, has_dept, has_cat, dept_of_cat, n_dept, 
     return next_id
 
 
-@functools.lru_cache(maxsize=2)
+@functools.lru_cache(maxsize=8)
 def build_world(p: Preset, seed: int) -> World:
     """The world of preset `p` and `seed` (cached: train and test reuse it)."""
     rng = np.random.default_rng(np.random.SeedSequence([seed, 0]))

@@ -315,7 +315,7 @@ def _powerlaw_const_nb(n, a):
     return (n + 1.0) ** (1.0 - a) - 1.0
 
 
-@functools.lru_cache(maxsize=2)
+@functools.lru_cache(maxsize=8)
 def build_world(p: Preset, seed: int) -> World:
     """The world of preset `p` and `seed` (cached: train and test reuse it)."""
     rng = np.random.default_rng(np.random.SeedSequence([seed, 0]))
