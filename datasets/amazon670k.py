@@ -78,9 +78,9 @@ import numpy as np
 from numba import njit
 
 from dslide.data import XMCData
-from dslide.datasets.baskets import _check_points, _draw_features, _powerlaw_const_nb
+from dslide.datasets.baskets import _check_points, _powerlaw_const_nb
 from dslide.datasets.synthetic import (
-    _add_feature, _check_seed, _compact, _csr, _powerlaw_rank, _sort_row, _split_stream, _uniform,
+    _add_feature, _check_seed, _compact, _csr, _draw_features, _powerlaw_rank, _sort_row, _split_stream, _uniform,
     _zipf_mass,
 )
 
@@ -211,7 +211,7 @@ PRESETS: dict[str, Preset] = {
     "a670k-head": Preset(**_WIDE, category_zipf=1.0, dept_prob=0.6, cat_prob=0.5),
     "a670k-tail": Preset(**_WIDE, category_zipf=0.8, dept_prob=0.0, cat_prob=0.5),
     "a670k-head-40k": Preset(**_NARROW, category_zipf=1.0, dept_prob=0.8, cat_prob=0.5),
-    "a670k-tail-40k": Preset(**_NARROW, category_zipf=0.8, dept_prob=0.0, cat_prob=0.5),
+    "a670k-tail-40k": Preset(**_NARROW, category_zipf=0.7, dept_prob=0.0, cat_prob=0.5),
 }
 
 
@@ -312,7 +312,7 @@ def _product_labels(product_cat, n_lab, has_dept, has_cat, dept_of_cat, n_dept, 
     return next_id
 
 
-@functools.lru_cache(maxsize=2)
+@functools.lru_cache(maxsize=8)
 def build_world(p: Preset, seed: int) -> World:
     """The world of preset `p` and `seed` (cached: train and test reuse it)."""
     rng = np.random.default_rng(np.random.SeedSequence([seed, 0]))

@@ -79,7 +79,7 @@ from numba import njit
 
 from dslide.data import XMCData
 from dslide.datasets.synthetic import (
-    _add_feature, _check_seed, _compact, _csr, _holds, _next, _powerlaw_const, _powerlaw_rank,
+    _add_feature, _check_seed, _compact, _csr, _draw_features, _holds, _next, _powerlaw_rank,
     _sort_row, _split_stream, _uniform,
 )
 
@@ -263,14 +263,6 @@ class World(NamedTuple):
     basket_labels: np.ndarray
 
 
-def _draw_features(rng, shape, feature_of_rank, a) -> np.ndarray:
-    F = len(feature_of_rank)
-    u = rng.random(size=shape)
-    c = _powerlaw_const(F, a)
-    x = np.exp(u * c) if a == 1.0 else (1.0 + u * c) ** (1.0 / (1.0 - a))
-    return feature_of_rank[np.clip(x.astype(np.int64) - 1, 0, F - 1)]
-
-
 @njit(cache=True)
 def _fill_baskets(topic_ptr, topic_labels, extra, label_zipf, window, window_share,
                   basket_ptr, basket_labels, state):
@@ -317,12 +309,13 @@ def _fill_baskets(topic_ptr, topic_labels, extra, label_zipf, window, window_sha
 
 @njit(cache=True)
 def _powerlaw_const_nb(n, a):
+    """synthetic._powerlaw_const inside kernels (n varies per topic / product there)."""
     if a == 1.0:
         return np.log(n + 1.0)
     return (n + 1.0) ** (1.0 - a) - 1.0
 
 
-@functools.lru_cache(maxsize=2)
+@functools.lru_cache(maxsize=8)
 def build_world(p: Preset, seed: int) -> World:
     """The world of preset `p` and `seed` (cached: train and test reuse it)."""
     rng = np.random.default_rng(np.random.SeedSequence([seed, 0]))

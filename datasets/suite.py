@@ -66,3 +66,77 @@ def generate_split(preset_name: str, n_train: int | None = None, n_test: int | N
                    seed: int = 0) -> tuple[XMCData, XMCData]:
     """(train, test) of any family's preset at the preset's own default sizes unless given."""
     return family_of(preset_name).generate_split(preset_name, n_train, n_test, seed)
+
+
+# --------------------------------------------------------------------------- statistics
+
+
+def member_stats(train: XMCData, test: XMCData) -> dict:
+    """The statistics docs/datasets.md tabulates for one member (plain Python numbers).
+
+    points_per_label, labels_seen_1_5 and labels_seen_once are over the labels seen in
+    train; top_label_share is the share of train points holding the most frequent label;
+    centroid_p1 is synthetic.centroid_p_at_1 and top_label_p1 the P@1 of always
+    predicting the most frequent train label.
+    """
+    import numpy as np
+
+    freq = np.bincount(train.Y.indices, minlength=train.n_labels)
+    seen = freq[freq > 0]
+    top = int(np.argmax(freq))
+    n = max(train.n_points, 1)
+    return {
+        "points": train.n_points,
+        "features": train.n_features,
+        "labels": train.n_labels,
+        "labels_per_point": float(train.Y.nnz / n),
+        "points_per_label": float(seen.mean()) if len(seen) else 0.0,
+        "nnz_per_point": float(train.X.nnz / n),
+        "top_label_share": float(freq[top] / n),
+        "labels_seen": int(len(seen)),
+        "labels_seen_once": float(np.mean(seen == 1)) if len(seen) else 0.0,
+        "labels_seen_1_5": float(np.mean(seen <= 5)) if len(seen) else 0.0,
+        "centroid_p1": synthetic.centroid_p_at_1(train, test),
+        "top_label_p1": float(np.mean(np.diff(test.Y[:, top].tocsr().indptr) > 0)) if test.n_points else 0.0,
+    }
+
+
+def main(argv=None) -> int:
+    """python -m dslide.datasets.suite [--members a,b] [--points N] [--test-points N] [--seed S]:
+    a markdown table of every member's statistics and generation time."""
+    import argparse
+    import time
+
+    ap = argparse.ArgumentParser(prog="python -m dslide.datasets.suite", description=main.__doc__)
+    ap.add_argument("--members", default=",".join(MEMBERS), help="comma-separated suite members")
+    ap.add_argument("--points", type=int, default=SUITE_TRAIN)
+    ap.add_argument("--test-points", type=int, default=SUITE_TEST)
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+    names = [m for m in args.members.split(",") if m]
+    for m in names:
+        if m not in MEMBERS:
+            ap.error(f"unknown suite member {m!r}; valid members: {', '.join(MEMBERS)}")
+    print("| member | points | features | labels | labels/point | points/label (seen) | nnz/point "
+          "| top-label share | labels seen | seen once | seen 1-5 times | centroid P@1 | top-label P@1 "
+          "| generation s |")
+    print("|" + "---|" * 14)
+    for m in names:
+        family, preset = MEMBERS[m]
+        family.generate(preset, 4, args.seed, split="warm-up")  # kernels loaded outside the timing
+        family.build_world.cache_clear()
+        t0 = time.perf_counter()
+        train, test = generate_member(m, args.points, args.test_points, args.seed)
+        dt = time.perf_counter() - t0
+        s = member_stats(train, test)
+        print(f"| {m} | {s['points']:,} | {s['features']:,} | {s['labels']:,} | {s['labels_per_point']:.2f} "
+              f"| {s['points_per_label']:.2f} | {s['nnz_per_point']:.1f} | {100 * s['top_label_share']:.1f}% "
+              f"| {s['labels_seen']:,} | {100 * s['labels_seen_once']:.0f}% | {100 * s['labels_seen_1_5']:.0f}% "
+              f"| {s['centroid_p1']:.3f} | {s['top_label_p1']:.3f} | {dt:.1f} |", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(main())
