@@ -82,7 +82,7 @@ class LSHConfig:
     (+2 to +5 points over the first ten), 28-48% fewer samples/s, a lower peak
     at equal training time.
 
-    family: where candidates come from (one of lsh.LAYER_FAMILIES):
+    family: where candidates come from (a key of dslide.candidates.SOURCES):
       "anchor" (default): `anchors` k-means centres of the layer's inputs,
         learnt online from the batches; a sample's candidates are the
         `max_active` neurons scoring highest (w.x + b, biases included) at its
@@ -154,8 +154,9 @@ class LSHConfig:
     index_search: int = 96
 
     def __post_init__(self):
-        from dslide.lsh import LAYER_FAMILIES
+        from dslide.candidates import SOURCES
 
+        LAYER_FAMILIES = tuple(SOURCES)
         if self.family == "minhash":
             # lsh.FAMILIES has it for sparse sets; a weight row's non-zero set is every input
             raise ValueError("lsh.family = 'minhash' hashes sets (the non-zero features of sparse inputs) and "

@@ -64,7 +64,7 @@ def account(config: Config, n_features: int, n_labels: int, world_size: int = 1,
     """Expected bytes of rank `rank` of `world_size` (model parallel) by kind, and their "total"
     (index_build is a transient at the end of training, not counted in the total: it falls
     when the step's buffers are free; `peak` is the larger of total and the index build's)."""
-    from dslide.candidates import auto_range_pow
+    from dslide.candidates.hashing import auto_range_pow
     from dslide.index import INDEX_CHUNK
 
     config = config.resolve(n_labels)

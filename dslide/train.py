@@ -26,7 +26,6 @@ from dslide.comm import Comm, allreduce_bytes
 from dslide.config import Config
 from dslide.data import XMCData
 from dslide.batch import Batch
-from dslide.layers import LSHLayer
 from dslide.network import Network
 from dslide.replicas import Replicas
 from dslide.sharding import shard_range
@@ -134,7 +133,7 @@ def _blas_threads(net: Network, threads: int) -> int:
     """
     if dslide.BLAS_THREADS_SLEEP:
         return threads
-    return 1 if any(isinstance(layer, LSHLayer) for layer in net.layers) else threads
+    return 1 if any(layer.kernel_bound for layer in net.layers) else threads
 
 
 def peak_rss_mb() -> float:
@@ -226,11 +225,11 @@ def build_index(model: Model, train: XMCData) -> dict:
     {} when the output layer is dense or lsh.index_anchors is 0."""
     net = model.network
     out = net.layers[-1]
-    if not isinstance(out, LSHLayer) or out.lc.index_anchors == 0:
+    n = train.n_points
+    m = min(n, out.index_points())
+    if m == 0:
         return {}
     t0 = time.perf_counter()
-    n = train.n_points
-    m = min(n, out.lc.index_points)
     rows = np.sort(np.random.default_rng([model.config.seed, 0x1DE]).choice(n, m, replace=False))
     parts = _csr_parts(train.X, net.dtype)
     norms = input_norms(train.X, model.config.input_norm)
@@ -241,8 +240,8 @@ def build_index(model: Model, train: XMCData) -> dict:
     Y = sp.csr_matrix(train.Y)[rows]
     labels = (Y.indptr.astype(np.int64), Y.indices.astype(np.int32))
     info = out.build_index(H, net.comm, labels)
-    kept = net.comm.allreduce_sum(np.array([float(np.mean(out.inference.fill_count))]), kind="index")[0]
-    info.update({"points": m, "index_s": time.perf_counter() - t0, "share": float(kept) / out.n})
+    share = info.pop("share")
+    info.update({"points": m, "index_s": time.perf_counter() - t0, "share": share})
     model.index_info = info
     return info
 
@@ -424,6 +423,3 @@ def evaluate(model: Model, data: XMCData, k: int = 5, exact: bool = True, inv_pr
     pred = predict_topk(model, data.X, k, exact)
     return metrics.evaluate(sp.csr_matrix(data.Y), pred, k=k, inv_prop=inv_prop)
 
-
-def lsh_layers(model: Model) -> list[LSHLayer]:
-    return [layer for layer in model.network.layers if isinstance(layer, LSHLayer)]

@@ -24,6 +24,17 @@ def _seed31(*words) -> int:
     return int(rng.stream_key(*words) >> np.uint64(1))
 
 
+def block_counts(lc: LSHConfig, n: int, n_local: int) -> tuple[int, int, int]:
+    """A rank's share of the layer's per-step counts, for n_local of its n neurons:
+    (candidates per sample, candidates per step (0: no cap), random neurons)."""
+    per = lc.active_count(n)
+    max_active = min(scaled_count(per, n_local, n), n_local) if per else 0
+    max_candidates = scaled_count(lc.max_candidates, n_local, n) if lc.max_candidates else 0
+    n_random = lc.random_count(n)
+    n_random = min(scaled_count(n_random, n_local, n), n_local) if n_random else 0
+    return max_active, max_candidates, n_random
+
+
 class LSHLayer(Layer):
     """A few neurons per step: z[i, c] = W[C[c]] . x_i + b[C[c]] for the step's block C.
 
@@ -52,20 +63,18 @@ class LSHLayer(Layer):
 
     kind = "lsh"
     neuron_axis = 0
+    data_parallel = False  # its gradients are rows of a block, not whole arrays
+    kernel_bound = True
 
-    def __init__(self, *args, lsh_config: LSHConfig, **kw):
+    def __init__(self, *args, lsh_config: LSHConfig | None = None, **kw):
         super().__init__(*args, **kw)
-        self.lc = lc = lsh_config
+        self.lc = lc = lsh_config or self.config.layer_lsh(self.index)
         self.W = np.empty((self.n_local, self.d_in), dtype=self.dtype)
         rng.init_neuron_major(self.init_key, self.lo, self.W, self.scale)
         self.b = np.zeros(self.n_local, dtype=self.dtype)
         self._optimiser((self.lo, 0, self.d_in))  # W [n_r, d_in]: row r is neuron lo + r
-        per = lc.active_count(self.n)
-        self.max_active = min(scaled_count(per, self.n_local, self.n), self.n_local) if per else 0
+        self.max_active, self.max_candidates, self.n_random = block_counts(lc, self.n, self.n_local)
         self.own = self.is_output and lc.scope == "sample" and self.max_active > 0
-        self.max_candidates = scaled_count(lc.max_candidates, self.n_local, self.n) if lc.max_candidates else 0
-        n_random = lc.random_count(self.n)
-        self.n_random = min(scaled_count(n_random, self.n_local, self.n), self.n_local) if n_random else 0
         seed = self.config.seed
         # Hash functions and anchors derive from the seed and the layer only, never from the rank.
         self.candidates = self._make_candidates()
@@ -84,7 +93,7 @@ class LSHLayer(Layer):
 
     def _make_candidates(self):
         seed = self.config.seed
-        return make_candidates(self.lc.family, self.d_in, self.n_local, self.max_active, self.lc,
+        return make_candidates(self.lc, self.d_in, self.n_local, self.max_active,
                                (_seed31(seed, 7, self.index), _seed31(seed, 8, self.index, self.lo)),
                                self.max_candidates)
 
@@ -118,9 +127,7 @@ class LSHLayer(Layer):
         if self.own:
             t0 = time.perf_counter()
             P = np.empty((x.shape[0], self.max_active), np.int32)
-            self._mark[C] = 1
-            cnt = self.candidates.own(x, self._mark, P)
-            self._mark[C] = 0
+            cnt = self.candidates.own(x, C, P)
             if cnt is None:
                 P, cnt = P[:, :0], np.zeros(x.shape[0], np.int64)
             self.query_time += time.perf_counter() - t0
@@ -225,6 +232,10 @@ class LSHLayer(Layer):
     def upkeep_s(self) -> float:
         return self.candidates.upkeep_s
 
+    def pop_timings(self) -> dict:
+        out, self.query_time = {"lsh_query": self.query_time}, 0.0
+        return out
+
     # -- inference index ----------------------------------------------------------------
 
     def build_index(self, H, comm: Comm, labels=None) -> dict:
@@ -233,7 +244,14 @@ class LSHLayer(Layer):
         the points' labels, for the nearest-neighbour graph). Returns timings."""
         self.inference_index, info = InferenceIndex.build(H, self.W, self.b, comm, self.lc, self.n,
                                                           _seed31(self.config.seed, 9, self.index), labels)
+        # the share of the layer its buckets keep, summed over ranks
+        kept = comm.allreduce_sum(np.array([float(np.mean(self.inference.fill_count))]), kind="index")[0]
+        info["share"] = float(kept) / self.n
         return info
+
+    def index_points(self) -> int:
+        """Training points whose hidden vectors `build_index` takes (0: no index)."""
+        return self.lc.index_points if self.lc.index_anchors else 0
 
     @property
     def inference(self):
@@ -249,10 +267,14 @@ class LSHLayer(Layer):
     def neighbors(self, value) -> None:
         self.inference_index.neighbors = value
 
-    def topk(self, x, k: int):
-        """This rank's best k neurons per input among what the inference index retrieves
-        (its buckets and, when the index has them, its nearest training points' labels):
-        (scores float64 [B, k], global ids int64 [B, k], n_scored int64 [B])."""
+    def topk(self, x, k: int, exact: bool = True):
+        """This rank's best k neurons per input x (an Act): exact, every neuron scored, or
+        among what the inference index retrieves (its buckets and, when the index has them,
+        its nearest training points' labels): (scores float64 [B, k], global ids int64
+        [B, k], n_scored int64 [B])."""
+        if exact:
+            return super().topk(x, k)
+        x = x.dense()
         if self.inference_index is None:
             raise ValueError("this model has no inference index for --lsh: it is built at the end of "
                              "training (lsh.index_anchors > 0); score every label instead (exact)")
@@ -290,23 +312,13 @@ class LSHLayer(Layer):
     def _load_candidates(self, arrays: dict, same_layout: bool) -> None:
         if same_layout:
             self.dirty[...] = np.asarray(arrays["dirty"])
-            self.candidates.load_state(arrays)
         else:
             self.dirty[...] = 0
             self.candidates = self._make_candidates()
-            anchor = {k: v for k, v in arrays.items() if k.startswith("anchor.")}
-            if anchor and bool(np.asarray(anchor["anchor.ready"])[0]):
-                # the anchors are the same on every rank: keep them, refill from the weights
-                self.candidates.tables.load_state_arrays({
-                    "anchors": anchor["anchor.anchors"], "counts": anchor["anchor.counts"],
-                    "buckets": np.zeros((self.lc.L, self.lc.anchors, 0), np.int32),
-                    "fill": np.zeros((self.lc.L, self.lc.anchors), np.int32), "ready": np.array([True])})
-            self.candidates.maintain(0, self.W, self.b, self.dirty)
-            if "anchor.schedule" in anchor:
-                self.candidates.refill.load(anchor["anchor.schedule"])
+        self.candidates.load_state(arrays, same_layout, self.W, self.b, self.dirty)
 
     def shard_axes(self) -> dict:
         out = super().shard_axes()
-        out.update({"anchor.anchors": None, "anchor.counts": None, "anchor.ready": None, "anchor.schedule": None})
+        out.update(self.candidates.shard_axes())
         out.update(InferenceIndex.SHARD_AXES)
         return out
