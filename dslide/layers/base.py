@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import scipy.sparse as sp
 
-from dslide import rng
+from dslide import kernels, rng
 from dslide.batch import Act
 from dslide.comm import Comm
 from dslide.config import Config
@@ -44,6 +44,9 @@ class Layer:
                                                   the hidden vectors of that many training
                                                   points (0: the kind has none)
         pop_timings() -> {name: seconds}          its own timings since the last call
+        estimate(config, index, d_in, n, n_local, is_output, threads) -> {kind: bytes}
+                                                  classmethod: its memory from the
+                                                  configuration alone (dslide.memory)
     and two class attributes: `data_parallel` (its gradients can be all-reduced whole,
     parallel = "data") and `kernel_bound` (its step is mostly numba kernels, which wait
     behind spinning BLAS threads: dslide.train._blas_threads).
@@ -110,6 +113,19 @@ class Layer:
 
     def build_index(self, H, comm: Comm, labels=None) -> dict:
         raise ValueError(f"a {self.kind} layer has no inference index")
+
+    # -- memory -----------------------------------------------------------------------------
+
+    @classmethod
+    def estimate(cls, config: Config, index: int, d_in: int, n: int, n_local: int, is_output: bool,
+                 threads: int) -> dict:
+        """Bytes of a slice of n_local of the layer's n neurons over d_in inputs, by kind:
+        weights (W and b), moments (Adam's m and v); a kind adds its own (tables, index,
+        scratch, step: its largest transient of a training step, index_build) and `rows`,
+        the length of its `touched` mask."""
+        vals = d_in * n_local + n_local
+        return {"weights": vals * np.dtype(config.dtype).itemsize,
+                "moments": 2 * vals * np.dtype(kernels.MOMENT_DTYPES[config.moment_dtype]).itemsize}
 
     # -- replicas (dslide.replicas) ----------------------------------------------------
 

@@ -9,9 +9,9 @@ import numpy as np
 from dslide import kernels
 from dslide import rng
 from dslide.batch import Batch, Out
-from dslide.candidates import make_candidates
+from dslide.candidates import SOURCES, make_candidates
 from dslide.comm import Comm
-from dslide.config import LSHConfig
+from dslide.config import Config, LSHConfig
 from dslide.index import InferenceIndex
 from dslide.layers.base import Layer
 from dslide.loss import label_targets
@@ -287,6 +287,29 @@ class LSHLayer(Layer):
 
     def neuron_major(self):
         return self.W
+
+    # -- memory -----------------------------------------------------------------------------
+
+    @classmethod
+    def estimate(cls, config: Config, index, d_in, n, n_local, is_output, threads) -> dict:
+        out = super().estimate(config, index, d_in, n, n_local, is_output, threads)
+        item = np.dtype(config.dtype).itemsize
+        B = config.batch_size
+        lc = config.layer_lsh(index)
+        per, _, n_random = block_counts(lc, n, n_local)
+        source = SOURCES[lc.family].estimate(d_in, n_local, per, lc, B, item)
+        out["tables"] = source["tables"]
+        # _pos int32, _mark, dirty, touched uint8 [n_local]; and the source's own
+        out["scratch"] = n_local * 7 + source["scratch"]
+        labels = min(n_local, int(np.ceil(B * 5 * n_local / n))) if is_output else 0  # ~5 labels a point
+        m = min(n_local, labels + source["candidates"] + n_random)
+        # W[C] copied and its gradient [m, d]; the logits [B, m] float (softmax_stats
+        # exponentiates them in place, the gradient is written over them); the dense input [B, d]
+        out["step"] = max(source["step"], 2 * m * d_in * item + B * m * item + 2 * B * d_in * item)
+        if is_output and lc.index_anchors:
+            out.update(InferenceIndex.estimate(lc, d_in, n, n_local))
+        out["rows"] = n_local
+        return out
 
     def state(self, weights_only: bool = False) -> dict:
         out = super().state(weights_only)
