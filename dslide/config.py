@@ -419,8 +419,6 @@ class Config:
 
     # -- defaults from the data ---------------------------------------------------------
 
-    FROM_DATA = ("hidden", "dropout", "lr", "batch_size", "epochs", "init_input_scale")
-
     def resolve(self, n_labels: int) -> "Config":
         """This configuration with every setting left at None taken from the data
         (see the class docstring); settings given explicitly are kept."""
@@ -430,10 +428,6 @@ class Config:
                 "epochs": 30.0 if narrow else 5.0, "init_input_scale": 0.1 if narrow else 0.3}
         changes = {k: v for k, v in auto.items() if getattr(self, k) is None}
         return dataclasses.replace(self, **changes) if changes else self
-
-    @property
-    def resolved(self) -> bool:
-        return all(getattr(self, k) is not None for k in self.FROM_DATA)
 
     # -- per-layer views ------------------------------------------------------------
 

@@ -37,7 +37,7 @@ from collections import defaultdict
 
 import numpy as np
 
-from dslide import kernels as K
+from dslide import kernels
 from dslide import rng
 from dslide.batch import Act, Batch, Out
 from dslide.comm import Comm
@@ -135,7 +135,7 @@ class Network:
 
     def adam_params(self, step: int):
         c = self.config
-        return K.adam_params(c.lr * self.lr_factor(step), c.beta1, c.beta2, c.eps, step, self.dtype)
+        return kernels.adam_params(c.lr * self.lr_factor(step), c.beta1, c.beta2, c.eps, step, self.dtype)
 
     def train_step(self, batch: Batch) -> float:
         """Forward, backward and update on one batch; returns this rank's partial loss
@@ -194,8 +194,8 @@ class Network:
             c = self.config
             if train and c.dropout > 0:
                 mask = np.empty_like(a)
-                K.dropout_mask(rng.stream_key(c.seed, rng.DROPOUT, layer.index, batch.step), batch.sample_ids,
-                               a.shape[1], c.dropout, mask)
+                kernels.dropout_mask(rng.stream_key(c.seed, rng.DROPOUT, layer.index, batch.step),
+                                     batch.sample_ids, a.shape[1], c.dropout, mask)
                 act.a, act.mask = a * mask, mask
             return act
         a, ids, bounds = self.comm.allgather_block(out.a, out.ids)

@@ -19,11 +19,6 @@ from dslide.optim import Grads
 from dslide.sharding import scaled_count
 
 
-def _seed31(*words) -> int:
-    """A non-negative 63-bit seed for the lsh package from (seed, *words)."""
-    return int(rng.stream_key(*words) >> np.uint64(1))
-
-
 def block_counts(lc: LSHConfig, n: int, n_local: int) -> tuple[int, int, int]:
     """A rank's share of the layer's per-step counts, for n_local of its n neurons:
     (candidates per sample, candidates per step (0: no cap), random neurons)."""
@@ -93,15 +88,14 @@ class LSHLayer(Layer):
 
     def _make_candidates(self):
         seed = self.config.seed
-        return make_candidates(self.lc, self.d_in, self.n_local, self.max_active,
-                               (_seed31(seed, 7, self.index), _seed31(seed, 8, self.index, self.lo)),
-                               self.max_candidates)
+        seeds = (rng.lsh_seed(seed, rng.CANDIDATES, self.index), rng.lsh_seed(seed, rng.TABLES, self.index, self.lo))
+        return make_candidates(self.lc, self.d_in, self.n_local, self.max_active, seeds, self.max_candidates)
 
     # -- the step's block ----------------------------------------------------------------
 
     def block(self, x, batch: Batch):
         """(C int32 [m] local ids, corr float [m] added to their logits, n_labels, own) of a
-        training step; own: None, or (P int32 [B, k] each sample's own candidates, -1 past
+        training step; own: None, or (own_ids int32 [B, k] each sample's own candidates, -1 past
         its count; corr float [B] added to the random neurons' logits instead of `corr`)."""
         if self.is_output:
             g = batch.Y[1]
@@ -126,16 +120,16 @@ class LSHLayer(Layer):
         own, n_cand = None, cand.size
         if self.own:
             t0 = time.perf_counter()
-            P = np.empty((x.shape[0], self.max_active), np.int32)
-            cnt = self.candidates.own(x, C, P)
+            own_ids = np.empty((x.shape[0], self.max_active), np.int32)
+            cnt = self.candidates.own(x, C, own_ids)
             if cnt is None:
-                P, cnt = P[:, :0], np.zeros(x.shape[0], np.int64)
+                own_ids, cnt = own_ids[:, :0], np.zeros(x.shape[0], np.int64)
             self.query_time += time.perf_counter() - t0
             row_corr = np.zeros(x.shape[0], dtype=self.dtype)
             if rand.size:
                 row_corr[:] = np.log((self.n_local - exact.size - cnt) / rand.size)
-            own, n_cand = (P, row_corr), (float(cnt.mean()) if cnt.size else 0.0)
-            self.last_own = P
+            own, n_cand = (own_ids, row_corr), (float(cnt.mean()) if cnt.size else 0.0)
+            self.last_own = own_ids
         elif self.is_output and rand.size:
             # the random neurons stand for every neuron of the slice not scored exactly
             corr[exact.size:] = np.log((self.n_local - exact.size) / rand.size)
@@ -162,10 +156,10 @@ class LSHLayer(Layer):
         z += self.b[C]
         z += corr
         if own is not None:
-            P, row_corr = own
+            own_ids, row_corr = own
             z[:, n_labels:] += row_corr[:, None]
-            zp = np.empty(P.shape, dtype=z.dtype)
-            kernels.own_scores(xd, self.W, self.b, P, zp)
+            zp = np.empty(own_ids.shape, dtype=z.dtype)
+            kernels.own_scores(xd, self.W, self.b, own_ids, zp)
             z = np.concatenate([z, zp], axis=1)
         targets = None
         if self.is_output:
@@ -180,19 +174,19 @@ class LSHLayer(Layer):
         return Out(z, (C + self.lo).astype(np.int32), targets), tape
 
     def backward(self, g, tape):
-        x, xd, C, WC, out, P = tape
+        x, xd, C, WC, out, own_ids = tape
         if out is not None:
             g *= out > 0
         m = C.size
-        gs = g[:, :m] if P is not None else g
+        gs = g[:, :m] if own_ids is not None else g
         dx = gs @ WC
         G = gs.T @ xd
         gbr = gs.sum(axis=0)
-        if P is not None and P.shape[1]:
+        if own_ids is not None and own_ids.shape[1]:
             # each sample's own candidates: W is still the weights of the forward pass
             gp = np.ascontiguousarray(g[:, m:])
-            kernels.own_dx(gp, self.W, P, dx)
-            flat = P.ravel()
+            kernels.own_dx(gp, self.W, own_ids, dx)
+            flat = own_ids.ravel()
             occ = np.flatnonzero(flat >= 0)
             U, inv = np.unique(flat[occ], return_inverse=True)
             start = np.zeros(U.size + 1, np.int64)
@@ -200,7 +194,7 @@ class LSHLayer(Layer):
             order = occ[np.argsort(inv, kind="stable")].astype(np.int64)
             GU = np.empty((U.size, G.shape[1]), dtype=G.dtype)
             gbU = np.empty(U.size, dtype=gbr.dtype)
-            kernels.own_dw(start, order, gp, xd, P.shape[1], GU, gbU)
+            kernels.own_dw(start, order, gp, xd, own_ids.shape[1], GU, gbU)
             C = np.concatenate([C, U.astype(C.dtype)])
             G = np.concatenate([G, GU])
             gbr = np.concatenate([gbr, gbU])
@@ -243,7 +237,7 @@ class LSHLayer(Layer):
         anchors = k-means of the inputs H float [n, d_in], the same on every rank; labels:
         the points' labels, for the nearest-neighbour graph). Returns timings."""
         self.inference_index, info = InferenceIndex.build(H, self.W, self.b, comm, self.lc, self.n,
-                                                          _seed31(self.config.seed, 9, self.index), labels)
+                                                          rng.lsh_seed(self.config.seed, rng.INDEX, self.index), labels)
         # the share of the layer its buckets keep, summed over ranks
         kept = comm.allreduce_sum(np.array([float(np.mean(self.inference.fill_count))]), kind="index")[0]
         info["share"] = float(kept) / self.n
@@ -328,7 +322,7 @@ class LSHLayer(Layer):
         if not weights_only:
             self._load_candidates(arrays, same_layout)
         index = InferenceIndex.from_state(arrays, self.W, self.b, self.comm, self.lc,
-                                          _seed31(self.config.seed, 9, self.index), same_layout)
+                                          rng.lsh_seed(self.config.seed, rng.INDEX, self.index), same_layout)
         if index is not None:
             self.inference_index = index
 
