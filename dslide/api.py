@@ -258,12 +258,10 @@ def check_k(k, n_labels: int) -> int:
 
 def check_lsh(model, lsh: bool) -> None:
     """Refuse LSH scoring of a model whose output layer has no inference index."""
-    from dslide.network import LSHLayer
-
     if not lsh:
         return
     out = model.network.layers[-1]
-    if not isinstance(out, LSHLayer):
+    if out.kind != "lsh":
         raise ValueError("lsh scoring needs an LSH output layer, and this model's output layer is dense "
                          "(every label is scored exactly anyway); score without lsh, or train with "
                          "kinds ending in 'lsh'")

@@ -69,7 +69,7 @@ class Act:
 class Out:
     """A layer's own output slice: a float [B, m_r] at global ids int32 [m_r] (None: all its
     columns, in order). An output layer in training also gives its targets (rows, cols into a,
-    weights) and the number of its neurons the block stands for (for checks)."""
+    weights): the batch's labels among its columns."""
 
     a: np.ndarray
     ids: np.ndarray | None

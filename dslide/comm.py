@@ -159,12 +159,6 @@ class Comm:
         if t0 is not None:
             self.seconds[kind] += time.perf_counter() - t0
 
-    def total_bytes(self) -> int:
-        return int(sum(self.bytes_sent.values()))
-
-    def reset_bytes(self) -> None:
-        self.bytes_sent.clear()
-
     # -- forward: all-gather of column slices; backward: reduce-scatter -------------
 
     def allgather_columns(self, local: np.ndarray, bounds: np.ndarray, kind: str = "allgather") -> np.ndarray:

@@ -113,7 +113,7 @@ class LSHConfig:
     (+2 to +5 points over the first ten), 28-48% fewer samples/s, a lower peak
     at equal training time.
 
-    family: where candidates come from (one of lsh.LAYER_FAMILIES):
+    family: where candidates come from (a key of dslide.candidates.SOURCES):
       "anchor" (default): `anchors` k-means centres of the layer's inputs,
         learnt online from the batches; a sample's candidates are the
         `max_active` neurons scoring highest (w.x + b, biases included) at its
@@ -185,8 +185,9 @@ class LSHConfig:
     index_search: int = 96
 
     def __post_init__(self):
-        from dslide.lsh import LAYER_FAMILIES
+        from dslide.candidates import SOURCES
 
+        LAYER_FAMILIES = tuple(SOURCES)
         if self.family == "minhash":
             # lsh.FAMILIES has it for sparse sets; a weight row's non-zero set is every input
             raise ValueError("lsh.family = 'minhash' hashes sets (the non-zero features of sparse inputs) and "
@@ -475,6 +476,7 @@ class Config:
 
     # -- defaults from the data ---------------------------------------------------------
 
+    #: the settings that `resolve` takes from the data when left at None (`dslide config show`)
     FROM_DATA = ("hidden", "dropout", "lr", "batch_size", "epochs", "init_input_scale", "knn", "knn_weight")
 
     def resolve(self, n_labels: int, points_per_label: float | None = None) -> "Config":
@@ -498,10 +500,6 @@ class Config:
     def neighbours(self) -> int:
         """The neighbours a model with the neighbours' labels fuses: knn, or KNN when unset."""
         return KNN if self.knn is None else self.knn
-
-    @property
-    def resolved(self) -> bool:
-        return all(getattr(self, k) is not None for k in self.FROM_DATA)
 
     @property
     def propensity_constants(self) -> tuple[float, float]:

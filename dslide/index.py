@@ -27,9 +27,8 @@ from dslide.config import LSHConfig
 from dslide.topk import kth_largest, order_keys
 
 #: anchors of the inference index filled at a time: their [chunk, T] ids, scores-turned-keys
-#: and comparison masks are the fill's transient (13 bytes an entry; 256 x 6,701 = 22 MB at
-#: 670,091 labels, against 178 MB for all 2048 anchors at once), besides the one block of
-#: scores that score_top reuses
+#: and comparison masks are the fill's transient (13 bytes an entry, a fraction of what all
+#: anchors at once would take), besides the one block of scores that score_top reuses
 INDEX_CHUNK = 256
 
 
@@ -98,7 +97,7 @@ class InferenceIndex:
             f = (keys >= theta[:, None]).sum(axis=1).astype(np.int32)  # rows are sorted best first
             del keys, scores
             # what a bucket keeps, by id: queries then read the weight rows in address order
-            # (25-30% faster scoring than in score order, measured at 670,091 labels)
+            # (faster scoring than in score order)
             ids[np.arange(t)[None, :] >= f[:, None]] = np.iinfo(np.int32).max
             ids.sort(axis=1)
             buckets[0, s:s + INDEX_CHUNK] = ids
@@ -157,6 +156,36 @@ class InferenceIndex:
     @property
     def memory_bytes(self) -> int:
         return self.tables.memory_bytes + (0 if self.neighbors is None else self.neighbors.memory_bytes)
+
+    @staticmethod
+    def estimate(lc: LSHConfig, d: int, n: int, n_local: int) -> dict:
+        """Bytes of a rank's index over n_local of n labels with inputs of d (index: what it
+        holds; index_build: the transient of building it), from the configuration alone.
+
+        index: index_anchors anchors and their buckets, room for min(T, n_local) ids each
+        (T = index_share of the labels; a rank fills its share of the T); with
+        index_neighbors, every rank's copy of the index_points points (unit hidden vectors
+        as int8, graph of 2 x index_degree links, cells, ~5 labels a point).
+        index_build: the hidden vectors of index_points points, then the larger of k-means'
+        distances, one block of scores and a chunk of anchors' candidates, or a block of
+        the neighbour graph's similarities."""
+        A = min(lc.index_anchors, lc.index_points)
+        T = max(1, int(np.ceil(lc.index_share * n)))
+        t_local = min(T, n_local)
+        index = A * d * 4 + A * (8 + 4) + A * t_local * 4
+        pts = lc.index_points
+        graph = 0
+        if lc.index_neighbors:
+            # points int8 [pts, d], graph int32 [pts, 2 degree], cells (A + 1) int64 and
+            # pts int32, labels (pts + 1) int64 and ~5 int32 a point
+            index += pts * d + pts * 2 * lc.index_degree * 4 + (A + 1) * 8 + pts * 4 + (pts + 1) * 8 + 5 * pts * 4
+            graph = lsh.neighbors.GRAPH_BLOCK * pts * 4 + pts * d * 4  # a block's similarities; the unit rows
+        # k-means: a block of distances, the seeding subset, float64 sums; fill: one block of
+        # scores, and per chunk of anchors the top-T ids and scores with keys in place, a key
+        # temporary and a mask
+        kmeans = lsh.anchors.kmeans_block(A) * A * 4 + 4 * A * d * 4 + A * d * 8
+        fill = lsh.anchors.score_block(n_local) * n_local * 4 + min(A, INDEX_CHUNK) * t_local * (4 + 4 + 4 + 1)
+        return {"index": index, "index_build": pts * d * 4 + max(kmeans, fill, graph)}
 
 
 def _nearest_points(index, x, cells, ef: int, k: int, comm: Comm) -> np.ndarray:

@@ -36,16 +36,15 @@ import time
 from collections import defaultdict
 
 import numpy as np
-import scipy.sparse as sp
 
-from dslide import kernels as K
+from dslide import kernels
 from dslide import rng
 from dslide.batch import Act, Batch, Out
 from dslide.comm import Comm
 from dslide.config import Config
-from dslide.layers import DenseLayer, Layer, LSHLayer
+from dslide.layers import KINDS, Layer, make_layer
 from dslide.loss import softmax_finish, softmax_stats
-from dslide.topk import blocked_topk
+from dslide.memory import n_params
 
 # Kept for scripts/_lsh_eval.py, which imports them from here (issue 26, move 5, moves it).
 from dslide.index import index_bucket  # noqa: E402,F401
@@ -53,7 +52,7 @@ from dslide.topk import kth_largest, merge_topk  # noqa: E402,F401
 from dslide.topk import order_keys as _order_keys  # noqa: E402,F401
 
 
-def fill_index(layer: LSHLayer, comm: Comm, T: int) -> None:
+def fill_index(layer, comm: Comm, T: int) -> None:
     """Refill an LSH output layer's inference index with buckets of T labels, anchors kept
     (kept for scripts/_lsh_eval.py: dslide.index.InferenceIndex.fill)."""
     layer.inference_index.fill(layer.W, layer.b, comm, T, layer.lc)
@@ -71,7 +70,8 @@ class Network:
         self.world = comm or Comm()
         if config.parallel == "data":
             # every rank the whole model, a slice of each batch, gradients all-reduced
-            if any(config.layer_kind(i, w) == "lsh" for i, w in enumerate([*config.hidden, n_labels])):
+            kinds = [config.layer_kind(i, w) for i, w in enumerate([*config.hidden, n_labels])]
+            if not all(KINDS[kind].data_parallel for kind in kinds):
                 raise ValueError("parallel = 'data' all-reduces dense gradients and needs dense layers; "
                                  "set exact = true (or kinds to 'dense'), or use parallel = 'model'")
             self.comm = Comm()
@@ -91,10 +91,7 @@ class Network:
         for i in range(len(widths) - 1):
             args = (i, widths[i], widths[i + 1], i == len(widths) - 2, self.comm, config, self.dtype)
             kw = {"dense_grads": self.grad_comm is not None, "weights": self.shard_weights}
-            if config.layer_kind(i, widths[i + 1]) == "lsh":
-                self.layers.append(LSHLayer(*args, lsh_config=config.layer_lsh(i), **kw))
-            else:
-                self.layers.append(DenseLayer(*args, **kw))
+            self.layers.append(make_layer(config.layer_kind(i, widths[i + 1]), *args, **kw))
         self.n_features, self.n_labels = n_features, n_labels
         self.widths = widths
         self.step = 0
@@ -104,7 +101,7 @@ class Network:
     @property
     def n_params(self) -> int:
         """Parameters of the whole model (all ranks): sum of d_in * n + n over layers."""
-        return sum(d * n + n for d, n in zip(self.widths[:-1], self.widths[1:]))
+        return n_params(self.n_features, self.n_labels, self.config.hidden)
 
     def describe(self) -> list[dict]:
         """The shape of the network: one dict per layer (what a checkpoint must match)."""
@@ -138,7 +135,7 @@ class Network:
 
     def adam_params(self, step: int):
         c = self.config
-        return K.adam_params(c.lr * self.lr_factor(step), c.beta1, c.beta2, c.eps, step, self.dtype)
+        return kernels.adam_params(c.lr * self.lr_factor(step), c.beta1, c.beta2, c.eps, step, self.dtype)
 
     def train_step(self, batch: Batch) -> float:
         """Forward, backward and update on one batch; returns this rank's partial loss
@@ -174,9 +171,8 @@ class Network:
         tm["backward"] += t2 - t1
         tm["lsh_upkeep"] += t3 - t2
         for layer in self.layers:
-            if isinstance(layer, LSHLayer):
-                tm["lsh_query"] += layer.query_time
-                layer.query_time = 0.0
+            for name, seconds in layer.pop_timings().items():
+                tm[name] += seconds
         return loss
 
     def _softmax(self, out: Out, batch: Batch):
@@ -198,8 +194,8 @@ class Network:
             c = self.config
             if train and c.dropout > 0:
                 mask = np.empty_like(a)
-                K.dropout_mask(rng.stream_key(c.seed, rng.DROPOUT, layer.index, batch.step), batch.sample_ids,
-                               a.shape[1], c.dropout, mask)
+                kernels.dropout_mask(rng.stream_key(c.seed, rng.DROPOUT, layer.index, batch.step),
+                                     batch.sample_ids, a.shape[1], c.dropout, mask)
                 act.a, act.mask = a * mask, mask
             return act
         a, ids, bounds = self.comm.allgather_block(out.a, out.ids)
@@ -228,21 +224,11 @@ class Network:
         neurons scored int64 [B]).
 
         exact: every neuron of the slice scored (blocked matrix products);
-        otherwise an LSH output layer scores what its inference index retrieves.
-        Missing entries (fewer than k candidates) have score -inf and id -1.
+        otherwise the output layer scores what its inference index retrieves
+        (a kind without one scores every neuron). Missing entries (fewer than k
+        candidates) have score -inf and id -1.
         """
-        out = self.layers[-1]
-        x = self.hidden(batch)
-        B = batch.size
-        if exact or isinstance(out, DenseLayer):
-            if isinstance(x, Act):
-                x = x.dense()
-            else:
-                x = sp.csr_matrix((x[2], x[1], x[0]), shape=(B, out.d_in))
-            s, i = blocked_topk(x, out.neuron_major(), out.b, k, out.lo)
-            return s, i, np.full(B, out.n_local, dtype=np.int64)
-        return out.topk(x.dense(), k)
-
+        return self.layers[-1].topk(self.hidden(batch), k, exact)
 
 
 def full_parameters(net: Network) -> list[tuple[np.ndarray, np.ndarray]]:

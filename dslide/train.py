@@ -26,7 +26,6 @@ from dslide.comm import Comm, allreduce_bytes, default_threads
 from dslide.config import Config
 from dslide.data import XMCData
 from dslide.batch import Batch
-from dslide.layers import LSHLayer
 from dslide.network import Network
 from dslide.replicas import Replicas
 from dslide.sharding import shard_range
@@ -136,7 +135,7 @@ def _blas_threads(net: Network, threads: int) -> int:
     """
     if dslide.BLAS_THREADS_SLEEP:
         return threads
-    return 1 if any(isinstance(layer, LSHLayer) for layer in net.layers) else threads
+    return 1 if any(layer.kernel_bound for layer in net.layers) else threads
 
 
 def peak_rss_mb() -> float:
@@ -253,11 +252,11 @@ def build_index(model: Model, train: XMCData, progress: bool = False) -> dict:
     its two stages (the hidden vectors of the points, then anchors, buckets and graph)."""
     net = model.network
     out = net.layers[-1]
-    if not isinstance(out, LSHLayer) or out.lc.index_anchors == 0:
+    n = train.n_points
+    m = min(n, out.index_points())
+    if m == 0:
         return {}
     t0 = time.perf_counter()
-    n = train.n_points
-    m = min(n, out.lc.index_points)
     rows = np.sort(np.random.default_rng([model.config.seed, 0x1DE]).choice(n, m, replace=False))
     parts = _csr_parts(train.X, net.dtype)
     norms = input_norms(train.X, model.config.input_norm)
@@ -278,14 +277,14 @@ def build_index(model: Model, train: XMCData, progress: bool = False) -> dict:
     if bar is not None:
         bar.set_postfix_str("anchors, buckets, neighbour graph")
     info = out.build_index(H, net.comm, labels)
+    share = info.pop("share")
     t1 = time.perf_counter()
     warm_index(model)
     info["warm_s"] = time.perf_counter() - t1
     if bar is not None:
         bar.update(m)
         bar.close()
-    kept = net.comm.allreduce_sum(np.array([float(np.mean(out.inference.fill_count))]), kind="index")[0]
-    info.update({"points": m, "index_s": time.perf_counter() - t0, "share": float(kept) / out.n})
+    info.update({"points": m, "index_s": time.perf_counter() - t0, "share": share})
     model.index_info = info
     return info
 
@@ -504,6 +503,3 @@ def evaluate(model: Model, data: XMCData, k: int = 5, exact: bool = True, inv_pr
     pred = predict_topk(model, data.X, k, exact)
     return metrics.evaluate(sp.csr_matrix(data.Y), pred, k=k, inv_prop=inv_prop)
 
-
-def lsh_layers(model: Model) -> list[LSHLayer]:
-    return [layer for layer in model.network.layers if isinstance(layer, LSHLayer)]

@@ -8,12 +8,15 @@ A layer is one slice of a fully connected layer split column-wise over ranks
 from __future__ import annotations
 
 import numpy as np
+import scipy.sparse as sp
 
-from dslide import rng
+from dslide import kernels, rng
+from dslide.batch import Act
 from dslide.comm import Comm
 from dslide.config import Config
 from dslide.optim import Adam
 from dslide.sharding import shard_bounds
+from dslide.topk import blocked_topk
 
 
 class Layer:
@@ -33,6 +36,20 @@ class Layer:
         state() -> {name: array}, shard_axes() -> {name: axis | None}, load_state(arrays, same_layout)
         sync_arrays() -> (rows, whole)            what replicas average (dslide.replicas)
         rows_synced(ids)                          rows a replica synchronisation rewrote
+        topk(x, k, exact) -> (scores, ids, n_scored)
+                                                  an output layer's best k per input
+                                                  (inference; default: every neuron scored)
+        index_points() -> int, build_index(H, comm, labels) -> dict
+                                                  an inference index over its neurons, from
+                                                  the hidden vectors of that many training
+                                                  points (0: the kind has none)
+        pop_timings() -> {name: seconds}          its own timings since the last call
+        estimate(config, index, d_in, n, n_local, is_output, threads) -> {kind: bytes}
+                                                  classmethod: its memory from the
+                                                  configuration alone (dslide.memory)
+    and two class attributes: `data_parallel` (its gradients can be all-reduced whole,
+    parallel = "data") and `kernel_bound` (its step is mostly numba kernels, which wait
+    behind spinning BLAS threads: dslide.train._blas_threads).
 
     `touched` uint8 [rows of W]: set by `update` on every row of W it changed
     (axis 0: input rows of a dense layer, neurons of an LSH layer); the replica
@@ -40,6 +57,8 @@ class Layer:
     """
 
     kind = "?"
+    data_parallel = True
+    kernel_bound = False
 
     def __init__(self, index, d_in, n, is_output, comm: Comm, config: Config, dtype, dense_grads=False,
                  weights=None):
@@ -73,6 +92,42 @@ class Layer:
 
     def maintain(self, step: int) -> str | None:
         return None
+
+    def pop_timings(self) -> dict:
+        return {}
+
+    # -- inference ------------------------------------------------------------------------
+
+    def topk(self, x, k: int, exact: bool = True):
+        """This rank's best k neurons per input, every neuron of the slice scored (blocked
+        matrix products): (scores float64 [B, k], global ids int64 [B, k], n_scored int64 [B]).
+        x: an Act, or the CSR features (indptr, indices, data) when there is no hidden layer.
+        Missing entries (fewer than k neurons) have score -inf and id -1."""
+        if isinstance(x, Act):
+            x = x.dense()
+        else:
+            x = sp.csr_matrix((x[2], x[1], x[0]), shape=(x[0].shape[0] - 1, self.d_in))
+        s, i = blocked_topk(x, self.neuron_major(), self.b, k, self.lo)
+        return s, i, np.full(x.shape[0], self.n_local, dtype=np.int64)
+
+    def index_points(self) -> int:
+        return 0
+
+    def build_index(self, H, comm: Comm, labels=None) -> dict:
+        raise ValueError(f"a {self.kind} layer has no inference index")
+
+    # -- memory -----------------------------------------------------------------------------
+
+    @classmethod
+    def estimate(cls, config: Config, index: int, d_in: int, n: int, n_local: int, is_output: bool,
+                 threads: int) -> dict:
+        """Bytes of a slice of n_local of the layer's n neurons over d_in inputs, by kind:
+        weights (W and b), moments (Adam's m and v); a kind adds its own (tables, index,
+        scratch, step: its largest transient of a training step, index_build) and `rows`,
+        the length of its `touched` mask."""
+        vals = d_in * n_local + n_local
+        return {"weights": vals * np.dtype(config.dtype).itemsize,
+                "moments": 2 * vals * np.dtype(kernels.MOMENT_DTYPES[config.moment_dtype]).itemsize}
 
     # -- replicas (dslide.replicas) ----------------------------------------------------
 

@@ -91,3 +91,15 @@ class DenseLayer(Layer):
     def neuron_major(self):
         """W_r^T as float [n_r, d_in] (a view)."""
         return self.W.T
+
+    @classmethod
+    def estimate(cls, config, index, d_in, n, n_local, is_output, threads) -> dict:
+        out = super().estimate(config, index, d_in, n, n_local, is_output, threads)
+        item = np.dtype(config.dtype).itemsize
+        B = config.batch_size
+        # _count int32 [d_in], touched uint8 [d_in], _gbuf [threads, n_local]
+        out["scratch"] = d_in * 5 + threads * n_local * item
+        # activations [B, n] (all ranks' columns after the gather) and the gradient alike
+        out["step"] = 3 * B * n * item + 2 * B * n_local * item
+        out["rows"] = d_in
+        return out

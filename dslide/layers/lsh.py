@@ -9,9 +9,9 @@ import numpy as np
 from dslide import kernels
 from dslide import rng
 from dslide.batch import Batch, Out
-from dslide.candidates import make_candidates
+from dslide.candidates import SOURCES, make_candidates
 from dslide.comm import Comm
-from dslide.config import LSHConfig
+from dslide.config import Config, LSHConfig
 from dslide.index import InferenceIndex
 from dslide.layers.base import Layer
 from dslide.loss import label_targets
@@ -19,9 +19,15 @@ from dslide.optim import Grads
 from dslide.sharding import scaled_count
 
 
-def _seed31(*words) -> int:
-    """A non-negative 63-bit seed for the lsh package from (seed, *words)."""
-    return int(rng.stream_key(*words) >> np.uint64(1))
+def block_counts(lc: LSHConfig, n: int, n_local: int) -> tuple[int, int, int]:
+    """A rank's share of the layer's per-step counts, for n_local of its n neurons:
+    (candidates per sample, candidates per step (0: no cap), random neurons)."""
+    per = lc.active_count(n)
+    max_active = min(scaled_count(per, n_local, n), n_local) if per else 0
+    max_candidates = scaled_count(lc.max_candidates, n_local, n) if lc.max_candidates else 0
+    n_random = lc.random_count(n)
+    n_random = min(scaled_count(n_random, n_local, n), n_local) if n_random else 0
+    return max_active, max_candidates, n_random
 
 
 class LSHLayer(Layer):
@@ -52,20 +58,18 @@ class LSHLayer(Layer):
 
     kind = "lsh"
     neuron_axis = 0
+    data_parallel = False  # its gradients are rows of a block, not whole arrays
+    kernel_bound = True
 
-    def __init__(self, *args, lsh_config: LSHConfig, **kw):
+    def __init__(self, *args, lsh_config: LSHConfig | None = None, **kw):
         super().__init__(*args, **kw)
-        self.lc = lc = lsh_config
+        self.lc = lc = lsh_config or self.config.layer_lsh(self.index)
         self.W = np.empty((self.n_local, self.d_in), dtype=self.dtype)
         rng.init_neuron_major(self.init_key, self.lo, self.W, self.scale)
         self.b = np.zeros(self.n_local, dtype=self.dtype)
         self._optimiser((self.lo, 0, self.d_in))  # W [n_r, d_in]: row r is neuron lo + r
-        per = lc.active_count(self.n)
-        self.max_active = min(scaled_count(per, self.n_local, self.n), self.n_local) if per else 0
+        self.max_active, self.max_candidates, self.n_random = block_counts(lc, self.n, self.n_local)
         self.own = self.is_output and lc.scope == "sample" and self.max_active > 0
-        self.max_candidates = scaled_count(lc.max_candidates, self.n_local, self.n) if lc.max_candidates else 0
-        n_random = lc.random_count(self.n)
-        self.n_random = min(scaled_count(n_random, self.n_local, self.n), self.n_local) if n_random else 0
         seed = self.config.seed
         # Hash functions and anchors derive from the seed and the layer only, never from the rank.
         self.candidates = self._make_candidates()
@@ -84,15 +88,14 @@ class LSHLayer(Layer):
 
     def _make_candidates(self):
         seed = self.config.seed
-        return make_candidates(self.lc.family, self.d_in, self.n_local, self.max_active, self.lc,
-                               (_seed31(seed, 7, self.index), _seed31(seed, 8, self.index, self.lo)),
-                               self.max_candidates)
+        seeds = (rng.lsh_seed(seed, rng.CANDIDATES, self.index), rng.lsh_seed(seed, rng.TABLES, self.index, self.lo))
+        return make_candidates(self.lc, self.d_in, self.n_local, self.max_active, seeds, self.max_candidates)
 
     # -- the step's block ----------------------------------------------------------------
 
     def block(self, x, batch: Batch):
         """(C int32 [m] local ids, corr float [m] added to their logits, n_labels, own) of a
-        training step; own: None, or (P int32 [B, k] each sample's own candidates, -1 past
+        training step; own: None, or (own_ids int32 [B, k] each sample's own candidates, -1 past
         its count; corr float [B] added to the random neurons' logits instead of `corr`)."""
         if self.is_output:
             g = batch.Y[1]
@@ -117,18 +120,16 @@ class LSHLayer(Layer):
         own, n_cand = None, cand.size
         if self.own:
             t0 = time.perf_counter()
-            P = np.empty((x.shape[0], self.max_active), np.int32)
-            self._mark[C] = 1
-            cnt = self.candidates.own(x, self._mark, P)
-            self._mark[C] = 0
+            own_ids = np.empty((x.shape[0], self.max_active), np.int32)
+            cnt = self.candidates.own(x, C, own_ids)
             if cnt is None:
-                P, cnt = P[:, :0], np.zeros(x.shape[0], np.int64)
+                own_ids, cnt = own_ids[:, :0], np.zeros(x.shape[0], np.int64)
             self.query_time += time.perf_counter() - t0
             row_corr = np.zeros(x.shape[0], dtype=self.dtype)
             if rand.size:
                 row_corr[:] = np.log((self.n_local - exact.size - cnt) / rand.size)
-            own, n_cand = (P, row_corr), (float(cnt.mean()) if cnt.size else 0.0)
-            self.last_own = P
+            own, n_cand = (own_ids, row_corr), (float(cnt.mean()) if cnt.size else 0.0)
+            self.last_own = own_ids
         elif self.is_output and rand.size:
             # the random neurons stand for every neuron of the slice not scored exactly
             corr[exact.size:] = np.log((self.n_local - exact.size) / rand.size)
@@ -155,10 +156,10 @@ class LSHLayer(Layer):
         z += self.b[C]
         z += corr
         if own is not None:
-            P, row_corr = own
+            own_ids, row_corr = own
             z[:, n_labels:] += row_corr[:, None]
-            zp = np.empty(P.shape, dtype=z.dtype)
-            kernels.own_scores(xd, self.W, self.b, P, zp)
+            zp = np.empty(own_ids.shape, dtype=z.dtype)
+            kernels.own_scores(xd, self.W, self.b, own_ids, zp)
             z = np.concatenate([z, zp], axis=1)
         targets = None
         if self.is_output:
@@ -173,19 +174,19 @@ class LSHLayer(Layer):
         return Out(z, (C + self.lo).astype(np.int32), targets), tape
 
     def backward(self, g, tape):
-        x, xd, C, WC, out, P = tape
+        x, xd, C, WC, out, own_ids = tape
         if out is not None:
             g *= out > 0
         m = C.size
-        gs = g[:, :m] if P is not None else g
+        gs = g[:, :m] if own_ids is not None else g
         dx = gs @ WC
         G = gs.T @ xd
         gbr = gs.sum(axis=0)
-        if P is not None and P.shape[1]:
+        if own_ids is not None and own_ids.shape[1]:
             # each sample's own candidates: W is still the weights of the forward pass
             gp = np.ascontiguousarray(g[:, m:])
-            kernels.own_dx(gp, self.W, P, dx)
-            flat = P.ravel()
+            kernels.own_dx(gp, self.W, own_ids, dx)
+            flat = own_ids.ravel()
             occ = np.flatnonzero(flat >= 0)
             U, inv = np.unique(flat[occ], return_inverse=True)
             start = np.zeros(U.size + 1, np.int64)
@@ -193,7 +194,7 @@ class LSHLayer(Layer):
             order = occ[np.argsort(inv, kind="stable")].astype(np.int64)
             GU = np.empty((U.size, G.shape[1]), dtype=G.dtype)
             gbU = np.empty(U.size, dtype=gbr.dtype)
-            kernels.own_dw(start, order, gp, xd, P.shape[1], GU, gbU)
+            kernels.own_dw(start, order, gp, xd, own_ids.shape[1], GU, gbU)
             C = np.concatenate([C, U.astype(C.dtype)])
             G = np.concatenate([G, GU])
             gbr = np.concatenate([gbr, gbU])
@@ -225,6 +226,10 @@ class LSHLayer(Layer):
     def upkeep_s(self) -> float:
         return self.candidates.upkeep_s
 
+    def pop_timings(self) -> dict:
+        out, self.query_time = {"lsh_query": self.query_time}, 0.0
+        return out
+
     # -- inference index ----------------------------------------------------------------
 
     def build_index(self, H, comm: Comm, labels=None) -> dict:
@@ -232,8 +237,15 @@ class LSHLayer(Layer):
         anchors = k-means of the inputs H float [n, d_in], the same on every rank; labels:
         the points' labels, for the nearest-neighbour graph). Returns timings."""
         self.inference_index, info = InferenceIndex.build(H, self.W, self.b, comm, self.lc, self.n,
-                                                          _seed31(self.config.seed, 9, self.index), labels)
+                                                          rng.lsh_seed(self.config.seed, rng.INDEX, self.index), labels)
+        # the share of the layer its buckets keep, summed over ranks
+        kept = comm.allreduce_sum(np.array([float(np.mean(self.inference.fill_count))]), kind="index")[0]
+        info["share"] = float(kept) / self.n
         return info
+
+    def index_points(self) -> int:
+        """Training points whose hidden vectors `build_index` takes (0: no index)."""
+        return self.lc.index_points if self.lc.index_anchors else 0
 
     @property
     def inference(self):
@@ -249,10 +261,14 @@ class LSHLayer(Layer):
     def neighbors(self, value) -> None:
         self.inference_index.neighbors = value
 
-    def topk(self, x, k: int):
-        """This rank's best k neurons per input among what the inference index retrieves
-        (its buckets and, when the index has them, its nearest training points' labels):
-        (scores float64 [B, k], global ids int64 [B, k], n_scored int64 [B])."""
+    def topk(self, x, k: int, exact: bool = True):
+        """This rank's best k neurons per input x (an Act): exact, every neuron scored, or
+        among what the inference index retrieves (its buckets and, when the index has them,
+        its nearest training points' labels): (scores float64 [B, k], global ids int64
+        [B, k], n_scored int64 [B])."""
+        if exact:
+            return super().topk(x, k)
+        x = x.dense()
         if self.inference_index is None:
             raise ValueError("this model has no inference index for --lsh: it is built at the end of "
                              "training (lsh.index_anchors > 0); score every label instead (exact)")
@@ -265,6 +281,29 @@ class LSHLayer(Layer):
 
     def neuron_major(self):
         return self.W
+
+    # -- memory -----------------------------------------------------------------------------
+
+    @classmethod
+    def estimate(cls, config: Config, index, d_in, n, n_local, is_output, threads) -> dict:
+        out = super().estimate(config, index, d_in, n, n_local, is_output, threads)
+        item = np.dtype(config.dtype).itemsize
+        B = config.batch_size
+        lc = config.layer_lsh(index)
+        per, _, n_random = block_counts(lc, n, n_local)
+        source = SOURCES[lc.family].estimate(d_in, n_local, per, lc, B, item)
+        out["tables"] = source["tables"]
+        # _pos int32, _mark, dirty, touched uint8 [n_local]; and the source's own
+        out["scratch"] = n_local * 7 + source["scratch"]
+        labels = min(n_local, int(np.ceil(B * 5 * n_local / n))) if is_output else 0  # ~5 labels a point
+        m = min(n_local, labels + source["candidates"] + n_random)
+        # W[C] copied and its gradient [m, d]; the logits [B, m] float (softmax_stats
+        # exponentiates them in place, the gradient is written over them); the dense input [B, d]
+        out["step"] = max(source["step"], 2 * m * d_in * item + B * m * item + 2 * B * d_in * item)
+        if is_output and lc.index_anchors:
+            out.update(InferenceIndex.estimate(lc, d_in, n, n_local))
+        out["rows"] = n_local
+        return out
 
     def state(self, weights_only: bool = False) -> dict:
         out = super().state(weights_only)
@@ -283,30 +322,20 @@ class LSHLayer(Layer):
         if not weights_only:
             self._load_candidates(arrays, same_layout)
         index = InferenceIndex.from_state(arrays, self.W, self.b, self.comm, self.lc,
-                                          _seed31(self.config.seed, 9, self.index), same_layout)
+                                          rng.lsh_seed(self.config.seed, rng.INDEX, self.index), same_layout)
         if index is not None:
             self.inference_index = index
 
     def _load_candidates(self, arrays: dict, same_layout: bool) -> None:
         if same_layout:
             self.dirty[...] = np.asarray(arrays["dirty"])
-            self.candidates.load_state(arrays)
         else:
             self.dirty[...] = 0
             self.candidates = self._make_candidates()
-            anchor = {k: v for k, v in arrays.items() if k.startswith("anchor.")}
-            if anchor and bool(np.asarray(anchor["anchor.ready"])[0]):
-                # the anchors are the same on every rank: keep them, refill from the weights
-                self.candidates.tables.load_state_arrays({
-                    "anchors": anchor["anchor.anchors"], "counts": anchor["anchor.counts"],
-                    "buckets": np.zeros((self.lc.L, self.lc.anchors, 0), np.int32),
-                    "fill": np.zeros((self.lc.L, self.lc.anchors), np.int32), "ready": np.array([True])})
-            self.candidates.maintain(0, self.W, self.b, self.dirty)
-            if "anchor.schedule" in anchor:
-                self.candidates.refill.load(anchor["anchor.schedule"])
+        self.candidates.load_state(arrays, same_layout, self.W, self.b, self.dirty)
 
     def shard_axes(self) -> dict:
         out = super().shard_axes()
-        out.update({"anchor.anchors": None, "anchor.counts": None, "anchor.ready": None, "anchor.schedule": None})
+        out.update(self.candidates.shard_axes())
         out.update(InferenceIndex.SHARD_AXES)
         return out

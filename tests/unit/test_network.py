@@ -535,7 +535,7 @@ def test_default_candidates_depend_on_the_layer_width_and_an_explicit_max_active
 
 
 def test_item_hashing_candidates_cap_takes_rank_by_rank():
-    from dslide.candidates import _rank_major_union
+    from dslide.candidates.hashing import _rank_major_union
 
     rs = np.random.default_rng(9)
     lens = rs.integers(0, 6, 12)
