@@ -61,6 +61,7 @@ def launched_by_mpi() -> bool:
 #: ranks of the MPI world on this process's node, found once by `Comm.world()` (MPI's
 #: shared-memory split); 1 until then and without MPI
 _NODE_RANKS = [1]
+_NODE_RANKS_FOUND: list = []  # non-empty once the split was made
 
 
 def node_ranks(mpi_comm=None) -> int:
@@ -73,6 +74,7 @@ def node_ranks(mpi_comm=None) -> int:
 
         node = mpi_comm.Split_type(MPI.COMM_TYPE_SHARED, mpi_comm.Get_rank())
         _NODE_RANKS[0] = node.Get_size()
+        _NODE_RANKS_FOUND.append(True)
         node.Free()
     return _NODE_RANKS[0]
 
@@ -149,7 +151,8 @@ class Comm:
             return cls(None)
         from mpi4py import MPI
 
-        node_ranks(MPI.COMM_WORLD)  # collective: every rank starts here
+        if not _NODE_RANKS_FOUND:
+            node_ranks(MPI.COMM_WORLD)  # collective, once: every rank comes here first
         return cls(MPI.COMM_WORLD)
 
     # -- bookkeeping ---------------------------------------------------------------
