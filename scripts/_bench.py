@@ -182,6 +182,18 @@ def child(case_path: str) -> None:
         print("RESULT " + json.dumps(result), flush=True)
 
 
+def code_version() -> str:
+    """The checkout's commit (and whether tracked files differ from it): dslide's defaults change over time."""
+    try:
+        head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, timeout=30).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=30).stdout.strip()
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown (no git)"
+    return (head or "unknown") + (" with uncommitted changes" if dirty else "")
+
+
 def time_to(curve: list[dict], target: float) -> float | None:
     """Training seconds until P@1 first reached `target` (None if never)."""
     for r in curve:

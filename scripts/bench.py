@@ -457,7 +457,7 @@ def peers_part(a, suite: dict) -> None:
     shape = f"{spec['preset']} synthetic, {shape}"
     cmd = (f"python scripts/bench.py --suite {a.suite} --parts peers" + _preset_flag(a)
            + (" --no-torch" if a.no_torch else "") + (" --no-trees" if a.no_trees else ""))
-    text = (f"command: `{cmd}`\n\nmachine: {B.machine()}\n\ncode: {_code_version()}\n\n"
+    text = (f"command: `{cmd}`\n\nmachine: {B.machine()}\n\ncode: {B.code_version()}\n\n"
             f"data: {shape}; every system {PEERS_THREADS} cores (dslide: 2 ranks x 1 thread), with its own "
             f"defaults; dslide and PyTorch train their default {_epochs(rows)} epochs. P@k and PSP@k on all test "
             f"points by dslide.metrics (propensities from the training labels, A = 0.55, B = 1.5); the 'P@1 at' "
@@ -608,7 +608,7 @@ def lsh_part(a, suite: dict) -> None:
     shape = (f"{d['preset']} synthetic, {d['n_train']:,} train / {d['n_test']:,} test points, 135,909 features, "
              f"{d.get('n_labels', 670091):,} labels")
     cmd = f"python scripts/bench.py --suite {a.suite} --parts lsh" + _preset_flag(a)
-    text = (f"command: `{cmd}`\n\nmachine: {B.machine()}\n\ncode: {_code_version()}\n\n"
+    text = (f"command: `{cmd}`\n\nmachine: {B.machine()}\n\ncode: {B.code_version()}\n\n"
             f"data: {shape}; every output layer 1 rank x 2 threads, hidden 128, batch 128, lr 1e-2 held constant, "
             f"{suite['budget']} s of training; P@1 curves on the first {suite['eval_points']:,} test points, the rest "
             f"on all of them (PSP@5: propensities from the training labels); 'upkeep s': refilling or re-hashing "
@@ -652,7 +652,7 @@ def schedule_part(a, suite: dict) -> None:
     shape = (f"{d['preset']} synthetic, {d['n_train']:,} train / {d['n_test']:,} test points, 135,909 features, "
              f"{d.get('n_labels', 670091):,} labels")
     text = (f"command: `python scripts/bench.py --suite {a.suite} --parts schedule{_preset_flag(a)}`\n\n"
-            f"machine: {B.machine()}\n\ncode: {_code_version()}\n\n"
+            f"machine: {B.machine()}\n\ncode: {B.code_version()}\n\n"
             f"data: {shape}; 1 rank x 2 threads, dslide's default settings otherwise (hidden layer, batch, lr "
             f"decaying linearly to zero over the run's epochs); P@k and PSP@5 on all test points after training; "
             f"'upkeep s': refilling the anchor buckets, inside the training time\n\n" + B.table(rows, cols) + "\n")
@@ -677,18 +677,6 @@ def _fmt(v) -> str:
     return "-" if v is None else f"{v:.4f}"
 
 
-def _code_version() -> str:
-    """The checkout's commit (and whether files differ from it): dslide's defaults change over time."""
-    import subprocess
-
-    try:
-        head = subprocess.run(["git", "-C", str(B.ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True, timeout=30).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(B.ROOT), "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, timeout=30).stdout.strip()
-    except (OSError, subprocess.TimeoutExpired):
-        return "unknown (no git)"
-    return (head or "unknown") + (" with uncommitted changes" if dirty else "")
 
 
 def _epochs(rows) -> str:

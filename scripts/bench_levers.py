@@ -40,7 +40,7 @@ def load(name: str):
     return suite.generate_member(name)
 
 
-def member_rows(name: str, epochs: list[float], threads: int) -> list[dict]:
+def member_rows(name: str, epochs: list[float], threads: int, settings: dict | None = None) -> list[dict]:
     import dslide  # noqa: F401  (first: the thread variables)
     import numpy as np
     import scipy.sparse as sp
@@ -60,7 +60,8 @@ def member_rows(name: str, epochs: list[float], threads: int) -> list[dict]:
     ppl = T.points_per_label(tr.Y)
     rows = []
     for ep in epochs:
-        model, hist = T.fit(tr, Config(threads=threads, epochs=ep, knn=0), index=False)
+        model, hist = T.fit(tr, Config.from_dict({**(settings or {}), "threads": threads, "epochs": ep, "knn": 0}),
+                            index=False)
         train_s = sum(r["wall_s_delta"] for r in hist)
         mi, ms = T.predict_topk_scores(model, te.X, CANDIDATES)
         for k in NEIGHBOURS:
@@ -82,21 +83,34 @@ def main(argv=None) -> int:
     ap.add_argument("--members", required=True, help="comma-separated suite members (or bibtex)")
     ap.add_argument("--epochs", default="1,5", help="comma-separated epoch counts")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--set", default="", metavar="JSON", help='settings of the network, e.g. \'{"lsh": {"max_active": 0}}\'')
+    ap.add_argument("--weights", default="", help="comma-separated knn_weight columns (default: 0,0.3,0.5,0.7,0.85,1)")
+    ap.add_argument("--neighbours", default="", help="comma-separated knn rows (default: 5,10,20,50)")
+    ap.add_argument("--powers", default="", help="comma-separated knn_power rows (default: 1,4)")
     ap.add_argument("--no-record", action="store_true")
     a = ap.parse_args(argv)
     t0 = time.time()
+    import json
+
+    global WEIGHTS, NEIGHBOURS, POWERS
+    WEIGHTS = tuple(float(w) for w in a.weights.split(",")) if a.weights else WEIGHTS
+    NEIGHBOURS = tuple(int(k) for k in a.neighbours.split(",")) if a.neighbours else NEIGHBOURS
+    POWERS = tuple(float(p) for p in a.powers.split(",")) if a.powers else POWERS
+    settings = json.loads(a.set) if a.set else {}
     epochs = [float(e) for e in a.epochs.split(",")]
     rows = []
     for name in [m.strip() for m in a.members.split(",") if m.strip()]:
-        rows += member_rows(name, epochs, a.threads)
+        rows += member_rows(name, epochs, a.threads, settings)
     cols = [(c, c) for c in rows[0]] if rows else []
-    text = (f"command: `python scripts/bench_levers.py --members {a.members} --epochs {a.epochs}`\n\n"
+    flags = "".join(f" --{k} {v}" for k, v in (("weights", a.weights), ("neighbours", a.neighbours),
+                                                 ("powers", a.powers)) if v) + (f" --set '{a.set}'" if a.set else "")
+    text = (f"command: `python scripts/bench_levers.py --members {a.members} --epochs {a.epochs}{flags}`\n\n"
             f"machine: {B.machine()}\n\n1 process x {a.threads} threads; each cell P@1 / P@5 / PSP@5 of the fused "
             f"top 5 at knn_weight w (w 0: the network alone; w 1: the neighbours' labels alone)\n\n"
             + B.table(rows, cols) + f"\n\n({time.time() - t0:.0f} s in all)\n")
     print(text)
     if not a.no_record:
-        B.record("bench_levers.py", text)
+        B.record("bench_levers.py" + flags, text)
     return 0
 
 

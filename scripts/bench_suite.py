@@ -221,7 +221,7 @@ def run(a) -> int:
         f" --{k.replace('_', '-')} {v}" for k, v in (("members", a.members), ("systems", a.systems),
                                                       ("points", a.points), ("test_points", a.test_points)) if v)
     cmd += "".join(f" --variant {n}='{json.dumps(c)}'" for n, c in variants.items()) + (" --no-lsh" if a.no_lsh else "")
-    text = (f"command: `{cmd}`\n\nmachine: {B.machine()}\n\ncode: {code_version()}\n\n"
+    text = (f"command: `{cmd}`\n\nmachine: {B.machine()}\n\ncode: {B.code_version()}\n\n"
             f"every system on {THREADS} cores (dslide 2 ranks x 1 thread) with its own defaults, one after "
             f"another; P@k and PSP@5 on all test points by dslide.metrics (propensities from the training "
             f"labels, A 0.55, B 1.5); 'train s' leaves out reading the data, compiling and predicting\n\n"
@@ -237,17 +237,6 @@ def run(a) -> int:
     return 0
 
 
-def code_version() -> str:
-    import subprocess
-
-    try:
-        out = subprocess.run(["git", "-C", str(B.ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
-                             text=True, timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(B.ROOT), "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, timeout=10).stdout.strip()
-    except (OSError, subprocess.TimeoutExpired):
-        return "unknown"
-    return (out or "unknown") + (" (with uncommitted changes)" if dirty else "")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
