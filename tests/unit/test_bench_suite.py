@@ -1,0 +1,89 @@
+"""The data-shape suite's plumbing (scripts/bench_suite.py): every system gets the same files and
+one evaluator, and the last line names dslide's worst member against omikuji (3 trees).
+
+No training and no tree library here: the runners are replaced by stand-ins that record what
+they were given and return predictions fixed in advance; the scores are recounted by numpy.
+"""
+
+from __future__ import annotations
+
+import sys
+import types
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "scripts"))
+import bench_suite as S  # noqa: E402
+
+
+def _files(tmp_path):
+    from dslide.data import write_xmc
+    from dslide.datasets.synthetic import generate_split
+
+    tr, te = generate_split("tiny", 200, 40, seed=1)
+    paths = tmp_path / "m_train.txt", tmp_path / "m_test.txt"
+    for p, d in zip(paths, (tr, te)):
+        write_xmc(p, d.X, d.Y)
+    return paths, tr, te
+
+
+def test_every_system_reads_the_same_files_and_is_scored_by_one_evaluator(tmp_path, monkeypatch):
+    import bench_trees as TR
+
+    paths, tr, te = _files(tmp_path)
+    seen = []
+    top = np.argsort(-np.asarray(te.Y.todense()), axis=1, kind="stable")[:, :5]  # its labels first
+    top[::2] = np.arange(5)  # every other point: labels 0..4, mostly wrong
+
+    def fake_tree(system, train_path, test_path, **kw):
+        seen.append((system, Path(train_path), Path(test_path)))
+        return {"available": True, "topk": top, "train_s": 1.0, "predict_s": 0.5, "peak_rss_mb": 1.0,
+                "version": "x", "params": {}}
+
+    monkeypatch.setattr(TR, "run_tree", fake_tree)
+    rows = [S.tree_row(s, paths, tmp_path) for s in ("omikuji3", "omikuji1", "napkinxc")]
+    assert [s[1:] for s in seen] == [paths] * 3
+    # the recount: P@1 is the share of points whose first prediction is one of their labels
+    Y = np.asarray(te.Y.todense()) > 0
+    p1 = float(np.mean(Y[np.arange(len(top)), top[:, 0]]))
+    p5 = float(np.mean(Y[np.arange(len(top))[:, None], top].sum(axis=1) / 5))
+    for r in rows:
+        assert r["p@1"] == pytest.approx(p1) and r["p@5"] == pytest.approx(p5)
+
+
+def test_dslide_rows_pass_the_files_and_settings_to_the_case(tmp_path, monkeypatch):
+    paths, _, _ = _files(tmp_path)
+    cases = []
+
+    def fake_case(case):
+        cases.append(case)
+        return {"train_s": 2.0, "predict_s": 1.0, "p@1": 0.5, "p@5": 0.2, "psp@5": 0.1, "samples_per_s": 10.0,
+                "bytes_per_step": 0.0, "peak_rss_mb": 1.0, "kinds": ["dense", "dense"], "epochs": 1.0}
+
+    monkeypatch.setattr(S.B, "run_case", fake_case)
+    S.dslide_row("dslide wide", paths, {"hidden": [256]}, lsh_inference=False)
+    assert cases[0]["data"] == {"train": str(paths[0]), "test": str(paths[1])}
+    assert cases[0]["config"]["hidden"] == [256] and cases[0]["ranks"] == 2 and cases[0]["threads"] == 1
+
+
+def test_gaps_and_the_worst_member_line():
+    rows = [
+        {"member": "a", "system": "omikuji3", "p@1": 0.50, "p@5": 0.30, "train_s": 10.0},
+        {"member": "a", "system": "dslide", "p@1": 0.55, "p@5": 0.29, "train_s": 12.0},
+        {"member": "b", "system": "omikuji3", "p@1": 0.80, "p@5": 0.60, "train_s": 5.0},
+        {"member": "b", "system": "dslide", "p@1": 0.74, "p@5": 0.61, "train_s": 6.0},
+    ]
+    S.add_gaps(rows)
+    assert rows[1]["gap"] == "+5.0 / -1.0" and rows[3]["gap"] == "-6.0 / +1.0" and rows[0]["gap"] == "-"
+    line = S.worst_line(rows)
+    assert line.startswith("dslide's worst member against omikuji (3 trees): b, P@1 0.7400 against 0.8000 (-6.0")
+
+
+def test_variants_must_be_json_objects():
+    assert S.parse_variants(['wide={"hidden": [256]}']) == {"wide": {"hidden": [256]}}
+    for bad in ("wide", 'wide=[1]', "wide={nope"):
+        with pytest.raises(SystemExit):
+            S.parse_variants([bad])
