@@ -298,21 +298,17 @@ def warm_index(model: Model) -> None:
     them in the cache: compiled cold they take tens of CPU-seconds per rank, which on a
     shared machine stretched `predict --lsh` of 3,000 points from seconds to minutes
     (docs/lsh.md). The query goes through the kernels with the layer's own arrays and the
-    argument types scoring uses (`LSHLayer.topk`, `_nearest_points`), so the compiled
+    argument types scoring uses (`InferenceIndex.topk`), so the compiled
     signatures are those scoring looks up.
     """
     out = model.network.layers[-1]
-    if not isinstance(out, LSHLayer) or getattr(out, "inference", None) is None:
+    index = getattr(out, "inference_index", None)  # LSH output layers only
+    if index is None:
         return
     x = np.zeros((2, out.d_in), np.float32)
     x[:, 0] = 1.0
-    codes = out.inference.codes(x, out.lc.index_probes)
-    extras = None
-    if out.neighbors is not None:
-        nn = np.ascontiguousarray(out.neighbors.neighbors(x, codes[:, 0], out.lc.index_search,
-                                                          out.lc.index_neighbors)[0], dtype=np.int32)
-        extras = out.neighbors.extras(nn, out.lo, out.lo + out.n_local)
-    out.inference.topk(x, out.W, out.b, 1, out.lc.index_probes, extras=extras, codes=codes)
+    # the scoring call itself (collective: every rank warms up together)
+    index.topk(x, out.W, out.b, 1, out.lo, out.comm, out.lc)
 
 
 def _fit(model, train, test, callback, verbose, threads, stop_at, checkpoint):
