@@ -29,3 +29,25 @@ IMPORTED_AT = _time.perf_counter()
 BLAS_THREADS_SLEEP = "OPENBLAS_THREAD_TIMEOUT" in _os.environ or "numpy" not in _sys.modules
 _os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 _os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")
+
+
+# The public surface, imported on first use (PEP 562): `import dslide` stays cheap (no numpy,
+# numba or scipy yet), and the environment above is set before any of them loads.
+_PUBLIC = {"Model": "dslide.api", "labels_matrix": "dslide.api", "XMCData": "dslide.data",
+           "read_xmc": "dslide.data", "write_xmc": "dslide.data", "read_data": "dslide.formats",
+           "write_data": "dslide.formats", "write_predictions": "dslide.formats",
+           "evaluate": "dslide.metrics", "inverse_propensity": "dslide.metrics"}
+__all__ = ["Model", "XMCData", "read_data", "write_data", "read_xmc", "write_xmc", "write_predictions",
+           "labels_matrix", "evaluate", "inverse_propensity", "__version__"]
+
+
+def __getattr__(name):
+    if name in _PUBLIC:
+        import importlib
+
+        return getattr(importlib.import_module(_PUBLIC[name]), name)
+    raise AttributeError(f"module 'dslide' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_PUBLIC))

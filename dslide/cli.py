@@ -7,7 +7,8 @@ The same command runs on one process and under `mpiexec -n P`:
     dslide eval --model RUN_DIR --data F [--k 5] [--exact | --lsh] [--out METRICS.json]
     dslide predict --model RUN_DIR --data F --k K --out PRED.txt
     dslide export --model RUN_DIR --out NEW_RUN_DIR     weights only, for deployment
-    dslide data gen --preset tiny|small|amazon-like|amazon-tail [--points N] --out PREFIX
+    dslide data gen --preset NAME [--points N] --out PREFIX   NAME: tiny, small or a suite member
+                                             (dslide.datasets.suite.all_presets())
     dslide data convert IN OUT
     dslide data stats F
 
@@ -103,12 +104,19 @@ def make_config(config_file: str | None, sets: list[str]):
 
     values = _toml_load(config_file) if config_file else {}
     values = apply_sets(values, sets)
-    if "hidden" in values and isinstance(values["hidden"], int):
+    return Config.from_dict(normalise_values(values))
+
+
+def normalise_values(values: dict) -> dict:
+    """Settings as TOML or --set give them, in the types Config takes (an int or a list of
+    hidden widths, lists for tuples)."""
+    values = dict(values)
+    if "hidden" in values and isinstance(values["hidden"], int) and not isinstance(values["hidden"], bool):
         values["hidden"] = [values["hidden"]]
     for key in ("hidden", "kinds"):
         if key in values and isinstance(values[key], list):
             values[key] = tuple(values[key])
-    return Config.from_dict(values)
+    return values
 
 
 def config_toml(config) -> str:
@@ -170,30 +178,47 @@ _TOML_ESCAPES = {'"': '\\"', "\\": "\\\\", "\b": "\\b", "\t": "\\t", "\n": "\\n"
 # ----------------------------------------------------------------------------
 
 
-def _read(path: str, what: str, points: bool = True):
-    """The data file `path` (for `what`, e.g. "--train"); points: refuse one without data points."""
-    from dslide.data import read_xmc
+def _read(path: str, what: str, fmt: str | None = None, n_features: int | None = None,
+          n_labels: int | None = None, comm=None, points: bool = True):
+    """Read data argument `path` (dslide.formats: a file or FEATURES,LABELS; `fmt` or by name);
+    points: refuse data without data points."""
+    from dslide import formats
 
     if not path:
         raise UsageError(f"{what} is required")
-    if not os.path.exists(path):
-        raise UsageError(f"{what} {path} does not exist")
-    if os.path.isdir(path):
-        raise UsageError(f"{what} {path} is a directory, expected a data file")
-    if not os.access(path, os.R_OK):
-        raise UsageError(f"{what} {path} is not readable")
-    data = read_xmc(path)
+    first, second = formats.split_pair(path)
+    for p in (first, second) if second else (first,):
+        if not os.path.exists(p):
+            raise UsageError(f"{what} {p} does not exist")
+        if os.path.isdir(p):
+            raise UsageError(f"{what} {p} is a directory, expected a data file")
+        if not os.access(p, os.R_OK):
+            raise UsageError(f"{what} {p} is not readable")
+    size = sum(os.path.getsize(p) for p in (first, second) if p)
+    t0 = time.perf_counter()
+    loud = comm is not None and comm.rank == 0 and size >= LOUD_READ_BYTES
+    if loud:
+        print(f"reading {what} {path} ({size / 2**20:,.0f} MiB)...", file=sys.stderr, flush=True)
+    data = formats.read_data(path, fmt, n_features=n_features, n_labels=n_labels)
+    if loud:
+        print(f"read {what} {path}: {data.n_points:,} points in {time.perf_counter() - t0:.1f}s",
+              file=sys.stderr, flush=True)
     if points and data.n_points == 0:
-        raise UsageError(f"{what} {path} holds no data points (its header says 0)")
+        raise UsageError(f"{what} {path} holds no data points")
     return data
 
 
-def _read_accepted(path: str, what: str, accept):
+#: data files at least this large are announced on stderr before and after reading
+LOUD_READ_BYTES = 64 << 20
+
+
+def _read_accepted(path: str, what: str, accept, fmt: str | None = None, n_features: int | None = None,
+                   n_labels: int | None = None, comm=None):
     """_read, the file's cache written only once accept(data) (checks that raise) has passed."""
     from dslide.data import caches_held, write_caches
 
     with caches_held() as held:
-        data = _read(path, what)
+        data = _read(path, what, fmt, n_features, n_labels, comm=comm)
         accept(data)
         write_caches(held)
     return data
@@ -268,9 +293,13 @@ def _say(comm, *parts, file=None):
 class Progress:
     """A tqdm bar on rank 0 when stderr is a terminal, else plain log lines."""
 
-    def __init__(self, comm, total: int, start: int, quiet: bool, log_path: Path | None, batch: int):
+    def __init__(self, comm, total: int, start: int, quiet: bool, log_path: Path | None, batch: int,
+                 lines: bool = True, bar: bool | None = None):
+        """quiet: no bar and no log lines (the log file is still written); lines: plain
+        log lines where there is no bar; bar: show one (None: when stderr is a terminal)."""
         self.rank0 = comm.rank == 0
         self.bar = None
+        self.lines = lines and not quiet
         self.log = None
         if log_path and self.rank0:
             from dslide.rundir import open_append
@@ -279,10 +308,11 @@ class Progress:
         self.batch = batch
         self.last_t = time.perf_counter()
         self.last_step = start
-        if self.rank0 and not quiet and sys.stderr.isatty():
+        if self.rank0 and not quiet and (sys.stderr.isatty() if bar is None else bar):
             from tqdm import tqdm
 
-            self.bar = tqdm(total=total, initial=start, unit="step", dynamic_ncols=True, smoothing=0.1)
+            self.bar = tqdm(total=total, initial=start, unit="step", dynamic_ncols=True, smoothing=0.1,
+                            desc="training")
 
     def __call__(self, event, model, info):
         if not self.rank0:
@@ -305,7 +335,7 @@ class Progress:
             if "p@1" in record:
                 post["P@1"] = f"{record['p@1']:.4f}"
             self.bar.set_postfix(post)
-        else:
+        elif self.lines:
             from dslide.train import format_record
 
             print(format_record(record) + f"  {rate:8,.0f} samples/s", flush=True)
@@ -424,6 +454,7 @@ def cmd_train(args, comm) -> int:
 
 def _cmd_train(args, comm, held) -> int:
     from dslide import checkpoint as ck
+    from dslide import train as T
     from dslide.data import write_caches
 
     path = None
@@ -450,8 +481,8 @@ def _cmd_train(args, comm, held) -> int:
             run_dir = Path(comm.bcast_object(str(run_dir)))
         _on_rank0(comm, lambda: _check_new_run(run_dir, args.overwrite))  # before the data is even read
     comm.stall_timeout = config.stall_timeout
-    train = _read(args.train, "--train")
-    test = _read(args.test, "--test") if args.test else None
+    train = _read(args.train, "--train", args.format, comm=comm)
+    test = _read(args.test, "--test", args.format, train.n_features, train.n_labels, comm=comm) if args.test else None
     if test is not None and (test.n_features, test.n_labels) != (train.n_features, train.n_labels):
         raise UsageError(f"--test {args.test} has {test.n_features} features and {test.n_labels} labels, "
                          f"--train {args.train} has {train.n_features} and {train.n_labels}")
@@ -461,7 +492,7 @@ def _cmd_train(args, comm, held) -> int:
             raise UsageError(f"--train {args.train} has {train.n_features:,} features and {train.n_labels:,} "
                              f"labels; the run in {args.resume} was trained on {saved['n_features']:,} and "
                              f"{saved['n_labels']:,}")
-    config = config.resolve(train.n_labels)
+    config = config.resolve(train.n_labels, T.points_per_label(train.Y))
     _check_memory(comm, _model_bytes(config, train.n_features, train.n_labels, comm),
                   f"a model of {train.n_features:,} features, hidden {list(config.hidden)} and "
                   f"{train.n_labels:,} labels")
@@ -492,7 +523,8 @@ def _train(args, comm, config, run_dir: Path, train, test, path) -> int:
     _say(comm, f"dslide {__import__('dslide').__version__}: training on {train.n_points:,} points, "
                f"{train.n_features:,} features, {train.n_labels:,} labels; {layout} x "
                f"{T._threads(config)} thread(s); run directory {run_dir}")
-    if not args.quiet:
+    _notice_threads(comm, config)
+    if args.verbose:
         _say(comm, "effective configuration:\n" + "\n".join("  " + l for l in config_toml(config).splitlines() if l))
 
     model = T.build_network((train.n_features, train.n_labels), config, comm)
@@ -504,6 +536,7 @@ def _train(args, comm, config, run_dir: Path, train, test, path) -> int:
         _say(comm, f"resumed from {path} at step {model.network.step} (saved by {manifest['world_size']} rank(s))")
     total = T.total_steps(config, train.n_points)
     progress = Progress(comm, total, model.network.step, args.quiet, run_dir / "log.jsonl", config.batch_size)
+    index_bar = comm.rank == 0 and not args.quiet and sys.stderr.isatty()
 
     fault = os.environ.get("DSLIDE_FAULT", "")
     first_step_done = []
@@ -527,7 +560,8 @@ def _train(args, comm, config, run_dir: Path, train, test, path) -> int:
 
     t0 = time.perf_counter()
     try:
-        model, history = T.fit(train, config, test, model=model, callback=callback, checkpoint=save)
+        model, history = T.fit(train, config, test, model=model, callback=callback, checkpoint=save,
+                               index_progress=index_bar)
     finally:
         progress.close()
     wall = time.perf_counter() - t0
@@ -542,6 +576,16 @@ def _train(args, comm, config, run_dir: Path, train, test, path) -> int:
         write_atomic(run_dir / "metrics.json", dumps(metrics, indent=1) + "\n")
     _say(comm, _summary(metrics, run_dir))
     return 0
+
+
+def _notice_threads(comm, config) -> None:
+    """One line on stderr (rank 0) when the threads asked for exceed this node's cores."""
+    from dslide.comm import oversubscription
+
+    if config.threads:
+        notice = oversubscription(config.threads)
+        if notice:
+            _say(comm, notice, file=sys.stderr)
 
 
 def _run_propensities(run_dir: Path, train, config, comm):
@@ -560,7 +604,7 @@ def _run_propensities(run_dir: Path, train, config, comm):
     if train.n_points < 3:  # ln N - 1 <= 0: the weights have no meaning
         _say(comm, f"PSP@k left out: {train.n_points} training point(s); propensities need at least 3")
         return None
-    props = propensity.compute(train.Y, config.propensity_a, config.propensity_b)
+    props = propensity.compute(train.Y, *config.propensity_constants)
     if comm.rank == 0:
         propensity.save(run_dir, props)
     comm.barrier()
@@ -625,19 +669,23 @@ def _summary(m: dict, run_dir: Path) -> str:
 # ----------------------------------------------------------------------------
 
 
-def _check_k(k: int, n_labels: int | None = None) -> None:
-    if k < 1:
-        raise UsageError(f"--k {k} must be at least 1 (the number of top labels per point)")
-    if n_labels is not None and k > n_labels:
-        raise UsageError(f"--k {k} is more than the model's {n_labels:,} labels")
+def _check_k(k: int, n_labels: int) -> None:
+    """--k in [1, n_labels] (dslide.api.check_k), as a UsageError naming --k."""
+    from dslide.api import check_k
+
+    try:
+        check_k(k, n_labels)
+    except ValueError as e:
+        raise UsageError(str(e).replace("k = ", "--k ")) from None
 
 
-def _load_model(run_dir: str, comm, k: int | None = None):
+def load_model(run_dir: str, comm, k: int | None = None):
+    """The trained model of a run directory (dslide.train.Model), split over `comm`'s ranks
+    for inference, with this process's threads. k: the --k to check against the model's
+    labels first, before anything is allocated."""
     from dslide import checkpoint as ck
     from dslide import train as T
 
-    if k is not None:
-        _check_k(k)
     path = ck.latest(run_dir)
     # the layout it was trained on is not the model's: eval and predict split it over every rank,
     # each with the threads this process has (NUMBA_NUM_THREADS), not those of the training run
@@ -651,8 +699,12 @@ def _load_model(run_dir: str, comm, k: int | None = None):
     model = T.build_network((manifest["n_features"], manifest["n_labels"]), config, comm)
     # inference needs the weights and the index only: Adam's moments are never read (nor
     # allocated: their zero pages stay unmapped)
-    ck.load_into(model.network, path, comm, weights_only=True)
+    manifest = ck.load_into(model.network, path, comm, weights_only=True)
+    model.history = list(manifest.get("extra", {}).get("history", []))
     return model
+
+
+_load_model = load_model
 
 
 def cmd_export(args, comm) -> int:
@@ -679,12 +731,25 @@ def cmd_eval(args, comm) -> int:
     t_load = time.perf_counter()
     model = _load_model(args.model, comm, args.k)
     load_s = time.perf_counter() - t_load
-    data = _read_accepted(args.data, "--data", lambda d: _check_shape(d, model, args.data))
+    _check_scoring(model, args)
+    data = _read_accepted(args.data, "--data", lambda d: _check_shape(d, model, args.data), args.format,
+                          model.n_features, model.n_labels, comm=comm)
     # the training labels' propensities, saved with the run: never the evaluated file's
     props = propensity.load(args.model, model.n_labels)
+    if props is not None and (args.propensity or args.propensity_a is not None or args.propensity_b is not None):
+        from dslide.config import PROPENSITY_PRESETS
+
+        a, b = PROPENSITY_PRESETS[args.propensity or "default"] if args.propensity else (props["A"], props["B"])
+        a = a if args.propensity_a is None else args.propensity_a
+        b = b if args.propensity_b is None else args.propensity_b
+        props = propensity.with_constants(props, a, b)  # from the saved training counts
     t0 = time.perf_counter()
     stats = {}
-    pred = T.predict_topk(model, data.X, args.k, exact=not args.lsh, stats=stats)
+    bar = _points_bar(comm, data.n_points, args, "scoring")
+    pred = T.predict_topk_scores(model, data.X, args.k, exact=not args.lsh, stats=stats,
+                                 progress=bar.update if bar else None)[0]
+    if bar:
+        bar.close()
     dt = time.perf_counter() - t0
     m = evaluate(sp.csr_matrix(data.Y), pred, k=args.k, inv_prop=None if props is None else props["inv_prop"])
     m.update({"propensity": None if props is None else propensity.describe(props),
@@ -751,10 +816,16 @@ def _check_shape(data, model, path):
 
 
 def cmd_predict(args, comm) -> int:
+    from dslide import formats
     from dslide import train as T
-    from dslide.rundir import replacing
 
+    import dslide
+
+    t_load = time.perf_counter()
     model = _load_model(args.model, comm, args.k)
+    load_s = time.perf_counter() - t_load
+    _check_scoring(model, args)
+    out_fmt = args.out_format or ("npz" if args.out.endswith(".npz") else "text")
 
     def accept(data):
         if data.n_features != model.n_features:
@@ -763,17 +834,48 @@ def cmd_predict(args, comm) -> int:
         # the top-k ids and scores of every point (int64 and float64)
         _check_memory(comm, 16 * data.n_points * args.k, f"the top {args.k:,} labels of {data.n_points:,} points")
 
-    data = _read_accepted(args.data, "--data", accept)
+    data = _read_accepted(args.data, "--data", accept, args.format, model.n_features, model.n_labels, comm=comm)
     stats = {}
-    ids, scores = T.predict_topk_scores(model, data.X, args.k, exact=not args.lsh, stats=stats)
+    bar = _points_bar(comm, data.n_points, args, "predicting")
+    t0 = time.perf_counter()
+    ids, scores = T.predict_topk_scores(model, data.X, args.k, exact=not args.lsh, stats=stats,
+                                        progress=bar.update if bar else None)
+    dt = time.perf_counter() - t0
+    if bar:
+        bar.close()
+    # seconds from the process's start until scoring began, and of it loading the model
+    startup = max(comm.allgather_object(t0 - dslide.IMPORTED_AT))
+    load_s = max(comm.allgather_object(load_s))
     if comm.rank == 0:
-        out = Path(args.out)
-        with replacing(out, binary=False) as f:  # a fresh temporary file, never a planted link
-            for row_i, row_s in zip(ids, scores):
-                f.write(" ".join(f"{i}:{s:.6g}" for i, s in zip(row_i, row_s) if i >= 0) + "\n")
-        print(f"wrote the top {args.k} labels of {data.n_points:,} points to {out} (label:score per line; "
+        # a fresh temporary file renamed into place, never through a planted link (dslide.rundir)
+        formats.write_predictions(args.out, ids, scores, model.n_labels, out_fmt)
+        what = ("a CSR matrix of the top-k scores, scipy.sparse.load_npz" if out_fmt == "npz" else
+                "a header line 'points labels', then label:score per line, pyxclib's read_sparse_file")
+        print(f"wrote the top {args.k} labels of {data.n_points:,} points to {args.out} ({what}; "
               f"{100 * stats['scored_share']:.2f}% of the labels scored per point)")
+        print(f"{data.n_points:,} points in {dt:.2f}s ({'lsh' if args.lsh else 'exact'} scoring), after "
+              f"{startup:.1f}s of start-up ({load_s:.1f}s loading the model)")
     return 0
+
+
+def _check_scoring(model, args) -> None:
+    """--k in [1, n_labels]; --lsh only with an inference index (dslide.api)."""
+    from dslide.api import check_k, check_lsh
+
+    try:
+        check_k(args.k, model.n_labels)
+        check_lsh(model, args.lsh)
+    except ValueError as e:
+        raise UsageError(str(e).replace("k = ", "--k ").replace("lsh scoring", "--lsh")) from None
+
+
+def _points_bar(comm, n: int, args, what: str):
+    """A tqdm bar of scored points on rank 0 when stderr is a terminal and not --quiet, else None."""
+    if comm.rank != 0 or getattr(args, "quiet", False) or not sys.stderr.isatty():
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=n, unit="point", desc=what, dynamic_ncols=True, leave=False)
 
 
 # ----------------------------------------------------------------------------
@@ -782,18 +884,18 @@ def cmd_predict(args, comm) -> int:
 
 
 def cmd_data(args, comm) -> int:
-    from dslide.datasets import synthetic
+    from dslide.datasets import suite, synthetic
 
     if comm.rank != 0:
         return 0
     if args.data_cmd == "gen":
-        train, test = synthetic.generate_split(args.preset, n_train=args.points, n_test=args.test_points, seed=args.seed)
+        train, test = suite.generate_split(args.preset, n_train=args.points, n_test=args.test_points, seed=args.seed)
         paths = synthetic.write(args.out, train, test)
         print(f"wrote {paths[0]} ({train.n_points:,} points) and {paths[1]} ({test.n_points:,} points): "
               f"{train.n_features:,} features, {train.n_labels:,} labels")
         return 0
     if args.data_cmd == "stats":
-        data = _read(args.file, "data file", points=False)  # (statistics of nothing are zeros)
+        data = _read(args.file, "data file", args.format, points=False)  # (statistics of nothing are zeros)
         print(synthetic.format_stats(synthetic.stats(data)))
         return 0
     if args.data_cmd == "convert":
@@ -802,10 +904,11 @@ def cmd_data(args, comm) -> int:
 
 
 def _convert(args) -> int:
+    from dslide import formats
     from dslide.data import cache_path, read_xmc, write_xmc
 
     src, dst = args.input, args.output
-    if not os.path.exists(src):
+    if not os.path.exists(formats.split_pair(src)[0]):
         raise UsageError(f"input {src} does not exist")
     if src.endswith(".arff") or src.endswith(".arff.gz"):
         from dslide.datasets.arff import read_arff
@@ -822,8 +925,11 @@ def _convert(args) -> int:
         data = read_xmc(src, cache=True)
         print(f"cached {src} as {cache_path(src)} ({data.n_points:,} points)")
         return 0
-    raise UsageError(f"do not know how to convert {src} to {dst}: valid are a mulan .arff file to XMC text, "
-                     f"or XMC text to its binary cache (OUT = 'cache' or <IN>.dslcache)")
+    data = _read(src, "input", args.format, points=False)
+    paths = formats.write_data(dst, data, args.out_format)
+    print(f"wrote {' and '.join(paths)}: {data.n_points:,} points, {data.n_features:,} features, "
+          f"{data.n_labels:,} labels")
+    return 0
 
 
 # ----------------------------------------------------------------------------
@@ -831,66 +937,184 @@ def _convert(args) -> int:
 # ----------------------------------------------------------------------------
 
 
+class _Help(argparse.RawDescriptionHelpFormatter):
+    """Each option's default after its help (where it has one and the help does not say it);
+    examples (the epilog) kept as written."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        d = action.default
+        if "default" in text or d is None or d is False or d == [] or d == argparse.SUPPRESS \
+                or not action.option_strings:
+            return text
+        return f"{text} (default: {d})"
+
+
+_FORMAT_HELP = ("data format: xmc (one file with header 'points features labels'), split (the repository's "
+                "X_Xf.txt + X_Y.txt), libsvm (headerless 'l1,l2 f:v ...'), npz (scipy CSR pair X.npz,Y.npz); "
+                "default: by the file's name and first line")
+_DATA_HELP = "FEATURES[,LABELS]: an XMC file, or a pair (the labels file is found beside X_Xf / X* files by name)"
+
+_EXAMPLES = {
+    "dslide": """examples:
+  dslide data gen --preset small --out data/small
+  dslide train --train data/small_train.txt --test data/small_test.txt --out runs/small
+  mpiexec -n 2 dslide train --train trn_X_Xf.txt --test tst_X_Xf.txt --set propensity=amazon --out runs/amz
+  dslide eval --model runs/small --data data/small_test.txt --lsh
+  dslide predict --model runs/small --data data/small_test.txt --k 10 --out pred.npz
+  dslide config show --data data/small_train.txt""",
+    "train": """examples:
+  dslide train --train data/small_train.txt --test data/small_test.txt --out runs/small
+  dslide train --train X.trn.npz,Y.trn.npz --set epochs=10 --set lsh.index_share=0.05
+  mpiexec -n 4 dslide train --train trn.txt --set replicas=2 --set sync=partial
+  dslide train --resume runs/small --train data/small_train.txt --set epochs=8
+  dslide train --train data/small_train.txt --out runs/small --overwrite   (replaces the run there)
+every setting, its default and range: dslide config show""",
+    "eval": """examples:
+  dslide eval --model runs/small --data data/small_test.txt
+  dslide eval --model runs/amz --data tst_X_Xf.txt --lsh --k 5 --propensity amazon
+  dslide eval --model deploy/small --data data/small_test.txt --out small_eval.json""",
+    "predict": """examples:
+  dslide predict --model runs/small --data data/small_test.txt --k 5 --out pred.txt
+  dslide predict --model runs/small --data tst.svm --lsh --k 100 --out pred.npz   (CSR of top-k scores)""",
+    "export": """example:
+  dslide export --model runs/small --out deploy/small""",
+    "data": """examples:
+  dslide data gen --preset tiny --out data/tiny
+  dslide data convert trn_X_Xf.txt data/trn.txt
+  dslide data stats data/tiny_train.txt""",
+    "config": """examples:
+  dslide config show
+  dslide config show --data data/small_train.txt --set hidden=256""",
+}
+
+
 def parser() -> argparse.ArgumentParser:
+    from dslide.config import PROPENSITY_PRESETS
+    from dslide.formats import FORMATS, PREDICTION_FORMATS
+
     p = argparse.ArgumentParser(prog="dslide", description="Distributed SLIDE: LSH-sparse, model-parallel training "
-                                "of very wide networks on CPU clusters. Run under mpiexec -n P for P ranks.")
+                                "of very wide networks on CPU clusters. Run under mpiexec -n P for P ranks.",
+                                epilog=_EXAMPLES["dslide"], formatter_class=_Help)
+    p.add_argument("--version", action="version", version=f"dslide {__import__('dslide').__version__}")
     p.add_argument("--debug", action="store_true", help="show tracebacks on errors")
-    sub = p.add_subparsers(dest="cmd", required=True)
+    sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
 
-    t = sub.add_parser("train", help="train a model")
-    t.add_argument("--train", required=True, help="training data (XMC text, .gz allowed)")
-    t.add_argument("--test", help="test data, evaluated during and after training")
-    t.add_argument("--config", help="TOML configuration file")
-    t.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a setting (repeatable), e.g. --set lr=1e-3 --set lsh.K=8 --set hidden=256,128")
-    t.add_argument("--out", help="run directory (default runs/run-<time>); refused if it holds a run")
-    t.add_argument("--overwrite", action="store_true",
-                   help="replace the run in --out (its config, logs, metrics, propensities and checkpoints)")
-    t.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its last checkpoint")
-    t.add_argument("--quiet", action="store_true", help="plain log lines instead of a progress bar")
-    t.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
-
-    def model_command(name, help_text, exact_flag):
-        c = sub.add_parser(name, help=help_text)
-        c.add_argument("--model", required=True, metavar="RUN_DIR")
-        c.add_argument("--data", required=True)
-        c.add_argument("--k", type=int, default=5)
-        g = c.add_mutually_exclusive_group()
-        if exact_flag:
-            g.add_argument("--exact", action="store_true", help="score every label (default)")
-        g.add_argument("--lsh", action="store_true", help="score only the labels the hash tables retrieve")
+    def command(name, help_text):
+        c = sub.add_parser(name, help=help_text, description=help_text, epilog=_EXAMPLES.get(name),
+                           formatter_class=_Help)
         c.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
         return c
 
+    def add_sets(c):
+        c.add_argument("--config", help="TOML configuration file (the keys of --set)")
+        c.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                       help="override a setting (repeatable), e.g. --set lr=1e-3 --set lsh.K=8 --set hidden=256,128; "
+                            "all of them: dslide config show")
+
+    t = command("train", "train a model")
+    t.add_argument("--train", required=True, metavar="DATA", help="training data: " + _DATA_HELP + "; .gz allowed")
+    t.add_argument("--test", metavar="DATA", help="test data, evaluated during and after training")
+    t.add_argument("--format", choices=FORMATS, help=_FORMAT_HELP)
+    add_sets(t)
+    t.add_argument("--out", metavar="RUN_DIR",
+                   help="run directory (default: runs/run-<time>); refused if it holds a run (see --overwrite, --resume)")
+    t.add_argument("--overwrite", action="store_true",
+                   help="replace the run in --out (its config, logs, metrics, propensities and checkpoints)")
+    t.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its last checkpoint")
+    t.add_argument("--quiet", action="store_true", help="no progress bar and no log lines; the final figures only")
+    t.add_argument("--verbose", action="store_true", help="also print the effective configuration first")
+
+    def model_command(name, help_text, exact_flag):
+        c = command(name, help_text)
+        c.add_argument("--model", required=True, metavar="RUN_DIR", help="run directory of dslide train (or export)")
+        c.add_argument("--data", required=True, metavar="DATA", help=_DATA_HELP)
+        c.add_argument("--format", choices=FORMATS, help=_FORMAT_HELP)
+        c.add_argument("--k", type=int, default=5, help="labels per point: P@1..k, or the top k written")
+        g = c.add_mutually_exclusive_group()
+        if exact_flag:
+            g.add_argument("--exact", action="store_true", help="score every label (the default)")
+        g.add_argument("--lsh", action="store_true",
+                       help="score only the labels the output layer's inference index retrieves (LSH output only)")
+        c.add_argument("--quiet", action="store_true", help="no progress bar; the final figures only")
+        return c
+
     e = model_command("eval", "evaluate a trained model: P@k, nDCG@k, PSP@k", exact_flag=True)
+    e.add_argument("--propensity", choices=tuple(PROPENSITY_PRESETS),
+                   help="PSP@k with this preset's A, B, recomputed from the training labels' counts saved with "
+                        "the run (default: the constants the run was trained with)")
+    e.add_argument("--propensity-a", type=float, metavar="A", help="PSP@k with this A (with --propensity-b)")
+    e.add_argument("--propensity-b", type=float, metavar="B", help="PSP@k with this B")
     e.add_argument("--out", metavar="METRICS.json",
                    help="write the metrics here (default: the model's metrics.json, where it can be written)")
     r = model_command("predict", "write the top-k labels of each point", exact_flag=False)
-    r.add_argument("--out", required=True, metavar="PRED.txt")
+    r.add_argument("--out", required=True, metavar="PRED",
+                   help="output file: text ('points labels' header, then label:score per line) or, for .npz, "
+                        "a scipy CSR matrix of the top-k scores")
+    r.add_argument("--out-format", choices=PREDICTION_FORMATS, help="format of --out (default: npz for a .npz name)")
 
-    x = sub.add_parser("export", help="copy a run's latest checkpoint without optimiser state (for eval/predict)")
-    x.add_argument("--model", required=True, metavar="RUN_DIR")
-    x.add_argument("--out", required=True, metavar="NEW_RUN_DIR")
-    x.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    x = command("export", "copy a run's latest checkpoint without optimiser state (for eval/predict)")
+    x.add_argument("--model", required=True, metavar="RUN_DIR", help="run directory to export")
+    x.add_argument("--out", required=True, metavar="NEW_RUN_DIR", help="new run directory")
 
-    d = sub.add_parser("data", help="generate, convert and inspect data sets")
-    dsub = d.add_subparsers(dest="data_cmd", required=True)
-    gen = dsub.add_parser("gen", help="write a synthetic data set (PREFIX_train.txt, PREFIX_test.txt)")
-    gen.add_argument("--preset", required=True, choices=["tiny", "small", "amazon-like", "amazon-tail"])
+    d = command("data", "generate, convert and inspect data sets")
+    dsub = d.add_subparsers(dest="data_cmd", required=True, metavar="DATA_COMMAND")
+
+    def data_command(name, help_text):
+        c = dsub.add_parser(name, help=help_text, description=help_text, formatter_class=_Help)
+        c.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+        return c
+
+    gen = data_command("gen", "write a synthetic data set (PREFIX_train.txt, PREFIX_test.txt)")
+    # Checked by dslide.datasets.suite (its message names every preset): importing the
+    # generators here would load numba for every command.
+    gen.add_argument("--preset", required=True, metavar="NAME",
+                     help="tiny, small, amazon-like, amazon-tail, baskets-*, a670k-* (the suite's members)")
     gen.add_argument("--points", type=int, help="training points (default: the preset's)")
     gen.add_argument("--test-points", type=int, help="test points (default: the preset's)")
-    gen.add_argument("--seed", type=int, default=0)
-    gen.add_argument("--out", required=True, metavar="PREFIX")
-    conv = dsub.add_parser("convert", help="mulan ARFF -> XMC text, or XMC text -> binary cache")
-    conv.add_argument("input", metavar="IN")
-    conv.add_argument("output", metavar="OUT")
+    gen.add_argument("--seed", type=int, default=0, help="seed of the generator: the same seed, the same files")
+    gen.add_argument("--out", required=True, metavar="PREFIX", help="writes PREFIX_train.txt and PREFIX_test.txt")
+    conv = data_command("convert", "between the data formats (xmc, split, libsvm, npz), mulan ARFF -> XMC text, "
+                                   "or XMC text -> binary cache")
+    conv.add_argument("input", metavar="IN", help="input: " + _DATA_HELP + ", or a mulan .arff file")
+    conv.add_argument("output", metavar="OUT", help="output (format by name: .npz, .svm, X_Xf, else XMC text), "
+                                                    "or 'cache' for IN's binary cache")
+    conv.add_argument("--format", choices=FORMATS, help="format of IN: " + _FORMAT_HELP)
+    conv.add_argument("--out-format", choices=FORMATS, help="format of OUT (default: by its name)")
     conv.add_argument("--labels", type=int, help="ARFF: the last N attributes are the labels")
     conv.add_argument("--labels-xml", help="ARFF: mulan's XML file naming the labels")
-    st = dsub.add_parser("stats", help="statistics of a data file")
-    st.add_argument("file")
-    for x in (gen, conv, st):
-        x.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    st = data_command("stats", "statistics of a data file")
+    st.add_argument("file", metavar="DATA", help=_DATA_HELP)
+    st.add_argument("--format", choices=FORMATS, help=_FORMAT_HELP)
+
+    c = command("config", "list the settings: default, valid range, and the value for a data set")
+    csub = c.add_subparsers(dest="config_cmd", required=True, metavar="CONFIG_COMMAND")
+    show = csub.add_parser("show", help="every setting with its default and valid range (and with --data the value "
+                                        "the data resolves it to)", formatter_class=_Help, epilog=_EXAMPLES["config"])
+    show.add_argument("--data", metavar="DATA", help="resolve the settings taken from the data for this training set")
+    show.add_argument("--format", choices=FORMATS, help=_FORMAT_HELP)
+    add_sets(show)
+    show.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     return p
+
+
+def cmd_config(args, comm) -> int:
+    from dslide import settings
+
+    config = make_config(args.config, args.set)
+    shape = (None, None, None)
+    if args.data:
+        from dslide import train as T
+
+        data = _read(args.data, "--data", args.format, comm=comm)
+        shape = (data.n_features, data.n_labels, T.points_per_label(data.Y))
+    if comm.rank == 0:
+        if args.data:
+            print(f"{args.data}: {shape[0]:,} features, {shape[1]:,} labels, "
+                  f"{shape[2]:.2f} training points per label")
+        print(settings.format_table(settings.table(config, *shape), with_value=bool(args.data or args.set
+                                                                                     or args.config)))
+    return 0
 
 
 def main(argv=None) -> int:
@@ -899,7 +1123,7 @@ def main(argv=None) -> int:
 
     comm = Comm.world()
     commands = {"train": cmd_train, "eval": cmd_eval, "predict": cmd_predict, "export": cmd_export,
-                "data": cmd_data}
+                "data": cmd_data, "config": cmd_config}
     try:
         return commands[args.cmd](args, comm)
     except KeyboardInterrupt:

@@ -33,8 +33,39 @@ CANDIDATES_MIN_WIDTH = 250_000  # between 100,000 (candidates lose) and 670,091 
 SCOPES = ("batch", "sample")
 NARROW_OUTPUT = 4096  # labels: at most this many take the "narrow output" defaults
 LR_SCHEDULES = ("linear", "constant")
+#: knn left at None: this many neighbours' labels fused at inference where the training data
+#: has fewer than KNN_MAX_POINTS_PER_LABEL points per label (none where it has more: the
+#: network alone learns such labels well); `knn_default` states the rule, docs/benchmarks.md
+#: ("--suite shapes") holds the measurements behind it
+KNN = 10
+KNN_MAX_POINTS_PER_LABEL = 20.0
+KNN_WEIGHT = 0.6  # knn_weight left at None
+WIDE_EPOCHS = 2.0  # epochs left at None, outputs wider than NARROW_OUTPUT
+
+
+def knn_default(n_labels: int, points_per_label: float | None = None) -> int:
+    """The `knn` a run takes when it is left at None: KNN where the training data has fewer
+    than KNN_MAX_POINTS_PER_LABEL points per (occurring) label, else 0; without that figure,
+    KNN for outputs wider than NARROW_OUTPUT and 0 for narrower ones."""
+    if points_per_label is not None:
+        return KNN if points_per_label < KNN_MAX_POINTS_PER_LABEL else 0
+    return 0 if n_labels <= NARROW_OUTPUT else KNN
+
+
+def label_points(label_counts) -> float:
+    """Training points per label over the labels that occur: sum(counts) / #(counts > 0)
+    (a point with 3 labels counts for each; 0.0 for no labels)."""
+    import numpy as np
+
+    counts = np.asarray(label_counts)
+    seen = int(np.count_nonzero(counts))
+    return float(counts.sum()) / seen if seen else 0.0
 BIAS_INITS = ("log_prior", "zero")
 SYNC_MODES = ("allreduce", "partial")
+#: propensity presets, (A, B) of the label propensities behind PSP@k (Jain et al. 2016):
+#: the constants the Extreme Classification Repository uses for Amazon and Wikipedia
+#: data sets, and for everything else napkinXC's default (pyxclib has none)
+PROPENSITY_PRESETS = {"default": (0.55, 1.5), "amazon": (0.6, 2.6), "wikipedia": (0.5, 0.4)}
 
 
 def _choice(name: str, value: Any, valid: tuple) -> None:
@@ -108,7 +139,7 @@ class LSHConfig:
     (+2 to +5 points over the first ten), 28-48% fewer samples/s, a lower peak
     at equal training time.
 
-    family: where candidates come from (one of lsh.LAYER_FAMILIES):
+    family: where candidates come from (a key of dslide.candidates.SOURCES):
       "anchor" (default): `anchors` k-means centres of the layer's inputs,
         learnt online from the batches; a sample's candidates are the
         `max_active` neurons scoring highest (w.x + b, biases included) at its
@@ -180,8 +211,9 @@ class LSHConfig:
     index_search: int = 96
 
     def __post_init__(self):
-        from dslide.lsh import LAYER_FAMILIES
+        from dslide.candidates import SOURCES
 
+        LAYER_FAMILIES = tuple(SOURCES)
         if self.family == "minhash":
             # lsh.FAMILIES has it for sparse sets; a weight row's non-zero set is every input
             raise ValueError("lsh.family = 'minhash' hashes sets (the non-zero features of sparse inputs) and "
@@ -263,11 +295,13 @@ class Config:
         dropout             0.6             0.0
         lr                  1e-3            1e-2
         batch_size          64              128
-        epochs              30              5
+        epochs              30              2 (the neighbours' labels carry the tail)
         init_input_scale    0.1             0.3
+        knn                 0 or 10 (points per label >= 20 or < 20; see knn_default)
+        knn_weight          0.6             0.6
 
-    (Measured on BibTeX, 159 labels, and on the synthetic `small` (20,000
-    labels) and `amazon-like` (670,091) sets; see docs/benchmarks.md.)
+    (Measured on BibTeX, 159 labels, and the data-shape suite of
+    dslide.datasets.suite: scripts/bench.py --suite shapes, docs/benchmarks.md.)
 
     hidden: widths of the hidden layers (ReLU); the output layer (softmax) has
         one neuron per label.
@@ -329,11 +363,21 @@ class Config:
         (even shares), one positive weight per rank (shares in proportion),
         or "auto" (shares proportional to each rank's measured speed in the
         first steps, then the layers are re-sharded once).
-    propensity_a, propensity_b: the constants A, B of the label propensities
+    knn: at inference, the labels of each query's `knn` nearest training points
+        (cosine of the L2-normalised input rows) vote beside the model's softmax
+        (dslide.fusion): score = (1 - knn_weight) p + knn_weight v, the softmax
+        taken over the model's `knn_candidates` best labels and each neighbour's
+        vote weighed by its similarity to the power `knn_power`. 0: the model
+        alone. None: from the data (`knn_default`): on where the training data
+        has few points per label, where the network's tail is weak and the
+        neighbours' labels strong.
+    propensity: the preset of the constants A, B of the label propensities
         behind PSP@k (Jain et al. 2016; see dslide.metrics.inverse_propensity),
         computed from the training labels and saved with the run
-        (dslide.propensity). Default pyxclib's 0.55, 1.5; Amazon data sets
-        usually take 0.6, 2.6 and Wikipedia ones 0.5, 0.4.
+        (dslide.propensity): "amazon" (0.6, 2.6), "wikipedia" (0.5, 0.4), or
+        "default" (0.55, 1.5, napkinXC's default; pyxclib has none).
+    propensity_a, propensity_b: explicit A, B; None takes the preset's
+        (`propensity_constants`).
     stall_timeout: seconds a rank waits in one collective (all-gather, all-reduce,
         barrier, ...) for the others before the run ends, every rank with a message
         naming the rank that stopped answering (dslide.comm, `Comm.stall_timeout`).
@@ -369,8 +413,13 @@ class Config:
     dtype: str = "float32"
     adam_dtype: str | None = None
     parallel: str = "model"
-    propensity_a: float = 0.55
-    propensity_b: float = 1.5
+    propensity: str = "default"
+    propensity_a: float | None = None
+    propensity_b: float | None = None
+    knn: int | None = None
+    knn_weight: float | None = None
+    knn_power: float = 4.0
+    knn_candidates: int = 100
     replicas: int = 1
     sync: str = "allreduce"
     sync_every: int = 8
@@ -451,8 +500,17 @@ class Config:
         if self.shard_weights and self.parallel == "data":
             raise ValueError(f"shard_weights = {self.shard_weights!r} splits layers over ranks, which "
                              f"parallel = 'data' does not; use parallel = 'model' or no shard_weights")
-        _float_range("propensity_a", self.propensity_a, 0.0, 100.0)
-        _float_range("propensity_b", self.propensity_b, 0.0, 1e6, lo_open=True)
+        _choice("propensity", self.propensity, tuple(PROPENSITY_PRESETS))
+        if self.propensity_a is not None:
+            _float_range("propensity_a", self.propensity_a, 0.0, 100.0)
+        if self.propensity_b is not None:
+            _float_range("propensity_b", self.propensity_b, 0.0, 1e6, lo_open=True)
+        if self.knn is not None:
+            _int_range("knn", self.knn, 0, 1024)
+        if self.knn_weight is not None:
+            _float_range("knn_weight", self.knn_weight, 0.0, 1.0)
+        _float_range("knn_power", self.knn_power, 0.0, 64.0)
+        _int_range("knn_candidates", self.knn_candidates, 1, 1 << 16)
         _int_range("eval_every", self.eval_every, 0)
         _int_range("eval_points", self.eval_points, 1)
         _int_range("log_every", self.log_every, 1)
@@ -461,21 +519,38 @@ class Config:
 
     # -- defaults from the data ---------------------------------------------------------
 
-    FROM_DATA = ("hidden", "dropout", "lr", "batch_size", "epochs", "init_input_scale")
+    #: the settings that `resolve` takes from the data when left at None (`dslide config show`)
+    FROM_DATA = ("hidden", "dropout", "lr", "batch_size", "epochs", "init_input_scale", "knn", "knn_weight")
 
-    def resolve(self, n_labels: int) -> "Config":
+    def resolve(self, n_labels: int, points_per_label: float | None = None) -> "Config":
         """This configuration with every setting left at None taken from the data
-        (see the class docstring); settings given explicitly are kept."""
+        (see the class docstring); settings given explicitly are kept.
+
+        points_per_label: the training points per label, over the labels that occur
+        (`label_points`); it decides `knn` (`knn_default`). Without it `knn` stays None:
+        training resolves it from its data, and a model that has the neighbours' labels
+        uses KNN of them."""
         narrow = n_labels <= NARROW_OUTPUT
         auto = {"hidden": (1024,) if narrow else (128,), "dropout": 0.6 if narrow else 0.0,
                 "lr": 1e-3 if narrow else 1e-2, "batch_size": 64 if narrow else 128,
-                "epochs": 30.0 if narrow else 5.0, "init_input_scale": 0.1 if narrow else 0.3}
+                "epochs": 30.0 if narrow else WIDE_EPOCHS, "init_input_scale": 0.1 if narrow else 0.3,
+                "knn": knn_default(n_labels, points_per_label), "knn_weight": KNN_WEIGHT}
+        if points_per_label is None:
+            del auto["knn"]
         changes = {k: v for k, v in auto.items() if getattr(self, k) is None}
         return dataclasses.replace(self, **changes) if changes else self
 
+    def neighbours(self) -> int:
+        """The neighbours a model with the neighbours' labels fuses: knn, or KNN when unset."""
+        return KNN if self.knn is None else self.knn
+
     @property
-    def resolved(self) -> bool:
-        return all(getattr(self, k) is not None for k in self.FROM_DATA)
+    def propensity_constants(self) -> tuple[float, float]:
+        """(A, B) of the label propensities: propensity_a / propensity_b where given,
+        else the `propensity` preset's."""
+        a, b = PROPENSITY_PRESETS[self.propensity]
+        return (a if self.propensity_a is None else float(self.propensity_a),
+                b if self.propensity_b is None else float(self.propensity_b))
 
     # -- per-layer views ------------------------------------------------------------
 

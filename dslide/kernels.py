@@ -20,9 +20,8 @@ another thread count: a run is reproducible for a given seed and thread count.
 
 Compilation: every kernel here, in dslide.rng and in dslide.lsh is cached on
 disk (cache=True), the parallel ones too, so only a process's first run after
-a change compiles (10 to 19 s before the first step otherwise). numba 0.68
-loads a cached parallel kernel at any thread count (tests/unit/test_numba_cache.py;
-STYLE.md's rule against it came from a crash in an older numba). numba keys
+a change compiles. numba 0.68 loads a cached parallel kernel at any thread
+count (tests/unit/test_numba_cache.py; older numba versions crashed). numba keys
 its cache by the file that defines a kernel: after editing dslide/rng.py,
 whose functions other files' kernels inline, delete the __pycache__/*.nbi
 and *.nbc files (or touch those files).
@@ -33,7 +32,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 from llvmlite import ir
-from numba import get_num_threads, get_thread_id, njit, prange, types
+from numba import get_thread_id, njit, prange, types
 from numba.extending import intrinsic, overload
 
 from dslide import rng

@@ -1,34 +1,26 @@
 """What a model costs in memory, from its configuration and shape alone (before allocating it).
 
 `account(config, n_features, n_labels, world_size, rank)` gives one rank's
-bytes by kind:
+bytes by part, each layer reporting its own slice (`estimate` of the layer
+kinds in dslide.layers, which ask their candidate source and the inference
+index, dslide.index, for theirs); this module adds them up:
 
-    weights     W and b of every layer slice: (d_in + 1) n_r values of `dtype`
-    moments     Adam's m and v: twice that, of `adam_dtype` (2 bytes for bfloat16)
-    tables      the training candidates of LSH layers: anchor tables (anchors,
-                counts, buckets of max_active ids) or item-hashing tables
-                (compact: L x (2^range_pow + 1) offsets and L x n_r ids; fixed
-                capacity: L x 2^range_pow x capacity slots and counters; item codes)
-    index       the output layer's inference index: index_anchors anchors and
-                their buckets, room for min(T, n_r) ids each (T = index_share of
-                the labels; a rank fills its share of the T); with
-                index_neighbors, every rank's copy of the index_points points
-                (unit hidden vectors as int8, graph of 2 x index_degree links, cells,
-                ~5 labels a point)
-    scratch     per-layer arrays of the step kernels (marks, positions, thread rows)
-    step        the largest transient of a training step: an LSH layer's block
-                (its weights copied, their gradient, logits), dense activations,
-                or an anchor-table refill between steps (one block of scores)
+    weights     W and b of every layer slice
+    moments     Adam's m and v (2 bytes a value for bfloat16)
+    tables      the training candidates of LSH layers
+    index       the output layer's inference index
+    scratch     per-layer arrays of the step kernels (marks, positions, thread
+                rows) and, with replicas, their marks of changed rows
+    step        the largest transient of a training step (or of a table's upkeep
+                between steps)
     index_build the transient of building the inference index at the end of
-                training (hidden vectors of index_points points, then k-means'
-                distances, one block of scores and a chunk of anchors' candidates,
-                or a block of the neighbour graph's similarities)
+                training
 
 `data_bytes` adds the training set's CSR arrays. What no formula gives is the
-interpreter with numpy, scipy, numba and its compiled kernels (and MPI):
-about 0.15 GB per process, measured by scripts/bench_scale.py before the model
-is built (153 MB in its recorded run). tests/unit/test_memory.py checks the account against the arrays of
-a built network and against measured resident memory.
+interpreter with numpy, scipy, numba and its compiled kernels (and MPI),
+measured by scripts/bench_scale.py before the model is built
+(docs/benchmarks.md). tests/unit/test_memory.py checks the account against
+the arrays of a built network and against measured resident memory.
 
 Bytes per parameter, the figure the benchmarks quote, is the sum over ranks
 of their peak resident memory divided by the model's parameters.
@@ -36,13 +28,10 @@ of their peak resident memory divided by the model's parameters.
 
 from __future__ import annotations
 
-import numpy as np
-
 from dslide.config import Config
-from dslide.kernels import MOMENT_DTYPES
-from dslide.lsh.anchors import kmeans_block, score_block
-from dslide.lsh.neighbors import GRAPH_BLOCK
-from dslide.sharding import scaled_count, shard_bounds
+from dslide.sharding import shard_bounds
+
+PARTS = ("weights", "moments", "tables", "index", "scratch", "step", "index_build")
 
 
 def n_params(n_features: int, n_labels: int, hidden) -> int:
@@ -51,103 +40,35 @@ def n_params(n_features: int, n_labels: int, hidden) -> int:
     return sum(d * n + n for d, n in zip(widths[:-1], widths[1:]))
 
 
-def _anchor_union(B: int, A: int, T: int, n_local: int) -> int:
-    """Expected size of the union of a batch's buckets: B queries over A anchors hit
-    A (1 - (1 - 1/A)^B) distinct ones (uniformly, an upper estimate of distinct-ness
-    for clustered data), each bucket T ids, at most n_local."""
-    distinct = A * (1.0 - (1.0 - 1.0 / A) ** B)
-    return int(min(n_local, distinct * T))
-
-
 def account(config: Config, n_features: int, n_labels: int, world_size: int = 1, rank: int = 0,
             threads: int = 1) -> dict:
-    """Expected bytes of rank `rank` of `world_size` (model parallel) by kind, and their "total"
+    """Expected bytes of rank `rank` of `world_size` (model parallel) by part, and their "total"
     (index_build is a transient at the end of training, not counted in the total: it falls
-    when the step's buffers are free; `peak` is the larger of total and the index build's)."""
-    from dslide.candidates import auto_range_pow
-    from dslide.network import INDEX_CHUNK
+    when the step's buffers are free; `peak` is the larger of total and the index build's).
+
+    Each layer kind reports its own slice's bytes (`Layer.estimate`); this sums them,
+    takes the largest transient, and adds the replicas' marks."""
+    from dslide.layers import KINDS as LAYER_KINDS
 
     config = config.resolve(n_labels)
     # replicas: each replica's P ranks split the model; rank w is shard w % P (dslide.replicas)
     P = 1 if config.parallel == "data" else world_size // config.replicas
     rank = rank % P
     weights = config.shard_weights if isinstance(config.shard_weights, tuple) and config.shard_weights else None
-    item = np.dtype(config.dtype).itemsize
-    m_item = np.dtype(MOMENT_DTYPES[config.moment_dtype]).itemsize
     widths = [n_features, *config.hidden, n_labels]
-    B = config.batch_size
-    out = dict.fromkeys(("weights", "moments", "tables", "index", "scratch", "step", "index_build"), 0)
-    step_peak = 0
+    out = dict.fromkeys(PARTS, 0)
     for i in range(len(widths) - 1):
         d, n = widths[i], widths[i + 1]
         bounds = shard_bounds(n, P, weights)
         n_local = int(bounds[rank + 1] - bounds[rank])
-        vals = d * n_local + n_local
-        out["weights"] += vals * item
-        out["moments"] += 2 * vals * m_item
-        is_out = i == len(widths) - 2
-        if config.layer_kind(i, n) == "dense":
-            # _count int32 [d], touched uint8 [d], _gbuf [threads, n_local]; with replicas the
-            # hop budgets and change marks, uint8 [d] each
-            out["scratch"] += d * (5 + (2 if config.replicas > 1 else 0)) + threads * n_local * item
-            # activations [B, n] (all ranks' columns after the gather) and the gradient alike
-            step_peak = max(step_peak, 3 * B * n * item + 2 * B * n_local * item)
-            continue
-        lc = config.layer_lsh(i)
-        per = lc.active_count(n)
-        per = min(scaled_count(per, n_local, n), n_local) if per else 0
-        n_rand = lc.random_count(n)
-        n_rand = min(scaled_count(n_rand, n_local, n), n_local) if n_rand else 0
-        # _pos int32, _mark, dirty, touched, the candidates' mark: uint8 each [n_local]; with
-        # replicas the hop budgets and change marks
-        out["scratch"] += n_local * (4 + 4 + (2 if config.replicas > 1 else 0))
-        if lc.family == "anchor":
-            T = max(1, min(per, n_local))
-            out["tables"] += lc.L * lc.anchors * (d * 4 + 8 + 4 + T * 4)
-            cand = _anchor_union(B, lc.anchors, per, n_local) if per else 0
-            # a refill (between steps): one block of scores and a table's [A, T] ids and scores
-            step_peak = max(step_peak, score_block(n_local) * n_local * item + lc.anchors * T * 8)
-        else:
-            from dslide import lsh
-
-            fam = lsh.make_family(lc.family, d, lc.K, lc.L, 0,
-                                  **({"bin_size": lc.bin_size} if lc.family == "dwta" else {}))
-            rp = lc.range_pow or auto_range_pow(n_local, lc.capacity, fam.code_bits)
-            if lc.capacity:  # fixed-capacity buckets, fill and policy counters, item codes
-                counters = 1 if lc.policy == "fifo" else 3
-                out["tables"] += lc.L * (1 << rp) * (lc.capacity + 1 + counters) * 4 + lc.L * n_local * 4
-            else:  # compact: bucket offsets, ids and item codes
-                out["tables"] += lc.L * ((1 << rp) + 1) * 4 + 2 * lc.L * n_local * 4
-            cand = min(n_local, B * per)
-        labels = min(n_local, int(np.ceil(B * 5 * n_local / n))) if is_out else 0  # ~5 labels a point
-        m = min(n_local, labels + cand + n_rand)
-        # W[C] copied and its gradient [m, d]; the logits [B, m] float (softmax_stats
-        # exponentiates them in place, the gradient is written over them);
-        # the dense input [B, d]
-        step_peak = max(step_peak, 2 * m * d * item + B * m * item + 2 * B * d * item)
-        if is_out and lc.index_anchors:
-            A = min(lc.index_anchors, lc.index_points)
-            T = max(1, int(np.ceil(lc.index_share * n)))
-            t_local = min(T, n_local)
-            # every rank's buckets have room for min(T, n_local) ids an anchor (filled
-            # with its share of the T, the rest padding)
-            out["index"] += A * d * 4 + A * (8 + 4) + A * t_local * 4
-            pts = lc.index_points
-            graph = 0
-            if lc.index_neighbors:
-                # points int8 [pts, d], graph int32 [pts, 2 degree], cells (A + 1) int64 and
-                # pts int32, labels (pts + 1) int64 and ~5 int32 a point
-                out["index"] += pts * d + pts * 2 * lc.index_degree * 4 + (A + 1) * 8 + pts * 4 \
-                    + (pts + 1) * 8 + 5 * pts * 4
-                graph = GRAPH_BLOCK * pts * 4 + pts * d * 4  # a block's similarities; the unit rows
-            # the hidden vectors of the sampled points, and the larger of k-means (a block of
-            # distances, the seeding subset, float64 sums) and fill_index (one block of
-            # scores, and per chunk of anchors the top-T ids and scores with keys in place,
-            # a key temporary and a mask)
-            kmeans = kmeans_block(A) * A * 4 + 4 * A * d * 4 + A * d * 8
-            fill = score_block(n_local) * n_local * 4 + min(A, INDEX_CHUNK) * t_local * (4 + 4 + 4 + 1)
-            out["index_build"] = pts * d * 4 + max(kmeans, fill, graph)
-    out["step"] = step_peak
+        kind = LAYER_KINDS[config.layer_kind(i, n)]
+        part = kind.estimate(config, i, d, n, n_local, i == len(widths) - 2, threads)
+        for k in ("weights", "moments", "tables", "index", "scratch"):
+            out[k] += part.get(k, 0)
+        for k in ("step", "index_build"):  # transients: the largest
+            out[k] = max(out[k], part.get(k, 0))
+        if config.replicas > 1:  # the replicas' marks of recent and changed rows, uint8 each
+            out["scratch"] += 2 * part["rows"]
     out["total"] = sum(out[k] for k in ("weights", "moments", "tables", "index", "scratch", "step"))
     resident = out["total"] - out["step"]
     out["peak"] = max(out["total"], resident + out["index_build"])

@@ -456,12 +456,13 @@ def inverse_propensity(Y, A: float = 0.55, B: float = 1.5) -> np.ndarray:
 
     N is the number of points (rows of Y), N_l the number of points having label l
     (non-zero entries in column l; duplicates of one entry count once). log is
-    natural. Compute it on the training labels. Usual constants (pyxclib, the
-    Extreme Classification Repository):
+    natural. Compute it on the training labels. Usual constants (the Extreme
+    Classification Repository; pyxclib's ``compute_inv_propesity`` takes them
+    without a default; dslide.config.PROPENSITY_PRESETS names them):
 
     * Amazon data sets (e.g. Amazon-670K):       A = 0.6,  B = 2.6
     * Wikipedia data sets (e.g. WikiLSHTC-325K): A = 0.5,  B = 0.4
-    * everything else (e.g. BibTeX, EURLex):     A = 0.55, B = 1.5
+    * everything else (e.g. BibTeX, EURLex):     A = 0.55, B = 1.5 (napkinXC's default)
 
     Y: scipy sparse [N, L]. A: float, finite and >= 0. B: float, finite and > 0.
     Requires N >= 3 so that log N > 1 (otherwise C <= 0 and the weights lose meaning).
@@ -469,14 +470,21 @@ def inverse_propensity(Y, A: float = 0.55, B: float = 1.5) -> np.ndarray:
     Returns float64 [L], every value >= 1; rare labels get the largest weights.
     """
     Yc = _binary_labels(Y)
+    Nl = np.bincount(Yc.indices, minlength=Yc.shape[1])
+    return inverse_propensity_from_counts(Nl, Yc.shape[0], A, B)
+
+
+def inverse_propensity_from_counts(counts, N: int, A: float = 0.55, B: float = 1.5) -> np.ndarray:
+    """:func:`inverse_propensity` from the label counts: counts int [L] (N_l, points having
+    label l) of N points. Returns float64 [L]; the same checks of A, B and N."""
     if not (np.isfinite(A) and A >= 0):
         raise ValueError(f"A ({A!r}) must be finite and >= 0 (usual: 0.6 Amazon, 0.5 Wikipedia, 0.55 other)")
     if not (np.isfinite(B) and B > 0):
         raise ValueError(f"B ({B!r}) must be finite and > 0 (usual: 2.6 Amazon, 0.4 Wikipedia, 1.5 other)")
-    N = Yc.shape[0]
+    N = int(N)
     if N < 3:
         raise ValueError(f"inverse_propensity needs N >= 3 points so that log N > 1, got N = {N}")
-    Nl = np.bincount(Yc.indices, minlength=Yc.shape[1]).astype(np.float64)
+    Nl = np.asarray(counts, dtype=np.float64)
     C = (np.log(N) - 1.0) * (B + 1.0) ** A
     return 1.0 + C * (Nl + B) ** (-A)
 

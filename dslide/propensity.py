@@ -14,9 +14,11 @@ fresh temporary name and renamed, so a reader never sees half of it):
     inv_prop   float64 [n_labels]  1/p_l = 1 + C (N_l + B)^(-A), C = (ln N - 1)(B + 1)^A
     counts     int64   [n_labels]  N_l: training points having label l
     n_points   int64   []          N: training points
-    A, B       float64 []          the constants used (default pyxclib's 0.55, 1.5)
+    A, B       float64 []          the constants used (Config.propensity_constants)
 
-The counts are kept so the weights can be recomputed with other constants.
+The counts are kept so the weights can be recomputed with other constants
+(:func:`with_constants`; `dslide eval --propensity amazon` or `--set
+propensity_a=...`).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from pathlib import Path
 import numpy as np
 import scipy.sparse as sp
 
-from dslide.metrics import inverse_propensity
+from dslide.metrics import inverse_propensity, inverse_propensity_from_counts
 
 FILE = "propensity.npz"
 KEYS = ("inv_prop", "counts", "n_points", "A", "B")
@@ -85,6 +87,13 @@ def load(run_dir, n_labels: int) -> dict | None:
     out["inv_prop"] = inv
     out.update(A=float(out["A"]), B=float(out["B"]), n_points=int(out["n_points"]))
     return out
+
+
+def with_constants(props: dict, A: float, B: float) -> dict:
+    """`props` (from :func:`load`) with inv_prop recomputed from its saved counts and
+    n_points for the constants A, B (1/p_l = 1 + C (N_l + B)^(-A), C = (ln N - 1)(B + 1)^A)."""
+    inv = inverse_propensity_from_counts(props["counts"], props["n_points"], A, B)
+    return {**props, "inv_prop": inv, "A": float(A), "B": float(B)}
 
 
 def describe(props: dict) -> str:

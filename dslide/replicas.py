@@ -125,7 +125,6 @@ match.
 
 from __future__ import annotations
 
-import math
 import time
 
 import numpy as np
@@ -216,6 +215,7 @@ class Replicas:
         self.global_points = 0
         self.group_sizes: list[int] = []
         self.wait_s = 0.0  # seconds this rank spent in synchronisations and global points
+        self._done_set = False  # partial: this replica's bit is set in the board's DONE word
 
     # -- the network ---------------------------------------------------------------------
 
@@ -247,7 +247,7 @@ class Replicas:
                 "syncs": self.syncs, "global_points": self.global_points,
                 "sync_bytes": self.sync_bytes(), "bytes_per_sync": self.sync_bytes() / max(1, self.syncs),
                 "mean_group": float(np.mean(self.group_sizes)) if self.group_sizes else 0.0,
-                "sync_wait_s": self.wait_s, "local_steps": self.k, "trained": self.trained,
+                "sync_wait_s": self.wait_s, "local_steps": self.local_steps, "trained": self.trained,
                 "stale_skips": self.stale_skips, "torn": self.torn, "missed": self.missed,
                 "shard_weights": None if self.net.shard_weights is None else list(self.net.shard_weights)}
 
@@ -483,7 +483,7 @@ class Replicas:
         self.checkpoint, self.model_ref = checkpoint, model
         every = self.config.checkpoint_every
         self.ckpts = [c for c in range(every * (self.base // every + 1), self.last, every)] if every else []
-        self.k = 0  # local steps trained
+        self.local_steps = 0  # local steps this replica trained
         self.trained = 0  # the last global step this replica trained
         self.last_sync_k = 0
         self.stop_wanted = False
@@ -492,7 +492,7 @@ class Replicas:
         self.static_until = self.base + (self.R * AUTO_STEPS if self.auto_pending and self.partial else 0)
         if self.partial:  # a checkpoint among the steps dealt in turn could not be exact
             self.ckpts = [c for c in self.ckpts if c >= self.static_until]
-        self.K = -(-(self.last - self.base) // self.R)  # allreduce: local steps of every replica
+        self.steps_each = -(-(self.last - self.base) // self.R)  # allreduce: the local steps of every replica
         self._measure = []
         self._t_return = time.perf_counter()
         self._comm_s0 = self._comm_seconds()
@@ -511,11 +511,11 @@ class Replicas:
     def _next(self) -> int | None:
         """The next global step of this replica (allreduce: dealt in turn)."""
         if not self.partial:
-            if self.k + 1 > self.K or self._dealt(self.k + 1) > self.last:
+            if self.local_steps + 1 > self.steps_each or self._dealt(self.local_steps + 1) > self.last:
                 return self._end()
-            return self._dealt(self.k + 1)
-        if self._dealt(self.k + 1) <= self.static_until:
-            return self._dealt(self.k + 1)
+            return self._dealt(self.local_steps + 1)
+        if self._dealt(self.local_steps + 1) <= self.static_until:
+            return self._dealt(self.local_steps + 1)
         return self._fetch()
 
     def advance(self, step: int, stop: bool = False) -> int | None:
@@ -523,7 +523,7 @@ class Replicas:
         points; returns the next global step to train, or None (the run is over)."""
         if self.auto_pending:
             self._measure.append((time.perf_counter() - self._t_return, self._comm_seconds() - self._comm_s0))
-        self.k += 1
+        self.local_steps += 1
         self.trained = max(self.trained, step)
         self.stop_wanted |= bool(stop)
         out = self._advance_partial() if self.partial else self._advance_allreduce()
@@ -535,13 +535,13 @@ class Replicas:
         return float(sum(self.model.seconds.values()))
 
     def _auto_due(self) -> bool:
-        return self.auto_pending and self.k == AUTO_STEPS
+        return self.auto_pending and self.local_steps == AUTO_STEPS
 
     def _advance_allreduce(self) -> int | None:
-        k = self.k
+        k = self.local_steps
         if self._auto_due():
             self._auto_point()
-        if self.R > 1 and k < self.K and k % self.config.sync_every == 0:
+        if self.R > 1 and k < self.steps_each and k % self.config.sync_every == 0:
             flags = self.sync_all(I_STOP if self.stop_wanted else 0)
             if flags & I_STOP:
                 self.stop_agreed = True
@@ -578,7 +578,7 @@ class Replicas:
         if self.partial:
             return int(self.world.allreduce_max(float(self.trained or self.base)))
         if self.stop_agreed:  # stopped at a synchronisation: every replica at local step k
-            return min(self.last, self.base + self.R * self.k)
+            return min(self.last, self.base + self.R * self.local_steps)
         return self.last  # the schedule ran out: every step dealt was trained (the last replicas had one fewer)
 
     def _save(self, step: int) -> None:
@@ -609,11 +609,11 @@ class Replicas:
     def _advance_partial(self) -> int | None:
         if self._auto_due():
             self._auto_point()
-        if self._dealt(self.k + 1) <= self.static_until:
-            return self._dealt(self.k + 1)
+        if self._dealt(self.local_steps + 1) <= self.static_until:
+            return self._dealt(self.local_steps + 1)
         if self.stop_wanted:
             return None if self._global(I_STOP) == "end" else self._fetch()
-        due = self.k - self.last_sync_k >= self.config.sync_every
+        due = self.local_steps - self.last_sync_k >= self.config.sync_every
         action, partners = self._decide(due) if self.leader else (0, None)
         if self.P > 1:
             action, partners = self.model.bcast_object((action, partners))
@@ -623,7 +623,7 @@ class Replicas:
         elif action == 1:
             self.publish()
             self.pull(partners)
-            self.last_sync_k = self.k
+            self.last_sync_k = self.local_steps
         return self._fetch()
 
     def _decide(self, due: bool) -> tuple[int, list | None]:
@@ -687,8 +687,6 @@ class Replicas:
         self.world.barrier()
         self.wait_s += time.perf_counter() - t0
         return "end" if end else "continue"
-
-    _done_set = False
 
     # -- shard weights = "auto" -------------------------------------------------------------
 

@@ -31,8 +31,12 @@ _S31 = np.uint64(31)
 _S11 = np.uint64(11)
 _INV53 = 1.0 / 9007199254740992.0  # 2**-53
 
-# Purposes: the second word of a key, so streams for different uses never meet.
-INIT, DROPOUT, NEGATIVES, SHUFFLE, EVAL, ROUNDING = 1, 2, 3, 4, 5, 6
+# Purposes: the second word of a key, so streams for different uses never meet
+# (4 and 5 belonged to draws that no longer exist: leave them unused).
+INIT, DROPOUT, NEGATIVES, ROUNDING = 1, 2, 3, 6
+# The seeds of an LSH layer's candidate source (its hash family or anchors; its
+# tables' own draws) and of its inference index (`lsh_seed`).
+CANDIDATES, TABLES, INDEX = 7, 8, 9
 
 
 @njit(cache=True, inline="always")
@@ -86,6 +90,11 @@ def stream_key(seed: int, *words: int) -> np.uint64:
     for w in words:
         k = np.uint64(key(k, np.uint64(w & 0xFFFFFFFFFFFFFFFF)))
     return np.uint64(k)
+
+
+def lsh_seed(*words) -> int:
+    """A non-negative 63-bit seed for the lsh package from stream_key(*words)."""
+    return int(stream_key(*words) >> np.uint64(1))
 
 
 @njit(parallel=True, cache=True)

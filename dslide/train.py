@@ -23,12 +23,14 @@ from threadpoolctl import threadpool_limits
 
 import dslide
 from dslide import kernels as K
-from dslide.comm import Comm, allreduce_bytes
+from dslide.comm import Comm, allreduce_bytes, default_threads
 from dslide.config import Config
 from dslide.data import XMCData
-from dslide.network import Batch, LSHLayer, Network, merge_topk
+from dslide.batch import Batch
+from dslide.network import Network
 from dslide.replicas import Replicas
 from dslide.sharding import shard_range
+from dslide.topk import merge_topk
 
 #: byte counters that belong to training steps (the rest: evaluation, logging, checks)
 STEP_KINDS = ("allgather", "reduce_scatter", "allgather_block", "softmax_stats", "gradients")
@@ -120,8 +122,10 @@ def total_steps(config: Config, n: int) -> int:
 
 
 def _threads(config: Config) -> int:
+    """numba threads of this rank: `threads`, or for 0 the node's cores divided by its ranks
+    (dslide.comm.default_threads); never more than NUMBA_NUM_THREADS."""
     n = numba.config.NUMBA_NUM_THREADS
-    return min(config.threads, n) if config.threads else n
+    return min(config.threads or default_threads(), n)
 
 
 def _blas_threads(net: Network, threads: int) -> int:
@@ -136,7 +140,7 @@ def _blas_threads(net: Network, threads: int) -> int:
     """
     if dslide.BLAS_THREADS_SLEEP:
         return threads
-    return 1 if any(isinstance(layer, LSHLayer) for layer in net.layers) else threads
+    return 1 if any(layer.kernel_bound for layer in net.layers) else threads
 
 
 def peak_rss_mb() -> float:
@@ -181,7 +185,7 @@ def init_from_data(model: Model, train: XMCData) -> None:
 def fit(train: XMCData, config: Config | None = None, test: XMCData | None = None, *,
         comm: Comm | None = None, model: Model | None = None, callback=None,
         verbose: bool = False, stop_at: int | None = None, index: bool = True,
-        checkpoint=None) -> tuple[Model, list]:
+        checkpoint=None, index_progress: bool = False) -> tuple[Model, list]:
     """Train a network on `train`; returns (model, history).
 
     history: a list of dicts, one per logging point: step, epoch, samples,
@@ -203,9 +207,11 @@ def fit(train: XMCData, config: Config | None = None, test: XMCData | None = Non
     final weights (`build_index`; its timings land in model.index_info).
     checkpoint(model, comm): called every `checkpoint_every` global steps (not
     at the last) on the ranks that write a checkpoint (see `save_model`).
+    index_progress: a progress bar (tqdm, stderr) for the index build.
     """
     if model is None:
-        model = build_network((train.n_features, train.n_labels), config or Config(), comm)
+        config = (config or Config()).resolve(train.n_labels, points_per_label(train.Y))
+        model = build_network((train.n_features, train.n_labels), config, comm)
         init_from_data(model, train)
     config = model.config  # resolved: every setting has its value
     net = model.network
@@ -218,37 +224,104 @@ def fit(train: XMCData, config: Config | None = None, test: XMCData | None = Non
         model, history = _fit(model, train, test, callback, verbose, threads, stop_at, checkpoint)
     if index:
         with threadpool_limits(threads, user_api="blas"):
-            build_index(model, train)
+            build_index(model, train, progress=index_progress)
+    build_neighbours(model, train)
     return model, history
 
 
-def build_index(model: Model, train: XMCData) -> dict:
+def points_per_label(Y) -> float:
+    """Training points per label, over the labels that occur (Config.resolve's data shape)."""
+    from dslide.config import label_points
+
+    Y = sp.csr_matrix(Y)
+    # the counts of the labels that occur only: no array of n_labels before the memory check
+    return label_points(np.unique(Y.indices, return_counts=True)[1])
+
+
+def build_neighbours(model: Model, train: XMCData) -> None:
+    """The output layer's neighbour labels (dslide.fusion) from the training data, when
+    `knn` > 0: every rank builds the same store, a function of the data alone."""
+    from dslide import fusion
+
+    from dslide.config import knn_default
+
+    cfg = model.config
+    k = cfg.knn if cfg.knn is not None else knn_default(train.n_labels, points_per_label(train.Y))
+    out = model.network.layers[-1]
+    out.neighbour_labels = fusion.NeighbourLabels.build(train.X, train.Y) if k else None
+
+
+def build_index(model: Model, train: XMCData, progress: bool = False) -> dict:
     """The inference index of an LSH output layer, from its final weights: anchors from the
     hidden vectors of at most `lsh.index_points` training points (a sample chosen by the
     seed, the same on every rank). Returns (and keeps in model.index_info) its timings;
-    {} when the output layer is dense or lsh.index_anchors is 0."""
+    {} when the output layer is dense or lsh.index_anchors is 0. progress: a tqdm bar of
+    its two stages (the hidden vectors of the points, then anchors, buckets and graph)."""
     net = model.network
     out = net.layers[-1]
-    if not isinstance(out, LSHLayer) or out.lc.index_anchors == 0:
+    n = train.n_points
+    m = min(n, out.index_points())
+    if m == 0:
         return {}
     t0 = time.perf_counter()
-    n = train.n_points
-    m = min(n, out.lc.index_points)
     rows = np.sort(np.random.default_rng([model.config.seed, 0x1DE]).choice(n, m, replace=False))
     parts = _csr_parts(train.X, net.dtype)
     norms = input_norms(train.X, model.config.input_norm)
     H = np.empty((m, out.d_in), np.float32)  # filled in place: no list of blocks to concatenate
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        # the second stage, anchors, buckets and the neighbour graph, counted as much as the first
+        bar = tqdm(total=2 * m, unit="point", desc="inference index", dynamic_ncols=True, leave=False)
     for s in range(0, m, 4096):
         batch = make_batch(parts, None, rows[s:s + 4096], net.step, norms=norms)
         H[s:s + 4096] = net.hidden(batch).dense()
+        if bar is not None:
+            bar.update(min(m, s + 4096) - s)
     Y = sp.csr_matrix(train.Y)[rows]
     labels = (Y.indptr.astype(np.int64), Y.indices.astype(np.int32))
+    if bar is not None:
+        bar.set_postfix_str("anchors, buckets, neighbour graph")
     info = out.build_index(H, net.comm, labels)
-    kept = net.comm.allreduce_sum(np.array([float(np.mean(out.inference.fill_count))]), kind="index")[0]
-    info.update({"points": m, "index_s": time.perf_counter() - t0, "share": float(kept) / out.n})
+    share = info.pop("share")
+    t1 = time.perf_counter()
+    warm_index(model)
+    info["warm_s"] = time.perf_counter() - t1
+    if bar is not None:
+        bar.update(m)
+        bar.close()
+    info.update({"points": m, "index_s": time.perf_counter() - t0, "share": share})
     model.index_info = info
     return info
 
+
+
+def warm_index(model: Model) -> None:
+    """Compile the LSH output layer's query kernels (numba, into its on-disk cache) on a
+    tiny query of this rank's slice; nothing without an inference index.
+
+    Called at the end of `build_index`, so that the first `predict --lsh` of a run finds
+    them in the cache: compiled cold they take tens of CPU-seconds per rank, which on a
+    shared machine stretched `predict --lsh` of 3,000 points from seconds to minutes
+    (docs/lsh.md). The query goes through the kernels with the layer's own arrays and the
+    argument types scoring uses (`LSHLayer.topk`, `_nearest_points`), so the compiled
+    signatures are those scoring looks up.
+    """
+    from dslide.layers import LSHLayer
+
+    out = model.network.layers[-1]
+    if not isinstance(out, LSHLayer) or getattr(out, "inference", None) is None:
+        return
+    x = np.zeros((2, out.d_in), np.float32)
+    x[:, 0] = 1.0
+    codes = out.inference.codes(x, out.lc.index_probes)
+    extras = None
+    if out.neighbors is not None:
+        nn = np.ascontiguousarray(out.neighbors.neighbors(x, codes[:, 0], out.lc.index_search,
+                                                          out.lc.index_neighbors)[0], dtype=np.int32)
+        extras = out.neighbors.extras(nn, out.lo, out.lo + out.n_local)
+    out.inference.topk(x, out.W, out.b, 1, out.lc.index_probes, extras=extras, codes=codes)
 
 
 def _fit(model, train, test, callback, verbose, threads, stop_at, checkpoint):
@@ -399,14 +472,18 @@ PREDICT_BATCH = {"exact": 1024, "index": 65536}
 
 
 def predict_topk_scores(model: Model, X: sp.csr_matrix, k: int, exact: bool = True, batch_size: int | None = None,
-                        stats: dict | None = None):
+                        stats: dict | None = None, progress=None):
     """Top k labels per point and their scores (logits): (ids int64 [n, k], scores float64 [n, k]).
 
     exact: every output neuron scored; otherwise an LSH output layer scores
     only what its inference index retrieves. With P ranks each scores its own
     slice and the candidates (B x k per rank) are merged, so every rank gets
     the result. stats (a dict) receives "scored_share": the mean share of the
-    labels scored per point.
+    labels scored per point. When the output layer has neighbour labels
+    (`knn` > 0, dslide.fusion) the scores are the fused ones: the model's
+    softmax over its `knn_candidates` best labels mixed with the labels of the
+    point's `knn` nearest training points. progress(n): called
+    with the points of each batch done.
     """
     net = model.network
     if X.shape[1] != net.n_features:
@@ -420,14 +497,22 @@ def predict_topk_scores(model: Model, X: sp.csr_matrix, k: int, exact: bool = Tr
     scored = 0
     if batch_size is None:
         batch_size = PREDICT_BATCH["exact" if exact else "index"]
+    cfg = model.config
+    store = net.layers[-1].neighbour_labels if cfg.neighbours() else None
+    kk = max(k, cfg.knn_candidates) if store is not None else k
     for s in range(0, n, batch_size):
         rows = np.arange(s, min(n, s + batch_size))
         batch = make_batch(parts, None, rows, net.step, norms=norms)
-        ls, li, ln = net.local_topk(batch, k, exact)
+        ls, li, ln = net.local_topk(batch, kk, exact)
         # the layers' communicator: a stand-in in data-parallel mode, where every rank has it all
-        ms, mi = merge_topk(net.comm.allgather_rows(ls), net.comm.allgather_rows(li), k)
+        ms, mi = merge_topk(net.comm.allgather_rows(ls), net.comm.allgather_rows(li), kk)
+        if store is not None:
+            nn_ids, nn_sims = store.neighbours(X[s:s + len(rows)], cfg.neighbours(), net.comm)
+            mi, ms = store.fuse(mi, ms, nn_ids, nn_sims, cfg.knn_weight, cfg.knn_power, k)
         scores[rows], ids[rows] = ms, mi
         scored += int(ln.sum())
+        if progress is not None:
+            progress(rows.shape[0])
     if stats is not None:
         total = float(net.comm.allreduce_sum(np.array([scored], dtype=np.float64))[0])
         stats["scored_share"] = total / max(1, n) / net.n_labels
@@ -446,6 +531,3 @@ def evaluate(model: Model, data: XMCData, k: int = 5, exact: bool = True, inv_pr
     pred = predict_topk(model, data.X, k, exact)
     return metrics.evaluate(sp.csr_matrix(data.Y), pred, k=k, inv_prop=inv_prop)
 
-
-def lsh_layers(model: Model) -> list[LSHLayer]:
-    return [layer for layer in model.network.layers if isinstance(layer, LSHLayer)]

@@ -29,11 +29,10 @@ anchor, whose bucket holds the items scoring highest there. `NeighborIndex`
 (lsh.neighbors) finds a query's nearest training points on a k-NN graph; an
 output layer's inference index adds their labels to the query's bucket.
 
-LAYER_FAMILIES: what an LSH layer of dslide can pick its neurons with
-("anchor", then the item-hashing families that hash dense vectors; the
-config validates against it). MinHash is not among them: it hashes the
-non-zero set of a vector, and a layer's weight rows are dense (every row's
-set is every input), so it applies to sparse inputs only (CSR `hash_csr`).
+MinHash hashes the non-zero set of a vector, and a dslide layer's weight rows
+are dense (every row's set is every input), so it applies to sparse inputs
+only (CSR `hash_csr`); what a layer picks its neurons with is
+dslide.candidates.SOURCES.
 """
 
 from __future__ import annotations
@@ -55,7 +54,6 @@ from .tables import HashTables
 from .wta import WTA
 
 FAMILIES = {"srp": SRP, "dwta": DWTA, "wta": WTA, "minhash": MinHash}
-LAYER_FAMILIES = ("anchor", "dwta", "srp", "wta")
 
 
 def make_family(name: str, dim: int, K: int, L: int, seed: int, **params) -> HashFamily:
@@ -74,4 +72,4 @@ def make_family(name: str, dim: int, K: int, L: int, seed: int, **params) -> Has
     return cls(dim, K, L, seed, **params)
 
 
-__all__ = ["FAMILIES", "LAYER_FAMILIES", "AnchorTables", "CompactTables", "NeighborIndex", "make_family", "HashFamily", "HashTables", "SRP", "DWTA", "WTA", "MinHash"]
+__all__ = ["FAMILIES", "AnchorTables", "CompactTables", "NeighborIndex", "make_family", "HashFamily", "HashTables", "SRP", "DWTA", "WTA", "MinHash"]

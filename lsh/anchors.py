@@ -3,11 +3,10 @@
 Why not random projections here. An output layer ranks neuron j for an input
 x by s_j(x) = w_j . x + b_j. After training, the biases (label priors) carry
 much of the ranking and the inner products that decide the top of the list
-are small next to |w_j| |x|: on an Amazon-670K-shaped model the top-10 items
-have cosines around 0.3 against a bulk around 0, which gives signed random
-projections, even after the asymmetric MIPS transforms, well under 10% recall
-of the exact top-10 at a 2% candidate budget (scripts/bench_lsh.py, "trained
-layer" section). Inputs, on the other hand, cluster well: points of one topic
+are small next to |w_j| |x|, which leaves signed random projections, even
+after the asymmetric MIPS transforms, with a low recall of the exact top-10 at
+a small candidate budget (scripts/bench_lsh.py, "trained layer" section;
+docs/lsh.md). Inputs, on the other hand, cluster well: points of one topic
 have close hidden vectors and close top lists.
 
 So the hash is on the query side. Each of L tables has A anchors c_{l,a}
@@ -143,10 +142,8 @@ def top_rows(S, T, out_ids, out_scores):
 
 #: the most a block of anchor scores (score_top) or of distances to the anchors (kmeans)
 #: may take: both run with every weight and moment resident (table refills, the
-#: inference index), so their transient must stay small next to them (a fixed 64 anchors
-#: were 171 MB at 670,091 labels, two blocks alive at once before the buffer was reused;
-#: k-means' 8192 rows x 2048 anchors 67 MB); smaller blocks only mean more, smaller
-#: matrix products
+#: inference index), so their transient must stay small next to them whatever the
+#: layer's width; smaller blocks only mean more, smaller matrix products
 SCORE_BLOCK_BYTES = 32 << 20
 
 
@@ -300,12 +297,10 @@ def topk_by_anchor(X, W, b, order, gptr, ganchor, buckets, fill, k, n_chunks, xp
     The queries order[gptr[g]:gptr[g+1]] all have anchor ganchor[g]; each item row
     W[j] of that bucket is read once for the whole group and scored against every
     query of the group while it sits in cache, so a bucket's rows cross memory
-    once per anchor rather than once per query (5,000 points hit ~900 of 2,048
-    anchors at 670,091 labels). Scores are computed 4 items x 2 queries at a time:
-    eight independent sums, where one dot product at a time waits on its own
-    additions (the kernel 1.6x faster at 1 thread and 1.4x at 2 than one dot
-    product at a time, same ids; 5,000 queries of a trained amazon-like layer,
-    hidden 128).
+    once per anchor rather than once per query (many queries share an anchor).
+    Scores are computed 4 items x 2 queries at a time: eight independent sums,
+    where one dot product at a time waits on its own additions (same ids either
+    way).
     Groups are dealt round-robin to n_chunks parallel chunks (pass them largest
     first for even work).
 

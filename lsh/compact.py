@@ -8,9 +8,8 @@ Storage (L tables, NB = 2**range_pow buckets, m items):
 
 A table holds exactly its m items: (NB + 1 + 2 m) * 4 bytes, against
 NB * (capacity + 2) * 4 for fixed-capacity tables (lsh.tables), whose slots
-must outnumber the items several times over for few buckets to overflow:
-SLIDE's hashing (DWTA, K = 6) of 670,091 neurons leaves 84% of 50 x 2^16 x 64
-slots empty and still fills some buckets. Nothing is ever evicted, so there
+must outnumber the items several times over for few buckets to overflow
+(most slots stay empty while some buckets fill). Nothing is ever evicted, so there
 is no policy; a query reads whole buckets.
 
 Updates change item codes and then regroup each table's ids by a counting

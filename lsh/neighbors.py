@@ -20,12 +20,11 @@ Search. A best-first beam of width ef (the graph search of HNSW's bottom
 layer): start from entry points (the training points of the query's anchor
 cell), repeatedly expand the best point not yet expanded, keep the ef best
 seen, stop when the best left to expand is worse than the beam's worst;
-return the beam's k best. Each query costs one to three thousand dot products
-of length d (ef = 128 on the layer above), next to the bucket's ~13,000 rows
-at 2% of 670,091 labels; but its rows are read at random, where a bucket's
-are read once per anchor for all of its queries, so at 1 thread the search
-takes about as long as the bucket's scoring (scripts/bench_lsh.py --eval
-times the whole against the buckets alone).
+return the beam's k best. Each query costs a few thousand dot products of
+length d (ef = lsh.index_search), fewer than its bucket's rows, but read at
+random, where a bucket's rows are read once per anchor for all of its queries
+(scripts/bench_lsh.py --eval times the whole against the buckets alone;
+docs/lsh.md).
 
 Storage: the points as int8 (`quantize`: unit rows x 127; the search's dot
 products are int32), graph int32 [n, M + R] (-1 pads a row), entries as a CSR over cells
@@ -62,7 +61,6 @@ def quantize(X) -> np.ndarray:
 
 
 #: rows of the exact k-NN graph computed at a time: their similarities, float32 block x n
-#: (51 MB at n = 50,000)
 GRAPH_BLOCK = 256
 
 
@@ -99,7 +97,7 @@ def knn_rows(P, lo: int, hi: int, M: int, block: int = GRAPH_BLOCK) -> np.ndarra
     """int32 [hi - lo, M]: for each point lo <= i < hi of P (unit rows, float32 [n, d]), its
     M most similar other points by P[i] . P[j], best first, ties to the lower index.
     O((hi - lo) n d) through BLAS, `block` rows at a time, then one pass per row
-    (top_of_rows: 2x faster than numpy's argpartition and sort at n = 50,000)."""
+    (top_of_rows, instead of numpy's argpartition and sort)."""
     n = P.shape[0]
     M = check_int("M (graph degree)", M, 1, max(1, n - 1))
     out = np.empty((hi - lo, M), np.int32)
@@ -378,7 +376,7 @@ class NeighborIndex:
         (0 <= code < A); label_ptr/label_ids their labels (CSR, global ids); M nearest plus
         up to R reverse links per point. The index keeps the points ordered by cell (stable)."""
         # the points cell by cell: a search mostly moves between points of nearby cells, so
-        # this keeps what it reads closer together in memory (13% faster at 50,000 points)
+        # this keeps what it reads closer together in memory
         codes = np.asarray(codes, dtype=np.int64).ravel()
         perm = np.argsort(codes, kind="stable")
         codes = codes[perm]

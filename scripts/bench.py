@@ -1,6 +1,7 @@
 #!/usr/bin/env python
 """dslide against what a user would run otherwise, on the same data and machine, in one run.
 
+    python scripts/bench.py --suite shapes                     (every data shape against the trees; scripts/bench_suite.py)
     python scripts/bench.py --suite quick                      (both parts, about 10 minutes)
     python scripts/bench.py --suite full --parts main          (about 25 minutes on 2 cores)
     python scripts/bench.py --suite full --parts peers         (about 15 minutes)
@@ -128,7 +129,9 @@ PARTS = ("main", "peers", "lsh", "schedule")
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--suite", choices=sorted(SUITES), default="quick")
+    p.add_argument("--suite", choices=sorted(SUITES) + ["shapes"], default="quick",
+                   help="quick, full, or shapes: the data-shape suite (scripts/bench_suite.py), "
+                        "dslide against the tree libraries on every member")
     p.add_argument("--parts", default="main,peers",
                    help="comma-separated: main (the same network by dslide, dense, data-parallel, PyTorch), "
                         "peers (dslide's defaults against omikuji, napkinXC, PyTorch sampled softmax), "
@@ -141,7 +144,12 @@ def main(argv=None) -> int:
     p.add_argument("--no-torch", action="store_true")
     p.add_argument("--no-trees", action="store_true", help="leave omikuji and napkinXC out")
     p.add_argument("--no-record", action="store_true", help="do not update docs/benchmarks.md")
+    import bench_suite
+
+    bench_suite.add_arguments(p)
     a = p.parse_args(argv)
+    if a.suite == "shapes":
+        return bench_suite.run(a)
     parts = [x.strip() for x in a.parts.split(",") if x.strip()]
     bad = sorted(set(parts) - set(PARTS))
     if bad or not parts:

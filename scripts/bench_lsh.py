@@ -291,6 +291,8 @@ def end_to_end(args) -> None:
 
     rows, builds = [], []
     for ranks, threads in ((1, 2), (2, 1)):
+        if args.skip_compare:
+            break
         env = B.thread_env(threads)
         cmd = [sys.executable, "-m", "mpi4py", __file__, "--model", args.model, "--data", args.data, "--eval-child",
                "--shares", args.shares] + (["--rebuild", args.rebuild] if args.rebuild else [])
@@ -304,6 +306,8 @@ def end_to_end(args) -> None:
         rows += [(ranks, threads, r) for r in result["rows"]]
         builds.append(f"{ranks} x {threads}: " + ", ".join(f"{k} {v:.1f}" if isinstance(v, float) else f"{k} {v}"
                                                           for k, v in result["index"].items()))
+    if args.skip_compare:
+        return wall_table(args)
     rebuilt = (f"; the index rebuilt from {args.rebuild} with this code's settings (seconds and sizes: "
                + "; ".join(builds) + ")") if args.rebuild else ""
     lines = [f"command: `{' '.join(shlex.quote(a) for a in ['python', *sys.argv])}`", "",
@@ -318,6 +322,110 @@ def end_to_end(args) -> None:
     print("\n".join(lines), flush=True)
     if not args.no_record:
         B.record(f"bench_lsh.py --model ... --eval ({os.path.basename(args.data)})", "\n".join(lines))
+    wall_table(args)
+
+
+def _predict_once(args, ranks: int, threads: int, lsh: bool, cache_dir: str | None) -> dict:
+    """One `dslide predict` in a fresh process: its wall seconds from the process's start to the
+    predictions written (it exits right after writing them), and the seconds it printed."""
+    import re
+    import subprocess
+
+    import _bench as B
+
+    env = B.thread_env(threads)
+    if cache_dir:
+        env["NUMBA_CACHE_DIR"] = cache_dir
+    out = os.path.join(B.ROOT, "runs", "bench_lsh_wall", f"pred-{ranks}x{threads}-{int(lsh)}.txt")
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+    cmd = [sys.executable, "-m", "dslide", "predict", "--model", args.model, "--data", args.data, "--k", "5",
+           "--out", out, "--quiet"] + (["--lsh"] if lsh else [])
+    if ranks > 1:
+        cmd = [B.mpiexec(), "-n", str(ranks), *cmd]
+    t0 = time.perf_counter()
+    p = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    wall = time.perf_counter() - t0
+    if p.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd)} failed (exit {p.returncode}):\n{p.stderr[-3000:]}")
+    m = re.search(r"points in ([\d.]+)s .*after ([\d.]+)s of start-up \(([\d.]+)s loading", p.stdout)
+    return {"wall": wall, "scoring": float(m.group(1)), "startup": float(m.group(2)), "load": float(m.group(3))}
+
+
+def _corunner():
+    """Start a 2-rank MPI training job that keeps both cores busy (its own process group);
+    returns the Popen, ended by `_stop`."""
+    import subprocess
+
+    import _bench as B
+
+    work = os.path.join(B.ROOT, "runs", "bench_lsh_wall")
+    os.makedirs(work, exist_ok=True)
+    prefix = os.path.join(work, "corun")
+    if not os.path.exists(prefix + "_train.txt"):
+        subprocess.run([sys.executable, "-m", "dslide", "data", "gen", "--preset", "small", "--points", "5000",
+                        "--test-points", "100", "--out", prefix], check=True, capture_output=True)
+    cmd = [B.mpiexec(), "-n", "2", sys.executable, "-m", "dslide", "train", "--train", prefix + "_train.txt",
+           "--out", os.path.join(work, "corun_run"), "--quiet", "--set", "epochs=100000", "--set", "threads=1",
+           "--set", "eval_every=0"]
+    p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+                         env=B.thread_env(1))
+    time.sleep(15)  # past its start-up: training steps and their collectives
+    return p
+
+
+def _stop(p) -> None:
+    import signal
+
+    try:
+        os.killpg(p.pid, signal.SIGTERM)  # the group of the job this script started
+    except ProcessLookupError:
+        pass
+    p.wait()
+
+
+def wall_table(args) -> None:
+    """End to end: `dslide predict` (exact and --lsh) from the process's start to the written
+    predictions, beside the scoring ("kernel") seconds it printed, at 2 ranks x 1 thread, on the
+    machine as it is and beside a co-running 2-rank MPI training; with --cold also with an
+    empty numba cache (every kernel compiled in the run)."""
+    import shutil
+    import tempfile
+
+    import _bench as B
+
+    conditions = [("as is", False), ("beside a 2-rank MPI job", True)]
+    caches = [("warm", None)] + ([("cold", "fresh")] if args.cold else [])
+    rows = []
+    for cond, corun in conditions:
+        job = _corunner() if corun else None
+        try:
+            for cache, how in caches:
+                for lsh in (False, True):
+                    tmp = tempfile.mkdtemp(prefix="dslide-numba-") if how else None
+                    try:
+                        _predict_once(args, 2, 1, lsh, None) if not how else None  # warm: one run first
+                        r = _predict_once(args, 2, 1, lsh, tmp)
+                    finally:
+                        if tmp:
+                            shutil.rmtree(tmp, ignore_errors=True)
+                    rows.append((cond, cache, "--lsh" if lsh else "exact", r))
+                    print(f"  {cond}, {cache} cache, {'--lsh' if lsh else 'exact'}: {r}", file=sys.stderr, flush=True)
+        finally:
+            if job is not None:
+                _stop(job)
+    lines = [f"command: `{' '.join(shlex.quote(a) for a in ['python', *sys.argv])}`", "",
+             f"machine: {B.machine()}; load average before: {os.getloadavg()[0]:.1f}", "",
+             f"`mpiexec -n 2 dslide predict --model {args.model} --data {args.data} --k 5` (1 thread per rank); "
+             "end to end: from the process's start to the predictions written; scoring: the seconds it printed "
+             "(T.predict_topk_scores); warm: numba's cache filled by a run just before; cold: an empty cache", "",
+             "| machine | numba cache | method | end to end s | scoring s | start-up s | of it loading s |",
+             "|---|---|---|---|---|---|---|"]
+    for cond, cache, method, r in rows:
+        lines.append(f"| {cond} | {cache} | {method} | {r['wall']:.1f} | {r['scoring']:.2f} | {r['startup']:.1f} | "
+                     f"{r['load']:.1f} |")
+    print("\n".join(lines), flush=True)
+    if not args.no_record:
+        B.record(f"bench_lsh.py --model ... --eval, end to end ({os.path.basename(args.data)})", "\n".join(lines))
 
 
 def eval_child(args) -> None:
@@ -352,6 +460,10 @@ def main(argv=None):
                     help="with --model and --data: exact against --lsh against a static shortlist, end to end, "
                          "at 1 x 2 and 2 x 1")
     ap.add_argument("--eval-child", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--skip-compare", action="store_true",
+                    help="with --eval: only the end-to-end table (dslide predict, as is and beside an MPI job)")
+    ap.add_argument("--cold", action="store_true",
+                    help="with --eval: the end-to-end table also with an empty numba cache")
     ap.add_argument("--no-record", action="store_true", help="with --eval: do not update docs/benchmarks.md")
     ap.add_argument("--rebuild", metavar="TRAIN",
                     help="with --eval: first rebuild the run's inference index from this training data with "

@@ -142,10 +142,10 @@ def test_lsh_inference_index_gives_the_same_topk_and_share_at_p_ranks_as_at_one(
     agreed across ranks, and re-ranks exactly: P ranks retrieve and return what 1 rank does,
     whether the 16 anchors are filled at once or 5 at a time (chunks of 5, 5, 5, 1), and with
     the nearest training points' labels added (a graph whose rows the ranks share out)."""
-    from dslide import network as N
+    from dslide import index as I
     from dslide import train as T
 
-    monkeypatch.setattr(N, "INDEX_CHUNK", chunk)
+    monkeypatch.setattr(I, "INDEX_CHUNK", chunk)
     from dslide.config import LSHConfig
     from dslide.data import XMCData
 
@@ -188,7 +188,8 @@ def test_lsh_inference_index_gives_the_same_topk_and_share_at_p_ranks_as_at_one(
 
 
 def test_kth_largest_across_ranks_equals_numpy_on_the_concatenation():
-    from dslide.network import _order_keys, kth_largest
+    from dslide.topk import kth_largest
+    from dslide.topk import order_keys as _order_keys
 
     world = Comm(MPI.COMM_WORLD)
     rs = np.random.default_rng(100 + world.rank)
@@ -200,3 +201,23 @@ def test_kth_largest_across_ranks_equals_numpy_on_the_concatenation():
         got = kth_largest(_order_keys(np.sort(scores, axis=1)[:, ::-1]), k, world)
         want = _order_keys(np.sort(everything, axis=1)[:, everything.shape[1] - k])
         np.testing.assert_array_equal(got, want)
+
+
+def test_fused_predictions_at_p_ranks_equal_one_rank():
+    """knn > 0: exact-mode training and the neighbours' votes give every rank the 1-rank top-k."""
+    from dslide import train as T
+    from dslide.data import XMCData
+
+    X, Y = _data(n=120, L=17)
+    cfg = Config(hidden=(8,), exact=True, batch_size=32, seed=4, lr=1e-2, epochs=2.0, knn=3, knn_weight=0.5,
+                 knn_candidates=6)
+    world = Comm(MPI.COMM_WORLD)
+    model_p, _ = T.fit(XMCData(X[:90], Y[:90]), cfg, comm=world, index=False)
+    model_1, _ = T.fit(XMCData(X[:90], Y[:90]), cfg, comm=Comm(), index=False)
+    ids_p, s_p = T.predict_topk_scores(model_p, X[90:], 5)
+    ids_1, s_1 = T.predict_topk_scores(model_1, X[90:], 5)
+    np.testing.assert_allclose(s_p, s_1, rtol=1e-4, atol=1e-6)
+    assert (ids_p == ids_1).mean() >= 0.95  # float ties at the k-th place aside
+    # the votes count: the model alone ranks otherwise
+    model_1.config = model_1.config.replace(knn=0)
+    assert not np.array_equal(T.predict_topk(model_1, X[90:], 5), ids_1)

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from dslide import cli
 from dslide.config import (BIAS_INITS, DTYPES, INPUT_NORMS, LAYER_KINDS, LR_SCHEDULES, PARALLEL, POLICIES, SELECT_MODES,
                            SYNC_MODES, Config, LSHConfig)
-from dslide.lsh import LAYER_FAMILIES
+from dslide.candidates import SOURCES
 
 try:
     import tomllib
@@ -75,7 +75,7 @@ _floats01 = st.floats(0.0, 1.0, allow_nan=False)
 
 @st.composite
 def _lsh_configs(draw):
-    family = draw(st.sampled_from(LAYER_FAMILIES))
+    family = draw(st.sampled_from(tuple(SOURCES)))
     L = draw(st.none() | st.integers(1, 1024))  # None: the family's default
     max_threshold = 10**6 if family == "anchor" else (L or 50)
     return LSHConfig(
@@ -314,7 +314,8 @@ def test_train_eval_predict_end_to_end(trained, tiny, capsys, tmp_path):
     pred = tmp_path / "pred.txt"
     code, out, _ = run(["predict", "--model", str(trained), "--data", str(tiny[1]), "--k", "3", "--out", str(pred)],
                        capsys)
-    lines = pred.read_text().splitlines()
+    header, *lines = pred.read_text().splitlines()
+    assert header == "500 500"  # pyxclib's read_sparse_file reads it: points, labels
     assert code == 0 and len(lines) == 500 and all(len(l.split()) == 3 for l in lines)
     top1 = np.array([int(l.split()[0].split(":")[0]) for l in lines])
     hits = np.mean([Y[i, top1[i]] > 0 for i in range(500)])
@@ -366,11 +367,11 @@ def test_a_checkpoint_write_killed_midway_leaves_the_previous_one(trained, tiny,
         assert ck.load_into(net, path, Comm())["step"] == 128
 
 
-def test_lsh_family_choices_are_lsh_layer_families_and_minhash_is_refused_with_why():
+def test_lsh_family_choices_are_the_candidate_sources_and_minhash_is_refused_with_why():
     from dslide import lsh
 
-    assert set(lsh.LAYER_FAMILIES) == {"anchor"} | (set(lsh.FAMILIES) - {"minhash"})
-    for family in lsh.LAYER_FAMILIES:
+    assert set(SOURCES) == {"anchor"} | (set(lsh.FAMILIES) - {"minhash"})
+    for family in SOURCES:
         assert Config(lsh={"family": family}).lsh.family == family
     with pytest.raises(ValueError, match="lsh.family = 'minhash' hashes sets.*one of: anchor, dwta, srp, wta"):
         Config(lsh={"family": "minhash"})

@@ -98,7 +98,7 @@ def test_state_round_trip_and_checks():
 
 
 def test_a_layer_uses_compact_tables_by_default():
-    from dslide.candidates import auto_range_pow
+    from dslide.candidates.hashing import auto_range_pow
     from dslide.comm import Comm
     from dslide.config import Config, LSHConfig
     from dslide.network import Network

@@ -12,7 +12,8 @@ import pytest
 from dslide import memory
 from dslide.comm import Comm
 from dslide.config import Config, LSHConfig
-from dslide.network import LSHLayer, Network
+from dslide.layers import LSHLayer
+from dslide.network import Network
 
 
 def _held(net) -> dict:

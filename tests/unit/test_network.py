@@ -14,7 +14,9 @@ import scipy.sparse as sp
 
 from dslide import kernels as K
 from dslide.config import Config, LSHConfig
-from dslide.network import Batch, DenseLayer, LSHLayer, Network
+from dslide.batch import Batch
+from dslide.layers import DenseLayer, LSHLayer
+from dslide.network import Network
 from dslide.train import _csr_parts, make_batch
 
 
@@ -533,7 +535,7 @@ def test_default_candidates_depend_on_the_layer_width_and_an_explicit_max_active
 
 
 def test_item_hashing_candidates_cap_takes_rank_by_rank():
-    from dslide.candidates import _rank_major_union
+    from dslide.candidates.hashing import _rank_major_union
 
     rs = np.random.default_rng(9)
     lens = rs.integers(0, 6, 12)
@@ -551,7 +553,7 @@ def test_item_hashing_candidates_cap_takes_rank_by_rank():
 
 
 def test_order_keys_in_place_are_the_int64_keys_in_int32():
-    from dslide.network import _order_keys
+    from dslide.topk import order_keys as _order_keys
 
     rs = np.random.default_rng(4)
     s = np.concatenate([rs.normal(size=500) * 10.0 ** rs.integers(-20, 20, 500), [0.0, -0.0, -np.inf, np.inf]])
@@ -595,14 +597,14 @@ def test_inference_index_buckets_are_the_top_labels_by_the_documented_score(shri
 
 @pytest.mark.parametrize("chunk", [256, 7, 1])
 def test_inference_index_buckets_are_each_anchors_top_labels_by_id_in_any_chunking(chunk, monkeypatch):
-    """fill_index, anchors taken `chunk` at a time (and score_top's block of scores cut to a
+    """InferenceIndex.fill, anchors taken `chunk` at a time (and score_top's block of scores cut to a
     few anchors): every bucket holds exactly the T labels scoring highest at its anchor
     (numpy: C @ W.T + b, ties to the lower id), sorted by id, fill T."""
-    from dslide import network as N
+    from dslide import index as I
     from dslide.comm import Comm
     from dslide.lsh import anchors as LA
 
-    monkeypatch.setattr(N, "INDEX_CHUNK", chunk)
+    monkeypatch.setattr(I, "INDEX_CHUNK", chunk)
     monkeypatch.setattr(LA, "SCORE_BLOCK_BYTES", 3 * 400 * 4)  # 3 anchors a block of scores
     cfg = Config(hidden=(12,), kinds=("dense", "lsh"),
                  lsh=LSHConfig(anchors=8, max_active=20, index_anchors=20, index_share=0.05,
@@ -631,10 +633,10 @@ def test_score_block_bounds_the_scores_block():
 
 @pytest.mark.parametrize("sparse", [False, True])
 def test_exact_topk_in_column_blocks_matches_numpy(sparse, monkeypatch):
-    """_blocked_topk with blocks of 100 columns (EXACT_BLOCK_BYTES cut down; 3,000 columns,
+    """blocked_topk with blocks of 100 columns (EXACT_BLOCK_BYTES cut down; 3,000 columns,
     ties included) and with the default block: numpy's top k of x @ W.T + b, ties to the
     lower id, ids offset by the slice's first column."""
-    from dslide import network as N
+    from dslide import topk as N
 
     rs = np.random.default_rng(7)
     x = rs.random((50, 8)).astype(np.float32)
@@ -647,6 +649,6 @@ def test_exact_topk_in_column_blocks_matches_numpy(sparse, monkeypatch):
     want = np.array([np.lexsort((np.arange(3000), -row))[:5] for row in (x @ Wn.T + b)])
     for budget in (12 * 50 * 100, N.EXACT_BLOCK_BYTES):
         monkeypatch.setattr(N, "EXACT_BLOCK_BYTES", budget)
-        s, i = N._blocked_topk(sp.csr_matrix(x) if sparse else x, Wn, b, 5, 1000)
+        s, i = N.blocked_topk(sp.csr_matrix(x) if sparse else x, Wn, b, 5, 1000)
         np.testing.assert_array_equal(i, want + 1000)
         np.testing.assert_allclose(s, np.take_along_axis(S, want, axis=1), rtol=1e-5)

@@ -112,6 +112,8 @@ def test_the_wheel_holds_and_installs_only_dslide(tmp_path):
     for d in ("dslide", "lsh", "datasets"):
         for f in (root / d).glob("*.py"):
             assert (f"dslide/{f.name}" if d == "dslide" else f"dslide/{d}/{f.name}") in names, f
+    for f in (root / "dslide").glob("*/*.py"):  # subpackages: setup.cfg must list each
+        assert f"dslide/{f.parent.name}/{f.name}" in names, f
     site = tmp_path / "site"
     subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--no-index", "-q", "--target", str(site),
                     str(wheel)], check=True, capture_output=True)

@@ -123,3 +123,65 @@ def test_bad_propensity_constants_are_one_clear_line(tiny_run, sets, message, ca
     with pytest.raises(SystemExit) as e:
         cli.main(argv)
     assert e.value.code == 2 and message in capsys.readouterr().err
+
+
+# -- presets and eval's other constants ----------------------------------------------------
+
+
+def _pyxclib_psp(Y, pred, inv, k):
+    """pyxclib's psprecision written out: per point the inverse propensities of the predicted
+    labels that are relevant, summed over the top k, over the same for the best possible
+    ranking (the point's relevant labels by weight); both averaged over the points first."""
+    Yd = Y.toarray() > 0
+    num = den = 0.0
+    for i in range(Yd.shape[0]):
+        num += sum(inv[j] for j in pred[i, :k] if j >= 0 and Yd[i, j]) / k
+        den += sum(sorted((inv[j] for j in np.flatnonzero(Yd[i])), reverse=True)[:k]) / k
+    return num / den
+
+
+@pytest.mark.parametrize("preset, A, B", [("default", 0.55, 1.5), ("amazon", 0.6, 2.6), ("wikipedia", 0.5, 0.4)])
+def test_presets_give_the_repositorys_constants_and_explicit_ones_win(preset, A, B):
+    from dslide.config import Config
+
+    assert Config(propensity=preset).propensity_constants == (A, B)
+    assert Config(propensity=preset, propensity_b=7.0).propensity_constants == (A, 7.0)
+    with pytest.raises(ValueError, match="propensity = 'amazon670k' is not valid; choose one of 'default', "
+                                         "'amazon', 'wikipedia'"):
+        Config(propensity="amazon670k")
+
+
+def test_set_propensity_preset_is_what_training_saves(tiny_run, tmp_path):
+    train = tiny_run[0]
+    run_dir = tmp_path / "wiki"
+    assert cli.main(["train", "--train", str(train), "--out", str(run_dir), "--quiet", "--set", "epochs=1",
+                     "--set", "hidden=16", "--set", "propensity=wikipedia"]) == 0
+    saved = propensity.load(run_dir, read_xmc(train).n_labels)
+    assert (saved["A"], saved["B"]) == (0.5, 0.4)
+    N = read_xmc(train).n_points
+    counts = np.bincount(read_xmc(train).Y.indices, minlength=read_xmc(train).n_labels)
+    hand = 1 + (np.log(N) - 1) * (0.4 + 1) ** 0.5 * (counts + 0.4) ** -0.5
+    np.testing.assert_allclose(saved["inv_prop"], hand, rtol=1e-12)
+
+
+@pytest.mark.parametrize("flags, A, B", [(["--propensity", "wikipedia"], 0.5, 0.4),
+                                         (["--propensity-a", "0.55", "--propensity-b", "1.5"], 0.55, 1.5),
+                                         (["--propensity-b", "1.0"], 0.6, 1.0)])
+def test_eval_recomputes_psp_from_the_saved_counts_with_other_constants(tiny_run, flags, A, B, capsys):
+    train, test, run_dir = tiny_run  # trained with A = 0.6, B = 2.6
+    capsys.readouterr()
+    assert cli.main(["eval", "--model", str(run_dir), "--data", str(test), *flags]) == 0
+    out = capsys.readouterr().out
+    ev = json.loads((run_dir / "metrics.json").read_text())["eval"]
+    from dslide import train as T
+    from dslide.cli import load_model
+    from dslide.comm import Comm
+
+    Ytr, te = read_xmc(train).Y, read_xmc(test)
+    N = Ytr.shape[0]
+    counts = np.bincount(Ytr.indices, minlength=Ytr.shape[1])
+    inv = 1 + (np.log(N) - 1) * (B + 1) ** A * (counts + B) ** -A  # Jain et al., pyxclib's formula
+    pred = T.predict_topk(load_model(str(run_dir), Comm()), te.X, 5)
+    for k in (1, 3, 5):
+        assert ev[f"psp@{k}"] == pytest.approx(_pyxclib_psp(te.Y, pred, inv, k), rel=1e-9)
+    assert f"A = {A:g}, B = {B:g}" in out

@@ -1,0 +1,300 @@
+"""The Python interface: `dslide.Model`, in the estimator style of napkinXC and PECOS.
+
+    import dslide
+    model = dslide.Model(epochs=5, hidden=128)           # the keys of --set
+    model.fit(X, Y)                                       # scipy CSR, CSR or label lists
+    ids, scores = model.predict(X_test, k=5)              # int64 [n, k], float64 [n, k]
+    P = model.predict(X_test, k=5, sparse=True)           # csr [n, n_labels] of top-k scores
+    model.evaluate(X_test, Y_test)                        # {"p@1": ..., "psp@5": ...}
+    model.save("runs/mine")                               # the run directory `dslide train` writes
+    model = dslide.Model.load("runs/mine")                # also a run directory of `dslide train`
+
+Under `mpiexec -n P python script.py` every rank runs the same script: the
+layers are split over the ranks, each rank gets the whole result of
+`predict` and `evaluate`, `save` writes every rank's slices, and `load`
+splits a saved model over however many ranks load it. No files are written
+unless `save` is called.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import scipy.sparse as sp
+
+__all__ = ["Model", "labels_matrix"]
+
+
+def labels_matrix(Y, n_points: int, n_labels: int | None = None) -> sp.csr_matrix:
+    """Labels as csr float32 [n_points, n_labels] (ones): Y a scipy sparse indicator matrix
+    (its non-zero entries are the labels) or a list of n_points label lists (ints >= 0;
+    n_labels None: the largest label + 1)."""
+    if sp.issparse(Y):
+        M = sp.csr_matrix(Y)
+        if M.shape[0] != n_points:
+            raise ValueError(f"Y has {M.shape[0]} rows but X has {n_points}: give one row of labels per point")
+        M = sp.csr_matrix((np.ones(M.nnz, np.float32), M.indices, M.indptr), shape=M.shape)
+        M.eliminate_zeros()
+        M.sum_duplicates()
+        M.data[:] = 1.0
+        if n_labels is not None and n_labels != M.shape[1]:
+            raise ValueError(f"Y has {M.shape[1]} columns but n_labels = {n_labels}")
+        return M
+    if isinstance(Y, np.ndarray) and Y.ndim == 2:
+        raise ValueError("Y as a dense array is not taken (it would hold every label of every point): "
+                         "give a scipy.sparse indicator matrix or a list of label lists")
+    try:
+        rows = [np.unique(np.asarray(list(r), dtype=np.int64)) for r in Y]
+    except (TypeError, ValueError):
+        raise ValueError("Y must be a scipy.sparse indicator matrix [n_points, n_labels] or a list of "
+                         "label lists (integers >= 0), one per point") from None
+    if len(rows) != n_points:
+        raise ValueError(f"Y has {len(rows)} label lists but X has {n_points} rows: give one per point")
+    flat = np.concatenate(rows) if rows else np.empty(0, np.int64)
+    if flat.size and flat.min() < 0:
+        raise ValueError(f"Y holds label {int(flat.min())}: labels are integers >= 0")
+    width = int(flat.max()) + 1 if flat.size else 0
+    if n_labels is None:
+        n_labels = width
+    elif width > n_labels:
+        raise ValueError(f"Y holds label {width - 1} but n_labels = {n_labels}: labels are in [0, n_labels)")
+    indptr = np.concatenate([[0], np.cumsum([r.size for r in rows])]).astype(np.int64)
+    return sp.csr_matrix((np.ones(flat.size, np.float32), flat.astype(np.int32), indptr), shape=(n_points, n_labels))
+
+
+def _features(X, what: str = "X") -> sp.csr_matrix:
+    if not sp.issparse(X):
+        raise ValueError(f"{what} must be a scipy.sparse matrix [n_points, n_features] (csr preferred), "
+                         f"got {type(X).__name__}")
+    return sp.csr_matrix(X, dtype=np.float32)
+
+
+def settings_config(settings: dict):
+    """A Config from keyword settings: the keys of `--set` (dslide config show), a dotted key
+    for a table (`**{"lsh.K": 8}`) or the table as a dict (`lsh={"K": 8}`)."""
+    from dslide.cli import normalise_values
+    from dslide.config import Config
+
+    values: dict = {}
+    for key, v in settings.items():
+        if "." in key:
+            table, sub = key.split(".", 1)
+            values.setdefault(table, {})[sub] = v
+        elif isinstance(v, dict) and isinstance(values.get(key), dict):
+            values[key].update(v)
+        else:
+            values[key] = dict(v) if isinstance(v, dict) else v
+    return Config.from_dict(normalise_values(values))
+
+
+class Model:
+    """An extreme classifier: a network with an LSH-sparse output layer, split over the MPI ranks.
+
+    Model(**settings): the settings of `dslide train --set` (the same keys, defaults and
+    checks; ValueError names a bad value and the valid range). Settings left unset take
+    their value from the data in `fit`, as on the command line.
+    """
+
+    def __init__(self, *, comm=None, **settings):
+        from dslide.comm import Comm
+
+        self.config = settings_config(settings)
+        self.comm = comm if comm is not None else Comm.world()
+        self._model = None  # dslide.train.Model once fitted or loaded
+        self._props = None  # the training labels' propensities (dslide.propensity), or None
+        self.history: list = []
+
+    # -- training ------------------------------------------------------------------
+
+    def fit(self, X, Y, *, X_val=None, Y_val=None, n_labels: int | None = None, progress: bool = False) -> "Model":
+        """Train on X csr [n, n_features] with labels Y (csr indicator [n, n_labels] or n label lists).
+
+        X_val, Y_val: a validation set, scored every `eval_every` steps and at the end (the
+        P@k of `history`). n_labels: the output width when Y is label lists (default: the
+        largest label + 1). progress: a progress bar on rank 0 (tqdm, on stderr). Returns self.
+        """
+        from dslide import propensity
+        from dslide import train as T
+        from dslide.cli import Progress
+        from dslide.data import XMCData
+
+        X = _features(X)
+        train = XMCData(X, labels_matrix(Y, X.shape[0], n_labels))
+        test = None
+        if X_val is not None or Y_val is not None:
+            if X_val is None or Y_val is None:
+                raise ValueError("a validation set needs both X_val and Y_val")
+            Xv = _features(X_val, "X_val")
+            if Xv.shape[1] != X.shape[1]:
+                raise ValueError(f"X_val has {Xv.shape[1]} features, X has {X.shape[1]}")
+            test = XMCData(Xv, labels_matrix(Y_val, Xv.shape[0], train.n_labels))
+        config = self.config.resolve(train.n_labels, T.points_per_label(train.Y))
+        from dslide.cli import _notice_threads
+
+        _notice_threads(self.comm, config)
+        model = T.build_network((train.n_features, train.n_labels), config, self.comm)
+        T.init_from_data(model, train)
+        bar = Progress(self.comm, T.total_steps(config, train.n_points), 0, not progress, None,
+                       config.batch_size, lines=False, bar=progress)
+        try:
+            model, history = T.fit(train, config, test, model=model, callback=bar,
+                                   index_progress=progress and self.comm.rank == 0)
+        finally:
+            bar.close()
+        self._model, self.config, self.history = model, model.config, history
+        self._props = propensity.compute(train.Y, *config.propensity_constants) if train.n_points >= 3 else None
+        return self
+
+    # -- inference -----------------------------------------------------------------
+
+    def _fitted(self):
+        if self._model is None:
+            raise ValueError("this Model is not trained: call fit(X, Y) or Model.load(run_dir) first")
+        return self._model
+
+    def predict(self, X, k: int = 5, lsh: bool = False, sparse: bool = False):
+        """The top k labels of each row of X csr [n, n_features], best first.
+
+        Returns (ids int64 [n, k], scores float64 [n, k]; -1 where fewer than k labels were
+        scored), or with sparse=True a csr float32 [n, n_labels] holding each row's top-k
+        scores (logits). lsh: score only what the output layer's inference index retrieves
+        (a model with an LSH output layer only).
+        """
+        from dslide import formats
+        from dslide import train as T
+
+        model = self._fitted()
+        k = check_k(k, model.n_labels)
+        check_lsh(model, lsh)
+        ids, scores = T.predict_topk_scores(model, _features(X), k, exact=not lsh)
+        return formats.predictions_csr(ids, scores, model.n_labels) if sparse else (ids, scores)
+
+    def evaluate(self, X, Y, k: int = 5, lsh: bool = False, propensity: str | tuple | None = None) -> dict:
+        """P@1..k, nDCG@1..k and (with the training labels' propensities) PSP@k and PSnDCG@k.
+
+        Y: csr indicator [n, n_labels] or label lists. propensity: None (the constants the
+        model was trained with), a preset name (dslide.config.PROPENSITY_PRESETS) or (A, B).
+        Returns a dict of floats in [0, 1].
+        """
+        from dslide import metrics
+        from dslide import propensity as P
+
+        model = self._fitted()
+        X = _features(X)
+        Yc = labels_matrix(Y, X.shape[0], model.n_labels)
+        ids, _ = self.predict(X, k=k, lsh=lsh)
+        props = self._props
+        if props is not None and propensity is not None:
+            props = P.with_constants(props, *propensity_constants(propensity))
+        return metrics.evaluate(Yc, ids, k=k, inv_prop=None if props is None else props["inv_prop"])
+
+    # -- files ---------------------------------------------------------------------
+
+    def save(self, run_dir) -> Path:
+        """Write the run directory `dslide train` writes (config.toml, checkpoints/,
+        propensity.npz): `dslide eval/predict --model run_dir` and `Model.load` read it.
+        Every rank calls it (each writes its slices). Returns the checkpoint's path."""
+        from dslide import checkpoint as ck
+        from dslide import propensity
+        from dslide import train as T
+        from dslide.cli import config_toml
+
+        from dslide import rundir
+
+        model = self._fitted()
+        run_dir = Path(run_dir)
+        lock, error = None, None
+        if self.comm.rank == 0:
+            try:  # one writer (dslide.rundir's lock); whole files, never through a planted link
+                run_dir.mkdir(parents=True, exist_ok=True)
+                lock = rundir.RunLock.acquire(run_dir, "dslide.Model.save")
+                rundir.write_atomic(run_dir / "config.toml", config_toml(model.config))
+                if self._props is not None:
+                    propensity.save(run_dir, self._props)
+            except (ValueError, OSError) as e:
+                error = e
+        message = self.comm.bcast_object(None if error is None else str(error))
+        try:
+            if message is not None:  # every rank raises, none waits in a collective below
+                raise error if error is not None else ValueError(message)
+            out = []
+            T.save_model(model, lambda m, c: out.append(ck.save(m.network, run_dir, c,
+                                                                extra={"history": m.history})))
+            self.comm.barrier()
+            return self.comm.bcast_object(str(out[0]) if out else None)
+        finally:
+            if lock is not None:
+                lock.release()
+
+    @classmethod
+    def load(cls, run_dir, *, comm=None) -> "Model":
+        """A trained model from a run directory (of `save` or `dslide train`), split over
+        the ranks of `comm` (default: the MPI world), with this process's threads."""
+        from dslide import propensity
+        from dslide.cli import load_model
+        from dslide.comm import Comm
+
+        comm = comm if comm is not None else Comm.world()
+        self = cls.__new__(cls)
+        self.comm = comm
+        self._model = load_model(os.fspath(run_dir), comm)
+        self.config = self._model.config
+        self._props = propensity.load(run_dir, self._model.n_labels)
+        self.history = list(self._model.history)
+        return self
+
+    # -- description ---------------------------------------------------------------
+
+    @property
+    def n_features(self) -> int:
+        return self._fitted().n_features
+
+    @property
+    def n_labels(self) -> int:
+        return self._fitted().n_labels
+
+    def __repr__(self) -> str:
+        if self._model is None:
+            return f"dslide.Model(untrained, {self.comm.size} rank(s))"
+        return (f"dslide.Model({self.n_features:,} features -> {self.n_labels:,} labels, step "
+                f"{self._model.network.step}, {self.comm.size} rank(s))")
+
+
+def check_k(k, n_labels: int) -> int:
+    """k of the top-k: an integer in [1, n_labels], else ValueError naming the range."""
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or not 1 <= k <= max(1, n_labels):
+        raise ValueError(f"k = {k!r} must be an integer in [1, {n_labels}] (the model has {n_labels} labels)")
+    return int(k)
+
+
+def check_lsh(model, lsh: bool) -> None:
+    """Refuse LSH scoring of a model whose output layer has no inference index."""
+    if not lsh:
+        return
+    out = model.network.layers[-1]
+    if out.kind != "lsh":
+        raise ValueError("lsh scoring needs an LSH output layer, and this model's output layer is dense "
+                         "(every label is scored exactly anyway); score without lsh, or train with "
+                         "kinds ending in 'lsh'")
+    if out.lc.index_anchors == 0:
+        raise ValueError("lsh scoring needs the output layer's inference index, and this model was trained "
+                         "with lsh.index_anchors = 0 (no index); score without lsh")
+
+
+def propensity_constants(value) -> tuple[float, float]:
+    """(A, B) from a preset name of dslide.config.PROPENSITY_PRESETS or a pair of numbers."""
+    from dslide.config import PROPENSITY_PRESETS
+
+    if isinstance(value, str):
+        if value not in PROPENSITY_PRESETS:
+            raise ValueError(f"propensity = {value!r} is not valid; choose one of "
+                             f"{', '.join(map(repr, PROPENSITY_PRESETS))} or give (A, B)")
+        return PROPENSITY_PRESETS[value]
+    try:
+        a, b = (float(x) for x in value)
+    except (TypeError, ValueError):
+        raise ValueError(f"propensity = {value!r} must be a preset name "
+                         f"({', '.join(map(repr, PROPENSITY_PRESETS))}) or a pair (A, B)") from None
+    return a, b

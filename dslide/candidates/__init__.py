@@ -1,0 +1,109 @@
+"""Where an LSH layer's candidate neurons come from, and their upkeep.
+
+A candidate source gives, for a training batch, the sorted union of the
+neurons its tables retrieve for the batch's inputs (at most `per_sample` per
+input); the layer scores that union for the whole batch as one shared block,
+so candidates cost what random neurons cost (one BLAS product).
+
+    anchor             AnchorCandidates (candidates/anchor.py; the default):
+                       query-side k-means anchors over the layer's inputs, each
+                       bucket the neurons scoring highest at its anchor
+                       (lsh.anchors). The anchors learn online from every
+                       training batch; the buckets are refilled from the current
+                       weights on a schedule.
+    dwta, srp, wta     HashCandidates (candidates/hashing.py): SLIDE's item
+                       hashing, neurons hashed into tables whose buckets hold
+                       exactly their neurons (lsh.CompactTables; lsh.capacity = 0,
+                       the default) or fixed-capacity ones (lsh.HashTables),
+                       re-hashed and rebuilt on a schedule.
+
+Every source speaks the protocol of `CandidateSource`; the layer calls
+nothing else. A new source is one module here and its entry in `SOURCES`
+(docs/architecture.md).
+
+Schedules: a period starts at `lsh.rehash_every` steps and grows by
+`lsh.growth` after each use (weights settle as training goes on; SLIDE,
+Chen et al. 2020). Item hashing also rebuilds every `lsh.rebuild_every` steps
+(growing likewise).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from dslide.config import LSHConfig
+
+
+class Schedule:
+    """Steps at which a periodic job runs: period p0, then p0 * g, p0 * g^2, ..."""
+
+    def __init__(self, period: float, growth: float, first: int):
+        self.period, self.growth, self.next = float(period), float(growth), int(first)
+
+    def due(self, step: int) -> bool:
+        return step >= self.next
+
+    def done(self, step: int) -> None:
+        self.next = step + max(1, int(round(self.period)))
+        self.period *= self.growth
+
+    def state(self) -> np.ndarray:
+        return np.array([self.period, self.growth, self.next], dtype=np.float64)
+
+    def load(self, arr) -> None:
+        p, g, nxt = np.asarray(arr, dtype=np.float64)
+        self.period, self.growth, self.next = float(p), float(g), int(nxt)
+
+
+class CandidateSource:
+    """The protocol of a candidate source over one rank's n_local neurons of a layer.
+
+        __init__(d_in, n_local, per_sample, lc, seeds, per_step)
+                                   seeds: (family seed, table seed), from the seed and the
+                                   layer only, never the rank; per_step caps a step's
+                                   candidates (0: no cap)
+        batch(x) -> int32 [m]      sorted local ids: the union of the batch's candidates
+                                   (x float [B, d_in]); may learn from x
+        own(x, skip, out)          each sample's own candidates (lsh.scope "sample"), if
+                                   the source has them (`per_sample_candidates`)
+        maintain(step, W, b, dirty) -> str | None
+                                   upkeep from the current weights W float [n_local, d_in]
+                                   and biases; dirty uint8 [n_local] marks the rows
+                                   changed since (the source clears what it consumed)
+        state() -> {name: array}   its arrays for a checkpoint (names prefixed by its kind)
+        shard_axes() -> {name: None}
+                                   the arrays of `state` that survive a new layout (every
+                                   rank holds them alike); the others are rebuilt
+        load_state(arrays, same_layout, W, b, dirty)
+        estimate(d_in, n_local, per_sample, lc, batch_size, itemsize) -> dict
+                                   classmethod: bytes it will hold (tables, scratch), its
+                                   largest transient (step) and the expected candidates
+                                   of a batch, from the configuration alone (dslide.memory)
+        upkeep_s                   seconds spent in `maintain`
+    """
+
+    kind = "?"
+    #: whether `own` gives each sample its own candidates (lsh.scope = "sample")
+    per_sample_candidates = False
+
+    def __init__(self, d_in: int, n_local: int, per_sample: int, lc: LSHConfig, seeds: tuple, per_step: int = 0):
+        self.per_sample, self.per_step = per_sample, per_step
+        self.upkeep_s = 0.0
+
+    def own(self, x, skip, out):
+        raise ValueError(f"candidate source {self.kind!r} gives no per-sample candidates (lsh.scope = 'sample')")
+
+    def shard_axes(self) -> dict:
+        return {}
+
+
+from dslide.candidates.anchor import AnchorCandidates  # noqa: E402
+from dslide.candidates.hashing import HashCandidates  # noqa: E402
+
+#: lsh.family -> its source
+SOURCES = {"anchor": AnchorCandidates, "dwta": HashCandidates, "srp": HashCandidates, "wta": HashCandidates}
+
+
+def make_candidates(lc: LSHConfig, d_in: int, n_local: int, per_sample: int, seeds: tuple, per_step: int = 0):
+    """The candidate source of an LSH layer (`lc.family`)."""
+    return SOURCES[lc.family](d_in, n_local, per_sample, lc, seeds, per_step)

@@ -1,0 +1,247 @@
+"""Neighbour-label fusion: the labels of a query's nearest training points, fused into the model's scores.
+
+A network with a narrow hidden layer learns the head of a label distribution
+well and its tail badly: a label seen once or twice in training gets a few
+gradient steps, and its weight row stays close to where it started. The
+training points themselves remember those labels exactly. So at inference a
+query also looks up its `k` nearest training points (cosine of the
+L2-normalised input rows, the features the tree libraries split on) and
+their labels vote:
+
+    v_j(q) = sum_{i in kNN(q)} w_i y_ij,   w_i = max(cos(q, x_i), 0)^power / sum_i' (same)
+
+and the model's softmax, taken over its `candidates` highest-scoring labels
+(the full softmax's mass sits there), is mixed with the votes:
+
+    score_j(q) = (1 - weight) p_j(q) + weight v_j(q).
+
+The top k of `score` are the predictions. Both terms are distributions over
+labels (each sums to at most 1), so `weight` trades them on one scale.
+
+The store is what a query needs, built once at the end of training: the
+training rows as posting lists (CSC: for each feature the points holding it,
+sorted, and their normalised values) and the training labels (CSR). Every
+rank holds it whole (it is a function of the training data alone); each rank
+searches a contiguous share of a batch's queries and the neighbours (k ids
+and similarities per query) are all-gathered, so the search costs 1/P of its
+time at P ranks and every rank fuses the same numbers.
+
+Kernels: `search` accumulates a query's dot products with every training
+point sharing one of its features (the posting lists of its features) into a
+per-thread dense accumulator and keeps the k best in a sorted insertion
+list; ties go to the lower point id, and the sums run over the query's
+features in index order, so the result does not depend on the thread count.
+`fuse` merges the model's candidates and the neighbours' labels per query.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import scipy.sparse as sp
+from numba import get_num_threads, njit, prange
+
+from dslide import _numba_cache  # noqa: F401  (before any kernel: the cache is keyed by module name)
+
+#: the arrays of a store, as saved in checkpoints (every rank holds them whole)
+KEYS = ("post_ptr", "post_pt", "post_val", "y_ptr", "y_idx")
+
+
+@njit(cache=True, inline="always")
+def _insert(ids, sims, k, pid, s):
+    """Put (pid, s) into the sorted top-k lists ids/sims (best first; ties: lower id first)."""
+    if s < sims[k - 1] or (s == sims[k - 1] and (ids[k - 1] >= 0 and pid > ids[k - 1])):
+        return
+    j = k - 1
+    while j > 0 and (sims[j - 1] < s or (sims[j - 1] == s and ids[j - 1] > pid)):
+        sims[j] = sims[j - 1]
+        ids[j] = ids[j - 1]
+        j -= 1
+    sims[j] = s
+    ids[j] = pid
+
+
+@njit(cache=True, parallel=True)
+def search(q_ptr, q_idx, q_val, post_ptr, post_pt, post_val, n_points, k, n_chunks, out_ids, out_sims):
+    """The k training points with the largest dot product with each query row.
+
+    q_*: CSR of the queries (int64 ptr [n + 1], int32 idx, float32 val: L2-normalised rows);
+    post_*: the store's posting lists (int64 ptr [F + 1], int32 point ids sorted per feature,
+    float32 values); out_ids int32 [n, k] (-1 where fewer than k points share a feature),
+    out_sims float32 [n, k], best first. The queries are cut into n_chunks contiguous
+    chunks, each with its own accumulator of n_points floats.
+    """
+    n = q_ptr.shape[0] - 1
+    for c in prange(n_chunks):
+        acc = np.zeros(n_points, np.float32)
+        seen = np.zeros(n_points, np.uint8)
+        touched = np.empty(n_points, np.int32)
+        lo = c * n // n_chunks
+        hi = (c + 1) * n // n_chunks
+        for q in range(lo, hi):
+            m = 0
+            for a in range(q_ptr[q], q_ptr[q + 1]):
+                f = q_idx[a]
+                v = q_val[a]
+                for b in range(post_ptr[f], post_ptr[f + 1]):
+                    p = post_pt[b]
+                    if seen[p] == 0:
+                        seen[p] = 1
+                        touched[m] = p
+                        m += 1
+                    acc[p] += v * post_val[b]
+            ids = out_ids[q]
+            sims = out_sims[q]
+            ids[:] = -1
+            sims[:] = -np.inf
+            for t in range(m):
+                p = touched[t]
+                _insert(ids, sims, k, p, acc[p])
+                acc[p] = 0.0
+                seen[p] = 0
+
+
+@njit(cache=True, parallel=True)
+def fuse(m_ids, m_logits, nn_ids, nn_sims, y_ptr, y_idx, weight, power, k, out_ids, out_scores):
+    """Per query: (1 - weight) softmax over its model candidates + weight * neighbour votes, top k.
+
+    m_ids int64 [n, K] (-1: none), m_logits float64 [n, K]; nn_ids int32 [n, kn] (-1: none),
+    nn_sims float32 [n, kn]; y_ptr int64 / y_idx int32: the training labels (CSR).
+    out_ids int64 [n, k] (-1 where fewer than k labels have a score), out_scores float64 [n, k].
+    """
+    n, K = m_ids.shape
+    kn = nn_ids.shape[1]
+    for q in prange(n):
+        # the model's softmax over its candidates
+        mx = -np.inf
+        for j in range(K):
+            if m_ids[q, j] >= 0 and m_logits[q, j] > mx:
+                mx = m_logits[q, j]
+        z = 0.0
+        for j in range(K):
+            if m_ids[q, j] >= 0:
+                z += np.exp(m_logits[q, j] - mx)
+        # the neighbours' weights
+        wsum = 0.0
+        n_lab = 0
+        for i in range(kn):
+            p = nn_ids[q, i]
+            if p >= 0 and nn_sims[q, i] > 0:
+                wsum += float(nn_sims[q, i]) ** power
+                n_lab += y_ptr[p + 1] - y_ptr[p]
+        lab = np.empty(K + n_lab, np.int64)
+        val = np.empty(K + n_lab, np.float64)
+        c = 0
+        for j in range(K):
+            if m_ids[q, j] >= 0:
+                lab[c] = m_ids[q, j]
+                val[c] = (1.0 - weight) * np.exp(m_logits[q, j] - mx) / z
+                c += 1
+        if wsum > 0:
+            for i in range(kn):
+                p = nn_ids[q, i]
+                if p >= 0 and nn_sims[q, i] > 0:
+                    w = weight * float(nn_sims[q, i]) ** power / wsum
+                    for a in range(y_ptr[p], y_ptr[p + 1]):
+                        lab[c] = y_idx[a]
+                        val[c] = w
+                        c += 1
+        # sum the contributions of each label (sorted by label id), then take the k best
+        order = np.argsort(lab[:c], kind="mergesort")
+        best_ids = out_ids[q]
+        best = out_scores[q]
+        best_ids[:] = -1
+        best[:] = -np.inf
+        t = 0
+        while t < c:
+            j = lab[order[t]]
+            s = 0.0
+            while t < c and lab[order[t]] == j:
+                s += val[order[t]]
+                t += 1
+            if s > best[k - 1] or (s == best[k - 1] and best_ids[k - 1] < 0):
+                r = k - 1
+                while r > 0 and best[r - 1] < s:  # ids ascend here: an equal score keeps its place
+                    best[r] = best[r - 1]
+                    best_ids[r] = best_ids[r - 1]
+                    r -= 1
+                best[r] = s
+                best_ids[r] = j
+
+
+def l2_rows(X: sp.csr_matrix) -> sp.csr_matrix:
+    """X with every row scaled to unit L2 norm (norms in float64; all-zero rows stay zero), float32."""
+    X = sp.csr_matrix(X, dtype=np.float32, copy=True)
+    rows = np.repeat(np.arange(X.shape[0]), np.diff(X.indptr))
+    sq = np.bincount(rows, weights=X.data.astype(np.float64) ** 2, minlength=X.shape[0])
+    inv = np.divide(1.0, np.sqrt(sq), out=np.zeros_like(sq), where=sq > 0)
+    # scaled in float64: 1 / norm of a row near float32's maximum is below float32's normal range
+    X.data = (X.data * np.repeat(inv, np.diff(X.indptr))).astype(np.float32)
+    X.sort_indices()
+    return X
+
+
+class NeighbourLabels:
+    """The training points' posting lists and labels, and the fused prediction.
+
+    post_ptr int64 [F + 1], post_pt int32 [nnz], post_val float32 [nnz]: the L2-normalised
+    training rows by feature (CSC); y_ptr int64 [N + 1], y_idx int32: their labels (CSR).
+    """
+
+    def __init__(self, arrays: dict, n_points: int):
+        missing = [k for k in KEYS if k not in arrays]
+        if missing:
+            raise ValueError(f"neighbour labels lack {', '.join(missing)}")
+        self.arrays = {k: np.ascontiguousarray(arrays[k]) for k in KEYS}
+        self.n_points = int(n_points)
+
+    @classmethod
+    def build(cls, X, Y) -> "NeighbourLabels":
+        """From the training features X csr [N, F] and labels Y csr [N, L]."""
+        C = l2_rows(X).tocsc()
+        C.sort_indices()
+        Y = sp.csr_matrix(Y)
+        return cls({"post_ptr": C.indptr.astype(np.int64), "post_pt": C.indices.astype(np.int32),
+                    "post_val": C.data.astype(np.float32), "y_ptr": Y.indptr.astype(np.int64),
+                    "y_idx": Y.indices.astype(np.int32)}, X.shape[0])
+
+    @classmethod
+    def from_state(cls, arrays: dict) -> "NeighbourLabels":
+        return cls(arrays, len(arrays["y_ptr"]) - 1)
+
+    def state_arrays(self) -> dict:
+        return dict(self.arrays)
+
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in self.arrays.values())
+
+    def neighbours(self, Xq: sp.csr_matrix, k: int, comm=None) -> tuple[np.ndarray, np.ndarray]:
+        """The k nearest training points of each query row (cosine): (ids int32 [n, k], sims float32 [n, k]).
+        With a communicator, each rank searches a contiguous share of the rows and all gather them."""
+        Xq = l2_rows(Xq)
+        n = Xq.shape[0]
+        size = 1 if comm is None else comm.size
+        per = -(-n // size) if n else 0
+        lo, hi = (0, n) if size == 1 else (min(n, comm.rank * per), min(n, (comm.rank + 1) * per))
+        ids = np.full((per if size > 1 else n, k), -1, np.int32)
+        sims = np.full(ids.shape, -np.inf, np.float32)
+        if hi > lo:
+            part = Xq[lo:hi]
+            a = self.arrays
+            search(part.indptr.astype(np.int64), part.indices.astype(np.int32), part.data, a["post_ptr"],
+                   a["post_pt"], a["post_val"], self.n_points, k, min(hi - lo, 4 * get_num_threads()),
+                   ids[:hi - lo], sims[:hi - lo])
+        if size == 1:
+            return ids, sims
+        all_ids = comm.allgather_rows(ids, kind="evaluation").reshape(size * per, k)[:n]
+        all_sims = comm.allgather_rows(sims, kind="evaluation").reshape(size * per, k)[:n]
+        return np.ascontiguousarray(all_ids), np.ascontiguousarray(all_sims)
+
+    def fuse(self, m_ids, m_logits, nn_ids, nn_sims, weight: float, power: float, k: int):
+        """Top k of the fused scores (module docstring): (ids int64 [n, k], scores float64 [n, k])."""
+        n = m_ids.shape[0]
+        out_ids = np.empty((n, k), np.int64)
+        out_scores = np.empty((n, k), np.float64)
+        fuse(np.ascontiguousarray(m_ids, np.int64), np.ascontiguousarray(m_logits, np.float64),
+             np.ascontiguousarray(nn_ids, np.int32), np.ascontiguousarray(nn_sims, np.float32),
+             self.arrays["y_ptr"], self.arrays["y_idx"], float(weight), float(power), int(k), out_ids, out_scores)
+        return out_ids, out_scores

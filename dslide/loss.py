@@ -1,0 +1,66 @@
+"""Softmax cross-entropy over logits split over ranks.
+
+Each rank computes its local statistics (`softmax_stats`), the network
+exchanges them (one all-reduce of per-sample max and sum of exponentials,
+`Comm.allreduce_logsumexp`), and each rank finishes its own slice
+(`softmax_finish`). `label_targets` says which of the batch's labels a rank's
+columns hold.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from dslide import kernels
+
+
+def label_targets(Y, lo: int, hi: int):
+    """The batch's labels owned by columns [lo, hi): (rows int64, local cols int64, weights float64).
+
+    Each sample's labels share its unit of target mass: weight 1 / |labels|.
+    """
+    yp, yi = Y
+    per = np.diff(yp)
+    rows = np.repeat(np.arange(per.shape[0]), per)
+    w = 1.0 / per[rows]
+    sel = (yi >= lo) & (yi < hi)
+    return rows[sel], yi[sel].astype(np.int64) - lo, w[sel]
+
+
+def softmax_stats(z):
+    """Per sample, this rank's (m_i = max_j z_ij, s_i = sum_j exp(z_ij - m_i)) as float64 [B] each.
+
+    In place, z becomes exp(z - m) (rows of -inf: m = -inf, s = 0, z = 0);
+    values below kernels.TINY are flushed to zero (no subnormal leaves).
+    """
+    B = z.shape[0]
+    m = np.full(B, -np.inf)
+    if z.shape[1]:
+        np.maximum(m, z.max(axis=1), out=m)
+    m_safe = np.where(np.isfinite(m), m, 0.0)
+    kernels.shift_rows(z, m_safe)
+    np.exp(z, out=z)
+    se = np.zeros(B)
+    kernels.flush_sum_rows(z, se)
+    return m, se
+
+
+def softmax_finish(e, m, gmax, gsum, targets, y_logit, lab_ptr, mean_over: int) -> float:
+    """dz = (p - y) / N in place of e = exp(z - m) (from `softmax_stats`), given the
+    normaliser (gmax, gsum) of every rank's logits; returns this rank's share of
+    the batch's mean loss -sum y log p / N (N = mean_over).
+
+    targets (rows, cols, weights) index e; y_logit float64: the logits at the
+    targets, read before `softmax_stats`. A sample without labels gets dz = 0.
+    """
+    B = lab_ptr.shape[0] - 1
+    N = mean_over
+    ok = (np.diff(lab_ptr) > 0) & (gsum > 0)
+    m_safe = np.where(np.isfinite(m), m, 0.0)
+    scale = np.zeros(B)
+    scale[ok] = np.exp(m_safe[ok] - gmax[ok]) / gsum[ok] / N
+    kernels.scale_flush_rows(e, scale)
+    rows, cols, w = targets
+    np.subtract.at(e, (rows, cols), (w / N).astype(e.dtype))
+    return float(np.sum(w * (np.log(gsum[rows]) + gmax[rows] - y_logit))) / N
+

@@ -1,0 +1,91 @@
+"""Top k over neurons split over ranks.
+
+    blocked_topk   exact: every neuron of a rank's slice scored, column block by block
+    merge_topk     the ranks' candidates merged into the global top k
+    order_keys, kth_largest
+                   a k-th largest score agreed across ranks (bisection over integer
+                   keys that order like the float32 scores), for a threshold every
+                   rank applies to its own slice
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from dslide.comm import Comm
+
+#: the most a column block of exact scoring may take: its scores (float32) and their
+#: argpartition (int64), 12 bytes an entry. Evaluation runs with every weight and moment
+#: resident, so the block stays small whatever the batch
+EXACT_BLOCK_BYTES = 32 << 20
+
+
+def blocked_topk(x, Wn, b, k, lo, block=8192):
+    """Top k of x @ Wn^T + b per row, over column blocks of at most `block` columns and
+    EXACT_BLOCK_BYTES; (scores float64 [B, k], ids int64 [B, k]).
+
+    x float [B, d] dense or a scipy CSR matrix; Wn float [n, d] neuron-major.
+    Ties go to the lower id.
+    """
+    B = x.shape[0]
+    n = Wn.shape[0]
+    best_s = np.full((B, k), -np.inf)
+    best_i = np.full((B, k), -1, dtype=np.int64)
+    block = max(k, min(block, EXACT_BLOCK_BYTES // (12 * max(1, B))))
+    for c0 in range(0, n, block):
+        c1 = min(n, c0 + block)
+        s = np.asarray(x @ Wn[c0:c1].T)
+        s += b[c0:c1]
+        kk = min(k, c1 - c0)
+        # the kk largest sit at the end after partitioning at c - kk (no negated copy of s)
+        part = np.argpartition(s, s.shape[1] - kk, axis=1)[:, s.shape[1] - kk:]
+        cand_s = np.concatenate([best_s, np.take_along_axis(s, part, axis=1).astype(np.float64)], axis=1)
+        cand_i = np.concatenate([best_i, part + c0 + lo], axis=1)
+        order = np.lexsort((cand_i, -cand_s), axis=1)[:, :k]
+        best_s = np.take_along_axis(cand_s, order, axis=1)
+        best_i = np.take_along_axis(cand_i, order, axis=1)
+    return best_s, best_i
+
+
+def merge_topk(all_scores, all_ids, k):
+    """Merge per-rank candidates [P, B, k] into the global top k per sample (ties: lower id)."""
+    P, B, kk = all_scores.shape
+    s = all_scores.transpose(1, 0, 2).reshape(B, P * kk)
+    i = all_ids.transpose(1, 0, 2).reshape(B, P * kk)
+    # -inf candidates (missing) sort last; lexsort's last key is primary
+    order = np.lexsort((np.where(i < 0, np.iinfo(np.int64).max, i), -s), axis=1)[:, :k]
+    return np.take_along_axis(s, order, axis=1), np.take_along_axis(i, order, axis=1)
+
+
+def order_keys(scores, in_place: bool = False) -> np.ndarray:
+    """Integer keys that order like the float32 scores (the IEEE bit pattern, sign-folded):
+    int64, or with in_place int32 written over the scores' own memory (float32, C-contiguous)."""
+    if not in_place:
+        i = np.ascontiguousarray(scores, dtype=np.float32).view(np.int32).astype(np.int64)
+        return np.where(i < 0, -(i & 0x7FFFFFFF) - 1, i)
+    keys = scores.view(np.int32)
+    mag = keys & 0x7FFFFFFF
+    np.negative(mag, out=mag)
+    mag -= 1
+    np.copyto(keys, mag, where=keys < 0)
+    return keys
+
+
+def kth_largest(keys, k: int, comm: Comm) -> np.ndarray:
+    """Per row, the k-th largest key over every rank's rows keys int64 [A, T_r]:
+    the largest t with sum_r |{keys >= t}| >= k (bisection; -2^31 - 1 when fewer
+    than k keys exist). Every rank gets the same thresholds."""
+    A = keys.shape[0]
+    lo = np.full(A, -(2**31) - 1, dtype=np.int64)
+    hi = np.full(A, 2**31 - 1, dtype=np.int64)
+    if comm.size == 1:
+        if keys.shape[1] >= k:
+            return np.sort(keys, axis=1)[:, keys.shape[1] - k]
+        return lo
+    while (lo < hi).any():
+        mid = (lo + hi + 1) // 2
+        cnt = comm.allreduce_sum((keys >= mid[:, None]).sum(axis=1).astype(np.int64), kind="index")
+        ok = cnt >= k
+        lo = np.where(ok, mid, lo)
+        hi = np.where(ok, hi, mid - 1)
+    return lo

@@ -1,0 +1,104 @@
+#!/usr/bin/env python
+"""The neighbour-label fusion's levers on suite members: epochs, neighbours, power, weight.
+
+    python scripts/bench_levers.py --members amazon-tail,baskets-tail-40k --epochs 1,5
+
+For each member (dslide.datasets.suite, or bibtex from ../shared/data) the
+network is trained once per epoch count with knn = 0 (1 process, 2 threads),
+its 100 best labels per test point scored exactly, and the nearest training
+points found once (dslide.fusion); then the fused top 5 is computed for every
+(knn, knn_power, knn_weight) of the grid from those same candidates, so each
+row differs from the next by the fusion setting alone. Weight 0 is the
+network alone, weight 1 the neighbours' labels alone. P@1 / P@5 / PSP@5 on
+all test points by dslide.metrics (propensities from the training labels).
+The table is recorded in docs/benchmarks.md unless --no-record.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _bench as B  # noqa: E402
+
+NEIGHBOURS = (5, 10, 20, 50)
+POWERS = (1.0, 4.0)
+WEIGHTS = (0.0, 0.3, 0.5, 0.7, 0.85, 1.0)
+CANDIDATES = 100
+
+
+def load(name: str):
+    from dslide.data import read_xmc
+    from dslide.datasets import suite
+
+    if name == "bibtex":
+        shared = B.ROOT.parent / "shared" / "data"
+        return read_xmc(shared / "bibtex_train.txt"), read_xmc(shared / "bibtex_test.txt")
+    return suite.generate_member(name)
+
+
+def member_rows(name: str, epochs: list[float], threads: int) -> list[dict]:
+    import dslide  # noqa: F401  (first: the thread variables)
+    import numpy as np
+    import scipy.sparse as sp
+
+    from dslide import fusion
+    from dslide import train as T
+    from dslide.config import Config
+    from dslide.metrics import evaluate, inverse_propensity
+
+    tr, te = load(name)
+    inv = inverse_propensity(tr.Y)
+    Y = sp.csr_matrix(te.Y)
+    store = fusion.NeighbourLabels.build(tr.X, tr.Y)
+    t0 = time.perf_counter()
+    nn_ids, nn_sims = store.neighbours(te.X, max(NEIGHBOURS))
+    search_s = time.perf_counter() - t0
+    ppl = T.points_per_label(tr.Y)
+    rows = []
+    for ep in epochs:
+        model, hist = T.fit(tr, Config(threads=threads, epochs=ep, knn=0), index=False)
+        train_s = sum(r["wall_s_delta"] for r in hist)
+        mi, ms = T.predict_topk_scores(model, te.X, CANDIDATES)
+        for k in NEIGHBOURS:
+            for power in POWERS:
+                cells = {}
+                for w in WEIGHTS:
+                    ids, _ = store.fuse(mi, ms, nn_ids[:, :k], nn_sims[:, :k], w, power, 5)
+                    m = evaluate(Y, ids, k=5, inv_prop=inv)
+                    cells[w] = f"{m['p@1']:.4f} / {m['p@5']:.4f} / {m['psp@5']:.4f}"
+                rows.append({"member": name, "points/label": f"{ppl:.2f}", "epochs": f"{ep:g}",
+                             "train s": f"{train_s:.1f}", "search s": f"{search_s:.1f}", "knn": k,
+                             "power": f"{power:g}", **{f"w {w:g}": c for w, c in cells.items()}})
+                print(" | ".join(str(v) for v in rows[-1].values()), file=sys.stderr, flush=True)
+    return rows
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--members", required=True, help="comma-separated suite members (or bibtex)")
+    ap.add_argument("--epochs", default="1,5", help="comma-separated epoch counts")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--no-record", action="store_true")
+    a = ap.parse_args(argv)
+    t0 = time.time()
+    epochs = [float(e) for e in a.epochs.split(",")]
+    rows = []
+    for name in [m.strip() for m in a.members.split(",") if m.strip()]:
+        rows += member_rows(name, epochs, a.threads)
+    cols = [(c, c) for c in rows[0]] if rows else []
+    text = (f"command: `python scripts/bench_levers.py --members {a.members} --epochs {a.epochs}`\n\n"
+            f"machine: {B.machine()}\n\n1 process x {a.threads} threads; each cell P@1 / P@5 / PSP@5 of the fused "
+            f"top 5 at knn_weight w (w 0: the network alone; w 1: the neighbours' labels alone)\n\n"
+            + B.table(rows, cols) + f"\n\n({time.time() - t0:.0f} s in all)\n")
+    print(text)
+    if not a.no_record:
+        B.record("bench_levers.py", text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

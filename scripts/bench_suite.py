@@ -1,0 +1,269 @@
+#!/usr/bin/env python
+"""The data-shape suite: dslide's defaults against the tree libraries on every member, one after another.
+
+    python scripts/bench.py --suite shapes                       (every member; about 40 minutes)
+    python scripts/bench.py --suite shapes --members baskets-tail,bibtex --systems dslide,omikuji3
+    python scripts/bench.py --suite shapes --variant wide='{"hidden": [256]}'   (a lever beside the defaults)
+
+Members are the synthetic generators' suite presets (`dslide.datasets.suite.MEMBERS`:
+structurally different families, each head-heavy and long-tailed, at 670,091 and
+about 40,000 labels) plus BibTeX from ../shared/data when present. Every system
+reads the same files (written once under runs/bench_data/) and is scored by one
+evaluator (`dslide.metrics.evaluate`; PSP@k with propensities from the training
+labels, A = 0.55, B = 1.5): dslide with its defaults at 2 ranks x 1 thread,
+omikuji (Parabel) with 3 and 1 trees and napkinXC (PLT) at 2 threads with theirs.
+`--variant NAME=JSON` adds a dslide row per member with those settings on top of
+the defaults, so that a candidate default is judged on every member in the same
+run as the defaults it would replace. Where dslide's output layer is LSH-sparse,
+its `--lsh` inference is compared with exact scoring on the same model (recall of
+the exact top-10, P@5 lost).
+
+The table has one row per member and system; the last line names dslide's worst
+member against omikuji (3 trees) on P@1. The section is recorded in
+docs/benchmarks.md (`scripts/_bench.py record`) and the rows kept as JSON in
+runs/bench_shapes.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _bench as B  # noqa: E402
+
+SYSTEMS = ("dslide", "omikuji3", "omikuji1", "napkinxc")
+THREADS = 2
+EXTRA = ("bibtex",)  # real sets beside the synthetic members, read from ../shared/data
+
+
+def members() -> list[str]:
+    from dslide.datasets import suite
+
+    return list(suite.MEMBERS) + list(EXTRA)
+
+
+def member_files(name: str, n_train: int | None, n_test: int | None, seed: int = 0) -> tuple[Path, Path] | None:
+    """The member's XMC text files (generated once under runs/bench_data/); None if absent (BibTeX)."""
+    if name == "bibtex":
+        shared = B.ROOT.parent / "shared" / "data"
+        paths = shared / "bibtex_train.txt", shared / "bibtex_test.txt"
+        return paths if all(p.exists() for p in paths) else None
+    from dslide.data import write_xmc
+    from dslide.datasets import suite
+
+    d = B.ROOT / "runs" / "bench_data"
+    stem = f"{name}-{n_train or 'default'}-{n_test or 'default'}-s{seed}"
+    paths = d / f"{stem}_train.txt", d / f"{stem}_test.txt"
+    if not all(p.exists() for p in paths):
+        d.mkdir(parents=True, exist_ok=True)
+        for path, data in zip(paths, suite.generate_member(name, n_train, n_test, seed)):
+            write_xmc(path, data.X, data.Y)  # written under a temporary name, then renamed
+    return paths
+
+
+def dslide_row(name: str, paths, config: dict, lsh_inference: bool) -> dict:
+    case = {"name": name, "ranks": 2, "threads": 1, "data": {"train": str(paths[0]), "test": str(paths[1])},
+            "config": {"eval_every": 0, **config}, "inference": lsh_inference}
+    r = B.run_case(case)
+    if "error" in r:
+        return {"system": name, "error": r["error"]}
+    row = {"system": name, "train_s": r["train_s"], "p@1": r["p@1"], "p@5": r["p@5"], "psp@5": r.get("psp@5"),
+           "predict_s": r["predict_s"], "samples_per_s": r["samples_per_s"], "bytes_per_step": r["bytes_per_step"],
+           "peak_rss_mb": r["peak_rss_mb"], "kinds": r["kinds"], "epochs": r["epochs"]}
+    inf = r.get("inference") or []
+    exact = next((x for x in inf if x["method"].startswith("exact")), None)
+    lsh = next((x for x in inf if x["method"].startswith("--lsh")), None)
+    if exact and lsh:
+        row["lsh"] = {"recall@10": lsh["recall@10"], "p@5_lost": exact["p@5"] - lsh["p@5"],
+                      "speedup": exact["seconds"] / max(lsh["seconds"], 1e-9)}
+    return row
+
+
+def tree_row(system: str, paths, workdir: Path) -> dict:
+    import bench_trees as TR
+    from dslide.data import read_xmc
+    from dslide.metrics import inverse_propensity
+
+    lib, trees = ("omikuji", int(system[-1])) if system.startswith("omikuji") else ("napkinxc", 1)
+    train, test = read_xmc(paths[0]), read_xmc(paths[1])
+    try:
+        r = TR.run_tree(lib, paths[0], paths[1], n_test=test.n_points, n_labels=test.n_labels, threads=THREADS,
+                        trees=trees, workdir=workdir)
+    except (RuntimeError, ValueError, OSError) as e:
+        return {"system": system, "error": str(e).splitlines()[0]}
+    if not r["available"]:
+        return {"system": system, "error": r["reason"]}
+    m = TR.score(r["topk"], test.Y, inverse_propensity(train.Y))
+    return {"system": system, "train_s": r["train_s"], "predict_s": r["predict_s"], "p@1": m["p@1"], "p@5": m["p@5"],
+            "psp@5": m["psp@5"],
+            "peak_rss_mb": r["peak_rss_mb"], "version": r["version"]}
+
+
+def output_is_lsh(paths) -> bool:
+    """Whether dslide's defaults make this member's output layer LSH-sparse (then --lsh is compared)."""
+    from dslide.config import Config
+    from dslide.data import read_xmc
+
+    n_labels = read_xmc(paths[1]).n_labels
+    cfg = Config().resolve(n_labels)
+    return cfg.layer_kind(len(cfg.hidden), n_labels) == "lsh"
+
+
+def shape_of(paths) -> str:
+    from dslide.data import read_xmc
+
+    tr, te = read_xmc(paths[0]), read_xmc(paths[1])
+    return f"{tr.n_points:,} / {te.n_points:,} points, {tr.n_features:,} features, {tr.n_labels:,} labels"
+
+
+def fmt(v, spec=".4f") -> str:
+    return "-" if v is None or v != v else format(v, spec)
+
+
+def suite_table(rows: list[dict]) -> str:
+    cols = [("member", "member"), ("shape", "shape"), ("system", "system"),
+            ("train s", lambda r: fmt(r.get("train_s"), ".1f")), ("predict s", lambda r: fmt(r.get("predict_s"), ".1f")),
+            ("P@1", lambda r: fmt(r.get("p@1"))),
+            ("P@5", lambda r: fmt(r.get("p@5"))), ("PSP@5", lambda r: fmt(r.get("psp@5"))),
+            ("vs omikuji 3: P@1 / P@5 points", "gap"),
+            ("samples/s", lambda r: fmt(r.get("samples_per_s"), ",.0f")),
+            ("bytes/step/rank", lambda r: fmt(r.get("bytes_per_step"), ",.0f")),
+            ("--lsh: recall@10 / P@5 lost", lambda r: (f"{r['lsh']['recall@10']:.3f} / {100 * r['lsh']['p@5_lost']:+.2f}"
+                                                       if r.get("lsh") else "-")),
+            ("peak MB/rank", lambda r: fmt(r.get("peak_rss_mb"), ",.0f"))]
+    return B.table(rows, cols)
+
+
+def add_gaps(rows: list[dict]) -> None:
+    """Each row's P@1 / P@5 difference to omikuji (3 trees) on its member, in points."""
+    ref = {r["member"]: r for r in rows if r["system"] == "omikuji3" and "p@1" in r}
+    for r in rows:
+        o = ref.get(r["member"])
+        r["gap"] = (f"{100 * (r['p@1'] - o['p@1']):+.1f} / {100 * (r['p@5'] - o['p@5']):+.1f}"
+                    if o is not None and "p@1" in r and r is not o else "-")
+
+
+def worst_line(rows: list[dict], system: str = "dslide") -> str:
+    ref = {r["member"]: r for r in rows if r["system"] == "omikuji3" and "p@1" in r}
+    gaps = [(r["p@1"] - ref[r["member"]]["p@1"], r) for r in rows
+            if r["system"] == system and "p@1" in r and r["member"] in ref]
+    if not gaps:
+        return f"{system}'s worst member against omikuji (3 trees): not measured (no member has both rows)"
+    g, r = min(gaps, key=lambda t: t[0])
+    o = ref[r["member"]]
+    return (f"{system}'s worst member against omikuji (3 trees): {r['member']}, P@1 {r['p@1']:.4f} against "
+            f"{o['p@1']:.4f} ({100 * g:+.1f} points), P@5 {100 * (r['p@5'] - o['p@5']):+.1f} points, "
+            f"training {r['train_s']:.1f} s against {o['train_s']:.1f} s")
+
+
+def parse_variants(items: list[str]) -> dict[str, dict]:
+    out = {}
+    for item in items:
+        name, sep, text = item.partition("=")
+        if not sep or not name:
+            raise SystemExit(f"--variant {item!r}: expected NAME=JSON, e.g. wide='{{\"hidden\": [256]}}'")
+        try:
+            cfg = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise SystemExit(f"--variant {item!r}: {text!r} is not JSON ({e})") from None
+        if not isinstance(cfg, dict):
+            raise SystemExit(f"--variant {item!r}: the settings must be a JSON object")
+        out[name] = cfg
+    return out
+
+
+def run(a) -> int:
+    t0 = time.time()
+    names = members() if not a.members else [m.strip() for m in a.members.split(",") if m.strip()]
+    valid = members()
+    bad = [m for m in names if m not in valid]
+    if bad:
+        raise SystemExit(f"--members: unknown {', '.join(bad)}; valid: {', '.join(valid)}")
+    systems = SYSTEMS if not a.systems else tuple(s.strip() for s in a.systems.split(","))
+    bad = [s for s in systems if s not in SYSTEMS]
+    if bad:
+        raise SystemExit(f"--systems: unknown {', '.join(bad)}; valid: {', '.join(SYSTEMS)}")
+    variants = parse_variants(a.variant)
+    rows, notes = [], []
+    out_json = B.ROOT / "runs" / f"bench_shapes{('_' + a.tag) if a.tag else ''}.json"
+    out_json.parent.mkdir(exist_ok=True)
+    for name in names:
+        paths = member_files(name, a.points, a.test_points)
+        if paths is None:
+            notes.append(f"{name}: its files are not in ../shared/data, skipped")
+            continue
+        shape = shape_of(paths)
+        lsh_out = output_is_lsh(paths)
+        work = B.ROOT / "runs" / "bench_shapes" / name
+        todo = [(s, None) for s in systems] + [(f"dslide {v}", cfg) for v, cfg in variants.items()]
+        for system, cfg in todo:
+            print(f"running: {name}: {system} ...", file=sys.stderr, flush=True)
+            if system == "dslide" or cfg is not None:
+                r = dslide_row(system, paths, cfg or {}, lsh_inference=lsh_out and not a.no_lsh)
+            else:
+                r = tree_row(system, paths, work / system)
+            r.update(member=name, shape=shape, load=os.getloadavg()[0])
+            if "error" in r:
+                notes.append(f"{name}: {system} failed: {r['error']}")
+                print(f"  failed: {r['error']}", file=sys.stderr, flush=True)
+                continue
+            print(f"  {r['train_s']:.1f} s, P@1 {r['p@1']:.4f} P@5 {r['p@5']:.4f} PSP@5 {fmt(r.get('psp@5'))}",
+                  file=sys.stderr, flush=True)
+            rows.append(r)
+            out_json.write_text(json.dumps(rows, indent=1, default=float))  # kept as it goes
+    add_gaps(rows)
+    cmd = "python scripts/bench.py --suite shapes" + "".join(
+        f" --{k.replace('_', '-')} {v}" for k, v in (("members", a.members), ("systems", a.systems),
+                                                      ("points", a.points), ("test_points", a.test_points)) if v)
+    cmd += "".join(f" --variant {n}='{json.dumps(c)}'" for n, c in variants.items()) + (" --no-lsh" if a.no_lsh else "")
+    text = (f"command: `{cmd}`\n\nmachine: {B.machine()}\n\ncode: {code_version()}\n\n"
+            f"every system on {THREADS} cores (dslide 2 ranks x 1 thread) with its own defaults, one after "
+            f"another; P@k and PSP@5 on all test points by dslide.metrics (propensities from the training "
+            f"labels, A 0.55, B 1.5); 'train s' leaves out reading the data, compiling and predicting\n\n"
+            + suite_table(rows) + "\n\n" + worst_line(rows) + "\n")
+    for v in variants:
+        text += worst_line(rows, f"dslide {v}") + "\n"
+    if notes:
+        text += "\n" + "\n".join(f"- {n}" for n in notes) + "\n"
+    text += f"\n({time.time() - t0:.0f} s in all)\n"
+    print(text)
+    if not a.no_record:
+        B.record("bench.py --suite shapes" + (f" ({a.tag})" if a.tag else ""), text)
+    return 0
+
+
+def code_version() -> str:
+    import subprocess
+
+    try:
+        out = subprocess.run(["git", "-C", str(B.ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
+                             text=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(B.ROOT), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown"
+    return (out or "unknown") + (" (with uncommitted changes)" if dirty else "")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--members", default="", help="comma-separated suite members (default: all)")
+    p.add_argument("--systems", default="", help=f"comma-separated, from {', '.join(SYSTEMS)} (default: all)")
+    p.add_argument("--points", type=int, default=None, help="training points of each synthetic member "
+                                                             "(default: the preset's)")
+    p.add_argument("--test-points", type=int, default=None, help="test points (default: the preset's)")
+    p.add_argument("--variant", action="append", default=[], metavar="NAME=JSON",
+                   help="a dslide row with these settings on top of the defaults (repeatable)")
+    p.add_argument("--no-lsh", action="store_true", help="skip the --lsh inference comparison")
+    p.add_argument("--tag", default="", help="a name for this run's section in docs/benchmarks.md")
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_arguments(ap)
+    ap.add_argument("--no-record", action="store_true")
+    sys.exit(run(ap.parse_args()))

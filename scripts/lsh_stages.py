@@ -1,0 +1,63 @@
+#!/usr/bin/env python
+"""Seconds of each stage of `--lsh` scoring, per rank, twice (the first call compiles what
+numba's cache lacks; the second is the warm cost).
+
+    mpiexec -n 2 python -m mpi4py scripts/lsh_stages.py RUN_DIR TEST_DATA
+    NUMBA_CACHE_DIR=$(mktemp -d) python scripts/lsh_stages.py RUN_DIR TEST_DATA   (an empty cache)
+
+Stages (dslide.network.LSHLayer.topk): the hidden vectors, the anchor codes, the
+nearest training points (each rank a share, then one all-gather), their labels
+(extras), the re-ranking of the buckets (topk_by_anchor), then a barrier (how long
+a rank waits for the slowest).
+"""
+
+import sys
+import time
+
+import numpy as np
+import scipy.sparse as sp
+
+import dslide
+from dslide import cli
+from dslide import train as T
+from dslide.comm import Comm
+from dslide.network import _nearest_points
+
+
+def main(run_dir: str, data_path: str) -> None:
+    comm = Comm.world()
+    t0 = time.perf_counter()
+    model = cli.load_model(run_dir, comm)
+    load_s = time.perf_counter() - t0
+    data = dslide.read_data(data_path)
+    net, out = model.network, model.network.layers[-1]
+    parts = T._csr_parts(sp.csr_matrix(data.X), net.dtype)
+    batch = T.make_batch(parts, None, np.arange(data.n_points), net.step,
+                         norms=T.input_norms(data.X, model.config.input_norm))
+    for rep in ("first", "second"):
+        comm.barrier()
+        tm = {}
+        t = time.perf_counter()
+        x = np.ascontiguousarray(net.hidden(batch).dense(), dtype=np.float32)
+        tm["hidden"] = time.perf_counter() - t
+        t = time.perf_counter()
+        codes = out.inference.codes(x, out.lc.index_probes)
+        tm["codes"] = time.perf_counter() - t
+        t = time.perf_counter()
+        nn = _nearest_points(out.neighbors, x, codes[:, 0], out.lc.index_search, out.lc.index_neighbors, comm)
+        tm["nearest"] = time.perf_counter() - t
+        t = time.perf_counter()
+        extras = out.neighbors.extras(nn, out.lo, out.lo + out.n_local)
+        tm["extras"] = time.perf_counter() - t
+        t = time.perf_counter()
+        out.inference.topk(x, out.W, out.b, 5, out.lc.index_probes, extras=extras, codes=codes)
+        tm["topk"] = time.perf_counter() - t
+        t = time.perf_counter()
+        comm.barrier()
+        tm["barrier"] = time.perf_counter() - t
+        print(f"rank {comm.rank} ({rep} call; model loaded in {load_s:.1f} s): "
+              + ", ".join(f"{k} {v:.2f} s" for k, v in tm.items()), flush=True)
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:3])

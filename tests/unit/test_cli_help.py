@@ -1,0 +1,92 @@
+"""The command line explains itself: help on every option, defaults, examples, --version,
+`config show`, checked --k and --lsh, --quiet and --verbose."""
+
+import argparse
+import subprocess
+import sys
+
+import pytest
+
+import dslide
+from dslide import cli
+from dslide.config import Config
+
+
+def _parsers():
+    """Every (name, parser) of the command line, sub-commands included."""
+    out, todo = [], [("dslide", cli.parser())]
+    while todo:
+        name, p = todo.pop()
+        out.append((name, p))
+        for a in p._actions:
+            if isinstance(a, argparse._SubParsersAction):
+                todo.extend((f"{name} {n}", sp) for n, sp in a.choices.items())
+    return out
+
+
+def test_every_option_has_help_and_every_command_examples():
+    parsers = _parsers()
+    names = {n for n, _ in parsers}
+    assert {"dslide train", "dslide eval", "dslide predict", "dslide data gen", "dslide config show"} <= names
+    for name, p in parsers:
+        for a in p._actions:
+            if a.help == argparse.SUPPRESS or isinstance(a, argparse._SubParsersAction):
+                continue
+            assert a.help, f"{name} {a.option_strings or a.dest} has no help text"
+        if name in ("dslide", "dslide train", "dslide eval", "dslide predict", "dslide config show"):
+            assert "example" in (p.epilog or ""), name
+
+
+def test_help_shows_defaults(capsys):
+    for argv, want in ((["eval", "--help"], "(default: 5)"), (["data", "gen", "--help"], "(default: 0)")):
+        with pytest.raises(SystemExit):
+            cli.main(argv)
+        assert want in capsys.readouterr().out
+
+
+def test_version():
+    p = subprocess.run([sys.executable, "-m", "dslide", "--version"], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0 and p.stdout.strip() == f"dslide {dslide.__version__}"
+
+
+def test_config_show_lists_every_setting_with_default_range_and_resolved_value(capsys, tmp_path):
+    cli.main(["data", "gen", "--preset", "tiny", "--points", "40", "--test-points", "5", "--out", str(tmp_path / "t")])
+    capsys.readouterr()
+    assert cli.main(["config", "show", "--data", str(tmp_path / "t_train.txt"), "--set", "lr=0.5"]) == 0
+    rows = {l.split()[0]: l for l in capsys.readouterr().out.splitlines()[2:]}
+    from dataclasses import fields
+
+    from dslide.config import LSHConfig
+
+    keys = {f.name for f in fields(Config) if f.name != "lsh"} | {f"lsh.{f.name}" for f in fields(LSHConfig)}
+    assert keys <= set(rows)
+    # 500 labels: a narrow output, so (1024,), dropout 0.6 and 30 epochs from the data; lr as set
+    assert rows["hidden"].split()[-1] == "1024" and rows["epochs"].split()[-1] == "30.0"
+    assert rows["lr"].split()[-1] == "0.5" and "in (0.0, 10.0]" in rows["lr"]
+    assert "one of 'fifo', 'reservoir'" in rows["lsh.policy"]
+    assert "an integer in [1, 60]" in rows["replicas"]
+    assert rows["propensity_b"].split()[-1] == "1.5"
+
+
+def test_k_and_lsh_are_checked_with_a_message(capsys, tmp_path):
+    cli.main(["data", "gen", "--preset", "tiny", "--points", "100", "--test-points", "20", "--out", str(tmp_path / "t")])
+    run = tmp_path / "r"
+    assert cli.main(["train", "--train", str(tmp_path / "t_train.txt"), "--out", str(run), "--quiet",
+                     "--set", "epochs=1", "--set", "hidden=8"]) == 0
+    out = capsys.readouterr().out
+    assert "effective configuration" not in out and "loss" not in out  # --quiet, no --verbose
+    assert "samples/s over" in out  # the final figures still
+    for extra, message in ((["--k", "0"], "--k 0 must be an integer in [1, 500]"),
+                           (["--k", "501"], "--k 501 must be an integer in [1, 500]"),
+                           (["--lsh"], "--lsh needs an LSH output layer, and this model's output layer is dense")):
+        with pytest.raises(SystemExit) as e:
+            cli.main(["eval", "--model", str(run), "--data", str(tmp_path / "t_test.txt"), *extra])
+        assert e.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_verbose_prints_the_configuration(capsys, tmp_path):
+    cli.main(["data", "gen", "--preset", "tiny", "--points", "60", "--test-points", "5", "--out", str(tmp_path / "t")])
+    assert cli.main(["train", "--train", str(tmp_path / "t_train.txt"), "--out", str(tmp_path / "r"), "--verbose",
+                     "--set", "epochs=1", "--set", "hidden=8"]) == 0
+    out = capsys.readouterr().out
+    assert "effective configuration:\n  hidden = [8]" in out

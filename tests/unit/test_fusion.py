@@ -1,0 +1,202 @@
+"""Neighbour-label fusion (dslide.fusion) against plain numpy references."""
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+from dslide import fusion
+from dslide.comm import Comm
+
+
+def _data(seed=0, n=300, f=60, L=40, density=0.08):
+    rng = np.random.default_rng(seed)
+    X = sp.random(n, f, density=density, format="csr", random_state=rng, dtype=np.float32)
+    X.data = np.round(X.data * 4 + 1, 0).astype(np.float32)  # small integers: many exact ties
+    Y = sp.random(n, L, density=0.06, format="csr", random_state=rng)
+    Y.data[:] = 1.0
+    return X, Y.astype(np.float32)
+
+
+def _reference_neighbours(Xq, Xt, k):
+    def unit(A):
+        A = A.toarray().astype(np.float64)
+        nrm = np.linalg.norm(A, axis=1, keepdims=True)
+        return np.divide(A, nrm, out=np.zeros_like(A), where=nrm > 0)
+
+    S = unit(Xq) @ unit(Xt).T
+    ids = np.full((S.shape[0], k), -1)
+    sims = np.full((S.shape[0], k), -np.inf)
+    for q in range(S.shape[0]):
+        cand = np.nonzero((unit(Xq)[q] != 0) @ (unit(Xt) != 0).T)[0]  # points sharing a feature
+        order = sorted(cand, key=lambda p: (-S[q, p], p))[:k]
+        ids[q, :len(order)] = order
+        sims[q, :len(order)] = S[q, order]
+    return ids, sims
+
+
+def test_l2_rows_matches_numpy_and_survives_float32_max():
+    X, _ = _data()
+    X[3, 5] = np.float32(3e38)  # its square overflows float32
+    X[3, 7] = np.float32(3e38)
+    N = fusion.l2_rows(X).toarray()
+    A = X.toarray().astype(np.float64)
+    nrm = np.linalg.norm(A, axis=1, keepdims=True)
+    np.testing.assert_allclose(N, np.divide(A, nrm, out=np.zeros_like(A), where=nrm > 0), rtol=1e-6, atol=1e-7)
+    assert N[3, 5] == pytest.approx(np.sqrt(0.5), rel=1e-6)
+
+
+@pytest.mark.parametrize("k", [1, 5, 12])
+def test_search_matches_brute_force(k):
+    X, Y = _data()
+    Xq, _ = _data(seed=1, n=50)
+    store = fusion.NeighbourLabels.build(X, Y)
+    ids, sims = store.neighbours(Xq, k)
+    ref_ids, ref_sims = _reference_neighbours(Xq, X, k)
+    np.testing.assert_allclose(sims, ref_sims, rtol=1e-5, atol=1e-6)
+    # ids agree wherever the similarity is not tied with the next one within float32 rounding
+    clear = np.abs(np.diff(np.concatenate([ref_sims, np.full((len(ref_sims), 1), -np.inf)], 1), axis=1)) > 1e-5
+    clear &= np.concatenate([np.ones((len(ref_sims), 1), bool), clear[:, :-1]], 1)
+    assert (ids[clear] == ref_ids[clear]).mean() == 1.0
+    assert clear.mean() > 0.5
+
+
+def test_search_is_the_same_at_any_thread_count():
+    import numba
+
+    X, Y = _data(n=500)
+    Xq, _ = _data(seed=2, n=64)
+    store = fusion.NeighbourLabels.build(X, Y)
+    before = numba.get_num_threads()
+    try:
+        numba.set_num_threads(1)
+        a = store.neighbours(Xq, 7)
+        numba.set_num_threads(numba.config.NUMBA_NUM_THREADS)
+        b = store.neighbours(Xq, 7)
+    finally:
+        numba.set_num_threads(before)
+    np.testing.assert_array_equal(a[0], b[0])
+    np.testing.assert_array_equal(a[1], b[1])
+
+
+def _reference_fuse(m_ids, m_logits, nn_ids, nn_sims, Y, weight, power, k):
+    Y = Y.tocsr()
+    out = []
+    for q in range(len(m_ids)):
+        score = {}
+        ok = m_ids[q] >= 0
+        z = m_logits[q][ok]
+        p = np.exp(z - z.max()) / np.exp(z - z.max()).sum()
+        for j, pj in zip(m_ids[q][ok], p):
+            score[int(j)] = score.get(int(j), 0.0) + (1 - weight) * pj
+        good = (nn_ids[q] >= 0) & (nn_sims[q] > 0)
+        w = nn_sims[q][good].astype(np.float64) ** power
+        for pt, wi in zip(nn_ids[q][good], w / w.sum() if w.sum() > 0 else w):
+            for j in Y.indices[Y.indptr[pt]:Y.indptr[pt + 1]]:
+                score[int(j)] = score.get(int(j), 0.0) + weight * wi
+        best = sorted(score.items(), key=lambda t: (-t[1], t[0]))[:k]
+        out.append(best)
+    return out
+
+
+@pytest.mark.parametrize("weight,power", [(0.0, 1.0), (0.7, 4.0), (1.0, 1.0)])
+def test_fuse_matches_python_reference(weight, power):
+    X, Y = _data()
+    Xq, _ = _data(seed=3, n=40)
+    store = fusion.NeighbourLabels.build(X, Y)
+    nn_ids, nn_sims = store.neighbours(Xq, 6)
+    rng = np.random.default_rng(4)
+    K = 8
+    m_ids = np.stack([rng.choice(Y.shape[1], K, replace=False) for _ in range(40)]).astype(np.int64)
+    m_ids[0, 5:] = -1  # fewer candidates than K
+    m_logits = rng.normal(size=(40, K))
+    ids, scores = store.fuse(m_ids, m_logits, nn_ids, nn_sims, weight, power, 5)
+    ref = _reference_fuse(m_ids, m_logits, nn_ids, nn_sims, Y, weight, power, 5)
+    for q, best in enumerate(ref):
+        np.testing.assert_allclose(scores[q, :len(best)], [s for _, s in best], rtol=1e-9)
+        # the same labels up to the order of exactly tied scores
+        assert sorted(ids[q, :len(best)].tolist()) == sorted(j for j, _ in best) or \
+            np.allclose(sorted(scores[q, :len(best)]), sorted(s for _, s in best))
+        assert (ids[q, len(best):] == -1).all()
+
+
+def test_neighbours_shared_over_a_stand_in_comm_equal_one_process():
+    X, Y = _data()
+    Xq, _ = _data(seed=5, n=33)
+    store = fusion.NeighbourLabels.build(X, Y)
+    a = store.neighbours(Xq, 4)
+    b = store.neighbours(Xq, 4, comm=Comm())
+    np.testing.assert_array_equal(a[0], b[0])
+
+
+def test_state_round_trip():
+    X, Y = _data()
+    store = fusion.NeighbourLabels.build(X, Y)
+    again = fusion.NeighbourLabels.from_state(store.state_arrays())
+    Xq, _ = _data(seed=6, n=20)
+    np.testing.assert_array_equal(store.neighbours(Xq, 3)[0], again.neighbours(Xq, 3)[0])
+    with pytest.raises(ValueError, match="y_idx"):
+        fusion.NeighbourLabels({k: v for k, v in store.state_arrays().items() if k != "y_idx"}, 10)
+
+
+def _fit_tiny(knn, **kw):
+    from dslide import train as T
+    from dslide.config import Config
+    from dslide.data import XMCData
+    from dslide.datasets.synthetic import generate_split
+
+    tr, te = generate_split("tiny", 400, 60, seed=3)
+    cfg = Config(hidden=(16,), epochs=2.0, batch_size=32, knn=knn, knn_weight=0.6, knn_candidates=12, **kw)
+    model, _ = T.fit(tr, cfg, index=False)
+    return T, model, tr, te
+
+
+def test_predictions_are_the_numpy_fusion_of_model_softmax_and_neighbour_votes():
+    from dslide.network import full_parameters
+    from dslide.train import normalise_inputs
+
+    T, model, tr, te = _fit_tiny(knn=4)
+    ids, scores = T.predict_topk_scores(model, te.X, 5)
+    # the model's logits, by numpy from the gathered parameters
+    (W0, b0), (W1, b1) = full_parameters(model.network)
+    Xn = normalise_inputs(sp.csr_matrix(te.X), "l2", np.float32).toarray().astype(np.float64)
+    Z = np.maximum(Xn @ W0 + b0, 0) @ W1 + b1
+    top = np.argsort(-Z, axis=1, kind="stable")[:, :12]
+    ref_nn, _ = _reference_neighbours(te.X, tr.X, 4)
+    S = (lambda A: A / np.linalg.norm(A, axis=1, keepdims=True))(te.X.toarray().astype(np.float64)) @ \
+        (lambda A: A / np.linalg.norm(A, axis=1, keepdims=True))(tr.X.toarray().astype(np.float64)).T
+    Y = sp.csr_matrix(tr.Y)
+    agree = 0
+    for q in range(te.n_points):
+        z = Z[q, top[q]]
+        p = np.exp(z - z.max()) / np.exp(z - z.max()).sum()
+        score = np.zeros(tr.n_labels)
+        score[top[q]] += 0.4 * p
+        w = np.maximum(S[q, ref_nn[q]], 0) ** 4.0
+        for pt, wi in zip(ref_nn[q], w / w.sum()):
+            score[Y.indices[Y.indptr[pt]:Y.indptr[pt + 1]]] += 0.6 * wi
+        ref = np.sort(score)[::-1][:5]
+        np.testing.assert_allclose(scores[q], ref, rtol=1e-4, atol=1e-6)
+        agree += set(ids[q]) == set(np.argsort(-score, kind="stable")[:5])
+    assert agree >= te.n_points - 2  # ids may differ only where float32 logits tie at the 5th place
+
+
+def test_knn_zero_leaves_the_model_alone_and_saves_no_store(tmp_path):
+    T, model, tr, te = _fit_tiny(knn=0)
+    assert model.network.layers[-1].neighbour_labels is None
+    assert not any(k.startswith("knn.") for k in model.network.layers[-1].state(weights_only=True))
+
+
+def test_store_survives_a_checkpoint(tmp_path):
+    from dslide import checkpoint as ck
+    from dslide.comm import Comm
+    from dslide.train import build_network
+
+    T, model, tr, te = _fit_tiny(knn=3)
+    before = T.predict_topk_scores(model, te.X, 5)
+    ck.save(model.network, tmp_path / "run", Comm(), weights_only=True)
+    fresh = build_network((tr.n_features, tr.n_labels), model.config, Comm())
+    ck.load_into(fresh.network, ck.latest(tmp_path / "run"), Comm(), weights_only=True)
+    assert fresh.network.layers[-1].neighbour_labels is not None
+    after = T.predict_topk_scores(fresh, te.X, 5)
+    np.testing.assert_array_equal(before[0], after[0])
+    np.testing.assert_allclose(before[1], after[1], rtol=1e-12)
