@@ -201,19 +201,32 @@ class Model:
         from dslide import train as T
         from dslide.cli import config_toml
 
+        from dslide import rundir
+
         model = self._fitted()
         run_dir = Path(run_dir)
+        lock, error = None, None
         if self.comm.rank == 0:
-            run_dir.mkdir(parents=True, exist_ok=True)
-            (run_dir / "config.toml").write_text(config_toml(model.config))
-            if self._props is not None:
-                propensity.save(run_dir, self._props)
-        self.comm.barrier()
-        out = []
-        T.save_model(model, lambda m, c: out.append(ck.save(m.network, run_dir, c,
-                                                            extra={"history": m.history})))
-        self.comm.barrier()
-        return self.comm.bcast_object(str(out[0]) if out else None)
+            try:  # one writer (dslide.rundir's lock); whole files, never through a planted link
+                run_dir.mkdir(parents=True, exist_ok=True)
+                lock = rundir.RunLock.acquire(run_dir, "dslide.Model.save")
+                rundir.write_atomic(run_dir / "config.toml", config_toml(model.config))
+                if self._props is not None:
+                    propensity.save(run_dir, self._props)
+            except (ValueError, OSError) as e:
+                error = e
+        message = self.comm.bcast_object(None if error is None else str(error))
+        try:
+            if message is not None:  # every rank raises, none waits in a collective below
+                raise error if error is not None else ValueError(message)
+            out = []
+            T.save_model(model, lambda m, c: out.append(ck.save(m.network, run_dir, c,
+                                                                extra={"history": m.history})))
+            self.comm.barrier()
+            return self.comm.bcast_object(str(out[0]) if out else None)
+        finally:
+            if lock is not None:
+                lock.release()
 
     @classmethod
     def load(cls, run_dir, *, comm=None) -> "Model":

@@ -35,6 +35,14 @@ any checkpoint; resuming training from a weights-only one is refused.
 Loading never unpickles. Randomness needs no state: every draw is a function
 of (seed, step, ...), and the data order of (seed, epoch); the step is in
 the manifest.
+
+Nothing is read or written outside the checkpoint directory: the names in a
+manifest (`ranks[].dir`, each array's `file`) and in LATEST must be plain
+names (no `/`, no `..`) that resolve inside it, or the checkpoint is refused
+(CheckpointError), as is a manifest that is not the object this module writes.
+Temporary files are created exclusively (`dslide.rundir`), never opened
+through a planted symlink. A save refuses parameters that are not finite
+(NaN, inf: a diverged run), so LATEST keeps naming the last good checkpoint.
 """
 
 from __future__ import annotations
@@ -43,12 +51,14 @@ import hashlib
 import io
 import json
 import os
+import re
 import shutil
 import threading
 from pathlib import Path
 
 import numpy as np
 
+from dslide import rundir
 from dslide.comm import Comm
 from dslide.config import Config
 from dslide.network import Network
@@ -76,12 +86,31 @@ def _sha256(path: Path) -> str:
 
 
 def _write_atomic(path: Path, data: bytes) -> None:
-    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    rundir.write_atomic(path, data)  # a fresh temporary file (never through a link), fsync, rename
+
+
+#: the names a manifest and LATEST may hold: one plain path component ("rank-0000",
+#: "layer0.W.m.npy", "step-000001200.1"), never "..", "/x" or "a/b"
+_PLAIN_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,254}")
+
+
+def _plain(name, what: str, where) -> str:
+    if not isinstance(name, str) or not _PLAIN_NAME.fullmatch(name):
+        raise CheckpointError(f"{where}: {what} {name!r} is not a plain name inside the checkpoint directory "
+                              f"(no '/', no '..', not absolute); refusing to read or write outside it")
+    return name
+
+
+def _inside(base: Path, name: str, what: str, where) -> Path:
+    """base / name, refused unless it resolves inside base (a symlink pointing out of it)."""
+    path = Path(base) / _plain(name, what, where)
+    try:
+        inside = path.resolve().is_relative_to(Path(base).resolve())
+    except (OSError, RuntimeError):  # a symlink loop
+        inside = False
+    if not inside:
+        raise CheckpointError(f"{where}: {what} {name!r} leads outside {base} (a symbolic link); refusing it")
+    return path
 
 
 def _fsync_dir(path: Path) -> None:
@@ -113,8 +142,9 @@ def write_npy(path: Path, arr: np.ndarray) -> str:
     time; returns the file's SHA-256."""
     arr = np.asarray(arr)
     h = hashlib.sha256()
-    tmp = path.with_name("." + path.name + ".tmp")
-    with open(tmp, "wb") as f:
+    # a fresh temporary name, created exclusively (a symlink planted at any name is never
+    # written through), fsynced and renamed; removed if the write fails
+    with rundir.replacing(path) as f:
         head = _npy_header(arr)
         h.update(head)
         f.write(head)
@@ -131,9 +161,6 @@ def write_npy(path: Path, arr: np.ndarray) -> str:
                 block = np.ascontiguousarray(lead[a:a + step]).view(np.uint8).reshape(-1)
                 h.update(block)
                 f.write(block)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
     return h.hexdigest()
 
 
@@ -157,6 +184,13 @@ class _NpyFile:
             raise CheckpointError(f"{path} holds a {'Fortran-ordered' if fortran else 'object'} array; "
                                   f"checkpoints hold C-ordered plain arrays")
         self.shape, self.dtype, self.offset = tuple(shape), dtype, self.f.tell()
+        # a header may claim any shape: what a reader allocates is bounded by the file's size
+        want = self.offset + int(np.prod(self.shape, dtype=object)) * dtype.itemsize
+        size = os.fstat(self.f.fileno()).st_size
+        if size < want:
+            self.f.close()
+            raise CheckpointError(f"{path} is truncated: {size} bytes where its header describes {dtype} "
+                                  f"values of shape {self.shape} ({want} bytes)")
 
     def close(self):
         self.f.close()
@@ -269,6 +303,11 @@ def save(net: Network, run_dir, comm: Comm, extra: dict | None = None, keep: int
     """
     if weights_only is None:
         weights_only = not net.config.checkpoint_moments
+    # a diverged run's parameters are never saved: LATEST keeps naming the last good checkpoint
+    bad = [b for b in comm.allgather_object(_non_finite(net, weights_only)) if b]
+    if bad:
+        raise CheckpointError(f"refusing to save a checkpoint at step {net.step}: {bad[0]} holds non-finite "
+                              f"values (NaN or inf; training diverged), the last checkpoint is kept")
     root = Path(run_dir) / "checkpoints"
     name = None
     if comm.rank == 0:
@@ -324,33 +363,67 @@ def save(net: Network, run_dir, comm: Comm, extra: dict | None = None, keep: int
     return target
 
 
+#: the arrays a save checks for NaN and inf: parameters and Adam's moments (others, such as
+#: tables, may hold sentinels)
+_CHECKED = ("W", "b", "W.m", "W.v", "b.m", "b.v")
+
+
+def _non_finite(net: Network, weights_only: bool) -> str | None:
+    """The first parameter array of this rank holding NaN or inf (as "layer1/W on rank r"), or None;
+    read in blocks of 4M values, so no temporary the size of a layer."""
+    for layer in net.layers:
+        for key, arr in layer.state(weights_only=weights_only).items():
+            if key not in _CHECKED or np.asarray(arr).dtype.kind != "f":
+                continue
+            flat = np.asarray(arr).reshape(-1)
+            for a in range(0, flat.size, 1 << 22):
+                if not np.isfinite(flat[a:a + (1 << 22)]).all():
+                    return f"layer{layer.index}/{key} on rank {net.comm.rank}"
+    return None
+
+
 def export(run_dir, out_dir) -> Path:
     """A new run directory `out_dir` holding the weights of `run_dir`'s latest checkpoint
     (W, b and the inference index of every rank, no optimiser state), for deployment:
     `eval` and `predict` take it as --model. Files are copied one by one (no MPI, bounded
     memory); the configuration and metrics come along. Returns the new checkpoint's path."""
     src = latest(run_dir)
-    manifest = read_manifest(src)
+    manifest = read_manifest(src)  # every name in it checked: plain, inside src
     out_dir = Path(out_dir)
     if out_dir.exists() and any(out_dir.iterdir()):
         raise CheckpointError(f"{out_dir} exists and is not empty; export writes a new run directory")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with rundir.RunLock.acquire(out_dir, "dslide export"):
+        if any(p.name != rundir.LOCK_NAME for p in out_dir.iterdir()):  # another export got there first
+            raise CheckpointError(f"{out_dir} exists and is not empty; export writes a new run directory")
+        return _export(Path(run_dir), src, manifest, out_dir)
+
+
+def _export(run_dir: Path, src: Path, manifest: dict, out_dir: Path) -> Path:
     root = out_dir / "checkpoints"
     target = root / src.name
     target.mkdir(parents=True)
     for extra_file in ("config.toml", "metrics.json"):
-        if (Path(run_dir) / extra_file).exists():
-            shutil.copyfile(Path(run_dir) / extra_file, out_dir / extra_file)
+        if (run_dir / extra_file).is_file():
+            with open(run_dir / extra_file, "rb") as f, rundir.replacing(out_dir / extra_file) as g:
+                shutil.copyfileobj(f, g)
+    where = src / "manifest.json"
     ranks = []
     for entry in manifest["ranks"]:
-        (target / entry["dir"]).mkdir()
+        from_dir = _inside(src, entry["dir"], "rank directory", where)
+        to_dir = target / entry["dir"]
+        to_dir.mkdir()
         kept = {k: v for k, v in entry["arrays"].items() if v["inference"]}
         for k, v in kept.items():
-            tmp = target / entry["dir"] / ("." + v["file"] + ".tmp")
-            shutil.copyfile(src / entry["dir"] / v["file"], tmp)
-            if _sha256(tmp) != v["sha256"]:
-                raise _mismatch(src / entry["dir"] / v["file"], src / "manifest.json")
-            os.replace(tmp, target / entry["dir"] / v["file"])
-        _fsync_dir(target / entry["dir"])
+            f_in = _inside(from_dir, v["file"], "file", where)
+            with open(f_in, "rb") as f, rundir.replacing(to_dir / v["file"]) as g:
+                h = hashlib.sha256()
+                for chunk in iter(lambda: f.read(1 << 22), b""):
+                    h.update(chunk)
+                    g.write(chunk)
+                if h.hexdigest() != v["sha256"]:
+                    raise _mismatch(f_in, where)
+        _fsync_dir(to_dir)
         ranks.append({"dir": entry["dir"], "arrays": kept})
     manifest = {**manifest, "contents": "weights", "ranks": ranks,
                 "extra": {**manifest.get("extra", {}), "exported_from": str(src)}}
@@ -372,29 +445,91 @@ def latest(run_dir) -> Path:
         raise CheckpointError(f"run directory {run_dir} does not exist")
     if not pointer.exists():
         raise CheckpointError(f"{run_dir} holds no checkpoint ({pointer} is missing)")
-    target = root / pointer.read_text().strip()
-    if not (target / "manifest.json").exists():
-        raise CheckpointError(f"{pointer} names {target.name}, which has no manifest.json")
+    try:
+        name = pointer.read_bytes()[:1024].decode().strip()
+    except (OSError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{pointer} is unreadable: {e}") from None
+    target = _inside(root, name, "the checkpoint name", pointer)
+    if not (target / "manifest.json").is_file():
+        raise CheckpointError(f"{pointer} names {name}, which has no manifest.json")
     return target
 
 
 def read_manifest(path) -> dict:
+    """A checkpoint's manifest, checked: the object `save` writes, with every name in it a
+    plain one inside the checkpoint (CheckpointError naming the file and the field otherwise)."""
     path = Path(path)
     try:
         manifest = json.loads((path / "manifest.json").read_text())
-    except (OSError, json.JSONDecodeError) as e:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise CheckpointError(f"{path / 'manifest.json'} is unreadable: {e}") from None
+    if not isinstance(manifest, dict):
+        raise CheckpointError(f"{path / 'manifest.json'} is not a checkpoint manifest: a JSON object was "
+                              f"expected, it holds a {type(manifest).__name__}")
     if manifest.get("format") != FORMAT:
         raise CheckpointError(f"{path} has checkpoint format {manifest.get('format')!r} (format 1: one .npz per "
                               f"rank, from an older dslide); this dslide reads format {FORMAT}")
+    _check_manifest(manifest, path / "manifest.json")
     return manifest
+
+
+#: the fields of a manifest and their types (int: not bool); older manifests may lack the optional ones
+_FIELDS = {"step": int, "world_size": int, "parallel": str, "n_features": int, "n_labels": int,
+           "layers": list, "config": dict, "ranks": list}
+_OPTIONAL = {"contents": str, "n_params": int, "extra": dict, "bounds": list}
+
+
+def _check_manifest(m: dict, where: Path) -> None:
+    def bad(field, value, want):
+        return CheckpointError(f"{where}: {field} = {json.dumps(value)[:80]} is not valid; expected {want}")
+
+    def is_int(v, lo=0):
+        return isinstance(v, int) and not isinstance(v, bool) and v >= lo
+
+    for key, kind in {**_FIELDS, **_OPTIONAL}.items():
+        if key not in m:
+            if key in _OPTIONAL:
+                continue
+            raise CheckpointError(f"{where} lacks {key!r}: not a complete dslide checkpoint manifest")
+        ok = is_int(m[key]) if kind is int else isinstance(m[key], kind)
+        if not ok:
+            raise bad(key, m[key], "a non-negative integer" if kind is int else f"a JSON {kind.__name__}")
+    if m.get("contents", "full") not in ("full", "weights"):
+        raise bad("contents", m["contents"], "'full' or 'weights'")
+    if m["world_size"] < 1 or len(m["ranks"]) != m["world_size"]:
+        raise CheckpointError(f"{where} says {m['world_size']} ranks but lists {len(m['ranks'])}")
+    for i, layer in enumerate(m["layers"]):
+        if not isinstance(layer, dict) or not isinstance(layer.get("kind"), str) \
+                or not all(is_int(layer.get(k)) for k in ("index", "d_in", "n")):
+            raise bad(f"layers[{i}]", layer, "{index, kind, d_in, n}")
+    if not all(isinstance(b, list) and all(is_int(x) for x in b) for b in m.get("bounds", [])):
+        raise bad("bounds", m["bounds"], "one list of integers per layer")
+    for r, entry in enumerate(m["ranks"]):
+        if not isinstance(entry, dict) or not isinstance(entry.get("arrays"), dict):
+            raise bad(f"ranks[{r}]", entry, "{dir, arrays}")
+        _plain(entry.get("dir"), f"ranks[{r}].dir", where)
+        for key, a in entry["arrays"].items():
+            if not isinstance(a, dict):
+                raise bad(f"ranks[{r}].arrays[{key!r}]", a, "{file, sha256, shape, dtype, inference}")
+            _plain(a.get("file"), f"ranks[{r}].arrays[{key!r}].file", where)
+            if not isinstance(a.get("sha256"), str) or not isinstance(a.get("inference"), bool) \
+                    or not isinstance(a.get("shape"), list) or not all(is_int(x) for x in a["shape"]):
+                raise bad(f"ranks[{r}].arrays[{key!r}]", a, "{file, sha256, shape, dtype, inference}")
+            try:
+                dtype = np.dtype(np.lib.format.descr_to_dtype(a.get("dtype")))
+            except (TypeError, ValueError):
+                dtype = None
+            if dtype is None or dtype.hasobject:
+                raise bad(f"ranks[{r}].arrays[{key!r}].dtype", a.get("dtype"), "a plain numpy dtype")
 
 
 def config_of(path) -> Config:
     """The configuration a checkpoint was trained with."""
     d = dict(read_manifest(path)["config"])
-    d["hidden"] = tuple(d["hidden"])
-    return Config.from_dict(d)
+    try:
+        return Config.from_dict(d)
+    except (ValueError, TypeError) as e:
+        raise CheckpointError(f"{Path(path) / 'manifest.json'}: its configuration is not valid: {e}") from None
 
 
 def size_bytes(path) -> int:
@@ -406,18 +541,24 @@ class _Reader:
     """One old rank's arrays of a checkpoint: opens and verifies its files as they are read."""
 
     def __init__(self, path: Path, entry: dict, verify: bool):
-        self.dir, self.arrays, self.verify = path / entry["dir"], entry["arrays"], verify
         self.manifest = path / "manifest.json"
+        self.dir = _inside(path, entry["dir"], "rank directory", self.manifest)
+        self.arrays, self.verify = entry["arrays"], verify
         self.digests = []
 
     def has(self, key: str) -> bool:
         return key in self.arrays
 
     def open(self, key: str) -> _NpyFile:
-        f = self.dir / self.arrays[key]["file"]
+        f = _inside(self.dir, self.arrays[key]["file"], "file", self.manifest)
         if not f.exists():
             raise CheckpointError(f"{self.manifest} lists {f.relative_to(self.dir.parent)}, which is missing")
-        return _NpyFile(f)
+        npy = _NpyFile(f)
+        if list(npy.shape) != self.arrays[key]["shape"]:
+            npy.close()
+            raise CheckpointError(f"{f} holds an array of shape {npy.shape}; {self.manifest} lists "
+                                  f"{tuple(self.arrays[key]['shape'])}")
+        return npy
 
     def read_all(self, key: str, out: np.ndarray | None) -> np.ndarray:
         """The whole array: into `out` when it has the file's shape and dtype, else a new array."""
@@ -458,6 +599,14 @@ def load_into(net: Network, path, comm: Comm, verify: bool = True, weights_only:
     """
     path = Path(path)
     manifest = read_manifest(path)
+    try:
+        return _load_into(net, path, manifest, comm, verify, weights_only)
+    except KeyError as e:  # an array the network needs that the manifest does not list
+        raise CheckpointError(f"{path / 'manifest.json'} lists no {e.args[0]!r}, which this network "
+                              f"needs: not a checkpoint of this network") from None
+
+
+def _load_into(net: Network, path: Path, manifest: dict, comm: Comm, verify: bool, weights_only: bool) -> dict:
     if manifest["layers"] != net.describe() or manifest["n_features"] != net.n_features \
             or manifest["n_labels"] != net.n_labels:
         raise CheckpointError(

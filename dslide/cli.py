@@ -2,9 +2,9 @@
 
 The same command runs on one process and under `mpiexec -n P`:
 
-    dslide train --train F --test F [--config C.toml] [--set key=value ...] [--out RUN_DIR]
+    dslide train --train F --test F [--config C.toml] [--set key=value ...] [--out RUN_DIR [--overwrite]]
     dslide train --resume RUN_DIR --train F --test F
-    dslide eval --model RUN_DIR --data F [--k 5] [--exact | --lsh]
+    dslide eval --model RUN_DIR --data F [--k 5] [--exact | --lsh] [--out METRICS.json]
     dslide predict --model RUN_DIR --data F --k K --out PRED.txt
     dslide export --model RUN_DIR --out NEW_RUN_DIR     weights only, for deployment
     dslide data gen --preset NAME [--points N] --out PREFIX   NAME: tiny, small or a suite member
@@ -13,9 +13,15 @@ The same command runs on one process and under `mpiexec -n P`:
     dslide data stats F
 
 Errors (a missing file, malformed data, a bad setting, an incompatible
-checkpoint) print one line and exit with status 2, without a traceback
-unless --debug. Under MPI an error on any rank ends every rank
-(`MPI_Abort`), so a failure never hangs the job.
+checkpoint, a model larger than the memory available, a run directory in
+use or holding another run) print one line and exit with status 2, without
+a traceback unless --debug, and write nothing. Under MPI an error on any
+rank ends every rank (`MPI_Abort`), so a failure never hangs the job; so
+does a rank that stops answering, with `--set stall_timeout=SECONDS`.
+
+A run directory has one writer (dslide.rundir: a lock file naming it) and
+is never written over silently: `train --out` refuses a directory holding
+a run unless `--overwrite` (which deletes that run's files) or `--resume`.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ import argparse
 import json
 import os
 import re
+import socket
 import sys
 import time
 import traceback
@@ -172,8 +179,9 @@ _TOML_ESCAPES = {'"': '\\"', "\\": "\\\\", "\b": "\\b", "\t": "\\t", "\n": "\\n"
 
 
 def _read(path: str, what: str, fmt: str | None = None, n_features: int | None = None,
-          n_labels: int | None = None, comm=None):
-    """Read data argument `path` (dslide.formats: a file or FEATURES,LABELS; `fmt` or by name)."""
+          n_labels: int | None = None, comm=None, points: bool = True):
+    """Read data argument `path` (dslide.formats: a file or FEATURES,LABELS; `fmt` or by name);
+    points: refuse data without data points."""
     from dslide import formats
 
     if not path:
@@ -195,11 +203,86 @@ def _read(path: str, what: str, fmt: str | None = None, n_features: int | None =
     if loud:
         print(f"read {what} {path}: {data.n_points:,} points in {time.perf_counter() - t0:.1f}s",
               file=sys.stderr, flush=True)
+    if points and data.n_points == 0:
+        raise UsageError(f"{what} {path} holds no data points")
     return data
 
 
 #: data files at least this large are announced on stderr before and after reading
 LOUD_READ_BYTES = 64 << 20
+
+
+def _read_accepted(path: str, what: str, accept, fmt: str | None = None, n_features: int | None = None,
+                   n_labels: int | None = None, comm=None):
+    """_read, the file's cache written only once accept(data) (checks that raise) has passed."""
+    from dslide.data import caches_held, write_caches
+
+    with caches_held() as held:
+        data = _read(path, what, fmt, n_features, n_labels, comm=comm)
+        accept(data)
+        write_caches(held)
+    return data
+
+
+def _on_rank0(comm, fn):
+    """fn() on rank 0 only (the file system's state: run directories, locks); its user error
+    is raised on every rank, so that all of them end alike. Returns fn()'s result on rank 0,
+    None elsewhere."""
+    result, error = None, None
+    if comm.rank == 0:
+        try:
+            result = fn()
+        except (ValueError, OSError) as e:
+            error = str(e)
+    error = comm.bcast_object(error)
+    if error is not None:
+        raise UsageError(error)
+    return result
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:,.1f} GiB" if n >= 2**30 else f"{n / 2**20:,.1f} MiB"
+
+
+def _check_memory(comm, need: int, what: str) -> None:
+    """Refuse (UsageError, every rank) when the ranks on a host need more memory than it has
+    available (dslide.memory.available_bytes), before anything is allocated.
+    DSLIDE_MEMORY_CHECK=off skips the check (the account is an estimate)."""
+    from dslide import memory
+
+    if os.environ.get("DSLIDE_MEMORY_CHECK", "").strip().lower() in ("0", "off", "false", "no"):
+        return
+    host = socket.gethostname()
+    needs = comm.allgather_object((host, int(need), memory.available_bytes()))
+    mine = [(n, a) for h, n, a in needs if h == host]
+    total, avail = sum(n for n, _ in mine), mine[0][1]
+    if avail is not None and total > avail:
+        ranks = f" by its {len(mine)} ranks" if len(mine) > 1 else ""
+        raise UsageError(f"{what} needs {_gib(total)} of memory on {host}{ranks} (dslide.memory.account) but "
+                         f"{_gib(avail)} is available (MemAvailable in /proc/meminfo): use a smaller model, more "
+                         f"hosts, or DSLIDE_MEMORY_CHECK=off to try anyway")
+
+
+def _threads_of(config) -> int:
+    from dslide import train as T
+
+    return T._threads(config)
+
+
+def _model_bytes(config, n_features: int, n_labels: int, comm, inference: bool = False) -> int:
+    """What one rank allocates for the model (dslide.memory.account; for inference without
+    Adam's moments, which stay unallocated), and the per-label arrays of its set-up."""
+    from dslide import memory
+
+    try:
+        acc = memory.account(config, n_features, n_labels, comm.size, comm.rank, threads=_threads_of(config))
+    except MemoryError:  # even a hash family of that width cannot be drawn
+        return 1 << 62
+    except (ValueError, ZeroDivisionError):  # a layout the network itself refuses, with its own message
+        return 0
+    if inference:
+        return sum(acc[k] for k in ("weights", "tables", "index", "scratch", "step"))
+    return acc["peak"] + 4 * 8 * n_labels  # label counts, the bias prior, the propensities
 
 
 def _say(comm, *parts, file=None):
@@ -217,7 +300,11 @@ class Progress:
         self.rank0 = comm.rank == 0
         self.bar = None
         self.lines = lines and not quiet
-        self.log = open(log_path, "a") if (log_path and self.rank0) else None
+        self.log = None
+        if log_path and self.rank0:
+            from dslide.rundir import open_append
+
+            self.log = open_append(log_path)  # never through a symlink planted there
         self.batch = batch
         self.last_t = time.perf_counter()
         self.last_step = start
@@ -236,7 +323,9 @@ class Progress:
             return None
         record = {k: v for k, v in info.items() if k != "wall_s_delta"}
         if self.log is not None:
-            self.log.write(json.dumps(record) + "\n")
+            from dslide.rundir import dumps
+
+            self.log.write(dumps(record) + "\n")  # strict JSON: a NaN is written null
             self.log.flush()
         now = time.perf_counter()
         rate = (record["step"] - self.last_step) * self.batch / max(now - self.last_t, 1e-9)
@@ -264,14 +353,111 @@ class Progress:
 # ----------------------------------------------------------------------------
 
 RESUME_SETTABLE = {"epochs", "eval_every", "eval_points", "log_every", "checkpoint_every", "checkpoint_moments",
-                   "threads", "replicas", "sync", "sync_every", "shard_weights"}  # the layout: any, on resume
+                   "threads", "replicas", "sync", "sync_every", "shard_weights",  # the layout: any, on resume
+                   "stall_timeout"}
+
+#: what a run directory holds, all of it written by dslide (`--overwrite` deletes these)
+RUN_FILES = ("config.toml", "log.jsonl", "metrics.json", "propensity.npz", "checkpoints")
+
+
+def _ours(name: str) -> bool:
+    """A run directory's entry that dslide wrote: RUN_FILES, the lock, a temporary file."""
+    from dslide.rundir import LOCK_NAME
+
+    return name in RUN_FILES or name == LOCK_NAME or (name.startswith(".") and name.endswith(".tmp"))
+
+
+def _check_new_run(run_dir: Path, overwrite: bool) -> None:
+    """Before anything is read or written: `--out` must be new, empty, or (with --overwrite)
+    a run dslide may replace; never one in use."""
+    from dslide import rundir
+
+    if not run_dir.exists() and not run_dir.is_symlink():
+        return
+    if not run_dir.is_dir():
+        raise UsageError(f"--out {run_dir} exists and is not a directory")
+    holder = rundir.holder_of(run_dir)
+    if holder is not None:
+        raise rundir.RunDirError(f"{run_dir} is in use by {rundir.describe(holder)}; wait for it to end "
+                                 f"(one run directory has one writer)")
+    entries = sorted(p.name for p in run_dir.iterdir() if p.name != rundir.LOCK_NAME)
+    if entries and not overwrite:
+        listed = ", ".join(entries[:6]) + (", ..." if len(entries) > 6 else "")
+        raise UsageError(f"--out {run_dir} already holds a run ({listed}): continue it with --resume "
+                         f"{run_dir}, replace it with --overwrite, or choose another --out")
+
+
+def _open_run(run_dir: Path, resume: bool, overwrite: bool):
+    """On rank 0: the run directory made and locked (dslide.rundir.RunLock, returned); for a
+    new run, checked again under the lock and, with --overwrite, emptied of the old run's files."""
+    import shutil
+
+    from dslide import rundir
+
+    if resume and not run_dir.is_dir():
+        raise UsageError(f"--resume {run_dir}: run directory {run_dir} does not exist")
+    created = not run_dir.exists()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        lock = rundir.RunLock.acquire(run_dir, "dslide train" + (" --resume" if resume else ""))
+    except BaseException:
+        if created:
+            _rmdir_quietly(run_dir)
+        raise
+    try:
+        if not resume:
+            entries = sorted(p.name for p in run_dir.iterdir() if p.name != rundir.LOCK_NAME)
+            if entries and not overwrite:  # another run finished here since the first check
+                raise UsageError(f"--out {run_dir} already holds a run ({', '.join(entries[:6])}): continue "
+                                 f"it with --resume {run_dir}, replace it with --overwrite, or choose another --out")
+            for name in entries:  # --overwrite: the old run's files go (never through a link)
+                if not _ours(name):
+                    continue  # someone else's file (a plot, notes): kept
+                p = run_dir / name
+                if p.is_dir() and not p.is_symlink():
+                    shutil.rmtree(p)
+                else:
+                    p.unlink()
+    except BaseException:
+        lock.release()
+        if created:
+            _rmdir_quietly(run_dir)
+        raise
+    return lock
+
+
+def _rmdir_quietly(path: Path) -> None:
+    try:
+        path.rmdir()  # only when empty: what this run made and nothing else
+    except OSError:
+        pass
 
 
 def cmd_train(args, comm) -> int:
-    import dslide
+    from dslide.data import caches_held
+
+    if args.resume and args.overwrite:
+        raise UsageError("--resume continues the run in RUN_DIR and --overwrite replaces one: give one of them")
+    if args.resume and args.out and os.path.abspath(args.out) != os.path.abspath(args.resume):
+        raise UsageError(f"--resume {args.resume} continues that run in its own directory; --out {args.out} "
+                         f"names another (leave --out out)")
+    lock = None
+    try:
+        if args.resume:  # locked first: its checkpoint must not change while it is read
+            lock = _on_rank0(comm, lambda: _open_run(Path(args.resume), True, False))
+        with caches_held() as held:  # the data's caches are written once the run is accepted
+            return _cmd_train(args, comm, held)
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _cmd_train(args, comm, held) -> int:
     from dslide import checkpoint as ck
     from dslide import train as T
+    from dslide.data import write_caches
 
+    path = None
     if args.resume:
         path = ck.latest(args.resume)
         base = ck.config_of(path)
@@ -286,17 +472,50 @@ def cmd_train(args, comm) -> int:
         config = make_config(args.config, args.set)
         run_dir = Path(args.out) if args.out else None
         if run_dir is None:
-            stamp = comm.bcast_object(time.strftime("%Y%m%d-%H%M%S"))
+            stamp = time.strftime("%Y%m%d-%H%M%S")
             run_dir = Path("runs") / f"run-{stamp}"
+            n = 1
+            while run_dir.exists():  # another run started in the same second
+                n += 1
+                run_dir = Path("runs") / f"run-{stamp}-{n}"
+            run_dir = Path(comm.bcast_object(str(run_dir)))
+        _on_rank0(comm, lambda: _check_new_run(run_dir, args.overwrite))  # before the data is even read
+    comm.stall_timeout = config.stall_timeout
     train = _read(args.train, "--train", args.format, comm=comm)
     test = _read(args.test, "--test", args.format, train.n_features, train.n_labels, comm=comm) if args.test else None
     if test is not None and (test.n_features, test.n_labels) != (train.n_features, train.n_labels):
         raise UsageError(f"--test {args.test} has {test.n_features} features and {test.n_labels} labels, "
                          f"--train {args.train} has {train.n_features} and {train.n_labels}")
+    if args.resume:
+        saved = ck.read_manifest(path)
+        if (saved["n_features"], saved["n_labels"]) != (train.n_features, train.n_labels):
+            raise UsageError(f"--train {args.train} has {train.n_features:,} features and {train.n_labels:,} "
+                             f"labels; the run in {args.resume} was trained on {saved['n_features']:,} and "
+                             f"{saved['n_labels']:,}")
     config = config.resolve(train.n_labels, T.points_per_label(train.Y))
+    _check_memory(comm, _model_bytes(config, train.n_features, train.n_labels, comm),
+                  f"a model of {train.n_features:,} features, hidden {list(config.hidden)} and "
+                  f"{train.n_labels:,} labels")
+    if args.resume:
+        write_caches(held)
+        return _train(args, comm, config, run_dir, train, test, path)
+    lock = _on_rank0(comm, lambda: _open_run(run_dir, False, args.overwrite))  # nothing was written before
+    try:
+        write_caches(held)
+        return _train(args, comm, config, run_dir, train, test, None)
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _train(args, comm, config, run_dir: Path, train, test, path) -> int:
+    import dslide
+    from dslide import checkpoint as ck
+    from dslide import train as T
+    from dslide.rundir import dumps, write_atomic
+
     if comm.rank == 0:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "config.toml").write_text(config_toml(config))
+        write_atomic(run_dir / "config.toml", config_toml(config))
     comm.barrier()
     inv_prop = _run_propensities(run_dir, train, config, comm)
     layout = (f"{config.replicas} replicas ({config.sync} sync every {config.sync_every} steps) x "
@@ -327,6 +546,12 @@ def cmd_train(args, comm) -> int:
             first_step_done.append(time.perf_counter())
         if event == "step" and fault == f"raise-rank{comm.rank}-step{info}":  # test hook
             raise RuntimeError(f"injected fault on rank {comm.rank} at step {info}")
+        if event == "step" and fault == f"stop-rank{comm.rank}-step{info}":  # test hook: a stopped rank
+            import signal
+
+            os.kill(os.getpid(), signal.SIGSTOP)
+        if event == "step" and fault == f"nan-step{info}":  # test hook: the output biases become NaN
+            m.network.layers[-1].b[:] = float("nan")
         progress(event, m, info)
         return None
 
@@ -348,7 +573,7 @@ def cmd_train(args, comm) -> int:
     if None not in startup:
         metrics["startup_s"] = max(startup)
     if comm.rank == 0:
-        (run_dir / "metrics.json").write_text(json.dumps(metrics, indent=1) + "\n")
+        write_atomic(run_dir / "metrics.json", dumps(metrics, indent=1) + "\n")
     _say(comm, _summary(metrics, run_dir))
     return 0
 
@@ -444,9 +669,20 @@ def _summary(m: dict, run_dir: Path) -> str:
 # ----------------------------------------------------------------------------
 
 
-def load_model(run_dir: str, comm):
+def _check_k(k: int, n_labels: int) -> None:
+    """--k in [1, n_labels] (dslide.api.check_k), as a UsageError naming --k."""
+    from dslide.api import check_k
+
+    try:
+        check_k(k, n_labels)
+    except ValueError as e:
+        raise UsageError(str(e).replace("k = ", "--k ")) from None
+
+
+def load_model(run_dir: str, comm, k: int | None = None):
     """The trained model of a run directory (dslide.train.Model), split over `comm`'s ranks
-    for inference, with this process's threads."""
+    for inference, with this process's threads. k: the --k to check against the model's
+    labels first, before anything is allocated."""
     from dslide import checkpoint as ck
     from dslide import train as T
 
@@ -455,6 +691,11 @@ def load_model(run_dir: str, comm):
     # each with the threads this process has (NUMBA_NUM_THREADS), not those of the training run
     config = ck.config_of(path).replace(replicas=1, shard_weights=(), threads=0)
     manifest = ck.read_manifest(path)
+    if k is not None:
+        _check_k(k, manifest["n_labels"])
+    comm.stall_timeout = config.stall_timeout
+    _check_memory(comm, _model_bytes(config, manifest["n_features"], manifest["n_labels"], comm, inference=True),
+                  f"the model in {run_dir}")
     model = T.build_network((manifest["n_features"], manifest["n_labels"]), config, comm)
     # inference needs the weights and the index only: Adam's moments are never read (nor
     # allocated: their zero pages stay unmapped)
@@ -472,7 +713,7 @@ def cmd_export(args, comm) -> int:
     if comm.rank == 0:
         target = ck.export(args.model, args.out)
         manifest = ck.read_manifest(target)
-        print(f"wrote {args.out}: the weights of {manifest['n_params']:,} parameters at step {manifest['step']} "
+        print(f"wrote {args.out}: the weights of {manifest.get('n_params', 0):,} parameters at step {manifest['step']} "
               f"({ck.size_bytes(target) / 2**20:,.1f} MiB, {manifest['world_size']} rank(s)); "
               f"use it with eval/predict --model {args.out}")
     comm.barrier()
@@ -488,11 +729,11 @@ def cmd_eval(args, comm) -> int:
     from dslide.metrics import evaluate
 
     t_load = time.perf_counter()
-    model = _load_model(args.model, comm)
+    model = _load_model(args.model, comm, args.k)
     load_s = time.perf_counter() - t_load
     _check_scoring(model, args)
-    data = _read(args.data, "--data", args.format, model.n_features, model.n_labels, comm=comm)
-    _check_shape(data, model, args.data)
+    data = _read_accepted(args.data, "--data", lambda d: _check_shape(d, model, args.data), args.format,
+                          model.n_features, model.n_labels, comm=comm)
     # the training labels' propensities, saved with the run: never the evaluated file's
     props = propensity.load(args.model, model.n_labels)
     if props is not None and (args.propensity or args.propensity_a is not None or args.propensity_b is not None):
@@ -519,8 +760,7 @@ def cmd_eval(args, comm) -> int:
               "startup_s": max(comm.allgather_object(t0 - dslide.IMPORTED_AT)),
               "load_model_s": max(comm.allgather_object(load_s)),
               "peak_rss_mb": comm.allgather_object(round(T.peak_rss_mb(), 1))})
-    if comm.rank == 0:
-        Path(args.model, "metrics.json").write_text(json.dumps({**_old_metrics(args.model), "eval": m}, indent=1) + "\n")
+    if comm.rank == 0:  # the figures first: writing them down may fail
         ks = range(1, args.k + 1)
         print("  ".join(f"P@{k} {m[f'p@{k}']:.4f}" for k in ks))
         print("  ".join(f"nDCG@{k} {m[f'ndcg@{k}']:.4f}" for k in ks))
@@ -531,16 +771,41 @@ def cmd_eval(args, comm) -> int:
                   f"fewer than 3 points, or before runs saved their training labels' propensities)")
         print(f"{data.n_points:,} points in {dt:.2f}s ({m['mode']} scoring: "
               f"{100 * m['scored_share']:.2f}% of the labels scored per point), after {m['startup_s']:.1f}s of "
-              f"start-up ({m['load_model_s']:.1f}s loading the model)")
+              f"start-up ({m['load_model_s']:.1f}s loading the model)", flush=True)
+        _save_eval(args, m)
     return 0
+
+
+def _save_eval(args, m: dict) -> None:
+    """The evaluation into --out, or into the model's metrics.json where that can be written
+    (the directory writable, no run holding its lock); otherwise a note on stderr."""
+    from dslide import rundir
+
+    if args.out:
+        rundir.write_atomic(args.out, rundir.dumps({"model": str(args.model), "eval": m}, indent=1) + "\n")
+        return
+    target = Path(args.model, "metrics.json")
+    why = None
+    if not os.access(args.model, os.W_OK):
+        why = f"{args.model} is not writable"
+    else:
+        try:
+            with rundir.RunLock.acquire(args.model, "dslide eval"):
+                rundir.write_atomic(target, rundir.dumps({**_old_metrics(args.model), "eval": m}, indent=1) + "\n")
+        except (ValueError, OSError) as e:
+            why = str(e)
+    if why is not None:
+        print(f"dslide: the metrics above are not saved in {target} ({why}); --out FILE saves them elsewhere",
+              file=sys.stderr, flush=True)
 
 
 def _old_metrics(run_dir) -> dict:
     p = Path(run_dir, "metrics.json")
     try:
-        return {k: v for k, v in json.loads(p.read_text()).items() if k != "eval"}
-    except (OSError, json.JSONDecodeError):
+        old = json.loads(p.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
         return {}
+    return {k: v for k, v in old.items() if k != "eval"} if isinstance(old, dict) else {}
 
 
 def _check_shape(data, model, path):
@@ -557,13 +822,19 @@ def cmd_predict(args, comm) -> int:
     import dslide
 
     t_load = time.perf_counter()
-    model = _load_model(args.model, comm)
+    model = _load_model(args.model, comm, args.k)
     load_s = time.perf_counter() - t_load
     _check_scoring(model, args)
     out_fmt = args.out_format or ("npz" if args.out.endswith(".npz") else "text")
-    data = _read(args.data, "--data", args.format, model.n_features, model.n_labels, comm=comm)
-    if data.n_features != model.n_features:
-        raise UsageError(f"{args.data} has {data.n_features} features; the model was trained on {model.n_features}")
+
+    def accept(data):
+        if data.n_features != model.n_features:
+            raise UsageError(f"{args.data} has {data.n_features} features; the model was trained on "
+                             f"{model.n_features}")
+        # the top-k ids and scores of every point (int64 and float64)
+        _check_memory(comm, 16 * data.n_points * args.k, f"the top {args.k:,} labels of {data.n_points:,} points")
+
+    data = _read_accepted(args.data, "--data", accept, args.format, model.n_features, model.n_labels, comm=comm)
     stats = {}
     bar = _points_bar(comm, data.n_points, args, "predicting")
     t0 = time.perf_counter()
@@ -576,6 +847,7 @@ def cmd_predict(args, comm) -> int:
     startup = max(comm.allgather_object(t0 - dslide.IMPORTED_AT))
     load_s = max(comm.allgather_object(load_s))
     if comm.rank == 0:
+        # a fresh temporary file renamed into place, never through a planted link (dslide.rundir)
         formats.write_predictions(args.out, ids, scores, model.n_labels, out_fmt)
         what = ("a CSR matrix of the top-k scores, scipy.sparse.load_npz" if out_fmt == "npz" else
                 "a header line 'points labels', then label:score per line, pyxclib's read_sparse_file")
@@ -623,7 +895,7 @@ def cmd_data(args, comm) -> int:
               f"{train.n_features:,} features, {train.n_labels:,} labels")
         return 0
     if args.data_cmd == "stats":
-        data = _read(args.file, "data file", args.format)
+        data = _read(args.file, "data file", args.format, points=False)  # (statistics of nothing are zeros)
         print(synthetic.format_stats(synthetic.stats(data)))
         return 0
     if args.data_cmd == "convert":
@@ -653,7 +925,7 @@ def _convert(args) -> int:
         data = read_xmc(src, cache=True)
         print(f"cached {src} as {cache_path(src)} ({data.n_points:,} points)")
         return 0
-    data = _read(src, "input", args.format)
+    data = _read(src, "input", args.format, points=False)
     paths = formats.write_data(dst, data, args.out_format)
     print(f"wrote {' and '.join(paths)}: {data.n_points:,} points, {data.n_features:,} features, "
           f"{data.n_labels:,} labels")
@@ -696,10 +968,12 @@ _EXAMPLES = {
   dslide train --train X.trn.npz,Y.trn.npz --set epochs=10 --set lsh.index_share=0.05
   mpiexec -n 4 dslide train --train trn.txt --set replicas=2 --set sync=partial
   dslide train --resume runs/small --train data/small_train.txt --set epochs=8
+  dslide train --train data/small_train.txt --out runs/small --overwrite   (replaces the run there)
 every setting, its default and range: dslide config show""",
     "eval": """examples:
   dslide eval --model runs/small --data data/small_test.txt
-  dslide eval --model runs/amz --data tst_X_Xf.txt --lsh --k 5 --propensity amazon""",
+  dslide eval --model runs/amz --data tst_X_Xf.txt --lsh --k 5 --propensity amazon
+  dslide eval --model deploy/small --data data/small_test.txt --out small_eval.json""",
     "predict": """examples:
   dslide predict --model runs/small --data data/small_test.txt --k 5 --out pred.txt
   dslide predict --model runs/small --data tst.svm --lsh --k 100 --out pred.npz   (CSR of top-k scores)""",
@@ -743,7 +1017,10 @@ def parser() -> argparse.ArgumentParser:
     t.add_argument("--test", metavar="DATA", help="test data, evaluated during and after training")
     t.add_argument("--format", choices=FORMATS, help=_FORMAT_HELP)
     add_sets(t)
-    t.add_argument("--out", metavar="RUN_DIR", help="run directory (default: runs/run-<time>)")
+    t.add_argument("--out", metavar="RUN_DIR",
+                   help="run directory (default: runs/run-<time>); refused if it holds a run (see --overwrite, --resume)")
+    t.add_argument("--overwrite", action="store_true",
+                   help="replace the run in --out (its config, logs, metrics, propensities and checkpoints)")
     t.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its last checkpoint")
     t.add_argument("--quiet", action="store_true", help="no progress bar and no log lines; the final figures only")
     t.add_argument("--verbose", action="store_true", help="also print the effective configuration first")
@@ -768,6 +1045,8 @@ def parser() -> argparse.ArgumentParser:
                         "the run (default: the constants the run was trained with)")
     e.add_argument("--propensity-a", type=float, metavar="A", help="PSP@k with this A (with --propensity-b)")
     e.add_argument("--propensity-b", type=float, metavar="B", help="PSP@k with this B")
+    e.add_argument("--out", metavar="METRICS.json",
+                   help="write the metrics here (default: the model's metrics.json, where it can be written)")
     r = model_command("predict", "write the top-k labels of each point", exact_flag=False)
     r.add_argument("--out", required=True, metavar="PRED",
                    help="output file: text ('points labels' header, then label:score per line) or, for .npz, "
@@ -840,7 +1119,7 @@ def cmd_config(args, comm) -> int:
 
 def main(argv=None) -> int:
     args = parser().parse_args(argv)
-    from dslide.comm import Comm
+    from dslide.comm import Comm, StallError
 
     comm = Comm.world()
     commands = {"train": cmd_train, "eval": cmd_eval, "predict": cmd_predict, "export": cmd_export,
@@ -849,21 +1128,32 @@ def main(argv=None) -> int:
         return commands[args.cmd](args, comm)
     except KeyboardInterrupt:
         _fail(comm, "interrupted", EXIT_CRASH)
+    except StallError as e:  # another rank stopped answering: every live rank says which, then all end
+        if args.debug:
+            traceback.print_exc()
+        _fail(comm, f"error: {e}", EXIT_CRASH, delay=3.0)
     except (ValueError, OSError) as e:  # user errors: bad data, settings, files, checkpoints
         if args.debug:
             traceback.print_exc()
         _fail(comm, f"error: {e}", EXIT_USAGE)
+    except MemoryError as e:  # an allocation the memory check did not foresee
+        if args.debug:
+            traceback.print_exc()
+        _fail(comm, f"error: out of memory{': ' + str(e) if str(e) else ''} (see dslide.memory.account)",
+              EXIT_USAGE)
     except Exception as e:  # a bug: say so, with the traceback
         traceback.print_exc()
         _fail(comm, f"internal error: {type(e).__name__}: {e}", EXIT_CRASH)
     return 0
 
 
-def _fail(comm, message: str, code: int) -> None:
+def _fail(comm, message: str, code: int, delay: float = 0.5) -> None:
     where = f" (rank {comm.rank} of {comm.size})" if comm.size > 1 else ""
     print(f"dslide{where}: {message}", file=sys.stderr, flush=True)
     if comm.size > 1:
-        comm.abort(code)  # ends every rank: the others may be waiting in a collective
+        # ends every rank: the others may be waiting in a collective (after a stall, a longer
+        # delay lets every live rank print its own message first)
+        comm.abort(code, delay=delay)
     raise SystemExit(code)
 
 

@@ -39,6 +39,21 @@ operations (MPI-3 RMA: compare-and-swap, fetch-and-add) without the host's
 participation, and `Mailbox`: per rank two slots of published arrays that
 any rank copies one-sidedly (MPI-3 RMA get), which is how a replica averages
 with another's latest state without waiting for it (partial sync).
+
+Stalls. With `stall_timeout` = 0 (the default) every collective is MPI's
+blocking call, as above. With `stall_timeout` = T > 0 (`--set
+stall_timeout=T`) each collective is started non-blocking (Iallgatherv,
+Iallreduce, Ibarrier, ...; `exchange` probes without blocking) and polled
+with MPI_Test until it completes or T seconds have passed. A rank whose
+collective times out takes a census: it sends a short note to every other
+rank of the communicator (point-to-point, on a tag of its own: collectives
+and point-to-point messages never match each other) and listens for theirs
+for a grace period (T / 2, between 2 and 10 s). The ranks stuck with it have
+timed out too and answer; the ranks it did not hear from are the ones that
+stopped answering (stopped, hung, or slower than T). It raises StallError
+naming them (as ranks of the world); the dslide command prints it and ends
+every rank (MPI_Abort). One-sided operations (Board, Mailbox) are not
+covered.
 """
 
 from __future__ import annotations
@@ -51,6 +66,12 @@ from collections import defaultdict
 import numpy as np
 
 _LAUNCHER_VARS = ("PMI_SIZE", "PMI_RANK", "OMPI_COMM_WORLD_SIZE", "MPI_LOCALNRANKS", "PMIX_RANK", "HYDRA_CONTROL_FD")
+_CENSUS_TAG = 0x5CA1AB  # the notes of a census after a stall (replicas' exchanges use 0x5C)
+
+
+class StallError(RuntimeError):
+    """A collective did not complete within stall_timeout: the message names the rank(s) that
+    stopped answering."""
 
 
 def launched_by_mpi() -> bool:
@@ -142,6 +163,9 @@ class Comm:
         self.seconds: dict[str, float] = defaultdict(float)
         self._lse_op = None
         self._pair_type = None
+        #: seconds a collective may take before the ranks that did not join it are named and
+        #: StallError raised; 0: MPI's blocking calls, no limit (see the module docstring)
+        self.stall_timeout = 0.0
 
     @classmethod
     def world(cls) -> "Comm":
@@ -162,6 +186,54 @@ class Comm:
         if t0 is not None:
             self.seconds[kind] += time.perf_counter() - t0
 
+    # -- collectives, blocking or polled against stall_timeout ------------------------------
+
+    def _call(self, name: str, *args, what: str, **kw):
+        """MPI collective `name` (e.g. "Allgatherv"): the blocking call when stall_timeout is 0,
+        else its non-blocking twin ("Iallgatherv") polled until done or timed out."""
+        if not self.stall_timeout:
+            return getattr(self._mpi, name)(*args, **kw)
+        req = getattr(self._mpi, "I" + name[0].lower() + name[1:])(*args, **kw)
+        self._wait([req], what)
+        return None
+
+    def _wait(self, reqs: list, what: str) -> None:
+        """Poll requests until all complete; StallError after stall_timeout seconds."""
+        from mpi4py import MPI
+
+        deadline = time.monotonic() + self.stall_timeout
+        spins, nap = 0, 0.0
+        while not MPI.Request.Testall(reqs):
+            spins += 1
+            if spins < 2000:  # the first milliseconds: spin, as a blocking wait would
+                continue
+            if time.monotonic() > deadline:
+                self._stalled(what)
+            nap = min(0.001, nap + 5e-5)  # then naps of up to 1 ms: at most that much later than MPI_Wait
+            time.sleep(nap)
+
+    def _stalled(self, what: str) -> None:
+        """The census after a timeout (module docstring); raises StallError."""
+        from mpi4py import MPI
+
+        others = [q for q in range(self.size) if q != self.rank]
+        note = np.array([self.rank], dtype=np.int64)
+        # kept (with their buffer) but never waited for: the run ends
+        self._census = [self._mpi.Isend(note, dest=q, tag=_CENSUS_TAG) for q in others]
+        bufs = {q: np.empty(1, dtype=np.int64) for q in others}
+        pending = {q: self._mpi.Irecv(bufs[q], source=q, tag=_CENSUS_TAG) for q in others}
+        end = time.monotonic() + min(10.0, max(2.0, self.stall_timeout / 2))
+        while pending and time.monotonic() < end:
+            for q in [q for q, r in pending.items() if r.Test()]:
+                del pending[q]
+            time.sleep(0.01)
+        limit = f"{what} did not complete within stall_timeout = {self.stall_timeout:g} s"
+        if not pending:  # everyone is alive, and waiting in something else
+            raise StallError(f"every rank answered, but {limit} (the ranks are in different collectives)")
+        world = MPI.Group.Translate_ranks(self._mpi.Get_group(), sorted(pending), MPI.COMM_WORLD.Get_group())
+        names = ", ".join(str(w) for w in world)
+        raise StallError(f"rank{'s' if len(world) > 1 else ''} {names} stopped answering: {limit}")
+
     # -- forward: all-gather of column slices; backward: reduce-scatter -------------
 
     def allgather_columns(self, local: np.ndarray, bounds: np.ndarray, kind: str = "allgather") -> np.ndarray:
@@ -178,7 +250,7 @@ class Comm:
         counts = np.diff(bounds) * B
         send = np.ascontiguousarray(local.T)
         recv = np.empty((n, B), dtype=local.dtype)
-        self._mpi.Allgatherv(send, [recv, (counts, bounds[:-1] * B)])
+        self._call("Allgatherv", send, [recv, (counts, bounds[:-1] * B)], what=f"allgather_columns ({kind!r})")
         self._count(kind, (n - local.shape[1]) * B * local.itemsize, t0)
         return np.ascontiguousarray(recv.T)
 
@@ -198,7 +270,8 @@ class Comm:
         mine = int(bounds[self.rank + 1] - bounds[self.rank])
         send = np.ascontiguousarray(partial.T)
         recv = np.empty((mine, B), dtype=partial.dtype)
-        self._mpi.Reduce_scatter(send, recv, recvcounts=counts, op=MPI.SUM)
+        self._call("Reduce_scatter", send, recv, recvcounts=counts, op=MPI.SUM,
+                   what=f"reduce_scatter_columns ({kind!r})")
         self._count(kind, (self.size - 1) * mine * B * partial.itemsize, t0)
         return np.ascontiguousarray(recv.T)
 
@@ -218,14 +291,15 @@ class Comm:
         t0 = time.perf_counter()
         B = local.shape[0]
         counts = np.empty(self.size, dtype=np.int64)
-        self._mpi.Allgather(np.array([ids.shape[0]], dtype=np.int64), counts)
+        what = f"allgather_block ({kind!r})"
+        self._call("Allgather", np.array([ids.shape[0]], dtype=np.int64), counts, what=what)
         bounds = np.concatenate(([0], np.cumsum(counts))).astype(np.int64)
         m = int(bounds[-1])
         all_ids = np.empty(m, dtype=np.int32)
-        self._mpi.Allgatherv(ids, [all_ids, (counts, bounds[:-1])])
+        self._call("Allgatherv", ids, [all_ids, (counts, bounds[:-1])], what=what)
         send = np.ascontiguousarray(local.T)
         recv = np.empty((m, B), dtype=local.dtype)
-        self._mpi.Allgatherv(send, [recv, (counts * B, bounds[:-1] * B)])
+        self._call("Allgatherv", send, [recv, (counts * B, bounds[:-1] * B)], what=what)
         others = m - ids.shape[0]
         self._count(kind, (self.size - 1) * 8 + others * (4 + B * local.itemsize), t0)
         return np.ascontiguousarray(recv.T), all_ids, bounds
@@ -250,7 +324,8 @@ class Comm:
         buf[:, 0] = mx
         buf[:, 1] = sumexp
         out = np.empty_like(buf)
-        self._mpi.Allreduce([buf, mx.shape[0], self._pair_type], [out, mx.shape[0], self._pair_type], op=self._lse_op)
+        self._call("Allreduce", [buf, mx.shape[0], self._pair_type], [out, mx.shape[0], self._pair_type],
+                   op=self._lse_op, what=f"allreduce_logsumexp ({kind!r})")
         self._count(kind, allreduce_bytes(buf.nbytes, self.size), t0)
         return out[:, 0].copy(), out[:, 1].copy()
 
@@ -264,7 +339,7 @@ class Comm:
         from mpi4py import MPI
 
         out = np.empty_like(arr)
-        self._mpi.Allreduce(arr, out, op=MPI.SUM)
+        self._call("Allreduce", arr, out, op=MPI.SUM, what=f"allreduce_sum ({kind!r})")
         self._count(kind, allreduce_bytes(arr.nbytes, self.size))
         return out
 
@@ -274,7 +349,7 @@ class Comm:
             return
         from mpi4py import MPI
 
-        self._mpi.Allreduce(MPI.IN_PLACE, arr, op=MPI.SUM)
+        self._call("Allreduce", MPI.IN_PLACE, arr, op=MPI.SUM, what=f"allreduce_sum_inplace ({kind!r})")
         self._count(kind, allreduce_bytes(arr.nbytes, self.size))
 
     def allreduce_max(self, value: float) -> float:
@@ -282,6 +357,10 @@ class Comm:
             return value
         from mpi4py import MPI
 
+        if self.stall_timeout:
+            out = np.empty(1)
+            self._call("Allreduce", np.array([float(value)]), out, op=MPI.MAX, what="allreduce_max")
+            return float(out[0])
         return self._mpi.allreduce(value, op=MPI.MAX)
 
     def allgather_rows(self, local: np.ndarray, kind: str = "evaluation") -> np.ndarray:
@@ -290,7 +369,7 @@ class Comm:
         if self.size == 1:
             return local[None]
         out = np.empty((self.size,) + local.shape, dtype=local.dtype)
-        self._mpi.Allgather(local, out)
+        self._call("Allgather", local, out, what=f"allgather_rows ({kind!r})")
         self._count(kind, (self.size - 1) * local.nbytes)
         return out
 
@@ -298,16 +377,35 @@ class Comm:
         """Every rank's small Python object, as a list (setup and error reports only)."""
         if self.size == 1:
             return [obj]
+        if self.stall_timeout:  # pickled by hand: mpi4py's object collectives only block
+            import pickle
+
+            data = np.frombuffer(pickle.dumps(obj), dtype=np.uint8)
+            sizes = np.empty(self.size, dtype=np.int64)
+            self._call("Allgather", np.array([data.size], dtype=np.int64), sizes, what="allgather_object")
+            offsets = np.concatenate(([0], np.cumsum(sizes)))
+            buf = np.empty(int(offsets[-1]), dtype=np.uint8)
+            self._call("Allgatherv", data, [buf, (sizes, offsets[:-1])], what="allgather_object")
+            return [pickle.loads(buf[offsets[r]:offsets[r + 1]].tobytes()) for r in range(self.size)]
         return self._mpi.allgather(obj)
 
     def bcast_object(self, obj, root: int = 0):
         if self.size == 1:
             return obj
+        if self.stall_timeout:
+            import pickle
+
+            data = np.frombuffer(pickle.dumps(obj), dtype=np.uint8) if self.rank == root else None
+            size = np.array([data.size if data is not None else 0], dtype=np.int64)
+            self._call("Bcast", size, root=root, what="bcast_object")
+            buf = data.copy() if data is not None else np.empty(int(size[0]), dtype=np.uint8)
+            self._call("Bcast", buf, root=root, what="bcast_object")
+            return obj if self.rank == root else pickle.loads(buf.tobytes())
         return self._mpi.bcast(obj, root=root)
 
     def barrier(self) -> None:
         if self.size > 1:
-            self._mpi.Barrier()
+            self._call("Barrier", what="barrier")
 
     # -- replicas: sub-communicators, exchanges among a subset, layout changes ------------
 
@@ -315,7 +413,9 @@ class Comm:
         """The ranks with the same `color`, ordered by `key` (collective over this communicator)."""
         if self.size == 1:
             return Comm(None)
-        return Comm(self._mpi.Split(color, key))
+        sub = Comm(self._mpi.Split(color, key))
+        sub.stall_timeout = self.stall_timeout
+        return sub
 
     def exchange(self, members, arr: np.ndarray, tag: int, kind: str) -> list:
         """Every member's 1-D array, in the order of `members` (ranks of this communicator,
@@ -342,12 +442,22 @@ class Comm:
             if m == self.rank:
                 out.append(arr)
                 continue
-            self._mpi.Probe(source=m, tag=tag, status=status)
+            if self.stall_timeout:  # probe without blocking, against the deadline
+                deadline = time.monotonic() + self.stall_timeout
+                while not self._mpi.Iprobe(source=m, tag=tag, status=status):
+                    if time.monotonic() > deadline:
+                        self._stalled(f"exchange ({kind!r}) with rank {m}")
+                    time.sleep(1e-4)
+            else:
+                self._mpi.Probe(source=m, tag=tag, status=status)
             buf = np.empty(status.Get_count(MPI.BYTE) // arr.itemsize, dtype=arr.dtype)
             self._mpi.Recv(buf, source=m, tag=tag)
             out.append(buf)
             got += buf.nbytes
-        MPI.Request.Waitall(reqs)
+        if self.stall_timeout:
+            self._wait(reqs, f"exchange ({kind!r})")
+        else:
+            MPI.Request.Waitall(reqs)
         self._count(kind, got, t0)
         return out
 
@@ -364,7 +474,7 @@ class Comm:
         recv = np.empty(int(rc.sum()), dtype=send.dtype)
         so = np.concatenate(([0], np.cumsum(sc)[:-1]))
         ro = np.concatenate(([0], np.cumsum(rc)[:-1]))
-        self._mpi.Alltoallv([send, (sc, so)], [recv, (rc, ro)])
+        self._call("Alltoallv", [send, (sc, so)], [recv, (rc, ro)], what=f"alltoallv ({kind!r})")
         self._count(kind, (rc.sum() - rc[self.rank]) * send.itemsize, t0)
         return recv
 
@@ -377,13 +487,13 @@ class Comm:
                 self._mpi.Free()
             self._mpi = None
 
-    def abort(self, code: int = 1) -> None:
-        """End every rank at once (after an error on this one)."""
+    def abort(self, code: int = 1, delay: float = 0.5) -> None:
+        """End every rank at once (after an error on this one), `delay` seconds after flushing."""
         if self.size > 1:
             # mpiexec forwards a rank's stderr through its proxy, and Abort kills the proxies:
             # measured, the error message printed just before was lost in 1 of 3 CI runs
             sys.stderr.flush()
-            time.sleep(0.5)
+            time.sleep(delay)
             self._mpi.Abort(code)
         raise SystemExit(code)
 

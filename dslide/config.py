@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -83,11 +84,36 @@ def _int_range(name: str, value: Any, lo: int, hi: int | None = None) -> None:
 def _float_range(name: str, value: Any, lo: float, hi: float, lo_open=False, hi_open=False) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ValueError(f"{name} = {value!r} must be a number")
+    lb = "(" if lo_open else "["
+    hb = ")" if hi_open else "]"
+    try:
+        finite = math.isfinite(value)
+    except OverflowError:  # an int too large for a float
+        finite = False
+    if not finite:  # NaN passes every comparison below
+        raise ValueError(f"{name} = {value} must be a finite number in {lb}{lo}, {hi}{hb}")
     bad = value < lo or value > hi or (lo_open and value == lo) or (hi_open and value == hi)
     if bad:
-        lb = "(" if lo_open else "["
-        hb = ")" if hi_open else "]"
         raise ValueError(f"{name} = {value} must be in {lb}{lo}, {hi}{hb}")
+
+
+def _bool(name: str, value: Any) -> bool:
+    """true/false (a bool, or text in any case) or 1/0 (a number or its text); nothing else:
+    a bare string such as "False" or "yes" would otherwise count as true."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    if isinstance(value, str) and value.strip().lower() in ("true", "false", "1", "0"):
+        return value.strip().lower() in ("true", "1")
+    raise ValueError(f"{name} = {value!r} must be true or false (or 1 / 0)")
+
+
+def _sequence(name: str, value: Any, what: str) -> tuple:
+    """A list or tuple setting as a tuple; anything else (a number, a string) is an error."""
+    if isinstance(value, (list, tuple)):
+        return tuple(value)
+    raise ValueError(f"{name} = {value!r} must be a list of {what}")
 
 
 @dataclass(frozen=True)
@@ -352,6 +378,15 @@ class Config:
         "default" (0.55, 1.5, napkinXC's default; pyxclib has none).
     propensity_a, propensity_b: explicit A, B; None takes the preset's
         (`propensity_constants`).
+    stall_timeout: seconds a rank waits in one collective (all-gather, all-reduce,
+        barrier, ...) for the others before the run ends, every rank with a message
+        naming the rank that stopped answering (dslide.comm, `Comm.stall_timeout`).
+        0 (default): wait as long as it takes, with MPI's blocking calls, as
+        before. Not on by default because ranks also wait legitimately: for
+        rank 0 writing a checkpoint's manifest or a large model's files, for a
+        rank compiling numba's kernels on a cold cache (10 to 19 s), for a rank
+        slowed by a shared machine; a timeout must be longer than any of these,
+        which only the user knows (e.g. 600 for a large model).
     """
 
     hidden: tuple[int, ...] | None = None
@@ -395,15 +430,24 @@ class Config:
     log_every: int = 50
     checkpoint_every: int = 0
     checkpoint_moments: bool = True
+    stall_timeout: float = 0.0
 
     def __post_init__(self):
         if self.hidden is not None:
-            hidden = tuple(self.hidden) if not isinstance(self.hidden, int) else (self.hidden,)
+            hidden = (self.hidden,) if isinstance(self.hidden, int) and not isinstance(self.hidden, bool) \
+                else _sequence("hidden", self.hidden, "layer widths (integers >= 1), e.g. [256, 128]")
             object.__setattr__(self, "hidden", hidden)
-        object.__setattr__(self, "kinds", tuple(self.kinds))
+        object.__setattr__(self, "kinds", _sequence("kinds", self.kinds, f"layer kinds ({', '.join(LAYER_KINDS)})"))
         if isinstance(self.lsh, dict):
+            _check_lsh_keys("lsh", self.lsh)
             object.__setattr__(self, "lsh", LSHConfig(**self.lsh))
-        object.__setattr__(self, "lsh_layers", tuple(_layer_lsh(i, x) for i, x in enumerate(self.lsh_layers)))
+        elif not isinstance(self.lsh, LSHConfig):
+            raise ValueError(f"lsh = {self.lsh!r} must be a table of LSH settings ([lsh] in TOML, "
+                             f"--set lsh.K=8 on the command line)")
+        lsh_layers = _sequence("lsh_layers", self.lsh_layers, "tables of LSH settings or 'lsh', one per layer")
+        object.__setattr__(self, "lsh_layers", tuple(_layer_lsh(i, x) for i, x in enumerate(lsh_layers)))
+        object.__setattr__(self, "exact", _bool("exact", self.exact))
+        object.__setattr__(self, "checkpoint_moments", _bool("checkpoint_moments", self.checkpoint_moments))
         for i, h in enumerate(self.hidden or ()):
             _int_range(f"hidden[{i}]", h, 1)
         n_layers = len(self.hidden) + 1 if self.hidden is not None else None
@@ -471,8 +515,7 @@ class Config:
         _int_range("eval_points", self.eval_points, 1)
         _int_range("log_every", self.log_every, 1)
         _int_range("checkpoint_every", self.checkpoint_every, 0)
-        if not isinstance(self.checkpoint_moments, bool):
-            raise ValueError(f"checkpoint_moments = {self.checkpoint_moments!r} must be true or false")
+        _float_range("stall_timeout", self.stall_timeout, 0.0, 1e6)
 
     # -- defaults from the data ---------------------------------------------------------
 
@@ -543,6 +586,8 @@ class Config:
     @classmethod
     def from_dict(cls, values: dict) -> "Config":
         """A Config from a dict such as a parsed TOML file; unknown keys are errors with a suggestion."""
+        if not isinstance(values, dict):
+            raise ValueError(f"a configuration must be a table of settings, got {values!r}")
         known = {f.name for f in fields(cls)}
         for k, v in values.items():
             if k not in known:

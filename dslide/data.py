@@ -46,7 +46,11 @@ first invalid byte the kernel stops and returns an error code and a byte
 offset; Python turns those into ``file:line: what was expected, got 'token'``.
 After a successful parse the arrays are saved beside the source, one ``.npy``
 file each in the directory ``<path>.dslcache/``, and later memory-mapped from
-there with ``np.load(mmap_mode=...)`` (see :func:`read_xmc`).
+there with ``np.load(mmap_mode=...)`` (see :func:`read_xmc`). The cache is as
+private as its source (its files take the source's permission bits and group),
+is keyed on the source's size, mtime, ctime and a SHA-256 of its first and last
+MiB, and what it holds is checked before use (indices sorted, unique and in
+range, values finite), so a stale or tampered cache is parsed over, never used.
 
 Writing: a numba kernel formats rows into a byte buffer, ~16 MB at a time, each
 value as the shortest decimal that this reader turns back into the same float32.
@@ -57,8 +61,10 @@ About 24 M non-zeros/s parsing and 9 M/s writing on one core, a cache hit in
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import gzip
+import hashlib
 import math
 import os
 import shutil
@@ -70,6 +76,8 @@ from dataclasses import dataclass
 import numpy as np
 import scipy.sparse as sp
 from numba import njit
+
+from dslide import _numba_cache  # noqa: F401  (before any kernel: the cache is keyed by module name)
 
 __all__ = ["XMCData", "XMCFormatError", "XMCFormatWarning", "XMCCacheWarning", "read_xmc",
            "write_xmc", "cache_path", "CACHE_VERSION"]
@@ -112,8 +120,8 @@ class XMCCacheWarning(UserWarning):
 
 
 # Bump whenever the parse result for the same bytes could change (format rules,
-# array layout): every existing cache then misses.
-CACHE_VERSION = 3
+# array layout), or the key does: every existing cache then misses.
+CACHE_VERSION = 4  # 4: the key has the source's ctime and a digest of its head and tail
 
 _GZIP_MAGIC = b"\x1f\x8b"
 _FLT_MIN_NORMAL = 1.1754943508222875e-38
@@ -753,24 +761,77 @@ _CACHE_KEYS = ("x_indptr", "x_indices", "x_data", "y_indptr", "y_indices", "shap
                "header_points")
 
 
-def _cache_key(st: os.stat_result) -> np.ndarray:
-    return np.array([CACHE_VERSION, st.st_size, st.st_mtime_ns], dtype=np.int64)
+#: bytes of the source's head and of its tail that the key's digest covers
+_DIGEST_BYTES = 1 << 20
 
 
-def _load_cache(cdir: str, st: os.stat_result):
-    """The cached arrays if the cache directory cdir exists and matches st; None if absent or stale.
+def _source_digest(path: str, size: int) -> np.ndarray:
+    """SHA-256 of the first and last _DIGEST_BYTES of the file (all of it when smaller), as
+    four int64 words."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        h.update(f.read(_DIGEST_BYTES))
+        if size > 2 * _DIGEST_BYTES:
+            f.seek(size - _DIGEST_BYTES)
+        h.update(f.read(_DIGEST_BYTES if size > 2 * _DIGEST_BYTES else -1))
+    return np.frombuffer(h.digest(), dtype=np.int64)
+
+
+def _cache_key(st: os.stat_result, path: str | None = None) -> np.ndarray:
+    """The key a cache of the source (stat `st`) must hold: CACHE_VERSION, size, mtime_ns,
+    ctime_ns (which no one can set back: `cp -p` and `touch -r` restore the mtime of a
+    rewritten file, not its ctime) and the digest of the source's head and tail (path
+    given; zeros when not, for the quick first comparison)."""
+    head = np.array([CACHE_VERSION, st.st_size, st.st_mtime_ns, st.st_ctime_ns], dtype=np.int64)
+    digest = _source_digest(path, st.st_size) if path is not None else np.zeros(4, dtype=np.int64)
+    return np.concatenate([head, digest])
+
+
+def _source_of(cdir: str) -> str:
+    return cdir[: -len(".dslcache")] if cdir.endswith(".dslcache") else cdir
+
+
+@njit(cache=True)
+def _check_rows(indptr, indices, n_cols):
+    """0 when the indices of every row are strictly increasing (sorted, unique) and in
+    [0, n_cols); else 1 + the first row where they are not. indptr must be valid."""
+    for r in range(indptr.size - 1):
+        prev = -1
+        for e in range(indptr[r], indptr[r + 1]):
+            v = indices[e]
+            if v <= prev or v >= n_cols:
+                return r + 1
+            prev = v
+    return 0
+
+
+@njit(cache=True)
+def _first_non_finite(x):
+    for i in range(x.size):
+        if not np.isfinite(x[i]):
+            return i
+    return -1
+
+
+def _load_cache(cdir: str, st: os.stat_result, source: str | None = None):
+    """The cached arrays if the cache directory cdir exists and matches the source (stat st,
+    path `source`, by default cdir without ".dslcache"); None if absent or stale.
 
     Every array is memory-mapped copy-on-write (np.load(mmap_mode="c")): an
     ordinary writable array whose pages come from the page cache on first
     touch, shared by the ranks of a node until one writes to it.
-    Raises (OSError, ValueError, EOFError) if unreadable.
+    Raises (OSError, ValueError, EOFError) if unreadable or if what it holds is not what a
+    parse gives (indices unsorted, repeated or out of range; values not finite).
     """
     if not os.path.isdir(cdir):
         if os.path.lexists(cdir):
             raise ValueError("not a directory")
         return None
     key = np.load(os.path.join(cdir, "key.npy"), allow_pickle=False)
-    if key.shape != (3,) or not np.array_equal(key, _cache_key(st)):
+    want = _cache_key(st)
+    if key.shape != want.shape or not np.array_equal(key[:4], want[:4]):
+        return None
+    if not np.array_equal(key, _cache_key(st, source or _source_of(cdir))):  # same stat, other bytes
         return None
     arrays = {}
     for k in _CACHE_KEYS:
@@ -789,20 +850,35 @@ def _load_cache(cdir: str, st: os.stat_result):
             raise ValueError(f"inconsistent arrays {p}/{i}")
         if n_points and np.any(ptr[1:] < ptr[:-1]):
             raise ValueError(f"{p} decreases")
-        if idx.size and (idx.min() < 0 or idx.max() >= n_cols):
-            raise ValueError(f"{i} out of range [0, {n_cols})")
+        bad_row = _check_rows(ptr, idx, n_cols)
+        if bad_row:
+            raise ValueError(f"{i} of row {bad_row - 1} are not sorted, unique and in [0, {n_cols})")
     x_data = arrays["x_data"]
     if x_data.dtype != np.float32 or x_data.shape != arrays["x_indices"].shape:
         raise ValueError("inconsistent array x_data")
+    bad = _first_non_finite(x_data)
+    if bad >= 0:
+        raise ValueError(f"x_data holds {x_data[bad]} (values must be finite)")
     return arrays
 
 
-def _is_valid_cache(cdir: str, st: os.stat_result) -> bool:
+def _is_valid_cache(cdir: str, st: os.stat_result, source: str | None = None) -> bool:
     """Whether cdir holds a good cache of the source as `st` describes it."""
     try:
-        return _load_cache(cdir, st) is not None
+        return _load_cache(cdir, st, source) is not None
     except (OSError, ValueError, EOFError):
         return False
+
+
+def _cache_modes(st: os.stat_result, gid: int) -> tuple[int, int]:
+    """(file mode, directory mode) of a cache of a source with stat `st`: the source's read and
+    write bits less the umask (a private source gets a private cache), a directory's search
+    bit wherever it can be read; no group bits when the cache's group `gid` is not the
+    source's (another group must not read it)."""
+    mode = st.st_mode & 0o666 & ~_umask()
+    if gid != st.st_gid:
+        mode &= ~0o070
+    return mode, mode | (mode & 0o444) >> 2
 
 
 def _save_cache(cdir: str, st: os.stat_result, arrays) -> None:
@@ -823,12 +899,25 @@ def _save_cache(cdir: str, st: os.stat_result, arrays) -> None:
         tmp = tempfile.mkdtemp(dir=directory, prefix=os.path.basename(cdir) + ".", suffix=".tmp")
     except OSError:
         return  # read-only directory or file system: no cache, by design
-    key = _cache_key(st)
+    source = _source_of(cdir)
     old = None
     try:
+        key = _cache_key(st, source)
         for name, a in {**arrays, "key": key}.items():
             np.save(os.path.join(tmp, name + ".npy"), np.asanyarray(a), allow_pickle=False)
-        os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes 0700; give the directory the usual mode
+        gid = os.stat(tmp).st_gid
+        if gid != st.st_gid:  # the source's group, where we may give it (we belong to it)
+            try:
+                os.chown(tmp, -1, st.st_gid)
+                gid = st.st_gid
+            except OSError:
+                pass
+        file_mode, dir_mode = _cache_modes(st, gid)
+        for name in os.listdir(tmp):  # the directory is still mkdtemp's 0700: no one else has looked in
+            if gid == st.st_gid:
+                os.chown(os.path.join(tmp, name), -1, gid)
+            os.chmod(os.path.join(tmp, name), file_mode)
+        os.chmod(tmp, dir_mode)
         for attempt in range(3):
             try:
                 os.rename(tmp, cdir)
@@ -836,7 +925,7 @@ def _save_cache(cdir: str, st: os.stat_result, arrays) -> None:
             except OSError as e:
                 if e.errno not in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR) or attempt == 2:
                     raise
-            if _is_valid_cache(cdir, st):  # another process wrote the same cache meanwhile
+            if _is_valid_cache(cdir, st, source):  # another process wrote the same cache meanwhile
                 shutil.rmtree(tmp, ignore_errors=True)
                 return
             old = old or tempfile.mkdtemp(dir=directory, prefix=os.path.basename(cdir) + ".", suffix=".old")
@@ -861,6 +950,30 @@ def _umask() -> int:
     return umask
 
 
+#: caches parsed inside `caches_held()`, not yet written: (cache dir, source stat, arrays)
+_held: list | None = None
+
+
+@contextlib.contextmanager
+def caches_held():
+    """Within the block, read_xmc writes no cache: it keeps what it would write in the list
+    this yields, for `write_caches` once the caller has accepted its inputs (a command that
+    refuses them then leaves nothing behind). Caches never written are dropped."""
+    global _held
+    outer, _held = _held, []
+    try:
+        yield _held
+    finally:
+        _held = outer
+
+
+def write_caches(held: list) -> None:
+    """Write the caches `caches_held` kept (and forget them)."""
+    for cdir, st, arrays in held:
+        _save_cache(cdir, st, arrays)
+    held.clear()
+
+
 def read_xmc(path, *, strict: bool = True, cache: bool = True) -> XMCData:
     """Read an XMC text file (plain or gzip) into XMCData.
 
@@ -877,8 +990,11 @@ def read_xmc(path, *, strict: bool = True, cache: bool = True) -> XMCData:
     cache: keep a binary copy of the parsed arrays in the directory
         ``<path>.dslcache/`` (one plain ``.npy`` per array and ``key.npy``,
         written into a temporary directory and renamed into place) and load it
-        instead of parsing while the source keeps its size and modification time
-        (mtime_ns) and CACHE_VERSION is unchanged. The arrays are memory-mapped
+        instead of parsing while the source keeps its size, modification and
+        change times (mtime_ns, ctime_ns) and the SHA-256 of its first and last MiB,
+        and CACHE_VERSION is unchanged; what a cache holds is checked before use
+        (CSR indices sorted, unique, in range; values finite). The cache's files take
+        the source's permission bits (less the umask) and group. The arrays are memory-mapped
         copy-on-write (``np.load(mmap_mode="c")``): ordinary writable arrays
         whose pages come from the page cache on first touch (shared by the ranks
         of a node until written). So never modify a cache file in place (delete
@@ -910,8 +1026,12 @@ def read_xmc(path, *, strict: bool = True, cache: bool = True) -> XMCData:
     if cache:
         st_after = os.stat(path)
         # Only cache what we know matches the file: it must not have changed while being read.
-        if (st_read.st_size, st_read.st_mtime_ns) == (st_after.st_size, st_after.st_mtime_ns):
-            _save_cache(cpath, st_after, arrays)
+        if (st_read.st_size, st_read.st_mtime_ns, st_read.st_ctime_ns) == \
+                (st_after.st_size, st_after.st_mtime_ns, st_after.st_ctime_ns):
+            if _held is not None:
+                _held.append((cpath, st_after, arrays))
+            else:
+                _save_cache(cpath, st_after, arrays)
     return data
 
 

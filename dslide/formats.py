@@ -224,8 +224,11 @@ def write_data(path: str, data: XMCData, fmt: str | None = None) -> list[str]:
         return [path]
     xpath, ypath = _pair_names(path)
     if fmt == "npz":
-        sp.save_npz(xpath, sp.csr_matrix(data.X, dtype=np.float32))
-        sp.save_npz(ypath, sp.csr_matrix(data.Y, dtype=np.float32))
+        from dslide.rundir import replacing
+
+        for p, M in ((xpath, data.X), (ypath, data.Y)):
+            with replacing(p, binary=True) as f:  # atomic, never through a planted link
+                sp.save_npz(f, sp.csr_matrix(M, dtype=np.float32))
     else:
         _write_text(xpath, data.X, None, header=f"{data.X.shape[0]} {data.X.shape[1]}")
         _write_text(ypath, data.Y, None, header=f"{data.Y.shape[0]} {data.Y.shape[1]}", ones=True)
@@ -250,8 +253,9 @@ def _write_text(path: str, M, Y, header: str | None, ones: bool = False) -> None
     M = sp.csr_matrix(M)
     M.sort_indices()
     Yc = sp.csr_matrix(Y) if Y is not None else None
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
+    from dslide.rundir import replacing
+
+    with replacing(path, binary=False) as f:  # atomic, never through a planted link
         if header is not None:
             f.write(header + "\n")
         for r in range(M.shape[0]):
@@ -262,7 +266,6 @@ def _write_text(path: str, M, Y, header: str | None, ones: bool = False) -> None
                 labels = ",".join(str(i) for i in np.sort(Yc.indices[Yc.indptr[r]:Yc.indptr[r + 1]]))
                 line = labels + " " + line if line else labels
             f.write(line + "\n")
-    os.replace(tmp, path)
 
 
 def predictions_csr(ids: np.ndarray, scores: np.ndarray, n_labels: int) -> sp.csr_matrix:
@@ -278,16 +281,18 @@ def predictions_csr(ids: np.ndarray, scores: np.ndarray, n_labels: int) -> sp.cs
 def write_predictions(path: str, ids: np.ndarray, scores: np.ndarray, n_labels: int, fmt: str = "text") -> None:
     """Write top-k predictions (ids int64 [n, k], -1 for none; scores float [n, k]) to `path`:
     "text" (a header `n n_labels`, then `label:score` best first per line) or "npz"
-    (:func:`predictions_csr` saved with scipy.sparse.save_npz). Written under a temporary
-    name and renamed."""
+    (:func:`predictions_csr` saved with scipy.sparse.save_npz). Written atomically
+    (dslide.rundir.replacing): a reader sees the old file or the new one."""
+    from dslide.rundir import replacing
+
     _check_format(fmt, PREDICTION_FORMATS)
-    tmp = path + ".tmp"
+    # a fresh temporary file (mkstemp: exclusive, so never through a symlink planted at any
+    # name), fsynced and renamed over `path` (which replaces a link there, never follows it)
     if fmt == "npz":
-        with open(tmp, "wb") as f:  # a file object: save_npz would append ".npz" to a bare name
+        with replacing(path, binary=True) as f:  # a file object: save_npz would append ".npz" to a bare name
             sp.save_npz(f, predictions_csr(ids, scores, n_labels))
     else:
-        with open(tmp, "w") as f:
+        with replacing(path, binary=False) as f:
             f.write(f"{ids.shape[0]} {n_labels}\n")
             for row_i, row_s in zip(ids, scores):
                 f.write(" ".join(f"{i}:{s:.6g}" for i, s in zip(row_i, row_s) if i >= 0) + "\n")
-    os.replace(tmp, path)

@@ -40,6 +40,8 @@ import numpy as np
 import scipy.sparse as sp
 from numba import get_num_threads, njit, prange
 
+from dslide import _numba_cache  # noqa: F401  (before any kernel: the cache is keyed by module name)
+
 #: the arrays of a store, as saved in checkpoints (every rank holds them whole)
 KEYS = ("post_ptr", "post_pt", "post_val", "y_ptr", "y_idx")
 
@@ -172,7 +174,8 @@ def l2_rows(X: sp.csr_matrix) -> sp.csr_matrix:
     rows = np.repeat(np.arange(X.shape[0]), np.diff(X.indptr))
     sq = np.bincount(rows, weights=X.data.astype(np.float64) ** 2, minlength=X.shape[0])
     inv = np.divide(1.0, np.sqrt(sq), out=np.zeros_like(sq), where=sq > 0)
-    X.data *= np.repeat(inv, np.diff(X.indptr)).astype(np.float32)
+    # scaled in float64: 1 / norm of a row near float32's maximum is below float32's normal range
+    X.data = (X.data * np.repeat(inv, np.diff(X.indptr))).astype(np.float32)
     X.sort_indices()
     return X
 

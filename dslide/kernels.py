@@ -68,11 +68,13 @@ def gather_rows(indptr, indices, data, rows):
 
 @njit(cache=True)
 def row_norms(indptr, data, out):
-    """out[i] = sqrt(sum of data[e]^2 over row i), summed in float64; 1 for a row of zeros."""
+    """out[i] = sqrt(sum of data[e]^2 over row i), squared and summed in float64 (out: float64;
+    float32 values near float32's maximum would overflow their own type); 1 for a row of zeros."""
     for i in range(indptr.shape[0] - 1):
         s = 0.0
         for e in range(indptr[i], indptr[i + 1]):
-            s += float(data[e]) * float(data[e])
+            v = np.float64(data[e])  # (numba's float() of a float32 stays float32)
+            s += v * v
         out[i] = np.sqrt(s) if s > 0.0 else 1.0
 
 

@@ -75,6 +75,35 @@ def account(config: Config, n_features: int, n_labels: int, world_size: int = 1,
     return out
 
 
+def available_bytes() -> int | None:
+    """Bytes new allocations can get on this host without swapping: MemAvailable of
+    /proc/meminfo, or less where a cgroup caps this process's memory (memory.max less
+    memory.current, cgroup v2; the v1 limit and usage alike); None where neither is known."""
+    avail = None
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    avail = int(line.split()[1]) * 1024
+                    break
+    except (OSError, ValueError, IndexError):
+        pass
+    for limit, usage in (("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
+                         ("/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes")):
+        try:
+            with open(limit) as f:
+                cap = f.read().strip()
+            with open(usage) as f:
+                used = int(f.read().strip())
+        except (OSError, ValueError):
+            continue
+        if cap.isdigit() and int(cap) < 1 << 60:  # "max", or v1's huge "no limit"
+            room = max(0, int(cap) - used)
+            avail = room if avail is None else min(avail, room)
+        break
+    return avail
+
+
 def data_bytes(n_points: int, nnz_x: int, nnz_y: int, value_bytes: int = 4) -> int:
     """The CSR arrays of a training set: X (int64 indptr, int32 indices, float values) and Y."""
     return 2 * 8 * (n_points + 1) + nnz_x * (4 + value_bytes) + nnz_y * (4 + value_bytes)

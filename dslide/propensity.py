@@ -9,7 +9,7 @@ evaluated, the same model on the same file would score differently in
 reads them.
 
 The file, `propensity.npz` in the run directory (numpy savez, written under a
-temporary name and renamed, so a reader never sees half of it):
+fresh temporary name and renamed, so a reader never sees half of it):
 
     inv_prop   float64 [n_labels]  1/p_l = 1 + C (N_l + B)^(-A), C = (ln N - 1)(B + 1)^A
     counts     int64   [n_labels]  N_l: training points having label l
@@ -23,7 +23,6 @@ propensity_a=...`).
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import numpy as np
@@ -53,11 +52,13 @@ def compute(Y_train, A: float = 0.55, B: float = 1.5) -> dict:
 
 def save(run_dir, props: dict) -> Path:
     """Write `props` (from :func:`compute`) as run_dir/propensity.npz, atomically."""
+    from dslide.rundir import replacing
+
     out = path_in(run_dir)
-    tmp = out.with_name(out.name + ".tmp")
-    with open(tmp, "wb") as f:  # a file object: np.savez would append ".npz" to a bare name
+    # a fresh temporary file (never opened through a planted link), renamed into place;
+    # a file object: np.savez would append ".npz" to a bare name
+    with replacing(out) as f:
         np.savez(f, **{k: props[k] for k in KEYS})
-    os.replace(tmp, out)
     return out
 
 

@@ -11,6 +11,7 @@ train on disjoint batches and average what they changed (dslide.replicas).
 
 from __future__ import annotations
 
+import math
 import resource
 import time
 from dataclasses import dataclass, field
@@ -55,25 +56,29 @@ class Model:
         return self.network.n_labels
 
 
+class TrainingDiverged(ValueError):
+    """The loss became NaN or infinite: training stopped there, and no checkpoint holds that state."""
+
+
 def normalise_inputs(X: sp.csr_matrix, how: str, dtype) -> sp.csr_matrix:
     """Rows scaled to unit L2 norm ("l2") or left as they are ("none"); float `dtype`, sorted indices."""
     X = sp.csr_matrix(X, dtype=dtype, copy=True)
     X.sort_indices()
     if how == "l2":
-        norms = np.sqrt(np.asarray(X.multiply(X).sum(axis=1)).ravel())
-        norms[norms == 0] = 1.0
-        X.data /= np.repeat(norms, np.diff(X.indptr)).astype(dtype)
+        norms = input_norms(X, how)  # float64: squares of float32 values overflow float32
+        X.data /= np.repeat(norms, np.diff(X.indptr))
     return X
 
 
 def input_norms(X: sp.csr_matrix, how: str):
-    """Per row, what `normalise_inputs` divides it by: float32 [n] L2 norms (1 for an empty
-    row), or None for "none". With these, batches are normalised as they are gathered
-    (`make_batch`) and the data set is never copied: one CSR per rank, mapped from the
-    cache where it came from one."""
+    """Per row, what `normalise_inputs` divides it by: float64 [n] L2 norms (1 for an empty
+    row), or None for "none". float64, because a row's norm overflows float32 once its values
+    come near float32's maximum (3.4e38), which would zero the row. With these, batches are
+    normalised as they are gathered (`make_batch`) and the data set is never copied: one CSR
+    per rank, mapped from the cache where it came from one."""
     if how == "none":
         return None
-    out = np.empty(X.shape[0], np.float32)
+    out = np.empty(X.shape[0], np.float64)
     K.row_norms(X.indptr, X.data, out)
     return out
 
@@ -89,7 +94,7 @@ def make_batch(X_parts, Y_parts, rows: np.ndarray, step: int, n_global: int = 0,
     """The batch of data rows `rows`; norms (from `input_norms`): divide each row by its norm."""
     xp, xi, xd = K.gather_rows(*X_parts, rows)
     if norms is not None:
-        xd /= np.repeat(norms[rows], np.diff(xp))
+        xd /= np.repeat(norms[rows], np.diff(xp))  # divided in float64, stored in xd's dtype
     if Y_parts is None:
         yp, yi = np.zeros(rows.shape[0] + 1, dtype=np.int64), np.empty(0, dtype=np.int32)
     else:
@@ -149,6 +154,7 @@ def build_network(train_shape: tuple[int, int], config: Config, comm: Comm | Non
     then lives on this rank's replica (Model.replicas.model), Model.comm stays the world.
     """
     comm = comm or Comm.world()
+    comm.stall_timeout = config.stall_timeout  # before the split: sub-communicators inherit it
     numba.set_num_threads(_threads(config))
     rep = Replicas(config, comm) if (config.replicas > 1 or config.shard_weights == "auto") else None
     net = Network(config, train_shape[0], train_shape[1], rep.model if rep else comm)
@@ -228,7 +234,8 @@ def points_per_label(Y) -> float:
     from dslide.config import label_points
 
     Y = sp.csr_matrix(Y)
-    return label_points(np.bincount(Y.indices, minlength=Y.shape[1]))
+    # the counts of the labels that occur only: no array of n_labels before the memory check
+    return label_points(np.unique(Y.indices, return_counts=True)[1])
 
 
 def build_neighbours(model: Model, train: XMCData) -> None:
@@ -301,6 +308,8 @@ def warm_index(model: Model) -> None:
     argument types scoring uses (`InferenceIndex.topk`), so the compiled
     signatures are those scoring looks up.
     """
+    from dslide.layers import LSHLayer
+
     out = model.network.layers[-1]
     index = getattr(out, "inference_index", None)  # LSH output layers only
     if index is None:
@@ -338,6 +347,7 @@ def _fit(model, train, test, callback, verbose, threads, stop_at, checkpoint):
     warmup_pending = True
     stop_logged = False  # with replicas a "log" stop takes effect at the next step's `advance`
     bytes0 = _step_bytes(net.comm)
+    bad_step, bad_loss = None, None  # the first step of this rank whose loss was NaN or inf, and that loss
     t0 = time.perf_counter()
     if rep is not None:
         step = rep.first(net, net.step, last, checkpoint, model)
@@ -352,10 +362,13 @@ def _fit(model, train, test, callback, verbose, threads, stop_at, checkpoint):
         batch = make_batch(X_parts, Y_parts, rows, step, n_global, norms)
         if warmup is None:
             tw = time.perf_counter()
-            loss_acc += net.train_step(batch)
+            step_loss = net.train_step(batch)
             warmup = time.perf_counter() - tw
         else:
-            loss_acc += net.train_step(batch)
+            step_loss = net.train_step(batch)
+        if bad_step is None and not math.isfinite(step_loss):
+            bad_step, bad_loss = step, step_loss
+        loss_acc += step_loss
         loss_n += 1
         steps_done += 1
         stop = (callback is not None and callback("step", model, step) == "stop") or stop_logged
@@ -367,6 +380,7 @@ def _fit(model, train, test, callback, verbose, threads, stop_at, checkpoint):
         else:
             if checkpoint is not None and config.checkpoint_every and step % config.checkpoint_every == 0 \
                     and step < total:
+                _stop_if_diverged(comm, bad_step, bad_loss)  # never a checkpoint of a diverged state
                 checkpoint(model, comm)
             nxt = step + 1 if (step < last and not stop) else None
         is_last = nxt is None
@@ -375,6 +389,8 @@ def _fit(model, train, test, callback, verbose, threads, stop_at, checkpoint):
             dt = time.perf_counter() - t0
             train_time += dt
             loss = float(loss_comm.allreduce_sum(np.array([loss_acc]))[0]) / loss_n
+            if not math.isfinite(loss):  # every rank of loss_comm sees it: they stop together
+                _stop_if_diverged(loss_comm, bad_step, bad_loss if bad_loss is not None else loss)
             sent = _step_bytes(net.comm) - bytes0
             # with replicas the last record is the model's: every replica holds the average of
             # all global steps up to net.step (this replica's own last step may be earlier)
@@ -405,6 +421,18 @@ def _fit(model, train, test, callback, verbose, threads, stop_at, checkpoint):
     if rep is not None:
         rep.close()
     return model, history
+
+
+def _stop_if_diverged(comm: Comm, bad_step, loss) -> None:
+    """Raise TrainingDiverged on every rank of `comm` when any of them saw a loss that is not
+    finite (collective: one all-reduce); `bad_step`: this rank's first such step, or None."""
+    first = -comm.allreduce_max(-float(bad_step) if bad_step is not None else -math.inf)
+    if math.isfinite(first):
+        what = f"{loss}" if loss is not None and int(first) == bad_step else "NaN or inf"
+        raise TrainingDiverged(
+            f"training stopped: the loss became {what} at step {int(first)} (diverged); no checkpoint holds "
+            f"that state (the last one written, if any, is kept). Try a smaller lr, or input_norm = 'l2' "
+            f"for large feature values")
 
 
 def _step_bytes(comm: Comm) -> int:

@@ -23,6 +23,8 @@ import numba
 import numpy as np
 from numba import njit
 
+from dslide import _numba_cache  # noqa: F401  (before any kernel: the cache is keyed by module name)
+
 # 64-bit constants as numba-friendly unsigned scalars: mixing int64 and uint64
 # in numba promotes to float64, so every constant in a uint64 expression is cast.
 _U0 = np.uint64(0)

@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -76,6 +77,7 @@ def measure(repo: Path, label: str, files: dict, work: Path) -> list[dict]:
             if run.startswith("first"):
                 _clear_numba_cache(repo)
             out = work / f"run-{label}-{hidden}".replace(" ", "_")
+            shutil.rmtree(out, ignore_errors=True)  # a fresh run directory: train refuses one holding a run
             wall = _dslide(repo, ["train", "--train", f"{files['small']}_train.txt", "--out", str(out), "--quiet",
                                   "--set", f"hidden={hidden}", "--set", f"epochs={STEPS * 128 / 20000}"])
             m = json.loads((out / "metrics.json").read_text())

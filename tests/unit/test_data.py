@@ -6,6 +6,7 @@ References are plain Python: str.split over the text, float(), fractions.
 """
 
 import gzip
+import hashlib
 import os
 import re
 import shutil
@@ -547,7 +548,9 @@ def test_cache_hit_gives_identical_arrays(tmp_path, monkeypatch):
     assert c.name == "s.txt.dslcache" and c.is_dir()
     assert sorted(os.listdir(c)) == sorted(k + ".npy" for k in ("key", *D._CACHE_KEYS))
     st = os.stat(p)
-    assert np.load(c / "key.npy").tolist() == [D.CACHE_VERSION, st.st_size, st.st_mtime_ns]
+    key = np.load(c / "key.npy").tolist()
+    assert key[:4] == [D.CACHE_VERSION, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
+    assert np.array(key[4:], dtype=np.int64).tobytes() == hashlib.sha256(p.read_bytes()).digest()
     # plain .npy files: what np.load reads is what the parse gave
     assert np.array_equal(np.load(c / "x_data.npy"), first.X.data)
     assert np.array_equal(np.load(c / "y_indices.npy"), first.Y.indices)
@@ -600,7 +603,7 @@ def test_modified_source_invalidates_cache(tmp_path, how):
         warnings.simplefilter("error")  # a stale cache is silently replaced
         d = read_xmc(p)
     assert d.X[0, 1] == np.float32(0.75 if how == "size" else 0.7)
-    assert np.load(Path(cache_path(p)) / "key.npy")[1:].tolist() == [os.stat(p).st_size, os.stat(p).st_mtime_ns]
+    assert np.load(Path(cache_path(p)) / "key.npy")[1:3].tolist() == [os.stat(p).st_size, os.stat(p).st_mtime_ns]
     assert sorted(os.listdir(tmp_path)) == ["s.txt", "s.txt.dslcache"]  # the stale one is gone
 
 
@@ -647,7 +650,8 @@ def test_a_cache_written_meanwhile_for_the_same_source_is_kept(tmp_path):
     D._save_cache(str(c), st, arrays)  # a second writer for the same source
     assert os.stat(c).st_ino == inode
     assert sorted(os.listdir(tmp_path)) == ["s.txt", "s.txt.dslcache"]
-    changed = SimpleNamespace(st_size=st.st_size, st_mtime_ns=st.st_mtime_ns + 1)
+    changed = SimpleNamespace(st_size=st.st_size, st_mtime_ns=st.st_mtime_ns + 1, st_ctime_ns=st.st_ctime_ns,
+                              st_mode=st.st_mode, st_gid=st.st_gid)
     D._save_cache(str(c), changed, arrays)  # another key (the source changed): replaced
     assert os.stat(c).st_ino != inode
     assert np.load(c / "key.npy")[2] == st.st_mtime_ns + 1

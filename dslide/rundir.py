@@ -1,0 +1,312 @@
+"""What a run directory guarantees: one writer, whole files, nothing through a planted link.
+
+Files: every file dslide writes is written under a fresh temporary name in
+the target's directory, created exclusively (`tempfile.mkstemp`: O_EXCL, so
+a symlink planted at any name cannot be opened through), fsynced and moved
+into place with `os.replace`, which replaces a symlink at the target rather
+than writing through it. A reader sees the old file or the new one, never
+half of one. Appending (log.jsonl) opens with O_NOFOLLOW: a symlink there is
+an error, not a way to write elsewhere.
+
+The lock: `RunLock.acquire(run_dir, command)` creates RUN_DIR/dslide.lock
+holding the holder's pid, host, start time and command (written to a
+temporary file first and hard-linked into place, so the lock appears whole
+or not at all; where hard links are unsupported, exclusive creation). A
+second writer is refused with a message naming the holder. A lock whose
+process is gone (no such pid, a zombie, or a pid since reused by another
+process: its start time differs) is stale and taken over; two processes
+taking over the same stale lock are serialised by an flock on the old file,
+so only one of them wins. A lock held on another host cannot be checked
+from here: it is reported with that host and the file to delete if the run
+there is over. `release` (and, as a backstop, an atexit hook) removes it;
+a killed process leaves a stale lock that the next run takes over.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import errno
+import fcntl
+import json
+import math
+import os
+import socket
+import tempfile
+import time
+from pathlib import Path
+
+LOCK_NAME = "dslide.lock"
+
+
+class RunDirError(ValueError):
+    """A run directory that cannot be used: in use by another process, or not ours to write."""
+
+
+# ----------------------------------------------------------------------------
+# files
+# ----------------------------------------------------------------------------
+
+
+def _umask() -> int:
+    umask = os.umask(0)  # the only way to read it; restored at once
+    os.umask(umask)
+    return umask
+
+
+def default_mode() -> int:
+    """The mode an ordinary new file gets: 0666 less the umask (mkstemp alone makes 0600)."""
+    return 0o666 & ~_umask()
+
+
+@contextlib.contextmanager
+def replacing(path, binary: bool = True, mode: int | None = None):
+    """Write `path` atomically: yields a file object on a fresh temporary file in the same
+    directory (exclusive creation, never through a link), fsynced and renamed over `path`
+    when the block ends without an exception; removed otherwise."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix="." + path.name + ".", suffix=".tmp")
+    try:
+        os.fchmod(fd, default_mode() if mode is None else mode)
+        with os.fdopen(fd, "wb" if binary else "w", closefd=True) as f:
+            fd = None
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if fd is not None:
+            os.close(fd)
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def write_atomic(path, data, mode: int | None = None) -> None:
+    """`path` holds `data` (bytes or str) whole, or keeps what it held (see `replacing`)."""
+    with replacing(path, mode=mode) as f:
+        f.write(data.encode() if isinstance(data, str) else data)
+
+
+def open_append(path):
+    """`path` opened for appending text, created if missing; a symlink there is refused."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise RunDirError(f"{path} is a symbolic link; dslide does not write through links") from None
+        raise
+    return os.fdopen(fd, "a")
+
+
+def json_safe(obj):
+    """`obj` with every non-finite float (NaN, inf) as None: strict JSON (null), which
+    json.dumps would otherwise write as the bare, non-JSON NaN / Infinity."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [json_safe(v) for v in obj]
+    if hasattr(obj, "item") and hasattr(obj, "dtype") and getattr(obj, "ndim", 1) == 0:  # numpy scalars
+        return json_safe(obj.item())
+    return obj
+
+
+def dumps(obj, **kw) -> str:
+    """json.dumps of json_safe(obj), refusing whatever would still not be JSON."""
+    return json.dumps(json_safe(obj), allow_nan=False, **kw)
+
+
+# ----------------------------------------------------------------------------
+# the lock
+# ----------------------------------------------------------------------------
+
+
+def _start_ticks(pid: int):
+    """The process's start time in clock ticks since boot (/proc/PID/stat field 22), or None."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read().decode("latin-1")
+    except OSError:
+        return None
+    fields = stat[stat.rfind(")") + 2:].split()  # after "pid (comm) ": state is field 3
+    try:
+        return int(fields[19])
+    except (IndexError, ValueError):
+        return None
+
+
+def _state(pid: int):
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read().decode("latin-1")
+        return stat[stat.rfind(")") + 2:].split()[0]
+    except (OSError, IndexError):
+        return None
+
+
+def _alive(holder: dict) -> bool:
+    """Whether the lock's process (on this host) still runs."""
+    pid = holder.get("pid")
+    if not isinstance(pid, int) or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass  # another user's process: it exists
+    if _state(pid) in ("Z", "X"):  # a zombie: dead, only not reaped yet
+        return False
+    ticks = _start_ticks(pid)
+    if ticks is not None and holder.get("start_ticks") is not None and ticks != holder["start_ticks"]:
+        return False  # the pid was reused by another process
+    return True
+
+
+def describe(holder: dict) -> str:
+    """A lock's holder as messages name it: command, pid, host and since when."""
+    return (f"{holder.get('command', 'dslide')} (pid {holder.get('pid')} on host {holder.get('host')}, "
+            f"since {holder.get('since', '?')})")
+
+
+def _read(path: Path):
+    """The lock file's holder (a dict), or None when it is missing or unreadable."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise RunDirError(f"{path} is a symbolic link, not a lock dslide wrote; remove it") from None
+        raise
+    with os.fdopen(fd, "rb") as f:
+        raw = f.read(4096)
+    try:
+        holder = json.loads(raw.decode())
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        return {}
+    return holder if isinstance(holder, dict) else {}
+
+
+class RunLock:
+    """The lock of one run directory, held by this process (see the module docstring)."""
+
+    def __init__(self, path: Path, holder: dict):
+        self.path, self.holder = path, holder
+        self._ino = os.stat(path, follow_symlinks=False).st_ino
+        atexit.register(self.release)
+
+    @classmethod
+    def acquire(cls, run_dir, command: str) -> "RunLock":
+        """Lock `run_dir` (which must exist) for `command`; RunDirError naming the holder when
+        another live process has it."""
+        path = Path(run_dir) / LOCK_NAME
+        me = {"pid": os.getpid(), "host": socket.gethostname(), "start_ticks": _start_ticks(os.getpid()),
+              "since": time.strftime("%Y-%m-%d %H:%M:%S"), "command": command}
+        for _ in range(20):
+            if cls._create(path, me):
+                return cls(path, me)
+            holder = _read(path)
+            if holder is None:
+                continue  # released meanwhile: try again
+            if not holder:  # not JSON: someone else's file, or a lock of an older format
+                raise RunDirError(f"{run_dir} is locked by {path}, which is not a lock dslide can read; "
+                                  f"if no run uses {run_dir}, delete {path}")
+            if holder.get("host") != me["host"]:
+                raise RunDirError(f"{run_dir} is in use by {describe(holder)}; that host's processes cannot "
+                                  f"be checked from {me['host']}: if that run is over, delete {path}")
+            if _alive(holder):
+                raise RunDirError(f"{run_dir} is in use by {describe(holder)}; wait for it to end "
+                                  f"(one run directory has one writer)")
+            cls._remove_stale(path, holder)
+        raise RunDirError(f"could not lock {run_dir}: its lock {path} keeps changing hands")
+
+    @staticmethod
+    def _create(path: Path, me: dict) -> bool:
+        """Make the lock file with our holder record, whole; False when it exists."""
+        data = (json.dumps(me) + "\n").encode()
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix="." + LOCK_NAME + ".", suffix=".tmp")
+        try:
+            os.fchmod(fd, 0o644 & ~_umask())
+            os.write(fd, data)
+            os.fsync(fd)
+            os.close(fd)
+            fd = None
+            try:
+                os.link(tmp, path)  # atomic, and fails when the lock exists: it appears whole or not at all
+                return True
+            except FileExistsError:
+                return False
+            except OSError as e:
+                if e.errno not in (errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EXDEV):
+                    raise
+            # no hard links on this file system: exclusive creation (a reader may briefly see it empty)
+            try:
+                lfd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+            except FileExistsError:
+                return False
+            try:
+                os.write(lfd, data)
+                os.fsync(lfd)
+            finally:
+                os.close(lfd)
+            return True
+        finally:
+            if fd is not None:
+                os.close(fd)
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+
+    @staticmethod
+    def _remove_stale(path: Path, holder: dict) -> None:
+        """Delete a stale lock, unless another process replaced it meanwhile: whoever holds the
+        flock of the old file checks that the path still is that file, with that holder."""
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            try:
+                same = os.fstat(fd).st_ino == os.stat(path, follow_symlinks=False).st_ino
+            except FileNotFoundError:
+                return
+            if same and _read(path) == holder:
+                os.unlink(path)
+        finally:
+            os.close(fd)  # releases the flock
+
+    def release(self) -> None:
+        """Remove the lock if it still is ours (idempotent)."""
+        if self.path is None:
+            return
+        path, self.path = self.path, None
+        try:
+            if os.stat(path, follow_symlinks=False).st_ino == self._ino and _read(path) == self.holder:
+                os.unlink(path)
+        except (OSError, RunDirError):
+            pass
+        with contextlib.suppress(Exception):
+            atexit.unregister(self.release)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.release()
+
+
+def holder_of(run_dir):
+    """The live holder of run_dir's lock (its record), or None when it is not locked (or the
+    lock is stale)."""
+    try:
+        holder = _read(Path(run_dir) / LOCK_NAME)
+    except RunDirError:
+        return {"command": "an unknown process (a symbolic link as its lock)"}
+    if holder is None:
+        return None
+    if holder and holder.get("host") == socket.gethostname() and not _alive(holder):
+        return None
+    return holder or {"command": "an unknown process"}
