@@ -308,8 +308,6 @@ def warm_index(model: Model) -> None:
     argument types scoring uses (`InferenceIndex.topk`), so the compiled
     signatures are those scoring looks up.
     """
-    from dslide.layers import LSHLayer
-
     out = model.network.layers[-1]
     index = getattr(out, "inference_index", None)  # LSH output layers only
     if index is None:
