@@ -78,9 +78,10 @@ import numpy as np
 from numba import njit
 
 from dslide.data import XMCData
-from dslide.datasets.baskets import _check_points, _powerlaw_const_nb
+from dslide.datasets.baskets import _powerlaw_const_nb
 from dslide.datasets.synthetic import (
-    _add_feature, _check_seed, _compact, _csr, _draw_features, _powerlaw_rank, _sort_row, _split_stream, _uniform,
+    _check_points, _emit_row, assemble, pick_preset, split_pair,
+    _add_feature, _check_seed, _draw_features, _powerlaw_rank, _split_stream, _uniform,
     _zipf_mass,
 )
 
@@ -217,16 +218,7 @@ PRESETS: dict[str, Preset] = {
 
 def get_preset(preset: str | Preset, **overrides) -> Preset:
     """The preset named `preset` (or the given Preset) with `overrides` applied and checked."""
-    if isinstance(preset, Preset):
-        base = preset
-    elif preset in PRESETS:
-        base = PRESETS[preset]
-    else:
-        raise ValueError(f"unknown preset {preset!r}; valid presets: {', '.join(PRESETS)}")
-    unknown = sorted(set(overrides) - set(FIELDS))
-    if unknown:
-        raise ValueError(f"unknown preset field(s) {', '.join(unknown)}; valid fields: {', '.join(FIELDS)}")
-    return dataclasses.replace(base, **overrides) if overrides else base
+    return pick_preset(preset, overrides, PRESETS, Preset, FIELDS)
 
 
 # --------------------------------------------------------------------------- the world
@@ -436,13 +428,7 @@ def _draw_points(prod, n_nnz, n_sig, state, label_drop,
             f = feature_of_rank[_powerlaw_rank(_uniform(state), F, feature_zipf, c_feat)]
             d = _add_feature(f, i, d, mark, keys)
 
-        _sort_row(keys, d, F, tmp, counts)
-        b0 = feat_ptr[i]
-        for j in range(d):
-            f = keys[j] >> 32
-            tf = keys[j] & 0xFFFFFFFF
-            feat_out[b0 + j] = f
-            val_out[b0 + j] = idf[f] if tf == 1 else idf[f] * np.float64(tf) ** tf_power
+        _emit_row(keys, d, F, tmp, counts, idf, tf_power, feat_out, val_out, feat_ptr[i])
         feat_cnt[i] = d
 
 
@@ -473,11 +459,7 @@ def _draw(p: Preset, world: World, n: int, seed: int, split: str) -> XMCData:
                  w.cat_vocab, float(p.cat_share), float(p.feature_zipf), w.feature_of_rank, w.idf,
                  float(p.tf_power),
                  lab_ptr, lab_out, lab_cnt, feat_ptr, feat_out, val_out, feat_cnt, mark)
-    x_ptr, x_idx, x_val = _compact(feat_ptr, feat_cnt, feat_out, val_out)
-    y_ptr, y_idx = _compact(lab_ptr, lab_cnt, lab_out)
-    X = _csr(x_ptr, x_idx, x_val, (n, p.n_features))
-    Y = _csr(y_ptr, y_idx, np.ones(len(y_idx), dtype=np.float32), (n, p.n_labels))
-    return XMCData(X, Y)
+    return assemble(p, lab_ptr, lab_cnt, lab_out, feat_ptr, feat_cnt, feat_out, val_out)
 
 
 def generate(preset: str | Preset = "a670k-tail", n_points: int | None = None, seed: int = 0, *,
@@ -497,5 +479,4 @@ def generate(preset: str | Preset = "a670k-tail", n_points: int | None = None, s
 def generate_split(preset: str | Preset = "a670k-tail", n_train: int | None = None,
                    n_test: int | None = None, seed: int = 0, **overrides) -> tuple[XMCData, XMCData]:
     """(train, test) of one world: `generate(..., split="train")` and `split="test"`."""
-    return (generate(preset, n_train, seed, split="train", **overrides),
-            generate(preset, n_test, seed, split="test", **overrides))
+    return split_pair(generate, preset, n_train, n_test, seed, overrides)

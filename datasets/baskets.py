@@ -79,8 +79,9 @@ from numba import njit
 
 from dslide.data import XMCData
 from dslide.datasets.synthetic import (
-    _add_feature, _check_seed, _compact, _csr, _draw_features, _holds, _next, _powerlaw_rank,
-    _sort_row, _split_stream, _uniform,
+    _check_points, _emit_row, assemble, pick_preset, split_pair,
+    _add_feature, _check_seed, _draw_features, _holds, _next, _powerlaw_rank,
+    _split_stream, _uniform,
 )
 
 
@@ -215,16 +216,7 @@ PRESETS: dict[str, Preset] = {
 
 def get_preset(preset: str | Preset, **overrides) -> Preset:
     """The preset named `preset` (or the given Preset) with `overrides` applied and checked."""
-    if isinstance(preset, Preset):
-        base = preset
-    elif preset in PRESETS:
-        base = PRESETS[preset]
-    else:
-        raise ValueError(f"unknown preset {preset!r}; valid presets: {', '.join(PRESETS)}")
-    unknown = sorted(set(overrides) - set(FIELDS))
-    if unknown:
-        raise ValueError(f"unknown preset field(s) {', '.join(unknown)}; valid fields: {', '.join(FIELDS)}")
-    return dataclasses.replace(base, **overrides) if overrides else base
+    return pick_preset(preset, overrides, PRESETS, Preset, FIELDS)
 
 
 # --------------------------------------------------------------------------- the world
@@ -470,13 +462,7 @@ def _draw_points(n_top, n_nnz, n_sig, state,
             f = feature_of_rank[_powerlaw_rank(_uniform(state), F, feature_zipf, c_feat)]
             d = _add_feature(f, i, d, mark, keys)
 
-        _sort_row(keys, d, F, tmp, counts)
-        b0 = feat_ptr[i]
-        for j in range(d):
-            f = keys[j] >> 32
-            tf = keys[j] & 0xFFFFFFFF
-            feat_out[b0 + j] = f
-            val_out[b0 + j] = idf[f] if tf == 1 else idf[f] * np.float64(tf) ** tf_power
+        _emit_row(keys, d, F, tmp, counts, idf, tf_power, feat_out, val_out, feat_ptr[i])
         feat_cnt[i] = d
 
 
@@ -506,11 +492,7 @@ def _draw(p: Preset, world: World, n: int, seed: int, split: str) -> XMCData:
                  float(p.parent_share), w.own, float(p.own_share), float(p.feature_zipf),
                  w.feature_of_rank, w.idf, float(p.tf_power),
                  lab_ptr, lab_out, lab_cnt, feat_ptr, feat_out, val_out, feat_cnt, mark)
-    x_ptr, x_idx, x_val = _compact(feat_ptr, feat_cnt, feat_out, val_out)
-    y_ptr, y_idx = _compact(lab_ptr, lab_cnt, lab_out)
-    X = _csr(x_ptr, x_idx, x_val, (n, p.n_features))
-    Y = _csr(y_ptr, y_idx, np.ones(len(y_idx), dtype=np.float32), (n, p.n_labels))
-    return XMCData(X, Y)
+    return assemble(p, lab_ptr, lab_cnt, lab_out, feat_ptr, feat_cnt, feat_out, val_out)
 
 
 def generate(preset: str | Preset = "baskets-head", n_points: int | None = None, seed: int = 0, *,
@@ -530,20 +512,4 @@ def generate(preset: str | Preset = "baskets-head", n_points: int | None = None,
 def generate_split(preset: str | Preset = "baskets-head", n_train: int | None = None,
                    n_test: int | None = None, seed: int = 0, **overrides) -> tuple[XMCData, XMCData]:
     """(train, test) of one world: `generate(..., split="train")` and `split="test"`."""
-    return (generate(preset, n_train, seed, split="train", **overrides),
-            generate(preset, n_test, seed, split="test", **overrides))
-
-
-def _check_points(p, n_points, split: str) -> int:
-    """The number of points to draw: n_points, or the preset's default for `split`."""
-    if not isinstance(split, str) or not split:
-        raise ValueError(f"split ({split!r}) must be a non-empty string such as 'train' or 'test'")
-    if n_points is None:
-        defaults = {"train": p.n_train, "test": p.n_test}
-        if split not in defaults:
-            raise ValueError(f"split {split!r} has no default size: give n_points "
-                             f"(defaults exist for {', '.join(defaults)})")
-        n_points = defaults[split]
-    if not isinstance(n_points, (int, np.integer)) or isinstance(n_points, bool) or n_points < 0:
-        raise ValueError(f"n_points ({n_points!r}) must be an integer >= 0")
-    return int(n_points)
+    return split_pair(generate, preset, n_train, n_test, seed, overrides)

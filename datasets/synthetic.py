@@ -240,18 +240,24 @@ PRESETS: dict[str, Preset] = {
 PRESETS["amazon-tail"] = dataclasses.replace(PRESETS["amazon-like"], label_zipf=0.75)
 
 
+def pick_preset(preset, overrides: dict, presets: dict, kind: type, fields: tuple):
+    """The preset named `preset` in `presets` (or a `kind` instance) with `overrides` (fields of
+    `kind`) applied and checked: every generator family's `get_preset`."""
+    if isinstance(preset, kind):
+        base = preset
+    elif preset in presets:
+        base = presets[preset]
+    else:
+        raise ValueError(f"unknown preset {preset!r}; valid presets: {', '.join(presets)}")
+    unknown = sorted(set(overrides) - set(fields))
+    if unknown:
+        raise ValueError(f"unknown preset field(s) {', '.join(unknown)}; valid fields: {', '.join(fields)}")
+    return dataclasses.replace(base, **overrides) if overrides else base
+
+
 def get_preset(preset: str | Preset, **overrides) -> Preset:
     """The preset named `preset` (or the given Preset) with `overrides` applied and checked."""
-    if isinstance(preset, Preset):
-        base = preset
-    elif preset in PRESETS:
-        base = PRESETS[preset]
-    else:
-        raise ValueError(f"unknown preset {preset!r}; valid presets: {', '.join(PRESETS)}")
-    unknown = sorted(set(overrides) - set(FIELDS))
-    if unknown:
-        raise ValueError(f"unknown preset field(s) {', '.join(unknown)}; valid fields: {', '.join(FIELDS)}")
-    return dataclasses.replace(base, **overrides) if overrides else base
+    return pick_preset(preset, overrides, PRESETS, Preset, FIELDS)
 
 
 # --------------------------------------------------------------------------- random numbers
@@ -502,6 +508,19 @@ def _sort_row(keys, d, n_features, tmp, counts):
 
 
 @njit(cache=True)
+def _emit_row(keys, d, F, tmp, counts, idf, tf_power, feat_out, val_out, b0):
+    """Sort a point's d (feature << 32 | tf) keys and write its features and tf-idf-like values
+    (idf_f * tf ** tf_power) from slot b0 of feat_out / val_out: every family's last step of a point."""
+    _sort_row(keys, d, F, tmp, counts)
+    for j in range(d):
+        f = keys[j] >> 32
+        tf = keys[j] & 0xFFFFFFFF
+        feat_out[b0 + j] = f
+        # Most counts are 1: skip the pow.
+        val_out[b0 + j] = idf[f] if tf == 1 else idf[f] * np.float64(tf) ** tf_power
+
+
+@njit(cache=True)
 def _draw_points(n_lab, n_nnz, n_sig, state,
                  label_zipf, label_c, label_of_rank, members, slot_of_label, cluster_size, cluster_prob,
                  protos, topics, pos_prob, pos_alias,
@@ -587,14 +606,7 @@ def _draw_points(n_lab, n_nnz, n_sig, state,
             d = _add_feature(f, i, d, mark, keys)
 
         # --- sorted row (keys sort by feature first), tf-idf-like values
-        _sort_row(keys, d, F, tmp, counts)
-        b0 = feat_ptr[i]
-        for j in range(d):
-            f = keys[j] >> 32
-            tf = keys[j] & 0xFFFFFFFF
-            feat_out[b0 + j] = f
-            # Most counts are 1: skip the pow.
-            val_out[b0 + j] = idf[f] if tf == 1 else idf[f] * np.float64(tf) ** tf_power
+        _emit_row(keys, d, F, tmp, counts, idf, tf_power, feat_out, val_out, feat_ptr[i])
         feat_cnt[i] = d
 
 
@@ -608,6 +620,17 @@ def _compact(ptr: np.ndarray, used: np.ndarray, *arrays: np.ndarray):
     row = np.repeat(np.arange(len(used)), used)
     src = ptr[:-1][row] + (np.arange(indptr[-1]) - indptr[:-1][row])
     return (indptr,) + tuple(a[src] for a in arrays)
+
+
+def assemble(p, lab_ptr, lab_cnt, lab_out, feat_ptr, feat_cnt, feat_out, val_out) -> XMCData:
+    """XMCData of a drawing kernel's output: the first `*_cnt[i]` slots of each point's label and
+    feature slot ranges (`*_ptr`), as CSR [n, p.n_features] features and [n, p.n_labels] ones."""
+    n = len(lab_cnt)
+    x_ptr, x_idx, x_val = _compact(feat_ptr, feat_cnt, feat_out, val_out)
+    y_ptr, y_idx = _compact(lab_ptr, lab_cnt, lab_out)
+    X = _csr(x_ptr, x_idx, x_val, (n, p.n_features))
+    Y = _csr(y_ptr, y_idx, np.ones(len(y_idx), dtype=np.float32), (n, p.n_labels))
+    return XMCData(X, Y)
 
 
 def _csr(indptr, indices, data, shape) -> sp.csr_matrix:
@@ -653,11 +676,7 @@ def _draw(p: Preset, world: World, n_points: int, seed: int, split: str) -> XMCD
                  world.protos, world.topics, world.pos_prob, world.pos_alias,
                  world.bg_prob, world.bg_alias, world.idf, float(p.tf_power),
                  lab_ptr, lab_out, lab_cnt, feat_ptr, feat_out, val_out, feat_cnt, mark)
-    x_ptr, x_idx, x_val = _compact(feat_ptr, feat_cnt, feat_out, val_out)
-    y_ptr, y_idx = _compact(lab_ptr, lab_cnt, lab_out)
-    X = _csr(x_ptr, x_idx, x_val, (n, p.n_features))
-    Y = _csr(y_ptr, y_idx, np.ones(len(y_idx), dtype=np.float32), (n, p.n_labels))
-    return XMCData(X, Y)
+    return assemble(p, lab_ptr, lab_cnt, lab_out, feat_ptr, feat_cnt, feat_out, val_out)
 
 
 def generate(preset: str | Preset = "small", n_points: int | None = None, seed: int = 0, *,
@@ -672,6 +691,11 @@ def generate(preset: str | Preset = "small", n_points: int | None = None, seed: 
     """
     p = get_preset(preset, **overrides)
     seed = _check_seed(seed)
+    return _draw(p, build_world(p, seed), _check_points(p, n_points, split), seed, split)
+
+
+def _check_points(p, n_points, split: str) -> int:
+    """The number of points to draw: n_points, or the preset's default for `split`."""
     if not isinstance(split, str) or not split:
         raise ValueError(f"split ({split!r}) must be a non-empty string such as 'train' or 'test'")
     if n_points is None:
@@ -682,15 +706,19 @@ def generate(preset: str | Preset = "small", n_points: int | None = None, seed: 
         n_points = defaults[split]
     if not isinstance(n_points, (int, np.integer)) or isinstance(n_points, bool) or n_points < 0:
         raise ValueError(f"n_points ({n_points!r}) must be an integer >= 0")
-    return _draw(p, build_world(p, seed), int(n_points), seed, split)
+    return int(n_points)
 
 
 def generate_split(preset: str | Preset = "small", n_train: int | None = None,
                    n_test: int | None = None, seed: int = 0, **overrides) -> tuple[XMCData, XMCData]:
     """(train, test) of one world: `generate(..., split="train")` and `split="test"`."""
-    train = generate(preset, n_train, seed, split="train", **overrides)
-    test = generate(preset, n_test, seed, split="test", **overrides)
-    return train, test
+    return split_pair(generate, preset, n_train, n_test, seed, overrides)
+
+
+def split_pair(generate, preset, n_train, n_test, seed: int, overrides: dict) -> tuple[XMCData, XMCData]:
+    """(generate(..., split="train"), generate(..., split="test")): every family's generate_split."""
+    return (generate(preset, n_train, seed, split="train", **overrides),
+            generate(preset, n_test, seed, split="test", **overrides))
 
 
 def write(prefix: str, train: XMCData, test: XMCData) -> tuple[str, str]:
