@@ -33,10 +33,10 @@ CANDIDATES_MIN_WIDTH = 250_000  # between 100,000 (candidates lose) and 670,091 
 SCOPES = ("batch", "sample")
 NARROW_OUTPUT = 4096  # labels: at most this many take the "narrow output" defaults
 LR_SCHEDULES = ("linear", "constant")
-#: knn left at None: this many neighbours' labels fused at inference where the training data
-#: has fewer than KNN_MAX_POINTS_PER_LABEL points per label (none where it has more: the
-#: network alone learns such labels well); `knn_default` states the rule, docs/benchmarks.md
-#: ("--suite shapes") holds the measurements behind it
+#: knn left at None: this many neighbours' labels fused at inference in outputs wider than
+#: NARROW_OUTPUT whose training data has fewer than KNN_MAX_POINTS_PER_LABEL points per label
+#: (none elsewhere: the network alone learns such labels well); `knn_default` states the
+#: rule, docs/accuracy.md the measurements behind it
 KNN = 10
 KNN_MAX_POINTS_PER_LABEL = 20.0
 KNN_WEIGHT = 0.6  # knn_weight left at None
@@ -44,12 +44,15 @@ WIDE_EPOCHS = 2.0  # epochs left at None, outputs wider than NARROW_OUTPUT
 
 
 def knn_default(n_labels: int, points_per_label: float | None = None) -> int:
-    """The `knn` a run takes when it is left at None: KNN where the training data has fewer
-    than KNN_MAX_POINTS_PER_LABEL points per (occurring) label, else 0; without that figure,
-    KNN for outputs wider than NARROW_OUTPUT and 0 for narrower ones."""
-    if points_per_label is not None:
-        return KNN if points_per_label < KNN_MAX_POINTS_PER_LABEL else 0
-    return 0 if n_labels <= NARROW_OUTPUT else KNN
+    """The `knn` a run takes when it is left at None: KNN for outputs wider than NARROW_OUTPUT
+    whose training data has fewer than KNN_MAX_POINTS_PER_LABEL points per (occurring) label
+    (or whose figure is not given), else 0. Narrow outputs train a wide hidden layer for many
+    epochs, which learns their labels better than the neighbours' votes."""
+    if n_labels <= NARROW_OUTPUT:
+        return 0
+    if points_per_label is not None and points_per_label >= KNN_MAX_POINTS_PER_LABEL:
+        return 0
+    return KNN
 
 
 def label_points(label_counts) -> float:
@@ -297,7 +300,7 @@ class Config:
         batch_size          64              128
         epochs              30              2 (the neighbours' labels carry the tail)
         init_input_scale    0.1             0.3
-        knn                 0 or 10 (points per label >= 20 or < 20; see knn_default)
+        knn                 0               10 (0 from 20 points per label; knn_default)
         knn_weight          0.6             0.6
 
     (Measured on BibTeX, 159 labels, and the data-shape suite of
@@ -368,9 +371,9 @@ class Config:
         (dslide.fusion): score = (1 - knn_weight) p + knn_weight v, the softmax
         taken over the model's `knn_candidates` best labels and each neighbour's
         vote weighed by its similarity to the power `knn_power`. 0: the model
-        alone. None: from the data (`knn_default`): on where the training data
-        has few points per label, where the network's tail is weak and the
-        neighbours' labels strong.
+        alone. None: from the data (`knn_default`): on for wide outputs whose
+        training data has few points per label, where the network's tail is
+        weak and the neighbours' labels strong.
     propensity: the preset of the constants A, B of the label propensities
         behind PSP@k (Jain et al. 2016; see dslide.metrics.inverse_propensity),
         computed from the training labels and saved with the run

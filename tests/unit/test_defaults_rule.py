@@ -16,7 +16,7 @@ def test_label_points_counts_occurring_labels_only():
 @pytest.mark.parametrize("n_labels,ppl,knn", [
     (670_091, 1.3, KNN),       # Amazon-670K-like long tail: the neighbours' labels on
     (40_000, 8.7, KNN),        # a 40,000-label head-heavy set
-    (500, 8.2, KNN),           # narrow but few points per label
+    (500, 8.2, 0),             # narrow: the wide hidden layer's 30 epochs learn its labels
     (159, 73.1, 0),            # BibTeX: many points per label, the network alone
     (40_000, KNN_MAX_POINTS_PER_LABEL, 0),  # the boundary belongs to the network
     (670_091, None, KNN),      # no data shape given: the width decides
@@ -47,8 +47,9 @@ def test_fit_resolves_knn_from_the_training_labels():
 
     rng = np.random.default_rng(0)
     X = sp.random(60, 20, density=0.3, format="csr", random_state=rng, dtype=np.float32)
-    few = sp.csr_matrix((np.ones(60, np.float32), (np.arange(60), np.arange(60) % 30)), shape=(60, 30))  # 2 a label
-    many = sp.csr_matrix((np.ones(60, np.float32), (np.arange(60), np.arange(60) % 2)), shape=(60, 30))  # 30 a label
+    L = NARROW_OUTPUT + 1  # a wide output
+    few = sp.csr_matrix((np.ones(60, np.float32), (np.arange(60), np.arange(60) % 30)), shape=(60, L))  # 2 a label
+    many = sp.csr_matrix((np.ones(60, np.float32), (np.arange(60), np.arange(60) % 2)), shape=(60, L))  # 30 a label
     cfg = Config(hidden=(4,), epochs=1.0, batch_size=30)
     assert T.fit(XMCData(X, few), cfg, index=False)[0].config.knn == KNN
     assert T.fit(XMCData(X, many), cfg, index=False)[0].config.knn == 0
