@@ -179,9 +179,10 @@ _TOML_ESCAPES = {'"': '\\"', "\\": "\\\\", "\b": "\\b", "\t": "\\t", "\n": "\\n"
 
 
 def _read(path: str, what: str, fmt: str | None = None, n_features: int | None = None,
-          n_labels: int | None = None, comm=None, points: bool = True):
+          n_labels: int | None = None, comm=None, points: bool = True, quiet: bool = False):
     """Read data argument `path` (dslide.formats: a file or FEATURES,LABELS; `fmt` or by name);
-    points: refuse data without data points."""
+    points: refuse data without data points. A file of LOUD_READ_BYTES or more shows, on rank 0
+    and unless quiet, a bar of the bytes parsed (stderr a terminal) or a line before and after."""
     from dslide import formats
 
     if not path:
@@ -196,10 +197,22 @@ def _read(path: str, what: str, fmt: str | None = None, n_features: int | None =
             raise UsageError(f"{what} {p} is not readable")
     size = sum(os.path.getsize(p) for p in (first, second) if p)
     t0 = time.perf_counter()
-    loud = comm is not None and comm.rank == 0 and size >= LOUD_READ_BYTES
-    if loud:
+    loud = comm is not None and comm.rank == 0 and size >= LOUD_READ_BYTES and not quiet
+    bar = None
+    if loud and sys.stderr.isatty():
+        from tqdm import tqdm
+
+        # the bytes of text parsed (a file's cache, when it has one, loads at once and moves no bar)
+        bar = tqdm(total=size, unit="B", unit_scale=True, unit_divisor=1024, desc=f"reading {what}",
+                   dynamic_ncols=True, leave=False)
+    elif loud:
         print(f"reading {what} {path} ({size / 2**20:,.0f} MiB)...", file=sys.stderr, flush=True)
-    data = formats.read_data(path, fmt, n_features=n_features, n_labels=n_labels)
+    try:
+        data = formats.read_data(path, fmt, n_features=n_features, n_labels=n_labels,
+                                 progress=bar.update if bar is not None else None)
+    finally:
+        if bar is not None:
+            bar.close()
     if loud:
         print(f"read {what} {path}: {data.n_points:,} points in {time.perf_counter() - t0:.1f}s",
               file=sys.stderr, flush=True)
@@ -213,12 +226,12 @@ LOUD_READ_BYTES = 64 << 20
 
 
 def _read_accepted(path: str, what: str, accept, fmt: str | None = None, n_features: int | None = None,
-                   n_labels: int | None = None, comm=None):
+                   n_labels: int | None = None, comm=None, quiet: bool = False):
     """_read, the file's cache written only once accept(data) (checks that raise) has passed."""
     from dslide.data import caches_held, write_caches
 
     with caches_held() as held:
-        data = _read(path, what, fmt, n_features, n_labels, comm=comm)
+        data = _read(path, what, fmt, n_features, n_labels, comm=comm, quiet=quiet)
         accept(data)
         write_caches(held)
     return data
@@ -481,8 +494,9 @@ def _cmd_train(args, comm, held) -> int:
             run_dir = Path(comm.bcast_object(str(run_dir)))
         _on_rank0(comm, lambda: _check_new_run(run_dir, args.overwrite))  # before the data is even read
     comm.stall_timeout = config.stall_timeout
-    train = _read(args.train, "--train", args.format, comm=comm)
-    test = _read(args.test, "--test", args.format, train.n_features, train.n_labels, comm=comm) if args.test else None
+    train = _read(args.train, "--train", args.format, comm=comm, quiet=args.quiet)
+    test = _read(args.test, "--test", args.format, train.n_features, train.n_labels, comm=comm,
+                 quiet=args.quiet) if args.test else None
     if test is not None and (test.n_features, test.n_labels) != (train.n_features, train.n_labels):
         raise UsageError(f"--test {args.test} has {test.n_features} features and {test.n_labels} labels, "
                          f"--train {args.train} has {train.n_features} and {train.n_labels}")
@@ -733,7 +747,7 @@ def cmd_eval(args, comm) -> int:
     load_s = time.perf_counter() - t_load
     _check_scoring(model, args)
     data = _read_accepted(args.data, "--data", lambda d: _check_shape(d, model, args.data), args.format,
-                          model.n_features, model.n_labels, comm=comm)
+                          model.n_features, model.n_labels, comm=comm, quiet=getattr(args, "quiet", False))
     # the training labels' propensities, saved with the run: never the evaluated file's
     props = propensity.load(args.model, model.n_labels)
     if props is not None and (args.propensity or args.propensity_a is not None or args.propensity_b is not None):
@@ -834,7 +848,8 @@ def cmd_predict(args, comm) -> int:
         # the top-k ids and scores of every point (int64 and float64)
         _check_memory(comm, 16 * data.n_points * args.k, f"the top {args.k:,} labels of {data.n_points:,} points")
 
-    data = _read_accepted(args.data, "--data", accept, args.format, model.n_features, model.n_labels, comm=comm)
+    data = _read_accepted(args.data, "--data", accept, args.format, model.n_features, model.n_labels, comm=comm,
+                          quiet=getattr(args, "quiet", False))
     stats = {}
     bar = _points_bar(comm, data.n_points, args, "predicting")
     t0 = time.perf_counter()

@@ -39,6 +39,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from dslide import data as D
+from dslide import xmc_parse as P
 from dslide.data import XMCData, XMCFormatError
 
 FORMATS = ("xmc", "split", "libsvm", "npz")
@@ -98,7 +99,7 @@ def detect(path: str) -> str:
 
 
 def read_data(path: str, fmt: str | None = None, *, n_features: int | None = None,
-              n_labels: int | None = None, cache: bool = True) -> XMCData:
+              n_labels: int | None = None, cache: bool = True, progress=None) -> XMCData:
     """Read data argument `path` (a file, or `FEATURES,LABELS`) in format `fmt` (None: `detect`).
 
     Returns XMCData: X csr float32 [n, n_features], Y csr float32 [n, n_labels] (ones).
@@ -106,18 +107,20 @@ def read_data(path: str, fmt: str | None = None, *, n_features: int | None = Non
     index + 1; files that state their widths keep them (the caller compares).
     Raises XMCFormatError (a ValueError) naming the file and line, ValueError for a
     pair whose row counts differ, OSError when a file cannot be read.
+    progress: progress(n_bytes) while text is parsed, the bytes done since the last call
+    (npz files report nothing).
     """
     path = os.fspath(path)
     _check_format(fmt)
     fmt = fmt or detect(path)
     if fmt == "xmc":
-        return D.read_xmc(path, cache=cache)
+        return D.read_xmc(path, cache=cache, progress=progress)
     if fmt == "libsvm":
-        return read_libsvm(path, n_features=n_features, n_labels=n_labels)
+        return read_libsvm(path, n_features=n_features, n_labels=n_labels, progress=progress)
     xpath, ypath = split_pair(path)
     if fmt == "split":
-        X = read_sparse_file(xpath)
-        Y = read_sparse_file(ypath) if ypath else None
+        X = read_sparse_file(xpath, progress)
+        Y = read_sparse_file(ypath, progress) if ypath else None
     else:
         X, Y = (_load_npz(xpath), _load_npz(ypath) if ypath else None)
     if Y is None:
@@ -141,11 +144,11 @@ def _load_npz(path: str) -> sp.csr_matrix:
     return M
 
 
-def _parse_lines(path: str, body_from_header: int, n_features: int, n_labels: int):
+def _parse_lines(path: str, body_from_header: int, n_features: int, n_labels: int, progress=None):
     """The XMC body parser over buf[body:] -> (buf, arrays of CSR parts, rows)."""
     buf, _ = D._read_bytes(path)
     body = body_from_header
-    n_nl, n_colon, n_comma = D._count_bytes(buf, body)
+    n_nl, n_colon, n_comma = P._count_bytes(buf, body)
     max_lines = int(n_nl) + 1
     big = max(int(n_colon), int(n_comma) + max_lines) >= np.iinfo(np.int32).max
     itype = np.int64 if big else np.int32  # the types read_xmc parses with: its compiled kernel
@@ -155,10 +158,12 @@ def _parse_lines(path: str, body_from_header: int, n_features: int, n_labels: in
     x_data = np.empty(int(n_colon), np.float32)
     y_indices = np.empty(int(n_comma) + max_lines, itype)
     err = np.zeros(3, np.int64)
-    code, rows, nonblank, nnz_x, nnz_y = D._parse_body(buf, body, n_features, n_labels, x_indptr, x_indices,
-                                                       x_data, y_indptr, y_indices, err)
-    if code != D._OK:
-        raise D._parse_error(path, buf, int(err[0]), int(err[1]), int(err[2]), n_features, n_labels)
+    if progress is not None:
+        progress(body)
+    code, rows, nonblank, nnz_x, nnz_y = P.parse_body(buf, body, n_features, n_labels, x_indptr, x_indices,
+                                                     x_data, y_indptr, y_indices, err, progress)
+    if code != P._OK:
+        raise P.parse_error(path, buf, int(err[0]), int(err[1]), int(err[2]), n_features, n_labels)
     return buf, (x_indptr, x_indices[:nnz_x], x_data[:nnz_x], y_indptr, y_indices[:nnz_y]), rows, nonblank
 
 
@@ -166,13 +171,14 @@ def _small_index(a: np.ndarray) -> np.ndarray:
     return a.astype(np.int32) if a.size == 0 or a.max() < np.iinfo(np.int32).max else a
 
 
-def read_libsvm(path: str, n_features: int | None = None, n_labels: int | None = None) -> XMCData:
+def read_libsvm(path: str, n_features: int | None = None, n_labels: int | None = None,
+                progress=None) -> XMCData:
     """Headerless multilabel libsvm (zero-based): `l1,l2 f:v f:v ...` per line.
 
     The rules of a data line are the XMC text's (dslide.data); blank lines at the end
     are padding. Widths: the largest index + 1, or n_features / n_labels when larger.
     """
-    _, (xp, xi, xd, yp, yi), rows, nonblank = _parse_lines(path, 0, _NO_BOUND, _NO_BOUND)
+    _, (xp, xi, xd, yp, yi), rows, nonblank = _parse_lines(path, 0, _NO_BOUND, _NO_BOUND, progress)
     n = nonblank
     nf = int(xi.max()) + 1 if xi.size else 0
     nl = int(yi.max()) + 1 if yi.size else 0
@@ -182,7 +188,7 @@ def read_libsvm(path: str, n_features: int | None = None, n_labels: int | None =
     return XMCData(X, Y)
 
 
-def read_sparse_file(path: str) -> sp.csr_matrix:
+def read_sparse_file(path: str, progress=None) -> sp.csr_matrix:
     """pyxclib's sparse text (`read_sparse_file` with header=True): header `n_rows n_cols`,
     then per row `i:v i:v ...` (an empty line is an empty row). csr float32 [n_rows, n_cols]."""
     buf, _ = D._read_bytes(path)
@@ -193,7 +199,7 @@ def read_sparse_file(path: str) -> sp.csr_matrix:
         raise XMCFormatError(f"{path}:1: expected header 'n_rows n_cols' (two non-negative integers, as "
                              f"pyxclib's write_sparse_file writes), got {bytes(buf[:min(end, 80)]).decode('latin-1')!r}")
     n_rows, n_cols = int(fields[0]), int(fields[1])
-    _, (xp, xi, xd, yp, yi), rows, nonblank = _parse_lines(path, min(end + 1, buf.size), n_cols, 1)
+    _, (xp, xi, xd, yp, yi), rows, nonblank = _parse_lines(path, min(end + 1, buf.size), n_cols, 1, progress)
     if yi.size:
         raise XMCFormatError(f"{path}: a row starts with a bare index; each entry must be 'index:value'")
     n = nonblank + min(rows - nonblank, max(0, n_rows - nonblank))

@@ -90,3 +90,67 @@ def test_verbose_prints_the_configuration(capsys, tmp_path):
                      "--set", "epochs=1", "--set", "hidden=8"]) == 0
     out = capsys.readouterr().out
     assert "effective configuration:\n  hidden = [8]" in out
+
+
+class _Terminal:
+    """stderr as a terminal that keeps what is written to it."""
+
+    def __init__(self):
+        self.text = []
+
+    def isatty(self):
+        return True
+
+    def write(self, s):
+        self.text.append(s)
+        return len(s)
+
+    def flush(self):
+        pass
+
+
+@pytest.mark.parametrize("quiet", [False, True])
+def test_reading_a_large_file_shows_a_bar_of_its_bytes(tmp_path, monkeypatch, quiet):
+    """A large data file moves a bar while it is parsed (on a terminal, unless --quiet); the bar
+    counts the file's bytes, block by block."""
+    import types
+
+    import numpy as np
+    import scipy.sparse as sp
+
+    from dslide import xmc_parse
+    from dslide.data import read_xmc, write_xmc
+
+    rng = np.random.default_rng(0)
+    X = sp.random(300, 50, density=0.2, format="csr", dtype=np.float32, random_state=rng)
+    Y = sp.csr_matrix((np.ones(300, np.float32), rng.integers(0, 7, 300), np.arange(301)), shape=(300, 7))
+    path = tmp_path / "big.txt"
+    write_xmc(path, X, Y)
+    size = path.stat().st_size
+    monkeypatch.setattr(cli, "LOUD_READ_BYTES", size)  # "large": this one
+    monkeypatch.setattr(xmc_parse, "PARSE_BLOCK_BYTES", size // 5)
+    import tqdm
+
+    closed, steps = [], []
+
+    class Bar(tqdm.tqdm):
+        def update(self, n=1):
+            steps.append(n)
+            return super().update(n)
+
+        def close(self):
+            closed.append((self.n, self.total, self.desc))
+            super().close()
+
+    monkeypatch.setattr(tqdm, "tqdm", Bar)
+    term = _Terminal()
+    monkeypatch.setattr(sys, "stderr", term)
+    data = cli._read(str(path), "--train", comm=types.SimpleNamespace(rank=0), quiet=quiet)
+    assert (data.X != read_xmc(path, cache=False).X).nnz == 0
+    text = "".join(term.text)
+    if quiet:
+        assert text == "" and closed == []
+    else:
+        assert closed[0] == (size, size, "reading --train")  # the bar reached the file's size
+        assert len(steps) >= 5 and sum(steps) == size  # it moved block by block
+        assert f"read --train {path}: 300 points" in text

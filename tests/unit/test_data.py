@@ -20,6 +20,9 @@ import pytest
 import scipy.sparse as sp
 
 from dslide import data as D
+from dslide import xmc_cache as C
+from dslide import xmc_parse as P
+from dslide import xmc_write as W
 from dslide.data import (XMCCacheWarning, XMCData, XMCFormatError, XMCFormatWarning, cache_path,
                          read_xmc, write_xmc)
 
@@ -503,12 +506,41 @@ def test_write_is_atomic_and_leaves_no_tmp(tmp_path, monkeypatch):
     def boom(*args):
         raise RuntimeError("disk on fire")
 
-    monkeypatch.setattr(D, "_format_rows", boom)
+    monkeypatch.setattr(W, "_format_rows", boom)
     with pytest.raises(RuntimeError, match="disk on fire"):
         write_xmc(p, 2 * X, Y)
     assert p.read_bytes() == before  # the old file is untouched
     assert os.listdir(tmp_path) == ["a.txt"]
     assert oct(os.stat(p).st_mode & 0o777) != oct(0o600)  # not mkstemp's private mode
+
+
+@pytest.mark.parametrize("block", [1, 37, 700, 1 << 30])
+def test_parsing_in_blocks_gives_the_same_data_and_reports_every_byte(tmp_path, monkeypatch, block):
+    """The parse runs a block of lines at a time so that a bar can move: the result must not
+    depend on where the blocks end (mid-line, at a line's end, one block), and the progress
+    calls must add up to the file's size."""
+    rng = np.random.default_rng(9)
+    X, Y = random_xmc(rng, 150, 400, 30)
+    p = tmp_path / "a.txt"
+    write_xmc(p, X, Y)
+    with open(p, "ab") as f:
+        f.write(b"\n\n")  # trailing padding lines
+    monkeypatch.setattr(P, "PARSE_BLOCK_BYTES", block)
+    done = []
+    got = read_xmc(p, cache=False, progress=done.append)
+    assert same(got, XMCData(X, Y))
+    assert sum(done) == os.path.getsize(p)
+    longest = max(len(line) for line in p.read_bytes().split(b"\n")) + 1
+    assert len(done) >= os.path.getsize(p) // (block + longest)  # a call ends at the first line's end past its block
+    assert same(read_xmc(p, cache=False), got)  # and without a callback: one block
+
+
+def test_an_error_in_a_later_block_names_its_line(tmp_path, monkeypatch):
+    p = tmp_path / "a.txt"
+    p.write_text("4 10 5\n0 1:1\n1 2:1\n2 3:1\n3 4:x\n")
+    monkeypatch.setattr(P, "PARSE_BLOCK_BYTES", 3)
+    with pytest.raises(XMCFormatError, match=r"a\.txt:5: expected 'feature:value', got '4:x'"):
+        read_xmc(p, cache=False, progress=lambda n: None)
 
 
 def test_write_in_many_chunks(tmp_path, monkeypatch):
@@ -517,7 +549,7 @@ def test_write_in_many_chunks(tmp_path, monkeypatch):
     X, Y = random_xmc(rng, 200, 300, 20)
     a, b = tmp_path / "a.txt", tmp_path / "b.txt"
     write_xmc(a, X, Y)
-    monkeypatch.setattr(D, "_WRITE_CHUNK_BYTES", 700)  # a few rows per chunk, some rows alone
+    monkeypatch.setattr(W, "_WRITE_CHUNK_BYTES", 700)  # a few rows per chunk, some rows alone
     write_xmc(b, X, Y)
     assert a.read_bytes() == b.read_bytes()
     assert same(read_xmc(b), XMCData(X, Y))
@@ -546,10 +578,10 @@ def test_cache_hit_gives_identical_arrays(tmp_path, monkeypatch):
     first = read_xmc(p)
     c = Path(cache_path(p))
     assert c.name == "s.txt.dslcache" and c.is_dir()
-    assert sorted(os.listdir(c)) == sorted(k + ".npy" for k in ("key", *D._CACHE_KEYS))
+    assert sorted(os.listdir(c)) == sorted(k + ".npy" for k in ("key", *C._CACHE_KEYS))
     st = os.stat(p)
     key = np.load(c / "key.npy").tolist()
-    assert key[:4] == [D.CACHE_VERSION, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
+    assert key[:4] == [C.CACHE_VERSION, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
     assert np.array(key[4:], dtype=np.int64).tobytes() == hashlib.sha256(p.read_bytes()).digest()
     # plain .npy files: what np.load reads is what the parse gave
     assert np.array_equal(np.load(c / "x_data.npy"), first.X.data)
@@ -647,12 +679,12 @@ def test_a_cache_written_meanwhile_for_the_same_source_is_kept(tmp_path):
     c = Path(cache_path(p))
     inode = os.stat(c).st_ino
     arrays, st = D._parse(str(p), str(p))
-    D._save_cache(str(c), st, arrays)  # a second writer for the same source
+    C._save_cache(str(c), st, arrays)  # a second writer for the same source
     assert os.stat(c).st_ino == inode
     assert sorted(os.listdir(tmp_path)) == ["s.txt", "s.txt.dslcache"]
     changed = SimpleNamespace(st_size=st.st_size, st_mtime_ns=st.st_mtime_ns + 1, st_ctime_ns=st.st_ctime_ns,
                               st_mode=st.st_mode, st_gid=st.st_gid)
-    D._save_cache(str(c), changed, arrays)  # another key (the source changed): replaced
+    C._save_cache(str(c), changed, arrays)  # another key (the source changed): replaced
     assert os.stat(c).st_ino != inode
     assert np.load(c / "key.npy")[2] == st.st_mtime_ns + 1
     assert sorted(os.listdir(tmp_path)) == ["s.txt", "s.txt.dslcache"]
@@ -695,7 +727,7 @@ def test_read_only_directory_skips_cache_silently(tmp_path, monkeypatch):
     def denied(*a, **k):
         raise PermissionError("read-only file system")
 
-    monkeypatch.setattr(D.tempfile, "mkdtemp", denied)
+    monkeypatch.setattr(C.tempfile, "mkdtemp", denied)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         read_xmc(p)

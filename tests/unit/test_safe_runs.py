@@ -23,6 +23,7 @@ import scipy.sparse as sp
 from dslide import cli, rundir
 from dslide import checkpoint as ck
 from dslide import data as D
+from dslide import xmc_cache as C
 from dslide.comm import Comm
 from dslide.config import Config, LSHConfig
 from dslide.data import XMCCacheWarning, cache_path, read_xmc, write_xmc
@@ -419,7 +420,7 @@ def test_the_cache_takes_the_sources_group_or_drops_the_group_bits(tmp_path, mon
     def refuse(*a, **k):
         raise PermissionError("not a member of that group")
 
-    monkeypatch.setattr(D.os, "chown", refuse)  # a user who is not in the source's group
+    monkeypatch.setattr(C.os, "chown", refuse)  # a user who is not in the source's group
     read_xmc(p)
     assert {stat.S_IMODE(f.stat().st_mode) & 0o070 for f in c.iterdir()} == {0}  # that group cannot read it
 
@@ -439,10 +440,10 @@ def test_a_same_size_rewrite_with_its_mtime_restored_is_not_served_from_the_cach
                           st_mode=st.st_mode, st_gid=st.st_gid)
     arrays, _ = D._parse(str(p), str(p))
     shutil.rmtree(cache_path(p))
-    D._save_cache(cache_path(p), old, arrays)  # keyed on the new bytes' digest
-    assert D._load_cache(cache_path(p), old) is not None
+    C._save_cache(cache_path(p), old, arrays)  # keyed on the new bytes' digest
+    assert C._load_cache(cache_path(p), old) is not None
     p.write_text("2 10 5\n0,2 1:0.9 4:2\n 0:1 9:3\n")
-    assert D._load_cache(cache_path(p), old) is None
+    assert C._load_cache(cache_path(p), old) is None
 
 
 @pytest.mark.parametrize("damage", ["nan", "inf", "unsorted", "repeated"])
