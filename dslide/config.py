@@ -39,6 +39,13 @@ LR_SCHEDULES = ("linear", "constant")
 #: rule, docs/accuracy.md the measurements behind it
 KNN = 10
 KNN_MAX_POINTS_PER_LABEL = 20.0
+#: knn left at None where the rule turns fusion on: training takes the count of KNN_CHOICES
+#: whose votes best predict a sample of KNN_CHOICE_POINTS of its own points, each left out of
+#: its neighbours (dslide.fusion `choose_k`; the first, KNN, unless another's P@5 is more than
+#: KNN_CHOICE_MARGIN higher)
+KNN_CHOICES = (KNN, 5, 20)
+KNN_CHOICE_POINTS = 2000
+KNN_CHOICE_MARGIN = 0.0025
 KNN_WEIGHT = 0.6  # knn_weight left at None
 WIDE_EPOCHS = 2.0  # epochs left at None, outputs wider than NARROW_OUTPUT
 
@@ -300,7 +307,8 @@ class Config:
         batch_size          64              128
         epochs              30              2 (the neighbours' labels carry the tail)
         init_input_scale    0.1             0.3
-        knn                 0               10 (0 from 20 points per label; knn_default)
+        knn                 0               chosen by training from 10, 5, 20 (0 from
+                                            20 points per label; knn_default)
         knn_weight          0.6             0.6
 
     (Measured on BibTeX, 159 labels, and the data-shape suite of
@@ -373,7 +381,9 @@ class Config:
         vote weighed by its similarity to the power `knn_power`. 0: the model
         alone. None: from the data (`knn_default`): on for wide outputs whose
         training data has few points per label, where the network's tail is
-        weak and the neighbours' labels strong.
+        weak and the neighbours' labels strong; the count is then chosen at the
+        end of training from KNN_CHOICES by leave-one-out on the training points
+        (kept with the model's neighbour store).
     propensity: the preset of the constants A, B of the label propensities
         behind PSP@k (Jain et al. 2016; see dslide.metrics.inverse_propensity),
         computed from the training labels and saved with the run
@@ -530,22 +540,25 @@ class Config:
         (see the class docstring); settings given explicitly are kept.
 
         points_per_label: the training points per label, over the labels that occur
-        (`label_points`); it decides `knn` (`knn_default`). Without it `knn` stays None:
-        training resolves it from its data, and a model that has the neighbours' labels
-        uses KNN of them."""
+        (`label_points`); it decides whether `knn` is 0 (`knn_default`). Otherwise `knn`
+        stays None: training chooses the count from its data (KNN_CHOICES), and a model
+        whose store has no count uses KNN."""
         narrow = n_labels <= NARROW_OUTPUT
         auto = {"hidden": (1024,) if narrow else (128,), "dropout": 0.6 if narrow else 0.0,
                 "lr": 1e-3 if narrow else 1e-2, "batch_size": 64 if narrow else 128,
                 "epochs": 30.0 if narrow else WIDE_EPOCHS, "init_input_scale": 0.1 if narrow else 0.3,
                 "knn": knn_default(n_labels, points_per_label), "knn_weight": KNN_WEIGHT}
-        if points_per_label is None:
-            del auto["knn"]
+        if points_per_label is None or auto["knn"]:
+            del auto["knn"]  # on (or undecided): training chooses the count
         changes = {k: v for k, v in auto.items() if getattr(self, k) is None}
         return dataclasses.replace(self, **changes) if changes else self
 
-    def neighbours(self) -> int:
-        """The neighbours a model with the neighbours' labels fuses: knn, or KNN when unset."""
-        return KNN if self.knn is None else self.knn
+    def neighbours(self, chosen: int | None = None) -> int:
+        """The neighbours a model with the neighbours' labels fuses: knn, else the count
+        training chose (`chosen`, kept with the store), else KNN."""
+        if self.knn is not None:
+            return self.knn
+        return KNN if chosen is None else int(chosen)
 
     @property
     def propensity_constants(self) -> tuple[float, float]:

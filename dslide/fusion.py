@@ -32,6 +32,14 @@ per-thread dense accumulator and keeps the k best in a sorted insertion
 list; ties go to the lower point id, and the sums run over the query's
 features in index order, so the result does not depend on the thread count.
 `fuse` merges the model's candidates and the neighbours' labels per query.
+
+How many neighbours. Left to the data (`knn` None), training picks `k` from
+a few choices by leave-one-out on its own points (`choose_k`): a sample of
+training points, chosen by the seed, each looks up its nearest *other*
+training points, and the count whose votes alone give the best P@5 of the
+points' own labels is kept with the store. Points with many near-duplicates
+want few neighbours, points whose labels are spread over a topic want more;
+one count does not serve both.
 """
 
 from __future__ import annotations
@@ -42,8 +50,10 @@ from numba import get_num_threads, njit, prange
 
 from dslide import _numba_cache  # noqa: F401  (before any kernel: the cache is keyed by module name)
 
-#: the arrays of a store, as saved in checkpoints (every rank holds them whole)
-KEYS = ("post_ptr", "post_pt", "post_val", "y_ptr", "y_idx")
+#: the arrays of a store, as saved in checkpoints (every rank holds them whole); "k" (the
+#: neighbours a query takes, int64 [1]) is absent from stores saved before it was kept
+KEYS = ("post_ptr", "post_pt", "post_val", "y_ptr", "y_idx", "k")
+_REQUIRED = KEYS[:5]
 
 
 @njit(cache=True, inline="always")
@@ -187,12 +197,16 @@ class NeighbourLabels:
     training rows by feature (CSC); y_ptr int64 [N + 1], y_idx int32: their labels (CSR).
     """
 
-    def __init__(self, arrays: dict, n_points: int):
-        missing = [k for k in KEYS if k not in arrays]
+    def __init__(self, arrays: dict, n_points: int, k: int | None = None):
+        missing = [name for name in _REQUIRED if name not in arrays]
         if missing:
             raise ValueError(f"neighbour labels lack {', '.join(missing)}")
-        self.arrays = {k: np.ascontiguousarray(arrays[k]) for k in KEYS}
+        self.arrays = {name: np.ascontiguousarray(arrays[name]) for name in _REQUIRED}
         self.n_points = int(n_points)
+        if k is None and "k" in arrays:
+            k = int(np.asarray(arrays["k"]).reshape(-1)[0])
+        #: the neighbours a query takes (None: not chosen; the configuration's knn decides)
+        self.k = k
 
     @classmethod
     def build(cls, X, Y) -> "NeighbourLabels":
@@ -209,7 +223,10 @@ class NeighbourLabels:
         return cls(arrays, len(arrays["y_ptr"]) - 1)
 
     def state_arrays(self) -> dict:
-        return dict(self.arrays)
+        out = dict(self.arrays)
+        if self.k is not None:
+            out["k"] = np.array([self.k], np.int64)
+        return out
 
     def nbytes(self) -> int:
         return sum(a.nbytes for a in self.arrays.values())
@@ -245,3 +262,38 @@ class NeighbourLabels:
              np.ascontiguousarray(nn_ids, np.int32), np.ascontiguousarray(nn_sims, np.float32),
              self.arrays["y_ptr"], self.arrays["y_idx"], float(weight), float(power), int(k), out_ids, out_scores)
         return out_ids, out_scores
+
+    def choose_k(self, X, Y, rows: np.ndarray, choices, power: float, margin: float = 0.0,
+                 comm=None) -> tuple[int, dict]:
+        """The neighbour count, from `choices`, whose votes alone best predict the labels of the
+        training points `rows` (X, Y: the training data the store was built from), each point
+        left out of its own neighbours: (the count, {count: (P@1, P@5)}). The first of
+        `choices` is kept unless another's P@5 beats it by more than `margin` (a sample's
+        noise must not move it); then the highest P@5 wins (ties: the earlier count). With a
+        communicator the search is shared out as in `neighbours`; every rank gets the same answer."""
+        from dslide.metrics import evaluate
+
+        choices = [int(c) for c in choices]
+        if not choices or min(choices) < 1:
+            raise ValueError(f"choices = {choices!r}: give at least one neighbour count >= 1")
+        rows = np.asarray(rows, np.int64)
+        n, top = rows.size, max(choices)
+        ids, sims = self.neighbours(sp.csr_matrix(X)[rows], top + 1, comm)
+        # leave each point out: drop its own entry, or the last one where it is not among them
+        # (other points with the same features tie with it and may come first)
+        own = ids == rows[:, None].astype(ids.dtype)
+        own[~own.any(axis=1), -1] = True
+        own &= np.cumsum(own, axis=1) == 1  # one entry per row, should a point repeat
+        ids = np.ascontiguousarray(ids[~own].reshape(n, top))
+        sims = np.ascontiguousarray(sims[~own].reshape(n, top))
+        no_model = np.empty((n, 0), np.int64), np.empty((n, 0), np.float64)
+        truth = sp.csr_matrix(Y)[rows]
+        scores = {}
+        for c in choices:
+            pred, _ = self.fuse(*no_model, ids[:, :c], sims[:, :c], 1.0, power, 5)
+            r = evaluate(truth, pred, k=5)
+            scores[c] = (float(r["p@1"]), float(r["p@5"]))
+        best = max(choices, key=lambda c: (scores[c][1], -choices.index(c)))
+        if scores[best][1] <= scores[choices[0]][1] + margin:
+            best = choices[0]
+        return best, scores

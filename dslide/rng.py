@@ -37,6 +37,8 @@ INIT, DROPOUT, NEGATIVES, ROUNDING = 1, 2, 3, 6
 # The seeds of an LSH layer's candidate source (its hash family or anchors; its
 # tables' own draws) and of its inference index (`lsh_seed`).
 CANDIDATES, TABLES, INDEX = 7, 8, 9
+# The training points on which the neighbour count is chosen (dslide.fusion.choose_k).
+NEIGHBOURS = 10
 
 
 @njit(cache=True, inline="always")

@@ -240,15 +240,30 @@ def points_per_label(Y) -> float:
 
 def build_neighbours(model: Model, train: XMCData) -> None:
     """The output layer's neighbour labels (dslide.fusion) from the training data, when
-    `knn` > 0: every rank builds the same store, a function of the data alone."""
-    from dslide import fusion
+    `knn` > 0 or left to the data and on: every rank builds the same store, a function of
+    the data alone. With `knn` left at None the count is chosen from KNN_CHOICES by
+    leave-one-out on KNN_CHOICE_POINTS training points (drawn by the seed) and kept with
+    the store; model.index_info gets the scores behind the choice and the seconds taken."""
+    from dslide import fusion, rng
+    from dslide.config import KNN_CHOICE_MARGIN, KNN_CHOICE_POINTS, KNN_CHOICES, knn_default
 
-    from dslide.config import knn_default
-
+    t0 = time.perf_counter()
     cfg = model.config
     k = cfg.knn if cfg.knn is not None else knn_default(train.n_labels, points_per_label(train.Y))
     out = model.network.layers[-1]
-    out.neighbour_labels = fusion.NeighbourLabels.build(train.X, train.Y) if k else None
+    out.neighbour_labels = None
+    if not k:
+        return
+    store = fusion.NeighbourLabels.build(train.X, train.Y)
+    if cfg.knn is None:
+        n = train.n_points
+        pick = np.random.default_rng(rng.lsh_seed(cfg.seed, rng.NEIGHBOURS))
+        rows = np.sort(pick.choice(n, min(n, KNN_CHOICE_POINTS), replace=False))
+        store.k, scores = store.choose_k(train.X, train.Y, rows, KNN_CHOICES, cfg.knn_power,
+                                         KNN_CHOICE_MARGIN, comm=model.comm)
+        model.index_info["knn_choice"] = {"k": store.k, "p@1/p@5": {c: list(v) for c, v in scores.items()}}
+    out.neighbour_labels = store
+    model.index_info["neighbours_s"] = time.perf_counter() - t0
 
 
 def build_index(model: Model, train: XMCData, progress: bool = False) -> dict:
@@ -492,7 +507,8 @@ def predict_topk_scores(model: Model, X: sp.csr_matrix, k: int, exact: bool = Tr
     if batch_size is None:
         batch_size = PREDICT_BATCH["exact" if exact else "index"]
     cfg = model.config
-    store = net.layers[-1].neighbour_labels if cfg.neighbours() else None
+    store = net.layers[-1].neighbour_labels if cfg.knn != 0 else None
+    n_neighbours = cfg.neighbours(store.k) if store is not None else 0
     kk = max(k, cfg.knn_candidates) if store is not None else k
     for s in range(0, n, batch_size):
         rows = np.arange(s, min(n, s + batch_size))
@@ -501,7 +517,7 @@ def predict_topk_scores(model: Model, X: sp.csr_matrix, k: int, exact: bool = Tr
         # the layers' communicator: a stand-in in data-parallel mode, where every rank has it all
         ms, mi = merge_topk(net.comm.allgather_rows(ls), net.comm.allgather_rows(li), kk)
         if store is not None:
-            nn_ids, nn_sims = store.neighbours(X[s:s + len(rows)], cfg.neighbours(), net.comm)
+            nn_ids, nn_sims = store.neighbours(X[s:s + len(rows)], n_neighbours, net.comm)
             mi, ms = store.fuse(mi, ms, nn_ids, nn_sims, cfg.knn_weight, cfg.knn_power, k)
         scores[rows], ids[rows] = ms, mi
         scored += int(ln.sum())

@@ -221,3 +221,24 @@ def test_fused_predictions_at_p_ranks_equal_one_rank():
     # the votes count: the model alone ranks otherwise
     model_1.config = model_1.config.replace(knn=0)
     assert not np.array_equal(T.predict_topk(model_1, X[90:], 5), ids_1)
+
+
+def test_the_neighbour_count_chosen_at_p_ranks_is_the_one_rank_choice():
+    """knn left to the data on a wide output: the leave-one-out search is shared over the ranks,
+    and every rank keeps the 1-rank count and scores."""
+    from dslide import train as T
+    from dslide.config import NARROW_OUTPUT
+    from dslide.data import XMCData
+
+    rng = np.random.default_rng(8)
+    n, L = 300, NARROW_OUTPUT + 1
+    X = sp.random(n, 40, density=0.12, format="csr", random_state=rng, dtype=np.float32)
+    Y = sp.csr_matrix((np.ones(n, np.float32), (np.arange(n), rng.integers(0, 100, n))), shape=(n, L))
+    cfg = Config(hidden=(4,), batch_size=50, seed=2, epochs=1.0)
+    world = Comm(MPI.COMM_WORLD)
+    model_p, _ = T.fit(XMCData(X, Y), cfg, comm=world, index=False)
+    model_1, _ = T.fit(XMCData(X, Y), cfg, comm=Comm(), index=False)
+    assert model_p.config.knn is None
+    assert model_p.index_info["knn_choice"] == model_1.index_info["knn_choice"]
+    assert world.allgather_object(model_p.network.layers[-1].neighbour_labels.k) == \
+        [model_1.network.layers[-1].neighbour_labels.k] * world.size

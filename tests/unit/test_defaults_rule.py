@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
-from dslide.config import (KNN, KNN_MAX_POINTS_PER_LABEL, NARROW_OUTPUT, WIDE_EPOCHS, Config, knn_default,
+from dslide.config import (KNN, KNN_CHOICES, KNN_MAX_POINTS_PER_LABEL, NARROW_OUTPUT, WIDE_EPOCHS, Config, knn_default,
                            label_points)
 
 
@@ -24,8 +24,8 @@ def test_label_points_counts_occurring_labels_only():
 ])
 def test_knn_default_per_regime(n_labels, ppl, knn):
     assert knn_default(n_labels, ppl) == knn
-    if ppl is not None:
-        assert Config().resolve(n_labels, ppl).knn == knn
+    if ppl is not None:  # on: the count is left to training (KNN_CHOICES); off: 0
+        assert Config().resolve(n_labels, ppl).knn == (None if knn else 0)
 
 
 def test_without_the_data_shape_knn_stays_unset_and_a_store_uses_knn_neighbours():
@@ -51,5 +51,35 @@ def test_fit_resolves_knn_from_the_training_labels():
     few = sp.csr_matrix((np.ones(60, np.float32), (np.arange(60), np.arange(60) % 30)), shape=(60, L))  # 2 a label
     many = sp.csr_matrix((np.ones(60, np.float32), (np.arange(60), np.arange(60) % 2)), shape=(60, L))  # 30 a label
     cfg = Config(hidden=(4,), epochs=1.0, batch_size=30)
-    assert T.fit(XMCData(X, few), cfg, index=False)[0].config.knn == KNN
-    assert T.fit(XMCData(X, many), cfg, index=False)[0].config.knn == 0
+    model = T.fit(XMCData(X, few), cfg, index=False)[0]
+    store = model.network.layers[-1].neighbour_labels
+    assert model.config.knn is None and store.k in KNN_CHOICES  # chosen from the training points
+    assert model.index_info["knn_choice"]["k"] == store.k
+    many_model = T.fit(XMCData(X, many), cfg, index=False)[0]
+    assert many_model.config.knn == 0 and many_model.network.layers[-1].neighbour_labels is None
+    # an explicit count is kept as it is, and no choice is made
+    fixed = T.fit(XMCData(X, few), cfg.replace(knn=3), index=False)[0]
+    assert fixed.config.knn == 3 and "knn_choice" not in fixed.index_info
+
+
+def test_the_count_choice_depends_on_the_seed_and_data_only():
+    """The sample of training points behind the choice is drawn by the seed: two fits agree,
+    and the scores are those of choose_k on that sample."""
+    from dslide import fusion, rng
+    from dslide import train as T
+    from dslide.config import KNN_CHOICE_MARGIN, KNN_CHOICE_POINTS
+    from dslide.data import XMCData
+
+    r = np.random.default_rng(1)
+    n, L = 400, NARROW_OUTPUT + 1
+    X = sp.random(n, 50, density=0.1, format="csr", random_state=r, dtype=np.float32)
+    Y = sp.csr_matrix((np.ones(n, np.float32), (np.arange(n), r.integers(0, 150, n))), shape=(n, L))
+    cfg = Config(hidden=(4,), epochs=1.0, batch_size=50, seed=3)
+    a = T.fit(XMCData(X, Y), cfg, index=False)[0].index_info["knn_choice"]
+    b = T.fit(XMCData(X, Y), cfg, index=False)[0].index_info["knn_choice"]
+    assert a == b
+    rows = np.sort(np.random.default_rng(rng.lsh_seed(3, rng.NEIGHBOURS)).choice(n, min(n, KNN_CHOICE_POINTS),
+                                                                                  replace=False))
+    k, scores = fusion.NeighbourLabels.build(X, Y).choose_k(X, Y, rows, KNN_CHOICES, cfg.knn_power,
+                                                           KNN_CHOICE_MARGIN)
+    assert a == {"k": k, "p@1/p@5": {c: list(v) for c, v in scores.items()}}

@@ -200,3 +200,87 @@ def test_store_survives_a_checkpoint(tmp_path):
     after = T.predict_topk_scores(fresh, te.X, 5)
     np.testing.assert_array_equal(before[0], after[0])
     np.testing.assert_allclose(before[1], after[1], rtol=1e-12)
+
+
+def _clustered(seed=0, n=240, f=80, L=60):
+    """Points in clusters that share features and labels, some exact duplicates: the
+    neighbour count changes the votes' precision."""
+    rng = np.random.default_rng(seed)
+    centre = rng.integers(0, 12, n)
+    rows, cols, vals, labs = [], [], [], []
+    for i, c in enumerate(centre):
+        feats = np.unique(np.concatenate([c * 6 + rng.integers(0, 6, 4), rng.integers(0, f, 2)]))
+        rows += [i] * len(feats)
+        cols += feats.tolist()
+        vals += (0.5 + rng.random(len(feats))).tolist()  # continuous: no ties but the duplicate's
+        labs.append(np.unique(np.concatenate([c * 5 + rng.integers(0, 5, 2), rng.integers(0, L, 1)])))
+    X = sp.csr_matrix((np.array(vals, np.float32), (rows, cols)), shape=(n, f))
+    X[n - 1] = X[0]  # an exact duplicate: it ties with the point itself
+    Y = sp.csr_matrix((np.ones(sum(map(len, labs)), np.float32),
+                       (np.repeat(np.arange(n), list(map(len, labs))), np.concatenate(labs))), shape=(n, L))
+    return sp.csr_matrix(X), Y
+
+
+def _reference_leave_one_out(X, Y, rows, choices, power):
+    """Plain numpy: cosine to every other point sharing a feature, ties to the lower id, the
+    first c by similarity vote with sim**power, P@1 / P@5 of the point's own labels."""
+    A = X.toarray().astype(np.float64)
+    A /= np.maximum(np.linalg.norm(A, axis=1, keepdims=True), 1e-300)
+    S = A @ A.T
+    share = (X.toarray() != 0).astype(int) @ (X.toarray() != 0).T.astype(int) > 0
+    Yd = Y.toarray()
+    out = {}
+    for c in choices:
+        p1 = p5 = 0.0
+        for q in rows:
+            cand = [p for p in np.nonzero(share[q])[0] if p != q]
+            near = sorted(cand, key=lambda p: (-S[q, p], p))[:c]
+            w = np.array([max(S[q, p], 0.0) ** power for p in near])
+            votes = (w[:, None] * Yd[near]).sum(0) / w.sum() if w.sum() > 0 else np.zeros(Yd.shape[1])
+            order = sorted([j for j in range(Yd.shape[1]) if votes[j] > 0], key=lambda j: (-votes[j], j))[:5]
+            p1 += Yd[q, order[0]] if order else 0.0
+            p5 += Yd[q, order].sum() / 5
+        out[c] = (p1 / len(rows), p5 / len(rows))
+    return out
+
+
+def test_choose_k_is_the_numpy_leave_one_out():
+    X, Y = _clustered()
+    store = fusion.NeighbourLabels.build(X, Y)
+    rows = np.arange(0, X.shape[0], 2)
+    rows = np.append(rows, X.shape[0] - 1)  # the duplicate of point 0: its twin must be found, not itself
+    k, scores = store.choose_k(X, Y, rows, (10, 1, 3, 30), 4.0)
+    ref = _reference_leave_one_out(X, Y, rows, (10, 1, 3, 30), 4.0)
+    for c in (10, 1, 3, 30):
+        np.testing.assert_allclose(scores[c], ref[c], rtol=1e-6)  # one label differing moves it by 1/605
+    assert k == max((10, 1, 3, 30), key=lambda c: (ref[c][1], -(10, 1, 3, 30).index(c)))
+    assert len({round(v[1], 9) for v in scores.values()}) > 1  # the counts do differ here
+    # over a stand-in communicator (the search shared out), the same answer
+    assert store.choose_k(X, Y, rows, (10, 1, 3, 30), 4.0, comm=Comm()) == (k, scores)
+
+
+def test_choose_k_keeps_the_first_count_unless_another_wins_by_the_margin():
+    X, Y = _clustered(seed=1)
+    store = fusion.NeighbourLabels.build(X, Y)
+    rows = np.arange(X.shape[0])
+    k, scores = store.choose_k(X, Y, rows, (3, 1, 30), 4.0)
+    best = max(v[1] for v in scores.values())
+    assert scores[3][1] < best and k == 30  # this data wants many neighbours
+    gap = best - scores[3][1]
+    assert store.choose_k(X, Y, rows, (3, 1, 30), 4.0, margin=gap)[0] == 3  # not by more than the margin
+    assert store.choose_k(X, Y, rows, (3, 1, 30), 4.0, margin=gap * 0.99)[0] == 30
+    with pytest.raises(ValueError, match="neighbour count"):
+        store.choose_k(X, Y, rows, (), 4.0)
+
+
+def test_the_chosen_count_is_saved_with_the_store_and_an_old_store_has_none():
+    from dslide.config import KNN, Config
+
+    X, Y = _data()
+    store = fusion.NeighbourLabels.build(X, Y)
+    assert store.k is None and "k" not in store.state_arrays()
+    store.k = 5
+    again = fusion.NeighbourLabels.from_state(store.state_arrays())
+    assert again.k == 5
+    assert Config().neighbours(again.k) == 5 and Config(knn=7).neighbours(again.k) == 7
+    assert Config().neighbours(None) == KNN  # a store saved before the count was kept
