@@ -44,7 +44,7 @@ KNN_MAX_POINTS_PER_LABEL = 20.0
 #: its neighbours (dslide.fusion `choose_k`; the first, KNN, unless another's P@5 is more than
 #: KNN_CHOICE_MARGIN higher)
 KNN_CHOICES = (KNN, 5, 20)
-KNN_CHOICE_POINTS = 2000
+KNN_CHOICE_POINTS = 5000
 KNN_CHOICE_MARGIN = 0.0025
 KNN_WEIGHT = 0.6  # knn_weight left at None
 WIDE_EPOCHS = 2.0  # epochs left at None, outputs wider than NARROW_OUTPUT
