@@ -46,6 +46,8 @@ KNN_MAX_POINTS_PER_LABEL = 20.0
 KNN_CHOICES = (KNN, 5, 20)
 KNN_CHOICE_POINTS = 5000
 KNN_CHOICE_MARGIN = 0.0025
+#: lsh.max_active left at None where the neighbours' labels are fused (knn on): no candidates
+FUSED_MAX_ACTIVE = 0
 KNN_WEIGHT = 0.6  # knn_weight left at None
 WIDE_EPOCHS = 2.0  # epochs left at None, outputs wider than NARROW_OUTPUT
 
@@ -310,6 +312,8 @@ class Config:
         knn                 0               chosen by training from 10, 5, 20 (0 from
                                             20 points per label; knn_default)
         knn_weight          0.6             0.6
+        lsh.max_active      -               0 where knn is on (uniform negatives
+                                            only: the neighbours carry the tail)
 
     (Measured on BibTeX, 159 labels, and the data-shape suite of
     dslide.datasets.suite: scripts/bench.py --suite shapes, docs/benchmarks.md.)
@@ -551,6 +555,12 @@ class Config:
         if points_per_label is None or auto["knn"]:
             del auto["knn"]  # on (or undecided): training chooses the count
         changes = {k: v for k, v in auto.items() if getattr(self, k) is None}
+        knn = changes.get("knn", self.knn)
+        fused = knn if knn is not None else knn_default(n_labels, points_per_label)
+        if fused and self.lsh.max_active is None:
+            # the neighbours' labels carry the tail that the candidates' hard negatives would
+            # teach the network: uniform negatives alone, at a fraction of the upkeep
+            changes["lsh"] = dataclasses.replace(self.lsh, max_active=FUSED_MAX_ACTIVE)
         return dataclasses.replace(self, **changes) if changes else self
 
     def neighbours(self, chosen: int | None = None) -> int:

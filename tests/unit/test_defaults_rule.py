@@ -83,3 +83,20 @@ def test_the_count_choice_depends_on_the_seed_and_data_only():
     k, scores = fusion.NeighbourLabels.build(X, Y).choose_k(X, Y, rows, KNN_CHOICES, cfg.knn_power,
                                                            KNN_CHOICE_MARGIN)
     assert a == {"k": k, "p@1/p@5": {c: list(v) for c, v in scores.items()}}
+
+
+def test_where_the_neighbours_are_fused_the_output_takes_uniform_negatives_only():
+    """knn on (left to the data, or explicit): lsh.max_active 0 unless given; the network alone
+    (knn 0: narrow, many points per label, or asked) keeps the candidates of its width."""
+    from dslide.config import CANDIDATES_MIN_WIDTH, FUSED_MAX_ACTIVE, MAX_ACTIVE, LSHConfig
+
+    wide = max(670_091, CANDIDATES_MIN_WIDTH)
+    assert FUSED_MAX_ACTIVE == 0
+    assert Config().resolve(wide, 1.3).lsh.max_active == 0
+    assert Config().resolve(wide).lsh.max_active == 0  # no data shape: the width turns knn on
+    assert Config(knn=5).resolve(wide, 30.0).lsh.max_active == 0
+    for c in (Config().resolve(wide, 30.0), Config(knn=0).resolve(wide, 1.3)):
+        assert c.lsh.max_active is None and c.lsh.active_count(wide) == MAX_ACTIVE
+    assert Config(lsh=LSHConfig(max_active=64)).resolve(wide, 1.3).lsh.max_active == 64  # explicit wins
+    c = Config().resolve(wide, 1.3)
+    assert c.resolve(wide, 1.3) == c  # resolving twice changes nothing
