@@ -24,7 +24,12 @@ gradients); update(grads, hp, step); maintain(step); state() / shard_axes() /
 load_state(). What backward needs travels in the tape; the network moves
 activations between ranks and calls nothing else.
 
-Here: the Network and its step. Elsewhere: the batch types (dslide.batch),
+The network's gradient hook, chosen once when it is built, acts between
+backward and update: `LocalGradients` (nothing: model parallelism, one rank)
+or `AllReduceGradients` (parallel = "data": every rank holds the whole model,
+trains its slice of the batch and all-reduces the gradients).
+
+Here: the Network, its gradient hooks and its step. Elsewhere: the batch types (dslide.batch),
 the loss (dslide.loss), the layer kinds (dslide.layers), the optimiser
 (dslide.optim), the output layer's inference index (dslide.index) and top k
 over ranks (dslide.topk).
