@@ -24,7 +24,12 @@ gradients); update(grads, hp, step); maintain(step); state() / shard_axes() /
 load_state(). What backward needs travels in the tape; the network moves
 activations between ranks and calls nothing else.
 
-Here: the Network and its step. Elsewhere: the batch types (dslide.batch),
+The network's gradient hook, chosen once when it is built, acts between
+backward and update: `LocalGradients` (nothing: model parallelism, one rank)
+or `AllReduceGradients` (parallel = "data": every rank holds the whole model,
+trains its slice of the batch and all-reduces the gradients).
+
+Here: the Network, its gradient hooks and its step. Elsewhere: the batch types (dslide.batch),
 the loss (dslide.loss), the layer kinds (dslide.layers), the optimiser
 (dslide.optim), the output layer's inference index (dslide.index) and top k
 over ranks (dslide.topk).
@@ -33,7 +38,6 @@ over ranks (dslide.topk).
 from __future__ import annotations
 
 import time
-from collections import defaultdict
 
 import numpy as np
 
@@ -45,6 +49,8 @@ from dslide.config import Config
 from dslide.layers import KINDS, Layer, make_layer
 from dslide.loss import softmax_finish, softmax_stats
 from dslide.memory import n_params
+from dslide.sharding import shard_range
+from dslide.timings import STEP_PHASES, Timings
 
 # Kept for scripts/_lsh_eval.py, which imports them from here (issue 26, move 5, moves it).
 from dslide.index import index_bucket  # noqa: E402,F401
@@ -58,16 +64,54 @@ def fill_index(layer, comm: Comm, T: int) -> None:
     layer.inference_index.fill(layer.W, layer.b, comm, T, layer.lc)
 
 
+class LocalGradients:
+    """The gradient hook of model parallelism (and of one rank): every rank trains the whole
+    batch, and a layer's gradients are its own (nothing to reduce)."""
+
+    dense_grads = False  # layers may give gradients of the rows they touched only
+
+    def local_rows(self, rows: np.ndarray) -> np.ndarray:
+        return rows
+
+    def reduce(self, grads) -> None:
+        pass
+
+
+class AllReduceGradients:
+    """The gradient hook of data parallelism (`parallel = "data"`): every rank holds the whole
+    model and trains its slice of each batch (`local_rows`: rows [lo, hi) of shard_range,
+    all of them for a batch smaller than the world); between backward and update each
+    layer's parameter gradients (its Grads) are summed over the ranks (`reduce`), as DDP
+    does, so every rank applies the same update."""
+
+    dense_grads = True  # the all-reduce needs whole arrays
+
+    def __init__(self, comm: Comm):
+        self.comm = comm
+
+    def local_rows(self, rows: np.ndarray) -> np.ndarray:
+        n, size = rows.shape[0], self.comm.size
+        lo, hi = shard_range(n, self.comm.rank, size) if n >= size else (0, n)
+        return rows[lo:hi]
+
+    def reduce(self, grads) -> None:
+        for arr in grads.arrays():
+            self.comm.allreduce_sum_inplace(arr)
+
+
 class Network:
     """The layers of one rank, and one training step over a batch."""
 
     def __init__(self, config: Config, n_features: int, n_labels: int, comm: Comm | None = None,
-                 total_steps: int | None = None, shard_weights=None):
+                 total_steps: int | None = None, shard_weights=None, timings: Timings | None = None):
         """shard_weights: each rank's share of every layer (float [P]); None takes the
-        configuration's explicit `shard_weights` (even shares when it is empty or "auto")."""
+        configuration's explicit `shard_weights` (even shares when it is empty or "auto").
+        timings: the run's (dslide.timings), which the network and its layers add to; a new
+        one by default."""
         config = config.resolve(n_labels)
         self.config = config
-        self.world = comm or Comm()
+        self.world = comm or Comm()  # the ranks that share a step (its loss is summed over them)
+        self.timings = timings if timings is not None else Timings()
         if config.parallel == "data":
             # every rank the whole model, a slice of each batch, gradients all-reduced
             kinds = [config.layer_kind(i, w) for i, w in enumerate([*config.hidden, n_labels])]
@@ -75,9 +119,11 @@ class Network:
                 raise ValueError("parallel = 'data' all-reduces dense gradients and needs dense layers; "
                                  "set exact = true (or kinds to 'dense'), or use parallel = 'model'")
             self.comm = Comm()
-            self.grad_comm = self.world if self.world.size > 1 else None
         else:
-            self.comm, self.grad_comm = self.world, None
+            self.comm = self.world
+        # chosen once: the all-reduce of gradients between backward and update, or nothing
+        self.grad_hook = AllReduceGradients(self.world) if config.parallel == "data" and self.world.size > 1 \
+            else LocalGradients()
         self.dtype = np.dtype(config.dtype)
         if shard_weights is None and isinstance(config.shard_weights, tuple) and config.shard_weights:
             shard_weights = config.shard_weights
@@ -90,13 +136,18 @@ class Network:
         self.layers: list[Layer] = []
         for i in range(len(widths) - 1):
             args = (i, widths[i], widths[i + 1], i == len(widths) - 2, self.comm, config, self.dtype)
-            kw = {"dense_grads": self.grad_comm is not None, "weights": self.shard_weights}
+            kw = {"dense_grads": self.grad_hook.dense_grads, "weights": self.shard_weights,
+                  "timings": self.timings}
             self.layers.append(make_layer(config.layer_kind(i, widths[i + 1]), *args, **kw))
         self.n_features, self.n_labels = n_features, n_labels
         self.widths = widths
         self.step = 0
         self.total_steps = total_steps
-        self.timers = defaultdict(float)  # seconds per phase, for benchmarks
+
+    @property
+    def timers(self) -> dict:
+        """Seconds per phase of the training steps so far ({name: seconds} of STEP_PHASES)."""
+        return self.timings.subset(STEP_PHASES)
 
     @property
     def n_params(self) -> int:
@@ -156,9 +207,7 @@ class Network:
         t1 = time.perf_counter()
         for layer in reversed(self.layers):
             dx, grads = layer.backward(g, tapes[layer.index])
-            if self.grad_comm is not None:
-                for arr in grads.arrays():
-                    self.grad_comm.allreduce_sum_inplace(arr)
+            self.grad_hook.reduce(grads)
             layer.update(grads, hp, batch.step)
             if layer.index > 0:
                 g = self._scatter(acts[layer.index - 1], dx)
@@ -166,13 +215,10 @@ class Network:
         for layer in self.layers:
             layer.maintain(batch.step)
         t3 = time.perf_counter()
-        tm = self.timers
-        tm["forward"] += t1 - t0
-        tm["backward"] += t2 - t1
-        tm["lsh_upkeep"] += t3 - t2
-        for layer in self.layers:
-            for name, seconds in layer.pop_timings().items():
-                tm[name] += seconds
+        tm = self.timings
+        tm.add("forward", t1 - t0)
+        tm.add("backward", t2 - t1)
+        tm.add("lsh_upkeep", t3 - t2)
         return loss
 
     def _softmax(self, out: Out, batch: Batch):

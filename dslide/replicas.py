@@ -1,8 +1,9 @@
 """Replicas of the sharded model: hybrid data x model parallelism on uneven machines.
 
 Layout. A world of R x P ranks (R = `replicas`) forms R replicas of P model
-shards: world rank w is shard p = w % P of replica g = w // P. Two
-communicators come from the world (dslide.comm):
+shards: world rank w is shard p = w % P of replica g = w // P (in the code:
+`n_replicas`, `n_shards`, `shard`, `replica`). Two communicators come from
+the world (dslide.comm):
 
     model  the P ranks of replica g: the network's layers are split over them
            (every exchange of a training step stays inside a replica)
@@ -15,24 +16,25 @@ exchange between peers holding the same rows: no layer is ever gathered.
 Data. The global steps t = 1 .. T of `train.batch_rows` (a function of seed
 and step) are dealt to the replicas, so each batch of each epoch is trained
 by exactly one replica. `sync = "allreduce"`: replica g takes t = base +
-(k - 1) R + g + 1 at its local step k (deterministic). `sync = "partial"`:
+(s - 1) R + g + 1 at its local step s (deterministic). `sync = "partial"`:
 each replica takes the next t from a shared counter when it starts a step,
 so a faster replica takes more of them (the first R x AUTO_STEPS are dealt
 as in allreduce when `shard_weights = "auto"` measures speeds). Batch.step
 is the global t: learning-rate schedule, dropout and negative-sample streams
 and LSH upkeep periods follow the progress of the whole model.
 
-What is averaged. Each layer marks the rows of W its update changed
-(`Layer.touched`); an allreduce synchronisation, and every global point,
-of the set S of all k replicas takes the
-union U of their sets of rows, and every member's rows U of W (and an LSH
-layer's biases; a dense layer's bias, which every step changes, whole)
-become the members' mean, computed in float64 in member order, so members
-get bit-identical values and the mean of identical values is exact:
+What is averaged. Each layer marks the rows of W its update changed (its
+`touched` mask, which replicas take through `Layer.take_touched`); an
+allreduce synchronisation, and every global point, of the set S of all R
+replicas takes the union U of their sets of rows, and every member's rows U
+of W (and an LSH layer's biases; a dense layer's bias, which every step
+changes, whole) become the members' mean, computed in float64 in member
+order, so members get bit-identical values and the mean of identical values
+is exact:
 
-    w_i[U] <- (1 / k) sum_{m in S} w_m[U]         for every i in S
+    w_i[U] <- (1 / |S|) sum_{m in S} w_m[U]       for every i in S
 
-Only ids and rows cross the network (`Comm.exchange`): k - 1 messages of
+Only ids and rows cross the network (`Comm.exchange`): |S| - 1 messages of
 |U| ids, then of |U| rows, per member. Rows outside U are left alone.
 (partial averages one-sidedly instead, below.)
 
@@ -45,7 +47,7 @@ sampling noise. A checkpoint (or a re-shard) takes replica 0's moments.
 
 Masks. allreduce: every synchronisation includes every replica, so rows
 no replica touched since the last one are equal everywhere (they were equal
-after it): U = union of `touched` is exact and `touched` is cleared.
+after it): U = union of `touched` is exact (`take_touched` clears it).
 partial: `recent` (uint8 per row) is D = DEPTH for a row this replica's own
 updates changed since its last publication, and drops by one at each
 publication; `changed` (uint8) marks every row whose value changed since the
@@ -131,6 +133,7 @@ import numpy as np
 
 from dslide.comm import Board, Comm, Mailbox
 from dslide.sharding import speed_weights
+from dslide.timings import Timings
 
 AUTO_STEPS = 20  # local steps whose times measure each rank's speed (the first, which compiles, left out)
 TAG = 0x5C  # message tag of the exchanges on the peer communicator
@@ -180,14 +183,16 @@ def fresh_partners(words, me: int, seen, counter: int, limit: int) -> tuple[list
 class Replicas:
     """This rank's place in R replicas x P shards, and the synchronisation of its replica.
 
-    Built collectively on the world communicator (`build`); `attach(net)` gives
-    it the replica's network. The training loop (train._fit) calls `first(...)`
-    for its first global step and `advance(...)` after each step; both return
-    the next global step to train, or None when the run is over (after the final
-    global point: every replica then holds the same parameters).
+    Built collectively on the world communicator; `attach(net)` gives it the replica's
+    network. It is a synchronisation schedule of the training loop (the protocol of
+    `dslide.train.Alone`): `start(...)` gives this replica's first global step,
+    `after_step(step, stop)` synchronises when due and gives the next one, or None when
+    the run is over (after the final global point: every replica then holds the same
+    parameters). At a checkpoint's global point it calls the loop's
+    `at_checkpoint(network, step)`.
     """
 
-    def __init__(self, config, world: Comm):
+    def __init__(self, config, world: Comm, timings: Timings | None = None):
         R = config.replicas
         if world.size % R:
             raise ValueError(f"world size ({world.size}) is not divisible by replicas ({R}): a world of "
@@ -195,11 +200,11 @@ class Replicas:
                              f"{[r for r in range(1, world.size + 1) if world.size % r == 0]}")
         self.config = config
         self.world = world
-        self.R, self.P = R, world.size // R
-        self.g, self.p = divmod(world.rank, self.P)
-        self.model = world.split(self.g, self.p) if R > 1 else world
-        self.peer = world.split(self.p, self.g) if R > 1 else Comm()
-        self.leader = self.p == 0
+        self.n_replicas, self.n_shards = R, world.size // R
+        self.replica, self.shard = divmod(world.rank, self.n_shards)
+        self.model = world.split(self.replica, self.shard) if R > 1 else world
+        self.peer = world.split(self.shard, self.replica) if R > 1 else Comm()
+        self.leader = self.shard == 0
         self.partial = config.sync == "partial" and R > 1
         self.board = Board(world, PUB + R) if self.partial else None
         self.box = None  # partial: this rank's mailbox on the peer communicator
@@ -210,17 +215,45 @@ class Replicas:
         self.missed = 0  # partial: versions used with more than DEPTH intervals unseen
         self.auto = config.shard_weights == "auto"
         self.weights = None  # measured shard weights (float [P]) once "auto" has re-sharded
-        self.net = None
+        self.measured = None  # "auto": the measured compute seconds and the weights from them
+        self.network = None
+        self.recent: list[np.ndarray] = []  # partial: per layer, intervals of own changes (DEPTH .. 0)
+        self.changed: list[np.ndarray] = []  # per layer, rows changed since the last global point
         self.syncs = 0  # synchronisations this replica took part in (global points included)
         self.global_points = 0
         self.group_sizes: list[int] = []
-        self.wait_s = 0.0  # seconds this rank spent in synchronisations and global points
+        self.timings = timings if timings is not None else Timings()  # adds "sync_wait"
         self._done_set = False  # partial: this replica's bit is set in the board's DONE word
+        # the run (`start`): global steps base + 1 .. last are dealt
+        self.base = self.last = 0
+        self.checkpoints: list[int] = []  # global steps still to checkpoint at
+        self.at_checkpoint = None  # the loop's at_checkpoint(network, step)
+        self.local_steps = 0  # local steps this replica trained
+        self.trained = 0  # the last global step this replica trained
+        self.last_sync_step = 0  # partial: the local step of the last synchronisation
+        self.stop_wanted = False  # this replica asked to stop
+        self.stop_agreed = False  # allreduce: every replica stopped at a synchronisation
+        self.auto_pending = False  # "auto": the measuring re-shard is still to come
+        self.static_until = 0  # partial: steps up to this one are dealt in turn (while measuring)
+        self.steps_each = 0  # allreduce: the local steps of every replica
+        self._measure: list[tuple[float, float]] = []  # "auto": per local step (seconds, comm seconds)
+        self._t_return = 0.0
+        self._comm_s0 = 0.0
+
+    @property
+    def g(self) -> int:
+        """`replica` under its short name (scripts/bench_hetero.py reads it)."""
+        return self.replica
+
+    @property
+    def p(self) -> int:
+        """`shard` under its short name (scripts/bench_hetero.py reads it)."""
+        return self.shard
 
     # -- the network ---------------------------------------------------------------------
 
     def attach(self, net) -> None:
-        self.net = net
+        self.network = net
         rows = [layer.touched.shape[0] for layer in net.layers]
         self.recent = [np.zeros(n, dtype=np.uint8) for n in rows]
         self.changed = [np.zeros(n, dtype=np.uint8) for n in rows]
@@ -243,13 +276,13 @@ class Replicas:
         return int(self.peer.bytes_sent.get("replica_sync", 0) + self.peer.bytes_sent.get("replica_ids", 0))
 
     def stats(self) -> dict:
-        return {"replicas": self.R, "shards": self.P, "sync": self.config.sync, "sync_every": self.config.sync_every,
+        return {"replicas": self.n_replicas, "shards": self.n_shards, "sync": self.config.sync, "sync_every": self.config.sync_every,
                 "syncs": self.syncs, "global_points": self.global_points,
                 "sync_bytes": self.sync_bytes(), "bytes_per_sync": self.sync_bytes() / max(1, self.syncs),
                 "mean_group": float(np.mean(self.group_sizes)) if self.group_sizes else 0.0,
-                "sync_wait_s": self.wait_s, "local_steps": self.local_steps, "trained": self.trained,
+                "sync_wait_s": self.timings["sync_wait"], "local_steps": self.local_steps, "trained": self.trained,
                 "stale_skips": self.stale_skips, "torn": self.torn, "missed": self.missed,
-                "shard_weights": None if self.net.shard_weights is None else list(self.net.shard_weights)}
+                "shard_weights": None if self.network.shard_weights is None else list(self.network.shard_weights)}
 
     def close(self) -> None:
         """Release the board and mailbox (collective over the world; after the run's final point)."""
@@ -263,24 +296,23 @@ class Replicas:
     # -- averaging --------------------------------------------------------------------------
 
     def _absorb(self) -> None:
-        """Move the layers' `touched` marks into `recent` and `changed` (partial)."""
-        for layer, recent, changed in zip(self.net.layers, self.recent, self.changed):
-            t = layer.touched.view(bool)
-            recent[t] = DEPTH
-            changed |= layer.touched
-            layer.touched[:] = 0
+        """Move the rows the layers' updates changed (`take_touched`) into `recent` and
+        `changed` (partial)."""
+        for layer, recent, changed in zip(self.network.layers, self.recent, self.changed):
+            ids = layer.take_touched()
+            recent[ids] = DEPTH
+            changed[ids] = 1
 
-    def average(self, members: list[int], masks: list[np.ndarray], flags: int = 0) -> tuple[list[np.ndarray], int]:
-        """Average the rows in the union of the members' masks among `members` (replica ids,
+    def average(self, members: list[int], ids: list[np.ndarray], flags: int = 0) -> tuple[list[np.ndarray], int]:
+        """Average the rows in the union of the members' sets among `members` (replica ids,
         ascending, this one among them); each rank of the members calls it with its own shard.
 
-        masks: per layer, uint8 [rows] (nonzero: in this replica's set).
+        ids: per layer, int64 [m] sorted, the rows of this replica's set.
         flags: an int every member contributes; returns (per layer the union U int64
         sorted, the OR of the members' flags).
         """
         t0 = time.perf_counter()
-        layers = self.net.layers
-        ids = [np.flatnonzero(m).astype(np.int64) for m in masks]
+        layers = self.network.layers
         head = np.array([flags] + [i.shape[0] for i in ids], dtype=np.int64)
         parts = [head] + ids
         got = self.peer.exchange(members, np.concatenate(parts), TAG, "replica_ids")
@@ -300,7 +332,7 @@ class Replicas:
         for layer, u in zip(layers, U):
             rows, whole = layer.sync_arrays()
             vec += [a[u].reshape(-1) for a in rows] + [a.reshape(-1) for a in whole]
-        dtype = self.net.dtype
+        dtype = self.network.dtype
         vec = np.concatenate(vec).astype(dtype, copy=False) if vec else np.empty(0, dtype)
         vals = self.peer.exchange(members, vec, TAG, "replica_sync")
         acc = np.zeros(vec.shape[0], dtype=np.float64)
@@ -321,16 +353,14 @@ class Replicas:
                 layer.rows_synced(u)
         self.syncs += 1
         self.group_sizes.append(len(members))
-        self.wait_s += time.perf_counter() - t0
+        self.timings.add("sync_wait", time.perf_counter() - t0)
         return U, flags_all
 
     def sync_all(self, flags: int = 0) -> int:
         """Average every replica on the rows touched since the last synchronisation
         (allreduce mode; collective over the world). Returns the OR of the flags."""
-        masks = [layer.touched for layer in self.net.layers]
-        _, out = self.average(list(range(self.R)), masks, flags=flags)
-        for layer in self.net.layers:
-            layer.touched[:] = 0
+        touched = [layer.take_touched() for layer in self.network.layers]
+        _, out = self.average(list(range(self.n_replicas)), touched, flags=flags)
         return out
 
     # -- partial: gossip through the mailboxes ---------------------------------------------
@@ -342,7 +372,7 @@ class Replicas:
         self._absorb()
         counter = self.board.read(COUNTER) if self.leader else 0
         counts, ids, vals = [], [], []
-        for layer, recent in zip(self.net.layers, self.recent):
+        for layer, recent in zip(self.network.layers, self.recent):
             levels = [np.flatnonzero(recent == DEPTH - j) for j in range(DEPTH)]  # newest first
             counts.append([lv.shape[0] for lv in levels])
             i = np.concatenate(levels).astype(np.int64)
@@ -352,17 +382,17 @@ class Replicas:
             np.subtract(recent, 1, out=recent, where=recent > 0)
         self.version += 1
         self.box.publish(self.version, [np.array(counts, dtype=np.int64).reshape(-1)] + ids + vals)
-        if self.P > 1:
+        if self.n_shards > 1:
             self.model.barrier()  # every shard of this version is written
         if self.leader:
-            self.board.swap(PUB + self.g, pub_word(self.version, counter))
-        self.wait_s += time.perf_counter() - t0
+            self.board.swap(PUB + self.replica, pub_word(self.version, counter))
+        self.timings.add("sync_wait", time.perf_counter() - t0)
 
     def choose_partners(self) -> list:
         """Partial, leader: the fresh partners [(h, v, gap)] (fresh_partners), marked seen."""
-        words = [self.board.read(PUB + h) if h != self.g else 0 for h in range(self.R)]
-        use, stale = fresh_partners(words, self.g, self.seen, self.board.read(COUNTER),
-                                    stale_limit(self.R, self.config.sync_every))
+        words = [self.board.read(PUB + h) if h != self.replica else 0 for h in range(self.n_replicas)]
+        use, stale = fresh_partners(words, self.replica, self.seen, self.board.read(COUNTER),
+                                    stale_limit(self.n_replicas, self.config.sync_every))
         for h, v, _ in use:
             self.seen[h] = v
         for h, v in stale:
@@ -378,15 +408,15 @@ class Replicas:
         t0 = time.perf_counter()
         if partners is None:
             partners = self.choose_partners() if self.leader else None
-            if self.P > 1:
+            if self.n_shards > 1:
                 partners = self.model.bcast_object(partners)
         counts = None  # per layer, per row: values averaged so far (this replica's own: 1)
         used = 0
         for h, v, gap in partners:
             got = self._read(h, v, gap)
             ok = got is not None
-            if self.P > 1:  # a copy torn on one shard drops the partner on every shard
-                ok = self.model.allreduce_sum(np.array([float(ok)]), kind="replica_ids")[0] == self.P
+            if self.n_shards > 1:  # a copy torn on one shard drops the partner on every shard
+                ok = self.model.allreduce_sum(np.array([float(ok)]), kind="replica_ids")[0] == self.n_shards
             if not ok:
                 self.torn += 1
                 continue
@@ -397,14 +427,14 @@ class Replicas:
             self.missed += gap > DEPTH
         self.syncs += 1
         self.group_sizes.append(1 + used)
-        self.wait_s += time.perf_counter() - t0
+        self.timings.add("sync_wait", time.perf_counter() - t0)
         return used
 
     def _read(self, h: int, v: int, gap: int):
         """Partner h's version v from its peer on this shard: per layer (ids int64 [n],
         row arrays, whole arrays) with the rows of its newest min(gap, DEPTH) levels;
         None when the slot no longer holds v."""
-        layers = self.net.layers
+        layers = self.network.layers
         L = len(layers)
         shapes = [layer.sync_arrays() for layer in layers]
         n_parts = 1 + L + sum(len(r) + len(w) for r, w in shapes)
@@ -444,7 +474,7 @@ class Replicas:
         w[r] <- (c_r w[r] + w_h[r]) / (c_r + 1) with c_r the values averaged into w[r]
         so far (counts, updated); whole arrays likewise with c = merged + 1. Each step
         in float64, rounded to the parameters' dtype; rows in chunks (bounded memory)."""
-        for layer, (ids, r, w), cnt, changed in zip(self.net.layers, part, counts, self.changed):
+        for layer, (ids, r, w), cnt, changed in zip(self.network.layers, part, counts, self.changed):
             rows, whole = layer.sync_arrays()
             if ids.size:
                 for j, a in enumerate(rows):
@@ -461,14 +491,15 @@ class Replicas:
     def reconcile(self, flags: int = 0) -> int:
         """A global point's averaging: every replica, every row changed since the last one
         (collective over the world); afterwards every replica holds the same parameters."""
-        if self.R == 1:
-            for layer in self.net.layers:
-                layer.touched[:] = 0
+        if self.n_replicas == 1:
+            for layer in self.network.layers:
+                layer.take_touched()
             return flags
         if not self.partial:
             return self.sync_all(flags)
         self._absorb()
-        _, out = self.average(list(range(self.R)), self.changed, flags=flags)
+        changed = [np.flatnonzero(c).astype(np.int64) for c in self.changed]
+        _, out = self.average(list(range(self.n_replicas)), changed, flags=flags)
         for recent, changed in zip(self.recent, self.changed):
             recent[:] = 0
             changed[:] = 0
@@ -476,23 +507,24 @@ class Replicas:
 
     # -- the schedule ---------------------------------------------------------------------
 
-    def first(self, net, base: int, last: int, checkpoint=None, model=None) -> int | None:
-        """Start dealing steps base + 1 .. last; returns this replica's first global step."""
+    def start(self, net, base: int, last: int, checkpoints=(), at_checkpoint=None) -> int | None:
+        """Start dealing steps base + 1 .. last; returns this replica's first global step.
+        checkpoints: the global steps the loop wants checkpoints at (those before `last`
+        get a global point, whether or not at_checkpoint writes anything)."""
         self.attach(net)
         self.base, self.last = int(base), int(last)
-        self.checkpoint, self.model_ref = checkpoint, model
-        every = self.config.checkpoint_every
-        self.ckpts = [c for c in range(every * (self.base // every + 1), self.last, every)] if every else []
-        self.local_steps = 0  # local steps this replica trained
-        self.trained = 0  # the last global step this replica trained
-        self.last_sync_k = 0
+        self.at_checkpoint = at_checkpoint
+        self.checkpoints = [int(c) for c in checkpoints if c < self.last]
+        self.local_steps = 0
+        self.trained = 0
+        self.last_sync_step = 0
         self.stop_wanted = False
         self.stop_agreed = False
-        self.auto_pending = self.auto and (self.last - self.base) >= self.R * (AUTO_STEPS + 1)
-        self.static_until = self.base + (self.R * AUTO_STEPS if self.auto_pending and self.partial else 0)
+        self.auto_pending = self.auto and (self.last - self.base) >= self.n_replicas * (AUTO_STEPS + 1)
+        self.static_until = self.base + (self.n_replicas * AUTO_STEPS if self.auto_pending and self.partial else 0)
         if self.partial:  # a checkpoint among the steps dealt in turn could not be exact
-            self.ckpts = [c for c in self.ckpts if c >= self.static_until]
-        self.steps_each = -(-(self.last - self.base) // self.R)  # allreduce: the local steps of every replica
+            self.checkpoints = [c for c in self.checkpoints if c >= self.static_until]
+        self.steps_each = -(-(self.last - self.base) // self.n_replicas)
         self._measure = []
         self._t_return = time.perf_counter()
         self._comm_s0 = self._comm_seconds()
@@ -504,9 +536,9 @@ class Replicas:
             return self._end()
         return self._next()
 
-    def _dealt(self, k: int) -> int:
-        """The global step of local step k when steps are dealt in turn."""
-        return self.base + (k - 1) * self.R + self.g + 1
+    def _dealt(self, local_step: int) -> int:
+        """The global step of local step `local_step` (1-based) when steps are dealt in turn."""
+        return self.base + (local_step - 1) * self.n_replicas + self.replica + 1
 
     def _next(self) -> int | None:
         """The next global step of this replica (allreduce: dealt in turn)."""
@@ -518,7 +550,19 @@ class Replicas:
             return self._dealt(self.local_steps + 1)
         return self._fetch()
 
-    def advance(self, step: int, stop: bool = False) -> int | None:
+    def agree_stop(self, stop: bool) -> bool:
+        """A stop asked by the loop's callback, the same on every rank of this replica."""
+        return self.model.allreduce_max(float(stop)) > 0 if self.model.size > 1 else stop
+
+    def stop_at_log(self) -> bool:
+        """A stop asked at a logging point takes effect at the next step's `after_step`."""
+        return False
+
+    def record(self) -> dict:
+        """What a logging record of the loop adds: sync_bytes, syncs."""
+        return {"sync_bytes": self.sync_bytes(), "syncs": self.syncs}
+
+    def after_step(self, step: int, stop: bool = False) -> int | None:
         """After training global step `step`: synchronise when due, take part in global
         points; returns the next global step to train, or None (the run is over)."""
         if self.auto_pending:
@@ -538,26 +582,26 @@ class Replicas:
         return self.auto_pending and self.local_steps == AUTO_STEPS
 
     def _advance_allreduce(self) -> int | None:
-        k = self.local_steps
+        local_step = self.local_steps
         if self._auto_due():
             self._auto_point()
-        if self.R > 1 and k < self.steps_each and k % self.config.sync_every == 0:
+        if self.n_replicas > 1 and local_step < self.steps_each and local_step % self.config.sync_every == 0:
             flags = self.sync_all(I_STOP if self.stop_wanted else 0)
             if flags & I_STOP:
                 self.stop_agreed = True
                 return self._end(synced=True)
-            done = self.base + self.R * k
-            due = [c for c in self.ckpts if c <= done]
+            done = self.base + self.n_replicas * local_step
+            due = [c for c in self.checkpoints if c <= done]
             if due and done < self.last:
-                self.ckpts = [c for c in self.ckpts if c > done]
-                self._save(done)
-        elif self.R == 1 and self.stop_wanted:
+                self.checkpoints = [c for c in self.checkpoints if c > done]
+                self._checkpoint(done)
+        elif self.n_replicas == 1 and self.stop_wanted:
             return self._end()
-        elif self.R == 1:
-            done = self.base + k
-            if self.ckpts and self.ckpts[0] <= done < self.last:
-                self.ckpts = [c for c in self.ckpts if c > done]
-                self._save(done)
+        elif self.n_replicas == 1:
+            done = self.base + local_step
+            if self.checkpoints and self.checkpoints[0] <= done < self.last:
+                self.checkpoints = [c for c in self.checkpoints if c > done]
+                self._checkpoint(done)
         return self._next()
 
     def _end(self, synced: bool = False) -> None:
@@ -566,39 +610,35 @@ class Replicas:
             raise AssertionError("partial mode ends through a global point")
         if not synced:
             self.reconcile()
-        if self.R > 1:
+        if self.n_replicas > 1:
             self.global_points += 1
         # every replica trained the steps dealt up to here
-        self.net.step = self._final_step()
+        self.network.step = self._final_step()
         return None
 
     def _final_step(self) -> int:
-        if self.R == 1:
+        if self.n_replicas == 1:
             return self.trained or self.base
         if self.partial:
             return int(self.world.allreduce_max(float(self.trained or self.base)))
-        if self.stop_agreed:  # stopped at a synchronisation: every replica at local step k
-            return min(self.last, self.base + self.R * self.local_steps)
+        if self.stop_agreed:  # stopped at a synchronisation: every replica at the same local step
+            return min(self.last, self.base + self.n_replicas * self.local_steps)
         return self.last  # the schedule ran out: every step dealt was trained (the last replicas had one fewer)
 
-    def _save(self, step: int) -> None:
-        """A checkpoint of the (reconciled) model at global step `step`: replica 0's ranks
-        write it on their model communicator; everyone waits for it."""
-        if self.checkpoint is None:
-            return
-        self.net.step = step
-        if self.g == 0:
-            self.checkpoint(self.model_ref, self.model)
-        self.world.barrier()
+    def _checkpoint(self, step: int) -> None:
+        """A global point where every replica holds the same model and every global step up to
+        `step` is trained: the loop's at_checkpoint (collective over the world)."""
+        if self.at_checkpoint is not None:
+            self.at_checkpoint(self.network, step)
 
     # -- partial mode -------------------------------------------------------------------
 
     def _fetch(self) -> int | None:
         """The next global step from the counter (leader), shared with the replica."""
         t = self.board.add(COUNTER, 1) + 1 if self.leader else 0
-        if self.P > 1:
+        if self.n_shards > 1:
             t = int(self.model.bcast_object(t))
-        if self.ckpts and t > self.ckpts[0]:
+        if self.checkpoints and t > self.checkpoints[0]:
             # every step up to the checkpoint is dealt: hold t, checkpoint first
             if self._global(I_CKPT, t) == "end":
                 return None
@@ -613,9 +653,9 @@ class Replicas:
             return self._dealt(self.local_steps + 1)
         if self.stop_wanted:
             return None if self._global(I_STOP) == "end" else self._fetch()
-        due = self.local_steps - self.last_sync_k >= self.config.sync_every
+        due = self.local_steps - self.last_sync_step >= self.config.sync_every
         action, partners = self._decide(due) if self.leader else (0, None)
-        if self.P > 1:
+        if self.n_shards > 1:
             action, partners = self.model.bcast_object((action, partners))
         if action == 2:
             if self._global(0) == "end":
@@ -623,7 +663,7 @@ class Replicas:
         elif action == 1:
             self.publish()
             self.pull(partners)
-            self.last_sync_k = self.local_steps
+            self.last_sync_step = self.local_steps
         return self._fetch()
 
     def _decide(self, due: bool) -> tuple[int, list | None]:
@@ -660,9 +700,9 @@ class Replicas:
             elif intent & I_CKPT:
                 self._raise(FROZEN)
             elif intent & I_DONE:
-                old = self.board.add(DONE, 0) if self._done_set else self.board.add(DONE, 1 << self.g)
+                old = self.board.add(DONE, 0) if self._done_set else self.board.add(DONE, 1 << self.replica)
                 self._done_set = True
-                if (old | 1 << self.g) == (1 << self.R) - 1:
+                if (old | 1 << self.replica) == (1 << self.n_replicas) - 1:
                     self._raise(FROZEN)
             # wait (idle replicas sleep) until the point is on
             while not self.board.read(STATE) & FROZEN:
@@ -670,22 +710,22 @@ class Replicas:
         got = self.world.allgather_rows(np.array([intent, held], dtype=np.int64))
         # everyone is here, so nobody publishes: every version so far predates the averaging
         if self.leader:
-            self.seen = [int(self.board.read(PUB + h)) >> STEP_BITS for h in range(self.R)]
+            self.seen = [int(self.board.read(PUB + h)) >> STEP_BITS for h in range(self.n_replicas)]
         intents = got[:, 0]
         self.reconcile()
         self.global_points += 1
         if np.any(intents & I_CKPT) and not np.any(intents & I_STOP):
-            self._save(self.ckpts[0])
+            self._checkpoint(self.checkpoints[0])
             # a step held back beyond the next checkpoints makes them inexact: skip them
-            self.ckpts = [c for c in self.ckpts if c >= int(got[:, 1].max())]
-        done_all = bool(np.all(intents[:: self.P] & I_DONE))
+            self.checkpoints = [c for c in self.checkpoints if c >= int(got[:, 1].max())]
+        done_all = bool(np.all(intents[:: self.n_shards] & I_DONE))
         end = done_all or bool(np.any(intents & I_STOP))
         if end:
-            self.net.step = self._final_step()
+            self.network.step = self._final_step()
         if self.world.rank == 0:
             self.board.swap(STATE, 0)
         self.world.barrier()
-        self.wait_s += time.perf_counter() - t0
+        self.timings.add("sync_wait", time.perf_counter() - t0)
         return "end" if end else "continue"
 
     # -- shard weights = "auto" -------------------------------------------------------------
@@ -699,20 +739,18 @@ class Replicas:
         self.auto_pending = False
         meas = np.array(self._measure[1:AUTO_STEPS], dtype=np.float64)
         compute = float(np.sum(np.maximum(meas[:, 0] - meas[:, 1], 1e-9)))
-        net = self.net
+        net = self.network
         share = np.diff(net.layers[-1].bounds) / net.layers[-1].n
-        secs = self.world.allgather_rows(np.array([compute]))[:, 0].reshape(self.R, self.P)
-        sizes = np.tile(share, (self.R, 1))
+        secs = self.world.allgather_rows(np.array([compute]))[:, 0].reshape(self.n_replicas, self.n_shards)
+        sizes = np.tile(share, (self.n_replicas, 1))
         weights = speed_weights(secs, sizes)
         self.reconcile()
         self.global_points += 1
         new = reshard(net, weights)
         self.weights = weights
-        self.attach(new)
-        if self.model_ref is not None:
-            self.model_ref.network = new
+        self.attach(new)  # the loop trains `network` from the next step on
         self.measured = {"compute_s": secs.tolist(), "weights": weights.tolist()}
-        self.wait_s += time.perf_counter() - t0
+        self.timings.add("sync_wait", time.perf_counter() - t0)
 
 
 def reshard(net, weights):
@@ -725,7 +763,7 @@ def reshard(net, weights):
 
     comm = net.comm
     new = Network(net.config, net.n_features, net.n_labels, comm, total_steps=net.total_steps,
-                  shard_weights=weights)
+                  shard_weights=weights, timings=net.timings)
     for old_layer, new_layer in zip(net.layers, new.layers):
         state = old_layer.state()
         arrays = {}
@@ -739,7 +777,6 @@ def reshard(net, weights):
             arrays[key] = redistribute(comm, arr, axis, old_layer.bounds, new_layer.bounds)
         new_layer.load_state(arrays, same_layout=False)
     new.step = net.step
-    new.timers = net.timers
     return new
 
 

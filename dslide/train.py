@@ -1,12 +1,20 @@
 """Training and inference: `fit`, `predict_topk`, `evaluate`.
 
-Every rank runs the same loop over the same batches (the order comes from
-the seed and the epoch); the network's layers are split over the ranks.
-With one process and no MPI launcher the same code runs on a stand-in
-communicator. In data-parallel mode (`parallel = "data"`) every rank holds
-the whole model and takes its own slice of each batch instead. With
-`replicas = R` the world forms R replicas of the sharded model, which
-train on disjoint batches and average what they changed (dslide.replicas).
+`fit` runs the one training loop (`_Loop`): which global step comes next,
+when to checkpoint, log, evaluate and stop. Every rank runs it over the same
+batches (the order comes from the seed and the step); the network's layers
+are split over the ranks. With one process and no MPI launcher the same code
+runs on a stand-in communicator. Two things plug into the loop:
+
+- a synchronisation schedule, which deals the global steps: `Alone` (one
+  replica trains every step in order), or with `replicas = R` the world's R
+  replicas of the sharded model, which train on disjoint batches and average
+  what they changed (dslide.replicas.Replicas);
+- the network's gradient hook, chosen when it is built: in data-parallel mode
+  (`parallel = "data"`) every rank holds the whole model, takes its own slice
+  of each batch and all-reduces the gradients (dslide.network).
+
+The run's timings (dslide.timings) live in one object, `Model.timings`.
 """
 
 from __future__ import annotations
@@ -29,7 +37,7 @@ from dslide.data import XMCData
 from dslide.batch import Batch
 from dslide.network import Network
 from dslide.replicas import Replicas
-from dslide.sharding import shard_range
+from dslide.timings import Timings
 from dslide.topk import merge_topk
 
 #: byte counters that belong to training steps (the rest: evaluation, logging, checks)
@@ -54,6 +62,11 @@ class Model:
     @property
     def n_labels(self) -> int:
         return self.network.n_labels
+
+    @property
+    def timings(self) -> Timings:
+        """The run's timings (made with the model, shared by its network, layers and replicas)."""
+        return self.network.timings
 
 
 class TrainingDiverged(ValueError):
@@ -134,9 +147,9 @@ def _blas_threads(net: Network, threads: int) -> int:
     numba's kernels and the BLAS products take turns on the same cores. When
     idle OpenBLAS threads sleep (dslide.BLAS_THREADS_SLEEP: importing dslide
     before numpy arranges it), the products get every thread. When they spin,
-    an LSH network's many numba kernels wait for them (3x slower steps), so
-    its products run on one thread; all-dense networks, whose time is BLAS,
-    get every thread either way.
+    an LSH network's many numba kernels wait for them (much slower steps:
+    docs/benchmarks.md), so its products run on one thread; all-dense
+    networks, whose time is BLAS, get every thread either way.
     """
     if dslide.BLAS_THREADS_SLEEP:
         return threads
@@ -156,8 +169,9 @@ def build_network(train_shape: tuple[int, int], config: Config, comm: Comm | Non
     comm = comm or Comm.world()
     comm.stall_timeout = config.stall_timeout  # before the split: sub-communicators inherit it
     numba.set_num_threads(_threads(config))
-    rep = Replicas(config, comm) if (config.replicas > 1 or config.shard_weights == "auto") else None
-    net = Network(config, train_shape[0], train_shape[1], rep.model if rep else comm)
+    timings = Timings()
+    rep = Replicas(config, comm, timings) if (config.replicas > 1 or config.shard_weights == "auto") else None
+    net = Network(config, train_shape[0], train_shape[1], rep.model if rep else comm, timings=timings)
     return Model(net, net.config, comm, replicas=rep)
 
 
@@ -167,10 +181,10 @@ def save_model(model: Model, save) -> None:
     model communicator (the replicas hold the same parameters after `fit`); the others
     wait for it."""
     rep = model.replicas
-    if rep is None or rep.R == 1:
+    if rep is None or rep.n_replicas == 1:
         save(model, model.comm if rep is None else rep.model)
         return
-    if rep.g == 0:
+    if rep.replica == 0:
         save(model, rep.model)
     rep.world.barrier()
 
@@ -317,9 +331,8 @@ def warm_index(model: Model) -> None:
     tiny query of this rank's slice; nothing without an inference index.
 
     Called at the end of `build_index`, so that the first `predict --lsh` of a run finds
-    them in the cache: compiled cold they take tens of CPU-seconds per rank, which on a
-    shared machine stretched `predict --lsh` of 3,000 points from seconds to minutes
-    (docs/lsh.md). The query goes through the kernels with the layer's own arrays and the
+    them in the cache: compiled cold they take long enough to dominate a small
+    `predict --lsh` on a shared machine (docs/lsh.md). The query goes through the kernels with the layer's own arrays and the
     argument types scoring uses (`InferenceIndex.topk`), so the compiled
     signatures are those scoring looks up.
     """
@@ -333,106 +346,195 @@ def warm_index(model: Model) -> None:
     index.topk(x, out.W, out.b, 1, out.lo, out.comm, out.lc)
 
 
-def _fit(model, train, test, callback, verbose, threads, stop_at, checkpoint):
-    net, config, comm = model.network, model.config, model.comm
-    rep = model.replicas
-    loss_comm = rep.model if rep is not None else comm  # the ranks that share a step's loss
-    X = sp.csr_matrix(train.X)
-    X_parts = _csr_parts(X, net.dtype)  # no copy: normalised batch by batch
-    norms = input_norms(X, config.input_norm)
-    Y_parts = _csr_parts(sp.csr_matrix(train.Y), np.float32)
-    n = X.shape[0]
-    last = total = total_steps(config, n)
-    net.set_total_steps(last)
-    if stop_at is not None:
-        last = min(last, stop_at)
-    eval_set = None
-    if test is not None:
-        m = min(config.eval_points, test.n_points)
-        eval_set = XMCData(test.X[:m], test.Y[:m])
-    data_parallel = config.parallel == "data"
+class Alone:
+    """The trivial synchronisation schedule: one replica (the whole world) trains every global
+    step in order; every step boundary is a global point.
 
-    history = model.history
-    loss_acc, loss_n = 0.0, 0
-    train_time = sum(r.get("wall_s_delta", 0.0) for r in history)
-    steps_done = 0
-    warmup = None  # the first step of a process compiles the kernels: timed apart
-    warmup_pending = True
-    stop_logged = False  # with replicas a "log" stop takes effect at the next step's `advance`
-    bytes0 = _step_bytes(net.comm)
-    bad_step, bad_loss = None, None  # the first step of this rank whose loss was NaN or inf, and that loss
-    t0 = time.perf_counter()
-    if rep is not None:
-        step = rep.first(net, net.step, last, checkpoint, model)
-    else:
-        step = net.step + 1 if net.step < last else None
-    while step is not None:
-        rows = batch_rows(config, n, step)
-        n_global = rows.shape[0]
-        if data_parallel and comm.size > 1:
-            lo, hi = shard_range(n_global, comm.rank, comm.size) if n_global >= comm.size else (0, n_global)
-            rows = rows[lo:hi]
-        batch = make_batch(X_parts, Y_parts, rows, step, n_global, norms)
-        if warmup is None:
-            tw = time.perf_counter()
-            step_loss = net.train_step(batch)
-            warmup = time.perf_counter() - tw
-        else:
-            step_loss = net.train_step(batch)
-        if bad_step is None and not math.isfinite(step_loss):
-            bad_step, bad_loss = step, step_loss
-        loss_acc += step_loss
-        loss_n += 1
-        steps_done += 1
-        stop = (callback is not None and callback("step", model, step) == "stop") or stop_logged
-        if rep is not None:
-            if callback is not None and loss_comm.size > 1:
-                stop = loss_comm.allreduce_max(float(stop)) > 0
-            nxt = rep.advance(step, stop)  # synchronisations; the last one ends the run
-            net = model.network  # shard_weights = "auto" re-shards once
-        else:
-            if checkpoint is not None and config.checkpoint_every and step % config.checkpoint_every == 0 \
-                    and step < total:
-                _stop_if_diverged(comm, bad_step, bad_loss)  # never a checkpoint of a diverged state
-                checkpoint(model, comm)
-            nxt = step + 1 if (step < last and not stop) else None
-        is_last = nxt is None
-        do_eval = eval_set is not None and (is_last or (config.eval_every and step % config.eval_every == 0))
-        if is_last or do_eval or step % config.log_every == 0:
-            dt = time.perf_counter() - t0
-            train_time += dt
-            loss = float(loss_comm.allreduce_sum(np.array([loss_acc]))[0]) / loss_n
-            if not math.isfinite(loss):  # every rank of loss_comm sees it: they stop together
-                _stop_if_diverged(loss_comm, bad_step, bad_loss if bad_loss is not None else loss)
-            sent = _step_bytes(net.comm) - bytes0
-            # with replicas the last record is the model's: every replica holds the average of
-            # all global steps up to net.step (this replica's own last step may be earlier)
-            at = net.step if (is_last and rep is not None) else step
-            record = {"step": at, "epoch": at / max(1, -(-n // config.batch_size)),
-                      "samples": at * config.batch_size, "wall_s": train_time, "wall_s_delta": dt,
-                      "loss": loss, "bytes_per_step": sent / max(1, steps_done),
-                      "peak_rss_mb": peak_rss_mb()}
-            if warmup_pending:
-                record["warmup_s"] = warmup
-                warmup_pending = False
-            if rep is not None:
-                record["sync_bytes"] = rep.sync_bytes()
-                record["syncs"] = rep.syncs
-            loss_acc, loss_n, steps_done, bytes0 = 0.0, 0, 0, _step_bytes(net.comm)
-            if do_eval:
-                with threadpool_limits(threads, user_api="blas"):
-                    record.update(evaluate(model, eval_set, k=5, exact=True))
-            history.append(record)
-            if verbose and comm.rank == 0:
-                print(format_record(record), flush=True)
-            if callback is not None and callback("log", model, record) == "stop":
-                if rep is None:
+    The protocol of a synchronisation schedule, which the loop (`_Loop`) calls:
+        network                       the network to train (a schedule may replace it, as
+                                      shard_weights = "auto" re-shards once)
+        start(net, base, last, checkpoints, at_checkpoint) -> int | None
+                                      deal global steps base + 1 .. last; the first one this
+                                      rank trains (None: nothing to train). checkpoints: the
+                                      global steps the loop wants checkpoints at;
+                                      at_checkpoint(network, step): the loop's checkpoint, to
+                                      call at a global point where every step up to `step` is
+                                      trained and the model is the same everywhere
+        agree_stop(stop) -> bool      a stop asked by the loop's callback, the same on every
+                                      rank that trains this step
+        after_step(step, stop) -> int | None
+                                      after global step `step`: synchronise and checkpoint when
+                                      due; the next global step this rank trains, or None (the
+                                      run is over, the model final and `network.step` its step)
+        stop_at_log() -> bool         a stop asked at a logging point: True ends the run there,
+                                      False passes it to the next after_step
+        record() -> dict              what a logging record adds (replicas: sync_bytes, syncs)
+        close()                       release what it holds (collective), after the run
+    """
+
+    def __init__(self):
+        self.network = None
+        self.last = 0
+        self.checkpoints: list[int] = []
+        self.at_checkpoint = None
+
+    def start(self, net, base: int, last: int, checkpoints=(), at_checkpoint=None) -> int | None:
+        self.network, self.last = net, int(last)
+        self.checkpoints = [int(c) for c in checkpoints if base < c <= last]
+        self.at_checkpoint = at_checkpoint
+        return base + 1 if base < last else None
+
+    def agree_stop(self, stop: bool) -> bool:
+        return stop
+
+    def after_step(self, step: int, stop: bool = False) -> int | None:
+        if self.checkpoints and self.checkpoints[0] == step:
+            self.checkpoints.pop(0)
+            if self.at_checkpoint is not None:
+                self.at_checkpoint(self.network, step)
+        return step + 1 if (step < self.last and not stop) else None
+
+    def stop_at_log(self) -> bool:
+        return True
+
+    def record(self) -> dict:
+        return {}
+
+    def close(self) -> None:
+        pass
+
+
+def checkpoint_steps(config: Config, base: int, total: int) -> list[int]:
+    """The global steps after `base` and before the schedule's last step (`total`) that end
+    with a checkpoint: every `checkpoint_every` steps (none for 0)."""
+    every = config.checkpoint_every
+    return list(range(every * (base // every + 1), total, every)) if every else []
+
+
+class _Loop:
+    """The training loop of one `fit` call: trains the global steps its schedule deals,
+    checkpoints when the schedule reaches a checkpoint step, logs every `log_every`
+    steps, evaluates every `eval_every` and at the end, and stops when the schedule
+    runs out, at `stop_at`, or when the callback asks."""
+
+    def __init__(self, model: Model, train: XMCData, test, callback, verbose: bool, threads: int,
+                 stop_at, checkpoint):
+        self.model, self.config, self.comm = model, model.config, model.comm
+        self.callback, self.verbose, self.threads, self.checkpoint = callback, verbose, threads, checkpoint
+        self.schedule = model.replicas if model.replicas is not None else Alone()
+        X = sp.csr_matrix(train.X)
+        self.X_parts = _csr_parts(X, model.network.dtype)  # no copy: normalised batch by batch
+        self.norms = input_norms(X, self.config.input_norm)
+        self.Y_parts = _csr_parts(sp.csr_matrix(train.Y), np.float32)
+        self.n = X.shape[0]
+        self.total = total_steps(self.config, self.n)
+        self.last = self.total if stop_at is None else min(self.total, stop_at)
+        self.eval_set = None
+        if test is not None:
+            m = min(self.config.eval_points, test.n_points)
+            self.eval_set = XMCData(test.X[:m], test.Y[:m])
+        self.timings = model.timings
+        # since the last logging point
+        self.loss_acc, self.loss_n, self.steps_done = 0.0, 0, 0
+        self.bytes0 = 0
+        self.t0 = 0.0
+        # training seconds of the earlier records (a resumed model's), and the timings' then
+        self.wall0 = sum(r.get("wall_s_delta", 0.0) for r in model.history)
+        self.train0 = self.timings["train"]
+        self.warmup = None  # the first step of the call compiles the kernels: timed apart
+        self.warmup_pending = True
+        self.stop_logged = False  # a "log" stop the schedule takes at the next after_step
+        self.bad_step, self.bad_loss = None, None  # this rank's first step whose loss was NaN or inf
+
+    def run(self) -> list:
+        model, schedule = self.model, self.schedule
+        net = model.network
+        net.set_total_steps(self.total)
+        self.bytes0 = _step_bytes(net.comm)
+        self.t0 = time.perf_counter()
+        step = schedule.start(net, net.step, self.last, checkpoint_steps(self.config, net.step, self.total),
+                              self._at_checkpoint)
+        while step is not None:
+            self._train(model.network, step)
+            stop = (self.callback is not None and self.callback("step", model, step) == "stop") or self.stop_logged
+            if self.callback is not None:
+                stop = schedule.agree_stop(stop)
+            nxt = schedule.after_step(step, stop)  # synchronisations, checkpoints; None: the run is over
+            model.network = schedule.network
+            if self._log_point(step, nxt is None) == "stop":
+                if schedule.stop_at_log():
                     break
-                stop_logged = True
-            t0 = time.perf_counter()
-        step = nxt
-    if rep is not None:
-        rep.close()
+                self.stop_logged = True
+            step = nxt
+        schedule.close()
+        return model.history
+
+    def _train(self, net: Network, step: int) -> None:
+        rows = batch_rows(self.config, self.n, step)
+        n_global = rows.shape[0]
+        batch = make_batch(self.X_parts, self.Y_parts, net.grad_hook.local_rows(rows), step, n_global, self.norms)
+        if self.warmup is None:
+            t = self.timings["warmup"]
+            with self.timings.time("warmup"):
+                step_loss = net.train_step(batch)
+            self.warmup = self.timings["warmup"] - t
+        else:
+            step_loss = net.train_step(batch)
+        if self.bad_step is None and not math.isfinite(step_loss):
+            self.bad_step, self.bad_loss = step, step_loss
+        self.loss_acc += step_loss
+        self.loss_n += 1
+        self.steps_done += 1
+
+    def _at_checkpoint(self, net: Network, step: int) -> None:
+        """The checkpoint of global step `step` (called by the schedule, on every rank of the
+        world): never of a diverged state; written by the ranks `save_model` picks."""
+        if self.checkpoint is None:
+            return
+        self.model.network = net
+        net.step = step
+        _stop_if_diverged(self.comm, self.bad_step, self.bad_loss)
+        save_model(self.model, self.checkpoint)
+
+    def _log_point(self, step: int, is_last: bool):
+        """A logging record when due (every log_every steps, evaluations, the last step);
+        returns what the callback returned for it."""
+        cfg, net = self.config, self.model.network
+        do_eval = self.eval_set is not None and (is_last or (cfg.eval_every and step % cfg.eval_every == 0))
+        if not (is_last or do_eval or step % cfg.log_every == 0):
+            return None
+        dt = time.perf_counter() - self.t0
+        self.timings.add("train", dt)
+        loss_comm = net.world  # the ranks that share a step's loss
+        loss = float(loss_comm.allreduce_sum(np.array([self.loss_acc]))[0]) / self.loss_n
+        if not math.isfinite(loss):  # every rank of loss_comm sees it: they stop together
+            _stop_if_diverged(loss_comm, self.bad_step, self.bad_loss if self.bad_loss is not None else loss)
+        sent = _step_bytes(net.comm) - self.bytes0
+        # the last record is the model's: with replicas every replica holds the average of all
+        # global steps up to net.step (this replica's own last step may be earlier)
+        at = net.step if is_last else step
+        record = {"step": at, "epoch": at / max(1, -(-self.n // cfg.batch_size)),
+                  "samples": at * cfg.batch_size, "wall_s": self.wall0 + self.timings["train"] - self.train0,
+                  "wall_s_delta": dt, "loss": loss, "bytes_per_step": sent / max(1, self.steps_done),
+                  "peak_rss_mb": peak_rss_mb()}
+        if self.warmup_pending:
+            record["warmup_s"] = self.warmup
+            self.warmup_pending = False
+        record.update(self.schedule.record())
+        self.loss_acc, self.loss_n, self.steps_done, self.bytes0 = 0.0, 0, 0, _step_bytes(net.comm)
+        if do_eval:
+            with threadpool_limits(self.threads, user_api="blas"):
+                record.update(evaluate(self.model, self.eval_set, k=5, exact=True))
+        self.model.history.append(record)
+        if self.verbose and self.comm.rank == 0:
+            print(format_record(record), flush=True)
+        out = self.callback("log", self.model, record) if self.callback is not None else None
+        self.t0 = time.perf_counter()
+        return out
+
+
+def _fit(model, train, test, callback, verbose, threads, stop_at, checkpoint):
+    history = _Loop(model, train, test, callback, verbose, threads, stop_at, checkpoint).run()
     return model, history
 
 

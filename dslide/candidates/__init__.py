@@ -66,20 +66,26 @@ class CandidateSource:
                                    (x float [B, d_in]); may learn from x
         own(x, skip, out)          each sample's own candidates (lsh.scope "sample"), if
                                    the source has them (`per_sample_candidates`)
-        maintain(step, W, b, dirty) -> str | None
+        maintain(step, W, b) -> str | None
                                    upkeep from the current weights W float [n_local, d_in]
-                                   and biases; dirty uint8 [n_local] marks the rows
-                                   changed since (the source clears what it consumed)
-        state() -> {name: array}   its arrays for a checkpoint (names prefixed by its kind)
+                                   and biases, using and clearing the rows of `dirty` it
+                                   consumed
+        state() -> {name: array}   its arrays for a checkpoint ("dirty", the others
+                                   prefixed by its kind)
         shard_axes() -> {name: None}
                                    the arrays of `state` that survive a new layout (every
                                    rank holds them alike); the others are rebuilt
-        load_state(arrays, same_layout, W, b, dirty)
+        load_state(arrays, same_layout, W, b)
         estimate(d_in, n_local, per_sample, lc, batch_size, itemsize) -> dict
                                    classmethod: bytes it will hold (tables, scratch), its
                                    largest transient (step) and the expected candidates
                                    of a batch, from the configuration alone (dslide.memory)
-        upkeep_s                   seconds spent in `maintain`
+
+    `dirty` uint8 [n_local] is the source's own: the rows whose weights changed since its
+    tables last saw them. Others mark rows through `stale_mask()` (the array an update
+    kernel marks in place: dslide.kernels.adam_rows) and `mark_stale(ids)` (rows a replica
+    synchronisation rewrote); only the source clears it. Its upkeep is timed by its layer
+    (the run's `upkeep[l]`, dslide.timings).
     """
 
     kind = "?"
@@ -88,7 +94,19 @@ class CandidateSource:
 
     def __init__(self, d_in: int, n_local: int, per_sample: int, lc: LSHConfig, seeds: tuple, per_step: int = 0):
         self.per_sample, self.per_step = per_sample, per_step
-        self.upkeep_s = 0.0
+        self.dirty = np.zeros(n_local, dtype=np.uint8)
+
+    def stale_mask(self) -> np.ndarray:
+        """`dirty` itself, for an update kernel to mark the rows it changed (nonzero: stale)."""
+        return self.dirty
+
+    def mark_stale(self, ids: np.ndarray) -> None:
+        """Rows `ids` changed outside an update (a replica synchronisation): stale."""
+        self.dirty[ids] = 1
+
+    def _load_dirty(self, arrays: dict, same_layout: bool) -> None:
+        """`dirty` from a checkpoint (same layout), else all clear (the tables are rebuilt)."""
+        self.dirty[...] = np.asarray(arrays["dirty"]) if same_layout else 0
 
     def own(self, x, skip, out):
         raise ValueError(f"candidate source {self.kind!r} gives no per-sample candidates (lsh.scope = 'sample')")

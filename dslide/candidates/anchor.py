@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 
 from dslide import kernels, lsh
@@ -56,24 +54,23 @@ class AnchorCandidates(CandidateSource):
         self.tables.observe(x, codes)
         return got
 
-    def maintain(self, step: int, W, b, dirty) -> str | None:
+    def maintain(self, step: int, W, b) -> str | None:
         """Refill the buckets from the current weights when due (and as soon as anchors exist)."""
         if not self.tables.ready or self.per_sample == 0:
             return None
         if self.filled and not self.refill.due(step):
             return None
-        t0 = time.perf_counter()
         self.tables.fill(W, b)
         self.filled = True
         self.refill.done(step)
-        dirty[:] = 0
-        self.upkeep_s += time.perf_counter() - t0
+        self.dirty[:] = 0
         return "refill"
 
     # -- state ------------------------------------------------------------------------------
 
     def state(self) -> dict:
-        out = {f"anchor.{k}": v for k, v in self.tables.state_arrays().items()}
+        out = {"dirty": self.dirty}
+        out.update({f"anchor.{k}": v for k, v in self.tables.state_arrays().items()})
         out["anchor.schedule"] = self.refill.state()
         out["anchor.filled"] = np.array([self.filled])
         return out
@@ -82,9 +79,10 @@ class AnchorCandidates(CandidateSource):
         # the anchors and the schedule are the same on every rank; the buckets are refilled
         return {"anchor.anchors": None, "anchor.counts": None, "anchor.ready": None, "anchor.schedule": None}
 
-    def load_state(self, arrays: dict, same_layout: bool, W, b, dirty) -> None:
+    def load_state(self, arrays: dict, same_layout: bool, W, b) -> None:
         """Restore `state()`; for a new layout (this source fresh) keep the anchors and the
         schedule and refill the buckets from this rank's weights."""
+        self._load_dirty(arrays, same_layout)
         if same_layout:
             self.tables.load_state_arrays({k[len("anchor."):]: v for k, v in arrays.items()
                                            if k.startswith("anchor.") and k not in ("anchor.schedule",
@@ -99,7 +97,7 @@ class AnchorCandidates(CandidateSource):
                 "anchors": anchor["anchor.anchors"], "counts": anchor["anchor.counts"],
                 "buckets": np.zeros((lc.L, lc.anchors, 0), np.int32),
                 "fill": np.zeros((lc.L, lc.anchors), np.int32), "ready": np.array([True])})
-        self.maintain(0, W, b, dirty)
+        self.maintain(0, W, b)
         if "anchor.schedule" in anchor:
             self.refill.load(anchor["anchor.schedule"])
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 
 from dslide import lsh
@@ -45,8 +43,8 @@ class HashCandidates(CandidateSource):
             ptr, ids = _cut_rows(ptr, ids, self.per_sample, spread=True)
         return _rank_major_union(ptr, ids, self.per_step)
 
-    def maintain(self, step: int, W, b, dirty) -> str | None:
-        t0 = time.perf_counter()
+    def maintain(self, step: int, W, b) -> str | None:
+        dirty = self.dirty
         what = None
         if not self.built or self.rebuild.due(step):
             self.tables.build(W)
@@ -63,20 +61,21 @@ class HashCandidates(CandidateSource):
             dirty[:] = 0
             self.rehash.done(step)
             what = "rehash"
-        self.upkeep_s += time.perf_counter() - t0
         return what
 
     def state(self) -> dict:
-        out = {f"tables.{k}": v for k, v in self.tables.state_arrays().items()}
+        out = {"dirty": self.dirty}
+        out.update({f"tables.{k}": v for k, v in self.tables.state_arrays().items()})
         out["tables.schedule"] = np.concatenate([self.rehash.state(), self.rebuild.state()])
         out["tables.built"] = np.array([self.built])
         return out
 
-    def load_state(self, arrays: dict, same_layout: bool, W, b, dirty) -> None:
+    def load_state(self, arrays: dict, same_layout: bool, W, b) -> None:
         """Restore `state()`; for a new layout (this source fresh) build the tables from this
         rank's weights."""
+        self._load_dirty(arrays, same_layout)
         if not same_layout:
-            self.maintain(0, W, b, dirty)
+            self.maintain(0, W, b)
             return
         self.tables.load_state_arrays({k[len("tables."):]: v for k, v in arrays.items()
                                        if k.startswith("tables.") and k not in ("tables.schedule", "tables.built")})

@@ -16,6 +16,7 @@ from dslide.comm import Comm
 from dslide.config import Config
 from dslide.optim import Adam
 from dslide.sharding import shard_bounds
+from dslide.timings import Timings
 from dslide.topk import blocked_topk
 
 
@@ -35,6 +36,8 @@ class Layer:
         maintain(step) -> str | None              periodic upkeep (LSH tables)
         state() -> {name: array}, shard_axes() -> {name: axis | None}, load_state(arrays, same_layout)
         sync_arrays() -> (rows, whole)            what replicas average (dslide.replicas)
+        take_touched() -> int64 [m]               the rows its updates changed since the last
+                                                  call (its `touched` mask, then cleared)
         rows_synced(ids)                          rows a replica synchronisation rewrote
         topk(x, k, exact) -> (scores, ids, n_scored)
                                                   an output layer's best k per input
@@ -43,7 +46,6 @@ class Layer:
                                                   an inference index over its neurons, from
                                                   the hidden vectors of that many training
                                                   points (0: the kind has none)
-        pop_timings() -> {name: seconds}          its own timings since the last call
         estimate(config, index, d_in, n, n_local, is_output, threads) -> {kind: bytes}
                                                   classmethod: its memory from the
                                                   configuration alone (dslide.memory)
@@ -51,9 +53,10 @@ class Layer:
     parallel = "data") and `kernel_bound` (its step is mostly numba kernels, which wait
     behind spinning BLAS threads: dslide.train._blas_threads).
 
-    `touched` uint8 [rows of W]: set by `update` on every row of W it changed
-    (axis 0: input rows of a dense layer, neurons of an LSH layer); the replica
-    synchronisation reads and clears it.
+    `touched` uint8 [rows of W] is the layer's own: set by `update` on every row of W it
+    changed (axis 0: input rows of a dense layer, neurons of an LSH layer); others read it
+    and take it (the replicas' synchronisation) only through `take_touched`. The layer
+    adds its own timings to the run's `timings` (dslide.timings).
     """
 
     kind = "?"
@@ -61,9 +64,10 @@ class Layer:
     kernel_bound = False
 
     def __init__(self, index, d_in, n, is_output, comm: Comm, config: Config, dtype, dense_grads=False,
-                 weights=None):
+                 weights=None, timings: Timings | None = None):
         self.index, self.d_in, self.n, self.is_output = index, d_in, n, is_output
         self.comm, self.config, self.dtype = comm, config, np.dtype(dtype)
+        self.timings = timings if timings is not None else Timings()
         # data parallel: every rank holds the whole layer and gradients are summed over ranks,
         # which needs them as whole arrays
         self.dense_grads = dense_grads
@@ -93,8 +97,12 @@ class Layer:
     def maintain(self, step: int) -> str | None:
         return None
 
-    def pop_timings(self) -> dict:
-        return {}
+    def take_touched(self) -> np.ndarray:
+        """The rows of W (axis 0) that `update` changed since the last call, int64 sorted;
+        their marks are cleared."""
+        ids = np.flatnonzero(self.touched).astype(np.int64)
+        self.touched[ids] = 0
+        return ids
 
     # -- inference ------------------------------------------------------------------------
 
@@ -133,7 +141,7 @@ class Layer:
 
     def sync_arrays(self) -> tuple[list, list]:
         """(rows, whole): the parameters replicas average. `rows` share axis 0 with
-        `touched` and are averaged on the rows some replica changed; `whole` change
+        `touched` (`take_touched`) and are averaged on the rows some replica changed; `whole` change
         entirely every step (a dense layer's bias) and are averaged whole. Adam's
         moments are not among them: each replica keeps its own (docs/replicas.md)."""
         return [self.W], [self.b]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import time
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -17,6 +17,7 @@ from dslide.layers.base import Layer
 from dslide.loss import label_targets
 from dslide.optim import Grads
 from dslide.sharding import scaled_count
+from dslide.timings import upkeep_name
 
 
 def block_counts(lc: LSHConfig, n: int, n_local: int) -> tuple[int, int, int]:
@@ -28,6 +29,28 @@ def block_counts(lc: LSHConfig, n: int, n_local: int) -> tuple[int, int, int]:
     n_random = lc.random_count(n)
     n_random = min(scaled_count(n_random, n_local, n), n_local) if n_random else 0
     return max_active, max_candidates, n_random
+
+
+@dataclass
+class Block:
+    """A training step's block, as `LSHLayer.block_hook` receives it (a debug hook: tests
+    and reports; the training step never keeps it).
+
+    ids int32 [m] local ids: the labels, then the candidates, then the random neurons;
+    labels, candidates, random: their counts (candidates: with lsh.scope "sample" the mean
+    of each sample's own); own: None, or int32 [B, k] each sample's own candidates (-1 past
+    its count)."""
+
+    ids: np.ndarray
+    labels: int
+    candidates: float
+    random: int
+    own: np.ndarray | None = None
+
+    @property
+    def counts(self) -> tuple:
+        """(labels, candidates, random)."""
+        return self.labels, self.candidates, self.random
 
 
 class LSHLayer(Layer):
@@ -76,15 +99,13 @@ class LSHLayer(Layer):
         self.neg_key = rng.stream_key(seed, rng.NEGATIVES, self.index, self.lo)
         self._pos = np.full(self.n_local, -1, dtype=np.int32)
         self._mark = np.zeros(self.n_local, dtype=np.uint8)
-        self.dirty = np.zeros(self.n_local, dtype=np.uint8)
         self.touched = np.zeros(self.n_local, dtype=np.uint8)
         self.inference_index = None  # dslide.index.InferenceIndex, from build_index
-        self.query_time = 0.0
-        self.last_block = (0, 0, 0)  # (labels, candidates, random) of the last training step, for reports
-        self.last_ids = np.empty(0, dtype=np.int32)  # and its local ids, for checks
-        self.last_own = None  # lsh.scope "sample": each sample's own candidates of the last step, for checks
         self.block_sum, self.block_steps = np.zeros(3), 0  # running totals, for `block_mean`
-        self.candidates.maintain(0, self.W, self.b, self.dirty)
+        #: debug hook: None, or a callable given each training step's `Block` (tests, reports)
+        self.block_hook = None
+        with self.timings.time(upkeep_name(self.index)):
+            self.candidates.maintain(0, self.W, self.b)
 
     def _make_candidates(self):
         seed = self.config.seed
@@ -102,9 +123,8 @@ class LSHLayer(Layer):
             labels = np.unique(g[(g >= self.lo) & (g < self.hi)]).astype(np.int32) - self.lo
         else:
             labels = np.empty(0, dtype=np.int32)
-        t0 = time.perf_counter()
-        cand = np.empty(0, dtype=np.int32) if self.own else self.candidates.batch(x)
-        self.query_time += time.perf_counter() - t0
+        with self.timings.time("lsh_query"):
+            cand = np.empty(0, dtype=np.int32) if self.own else self.candidates.batch(x)
         if labels.size and cand.size:
             cand = cand[~np.isin(cand, labels, assume_unique=True)]
         exact = np.concatenate([labels, cand]).astype(np.int32)
@@ -119,23 +139,22 @@ class LSHLayer(Layer):
         corr = np.zeros(C.size, dtype=self.dtype)
         own, n_cand = None, cand.size
         if self.own:
-            t0 = time.perf_counter()
-            own_ids = np.empty((x.shape[0], self.max_active), np.int32)
-            cnt = self.candidates.own(x, C, own_ids)
-            if cnt is None:
-                own_ids, cnt = own_ids[:, :0], np.zeros(x.shape[0], np.int64)
-            self.query_time += time.perf_counter() - t0
+            with self.timings.time("lsh_query"):
+                own_ids = np.empty((x.shape[0], self.max_active), np.int32)
+                cnt = self.candidates.own(x, C, own_ids)
+                if cnt is None:
+                    own_ids, cnt = own_ids[:, :0], np.zeros(x.shape[0], np.int64)
             row_corr = np.zeros(x.shape[0], dtype=self.dtype)
             if rand.size:
                 row_corr[:] = np.log((self.n_local - exact.size - cnt) / rand.size)
             own, n_cand = (own_ids, row_corr), (float(cnt.mean()) if cnt.size else 0.0)
-            self.last_own = own_ids
         elif self.is_output and rand.size:
             # the random neurons stand for every neuron of the slice not scored exactly
             corr[exact.size:] = np.log((self.n_local - exact.size) / rand.size)
-        self.last_block, self.last_ids = (labels.size, n_cand, rand.size), C
-        self.block_sum += self.last_block
+        self.block_sum += (labels.size, n_cand, rand.size)
         self.block_steps += 1
+        if self.block_hook is not None:
+            self.block_hook(Block(C, labels.size, n_cand, rand.size, None if own is None else own[0]))
         return C, corr, labels.size, own
 
     # -- forward / backward ----------------------------------------------------------------
@@ -204,7 +223,7 @@ class LSHLayer(Layer):
 
     def update(self, grads: Grads, hp, step: int = 0) -> None:
         kernels.adam_rows(grads.rows, grads.G, grads.gbr, self.W, self.opt_W.m, self.opt_W.v,
-                          self.b, self.opt_b.m, self.opt_b.v, hp, self.dirty,
+                          self.b, self.opt_b.m, self.opt_b.v, hp, self.candidates.stale_mask(),
                           self.opt_W.rounding(step), self.opt_b.rounding(step))
         self.touched[grads.rows] = 1
 
@@ -212,10 +231,11 @@ class LSHLayer(Layer):
         return [self.W, self.b], []
 
     def rows_synced(self, ids: np.ndarray) -> None:
-        self.dirty[ids] = 1  # their hash codes are stale: rehashed with the updated rows
+        self.candidates.mark_stale(ids)  # their hash codes are stale: rehashed with the updated rows
 
     def maintain(self, step: int) -> str | None:
-        return self.candidates.maintain(step, self.W, self.b, self.dirty)
+        with self.timings.time(upkeep_name(self.index)):
+            return self.candidates.maintain(step, self.W, self.b)
 
     def block_mean(self) -> dict:
         """This rank's mean block per training step so far: labels, candidates, random neurons."""
@@ -224,11 +244,8 @@ class LSHLayer(Layer):
 
     @property
     def upkeep_s(self) -> float:
-        return self.candidates.upkeep_s
-
-    def pop_timings(self) -> dict:
-        out, self.query_time = {"lsh_query": self.query_time}, 0.0
-        return out
+        """Seconds its candidate source spent in upkeep (the run's `upkeep[l]` timing)."""
+        return self.timings[upkeep_name(self.index)]
 
     # -- inference index ----------------------------------------------------------------
 
@@ -272,10 +289,8 @@ class LSHLayer(Layer):
         if self.inference_index is None:
             raise ValueError("this model has no inference index for --lsh: it is built at the end of "
                              "training (lsh.index_anchors > 0); score every label instead (exact)")
-        t0 = time.perf_counter()
-        out = self.inference_index.topk(x, self.W, self.b, k, self.lo, self.comm, self.lc)
-        self.query_time += time.perf_counter() - t0
-        return out
+        with self.timings.time("index_query"):
+            return self.inference_index.topk(x, self.W, self.b, k, self.lo, self.comm, self.lc)
 
     # -- state ------------------------------------------------------------------------------
 
@@ -293,7 +308,7 @@ class LSHLayer(Layer):
         per, _, n_random = block_counts(lc, n, n_local)
         source = SOURCES[lc.family].estimate(d_in, n_local, per, lc, B, item)
         out["tables"] = source["tables"]
-        # _pos int32, _mark, dirty, touched uint8 [n_local]; and the source's own
+        # _pos int32, _mark, touched, the source's stale mask uint8 [n_local]; and the source's own
         out["scratch"] = n_local * 7 + source["scratch"]
         labels = min(n_local, int(np.ceil(B * 5 * n_local / n))) if is_output else 0  # ~5 labels a point
         m = min(n_local, labels + source["candidates"] + n_random)
@@ -308,7 +323,6 @@ class LSHLayer(Layer):
     def state(self, weights_only: bool = False) -> dict:
         out = super().state(weights_only)
         if not weights_only:
-            out["dirty"] = self.dirty
             out.update(self.candidates.state())
         if self.inference_index is not None:
             out.update(self.inference_index.state())
@@ -328,11 +342,11 @@ class LSHLayer(Layer):
 
     def _load_candidates(self, arrays: dict, same_layout: bool) -> None:
         if same_layout:
-            self.dirty[...] = np.asarray(arrays["dirty"])
-        else:
-            self.dirty[...] = 0
-            self.candidates = self._make_candidates()
-        self.candidates.load_state(arrays, same_layout, self.W, self.b, self.dirty)
+            self.candidates.load_state(arrays, True, self.W, self.b)
+            return
+        self.candidates = self._make_candidates()
+        with self.timings.time(upkeep_name(self.index)):  # a new layout's tables are built here
+            self.candidates.load_state(arrays, False, self.W, self.b)
 
     def shard_axes(self) -> dict:
         out = super().shard_axes()

@@ -57,7 +57,7 @@ def _batches(X, seed):
 
 def _peer_stack(rep, arr):
     """[R, ...] every replica's copy of this rank's shard of `arr`."""
-    return np.stack(rep.peer.allgather_object(np.array(arr))) if rep.R > 1 else np.array(arr)[None]
+    return np.stack(rep.peer.allgather_object(np.array(arr))) if rep.n_replicas > 1 else np.array(arr)[None]
 
 
 @needs_replicas
@@ -107,7 +107,7 @@ def test_allreduce_sets_the_touched_rows_to_their_mean_and_leaves_the_others(R, 
     rep.attach(net)
     xp, yp, rows = _csr_parts(X), _csr_parts(Y, np.float32), _batches(X, 2)
     for k in range(2):  # replica g trains batches g, g + R, ...: different rows touched
-        net.train_step(make_batch(xp, yp, rows(k * R + rep.g), k + 1))
+        net.train_step(make_batch(xp, yp, rows(k * R + rep.replica), k + 1))
     before = [[_peer_stack(rep, a) for a in rows_ + whole] for rows_, whole in (l.sync_arrays() for l in net.layers)]
     masks = [_peer_stack(rep, l.touched) for l in net.layers]
     moments = [[a.copy() for a in (l.opt_W.m, l.opt_W.v, l.opt_b.m, l.opt_b.v)] for l in net.layers]
@@ -126,7 +126,7 @@ def test_allreduce_sets_the_touched_rows_to_their_mean_and_leaves_the_others(R, 
             mean = b.astype(np.float64).mean(axis=0)
             sel = U if i < n_rows else np.ones(b.shape[1], bool)
             np.testing.assert_allclose(a[sel], mean[sel], rtol=1e-6, atol=1e-7)
-            assert np.array_equal(a[~sel], b[rep.g][~sel]), "untouched rows are left as they were"
+            assert np.array_equal(a[~sel], b[rep.replica][~sel]), "untouched rows are left as they were"
             after = _peer_stack(rep, a).astype(np.float64).mean(axis=0)
             np.testing.assert_allclose(after, mean, rtol=1e-6, atol=1e-7)  # the law: the mean is kept
         assert not layer.touched.any()
@@ -161,7 +161,7 @@ def test_partial_pull_averages_each_row_with_the_partners_that_sent_it(R, kind):
     rep.attach(net)
     xp, yp, rows = _csr_parts(X), _csr_parts(Y, np.float32), _batches(X, 3)
     for k in range(2):
-        net.train_step(make_batch(xp, yp, rows(k * R + rep.g), k + 1))
+        net.train_step(make_batch(xp, yp, rows(k * R + rep.replica), k + 1))
     before = [[_peer_stack(rep, a) for a in arrs] for arrs in _arrays(net)]
     masks = [_peer_stack(rep, l.touched).astype(bool) for l in net.layers]
     moments = [[a.copy() for a in (l.opt_W.m, l.opt_W.v, l.opt_b.m, l.opt_b.v)] for l in net.layers]
@@ -170,7 +170,7 @@ def test_partial_pull_averages_each_row_with_the_partners_that_sent_it(R, kind):
     assert rep.pull() == R - 1 and rep.group_sizes == [R]
     for l, mom in zip(net.layers, moments):
         assert all(np.array_equal(a, b) for a, b in zip((l.opt_W.m, l.opt_W.v, l.opt_b.m, l.opt_b.v), mom))
-    g = rep.g
+    g = rep.replica
     for layer, pre, mask, arrs in zip(net.layers, before, masks, _arrays(net)):
         n_rows = len(layer.sync_arrays()[0])
         others = np.delete(mask, g, axis=0)  # [R - 1, rows]: which partner sent which row
@@ -207,31 +207,31 @@ def test_partial_reader_gets_the_rows_of_every_interval_it_missed(R):
     out = net.layers[-1]
     masks = []
     for k in range(3):
-        if rep.g == 1:
+        if rep.replica == 1:
             train(rows(k), k + 1)
             masks.append(out.touched.astype(bool).copy())
             rep.publish()
-    W1 = rep.peer.bcast_object(out.W.copy() if rep.g == 1 else None, root=1)
-    union = rep.peer.bcast_object(np.logical_or.reduce(masks) if rep.g == 1 else None, root=1)
-    last = rep.peer.bcast_object(masks[-1] if rep.g == 1 else None, root=1)
+    W1 = rep.peer.bcast_object(out.W.copy() if rep.replica == 1 else None, root=1)
+    union = rep.peer.bcast_object(np.logical_or.reduce(masks) if rep.replica == 1 else None, root=1)
+    last = rep.peer.bcast_object(masks[-1] if rep.replica == 1 else None, root=1)
     assert union.sum() > last.sum() > 0
     WORLD.barrier()
-    if rep.g == 0:
+    if rep.replica == 0:
         W0 = out.W.copy()
         assert rep.pull() == 1 and rep.missed == 0
         np.testing.assert_allclose(out.W[union], (W0[union].astype(np.float64) + W1[union]) / 2, rtol=1e-6)
         assert np.array_equal(out.W[~union], W0[~union])
     WORLD.barrier()
-    if rep.g == 1:
+    if rep.replica == 1:
         train(rows(3), 4)
         only = out.touched.astype(bool).copy()
         n_rows = [int(l.touched.sum()) for l in net.layers]
         rep.publish()
-    W1 = rep.peer.bcast_object(out.W.copy() if rep.g == 1 else None, root=1)
-    only = rep.peer.bcast_object(only if rep.g == 1 else None, root=1)
-    n_rows = rep.peer.bcast_object(n_rows if rep.g == 1 else None, root=1)
+    W1 = rep.peer.bcast_object(out.W.copy() if rep.replica == 1 else None, root=1)
+    only = rep.peer.bcast_object(only if rep.replica == 1 else None, root=1)
+    n_rows = rep.peer.bcast_object(n_rows if rep.replica == 1 else None, root=1)
     WORLD.barrier()
-    if rep.g == 0:
+    if rep.replica == 0:
         W0 = out.W.copy()
         b0 = rep.sync_bytes()
         assert rep.pull() == 1
@@ -261,7 +261,7 @@ def test_partial_skips_a_version_older_than_the_staleness_bound(R):
     X, _ = _data(L=300)
     rows = _batches(X, 9)
     limit = stale_limit(R, rep.config.sync_every)
-    train(rows(rep.g), 1)
+    train(rows(rep.replica), 1)
     rep.publish()
     WORLD.barrier()
     if WORLD.rank == 0:
@@ -273,7 +273,7 @@ def test_partial_skips_a_version_older_than_the_staleness_bound(R):
     WORLD.barrier()
     assert rep.pull() == 0 and rep.stale_skips == (R - 1 if rep.leader else 0), "a skipped version is not looked at again"
     WORLD.barrier()
-    train(rows(R + rep.g), 2)
+    train(rows(R + rep.replica), 2)
     rep.publish()  # published at the current counter: within the bound
     WORLD.barrier()
     W = net.layers[-1].W.copy()
@@ -292,10 +292,10 @@ def test_partial_sync_never_waits_for_a_replica_that_is_computing(R):
     rep, net, train = _partial(R)
     X, _ = _data(L=300)
     rows = _batches(X, 10)
-    train(rows(rep.g), 1)
+    train(rows(rep.replica), 1)
     rep.publish()
     WORLD.barrier()
-    if rep.g == 0:
+    if rep.replica == 0:
         times, used = [], []
         for k in range(3):
             train(rows(R * (k + 1)), k + 2)
@@ -379,7 +379,7 @@ def test_replica_runs_finish_under_random_delays_with_every_step_trained_once(R,
     model, steps, T = _fit_with_delays(R, mode, sync_every, seed=sync_every)
     assert time.monotonic() - t0 < 60
     rep = model.replicas
-    got = WORLD.allgather_object((rep.g, rep.p, steps))
+    got = WORLD.allgather_object((rep.replica, rep.shard, steps))
     per_replica = [s for g, p, s in got if p == 0]
     # ranks of one replica train the same steps
     assert all(s == per_replica[g] for g, p, s in got)
@@ -489,9 +489,9 @@ def test_auto_shard_weights_reshard_after_measuring():
     model, _ = fit(train, cfg, comm=WORLD, index=False)
     rep = model.replicas
     w = np.array(model.network.shard_weights)
-    assert w.shape == (rep.P,) and w.sum() == pytest.approx(1.0) and np.all(w > 0)
+    assert w.shape == (rep.n_shards,) and w.sum() == pytest.approx(1.0) and np.all(w > 0)
     for layer in model.network.layers:
-        assert layer.bounds.tolist() == shard_bounds(layer.n, rep.P, w).tolist()
+        assert layer.bounds.tolist() == shard_bounds(layer.n, rep.n_shards, w).tolist()
     assert model.network.step == 2 * (800 // 16)
 
 

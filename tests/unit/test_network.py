@@ -175,8 +175,10 @@ def test_lsh_layer_with_every_neuron_active_equals_exact_mode():
     for (We, be), (Ws, bs) in zip(_params_dense(net_e), _params_dense(net_s)):
         np.testing.assert_array_equal(We, Ws)
     loss_e = net_e.train_step(_batch(X, Y))
+    blocks = []
+    net_s.layers[1].block_hook = blocks.append  # the debug hook: each training step's block
     loss_s = net_s.train_step(_batch(X, Y))
-    assert sum(net_s.layers[1].last_block) == L  # every neuron in the step's block
+    assert sum(blocks[-1].counts) == L  # every neuron in the step's block
     assert loss_s == pytest.approx(loss_e, rel=1e-12)
     for (gWe, gbe), (gWs, gbs) in zip(_grads(net_e, exact.beta1), _grads(net_s, exact.beta1)):
         np.testing.assert_allclose(gWs, gWe, rtol=1e-10, atol=1e-14)
@@ -233,15 +235,17 @@ def test_own_candidates_gradient_is_each_samples_softmax_over_its_own_set():
     tables = out.candidates.tables
     code = ((h[:, None, :] - tables.anchors[0][None]) ** 2).sum(axis=2).argmin(axis=1)  # nearest anchor
     buckets = tables.buckets[0].copy()
+    blocks = []
+    out.block_hook = blocks.append
     loss = net.train_step(_batch(X, Y))
     U = np.unique(Y.indices)
-    n_lab, _, n_rand = out.last_block
-    C = out.last_ids
+    n_lab, _, n_rand = blocks[-1].counts
+    C = blocks[-1].ids
     assert n_lab == U.size and np.array_equal(C[:U.size], U) and C.size == U.size + n_rand
     rand = C[U.size:]
     assert 0 < rand.size <= 6 and not np.isin(rand, U).any()
     own = [[j for j in buckets[code[i]] if j not in C][:k] for i in range(X.shape[0])]
-    P = out.last_own
+    P = blocks[-1].own
     assert P.shape == (X.shape[0], k)
     for i in range(X.shape[0]):
         assert list(P[i][P[i] >= 0]) == own[i] and (P[i][len(own[i]):] == -1).all()
@@ -263,11 +267,13 @@ def test_random_negatives_per_step_are_capped_by_the_share_of_the_layer():
                      lr_schedule="constant", lsh=_lsh_config(100, 0, min_active_share=share))
         net = Network(cfg, X.shape[1], Y.shape[1])
         assert net.layers[1].n_random == expected
+        blocks = []
+        net.layers[1].block_hook = blocks.append
         net.train_step(_batch(X, Y))
         n_labels = np.unique(Y.indices).size
         # the block: the batch's labels, (no candidates: max_active 0) then `expected` distinct
         # random neurons less those among the labels
-        n_lab, n_cand, n_rand = net.layers[1].last_block
+        n_lab, n_cand, n_rand = blocks[-1].counts
         assert (n_lab, n_cand) == (n_labels, 0)
         assert max(n_labels, expected) <= n_lab + n_rand <= n_labels + expected
         assert (n_rand == 0) == (expected == 0)
@@ -289,10 +295,12 @@ def test_sparse_gradient_is_the_restricted_softmax_gradient_and_zero_elsewhere(f
         out.candidates.batch(x)
         out.maintain(0)
     params = _params_dense(net)
+    blocks = []
+    out.block_hook = blocks.append
     loss = net.train_step(_batch(X, Y))
     U = np.unique(Y.indices)
-    n_lab, n_cand, n_rand = out.last_block
-    C = out.last_ids
+    n_lab, n_cand, n_rand = blocks[-1].counts
+    C = blocks[-1].ids
     assert n_lab == U.size and np.array_equal(C[:U.size], U), "the batch's labels lead the block"
     cand, rand = C[U.size:U.size + n_cand], C[U.size + n_cand:]
     assert n_cand > 0 and np.all(np.diff(cand) > 0) and not np.isin(cand, U).any()
@@ -487,6 +495,21 @@ def test_fit_gives_the_network_the_length_of_the_whole_run_even_when_stopped_ear
     assert model.network.lr_factor(7) == 0.0
 
 
+class _step_blocks(list):
+    """Per training step of a `fit`, the output layer's block (labels, candidates, random),
+    recomputed at each "step" event from the layer's running totals (`block_sum`)."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen = np.zeros(3)
+
+    def callback(self, event, model, info):
+        if event == "step":
+            total = model.network.layers[1].block_sum.copy()
+            self.append(tuple((total - self.seen).tolist()))
+            self.seen = total
+
+
 def test_max_active_zero_trains_with_no_candidates_in_any_block():
     """lsh.max_active = 0 is plain sampled softmax: every step's block holds the batch's
     labels and random neurons only, and the model still learns: measured P@1 0.532 after
@@ -497,9 +520,8 @@ def test_max_active_zero_trains_with_no_candidates_in_any_block():
     train, test = generate_split("tiny", seed=11)
     cfg = Config(hidden=(32,), kinds=("dense", "lsh"), threads=1, epochs=5, batch_size=64, lr=1e-2, dropout=0.0,
                  lsh=LSHConfig(min_active=100, max_active=0))
-    blocks = []
-    model, hist = fit(train, cfg, callback=lambda ev, m, info: blocks.append(m.network.layers[1].last_block)
-                      if ev == "step" else None, index=False)
+    blocks = _step_blocks()
+    model, hist = fit(train, cfg, callback=blocks.callback, index=False)
     assert len(blocks) == hist[-1]["step"] and all(c == 0 and r > 0 for _, c, r in blocks)
     counts = np.asarray(train.Y.sum(axis=0)).ravel()
     constant = float(test.Y[:, int(counts.argmax())].sum()) / test.n_points
@@ -526,9 +548,8 @@ def test_default_candidates_depend_on_the_layer_width_and_an_explicit_max_active
                                                                                            max_active=16))):
         cfg = Config(hidden=(16,), kinds=("dense", "lsh"), threads=1, epochs=1, batch_size=64, dropout=0.0,
                      lr=1e-2, lsh=lsh_cfg)
-        got = []
-        fit(train, cfg, callback=lambda ev, m, info: got.append(m.network.layers[1].last_block)
-            if ev == "step" else None, index=False)
+        got = _step_blocks()
+        fit(train, cfg, callback=got.callback, index=False)
         blocks[name] = got
     assert all(c == 0 for _, c, _ in blocks["default"])
     assert sum(c for _, c, _ in blocks["explicit"]) > 0
