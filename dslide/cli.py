@@ -282,13 +282,14 @@ def _threads_of(config) -> int:
     return T._threads(config)
 
 
-def _model_bytes(config, n_features: int, n_labels: int, comm, inference: bool = False) -> int:
+def _model_bytes(config, n_features: int, n_labels: int, comm, inference: bool = False, data=None) -> int:
     """What one rank allocates for the model (dslide.memory.account; for inference without
     Adam's moments, which stay unallocated), and the per-label arrays of its set-up."""
     from dslide import memory
 
     try:
-        acc = memory.account(config, n_features, n_labels, comm.size, comm.rank, threads=_threads_of(config))
+        acc = memory.account(config, n_features, n_labels, comm.size, comm.rank, threads=_threads_of(config),
+                             data=data)
     except MemoryError:  # even a hash family of that width cannot be drawn
         return 1 << 62
     except (ValueError, ZeroDivisionError):  # a layout the network itself refuses, with its own message
@@ -507,7 +508,8 @@ def _cmd_train(args, comm, held) -> int:
                              f"labels; the run in {args.resume} was trained on {saved['n_features']:,} and "
                              f"{saved['n_labels']:,}")
     config = config.resolve(train.n_labels, T.points_per_label(train.Y))
-    _check_memory(comm, _model_bytes(config, train.n_features, train.n_labels, comm),
+    _check_memory(comm, _model_bytes(config, train.n_features, train.n_labels, comm,
+                                     data=(train.n_points, train.X.nnz, train.Y.nnz)),
                   f"a model of {train.n_features:,} features, hidden {list(config.hidden)} and "
                   f"{train.n_labels:,} labels")
     if args.resume:

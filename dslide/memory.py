@@ -31,7 +31,7 @@ from __future__ import annotations
 from dslide.config import Config
 from dslide.sharding import shard_bounds
 
-PARTS = ("weights", "moments", "tables", "index", "scratch", "step", "index_build")
+PARTS = ("weights", "moments", "tables", "index", "scratch", "neighbours", "step", "index_build")
 
 
 def n_params(n_features: int, n_labels: int, hidden) -> int:
@@ -41,13 +41,16 @@ def n_params(n_features: int, n_labels: int, hidden) -> int:
 
 
 def account(config: Config, n_features: int, n_labels: int, world_size: int = 1, rank: int = 0,
-            threads: int = 1) -> dict:
+            threads: int = 1, data: tuple[int, int, int] | None = None) -> dict:
     """Expected bytes of rank `rank` of `world_size` (model parallel) by part, and their "total"
     (index_build is a transient at the end of training, not counted in the total: it falls
     when the step's buffers are free; `peak` is the larger of total and the index build's).
 
     Each layer kind reports its own slice's bytes (`Layer.estimate`); this sums them,
-    takes the largest transient, and adds the replicas' marks."""
+    takes the largest transient, and adds the replicas' marks.
+    data: (n_points, nnz of X, nnz of Y) of the training set, for the neighbour store
+    every rank holds where the neighbours' labels are fused (`neighbour_bytes`; 0 without it,
+    or where knn resolves to 0)."""
     from dslide.layers import KINDS as LAYER_KINDS
 
     config = config.resolve(n_labels)
@@ -69,7 +72,9 @@ def account(config: Config, n_features: int, n_labels: int, world_size: int = 1,
             out[k] = max(out[k], part.get(k, 0))
         if config.replicas > 1:  # the replicas' marks of recent and changed rows, uint8 each
             out["scratch"] += 2 * part["rows"]
-    out["total"] = sum(out[k] for k in ("weights", "moments", "tables", "index", "scratch", "step"))
+    if data is not None and config.knn != 0:  # None: the rule turned it on, or the data's shape was not given
+        out["neighbours"] = neighbour_bytes(n_features, *data)
+    out["total"] = sum(out[k] for k in ("weights", "moments", "tables", "index", "scratch", "neighbours", "step"))
     resident = out["total"] - out["step"]
     out["peak"] = max(out["total"], resident + out["index_build"])
     return out
@@ -102,6 +107,12 @@ def available_bytes() -> int | None:
             avail = room if avail is None else min(avail, room)
         break
     return avail
+
+
+def neighbour_bytes(n_features: int, n_points: int, nnz_x: int, nnz_y: int) -> int:
+    """The neighbour store (dslide.fusion.NeighbourLabels): the training rows by feature (int64
+    pointers, int32 point ids, float32 values) and their labels (int64 pointers, int32 ids)."""
+    return 8 * (n_features + 1) + 8 * nnz_x + 8 * (n_points + 1) + 4 * nnz_y
 
 
 def data_bytes(n_points: int, nnz_x: int, nnz_y: int, value_bytes: int = 4) -> int:

@@ -122,3 +122,27 @@ def test_account_matches_measured_resident_memory(adam):
     acc = r["account"]
     assert abs(r["grown"] - acc["total"]) < 0.10 * acc["total"] + (24 << 20), \
         f"measured {r['grown'] / 2**20:.0f} MiB, account {acc['total'] / 2**20:.0f} MiB: {acc}"
+
+
+def test_the_account_holds_the_neighbour_store_where_knn_is_on():
+    """The store every rank holds (dslide.fusion) is counted from the training set's size, and
+    matches the arrays a built store allocates."""
+    import numpy as np
+    import scipy.sparse as sp
+
+    from dslide import fusion
+    from dslide.memory import neighbour_bytes
+
+    rng = np.random.default_rng(0)
+    n, F, L = 500, 300, 5000
+    X = sp.random(n, F, density=0.05, format="csr", random_state=rng, dtype=np.float32)
+    Y = sp.random(n, L, density=0.001, format="csr", random_state=rng, dtype=np.float32)
+    store = fusion.NeighbourLabels.build(X, Y)
+    assert neighbour_bytes(F, n, X.nnz, Y.nnz) == store.nbytes()
+    data = (n, X.nnz, Y.nnz)
+    account = memory.account
+    on = account(Config(hidden=(16,)), F, L, data=data)
+    off = account(Config(hidden=(16,), knn=0), F, L, data=data)
+    assert on["neighbours"] == store.nbytes() and off["neighbours"] == 0
+    assert on["total"] - off["total"] == store.nbytes()
+    assert account(Config(hidden=(16,)), F, L)["neighbours"] == 0  # no data: not known
