@@ -39,6 +39,7 @@ import numpy as np
 from numba import njit, prange
 
 from ._common import check_int, check_seed
+from ._topk import push_top
 
 
 # ----------------------------------------------------------------------------
@@ -220,20 +221,6 @@ def union_of_buckets(codes, buckets, fill, limit, total, mark):
 
 
 @njit(inline="always")
-def _push(top_s, top_i, r, k, v, j):
-    """Insert score v of item j into row r of a sorted top k (score desc, id asc)."""
-    t = k - 1
-    if v < top_s[r, t] or (v == top_s[r, t] and j > top_i[r, t]):
-        return
-    while t > 0 and (v > top_s[r, t - 1] or (v == top_s[r, t - 1] and j < top_i[r, t - 1])):
-        top_s[r, t] = top_s[r, t - 1]
-        top_i[r, t] = top_i[r, t - 1]
-        t -= 1
-    top_s[r, t] = v
-    top_i[r, t] = j
-
-
-@njit(inline="always")
 def _score_once(X, W, b, q, j, mark, k, out_scores, out_ids):
     """Score item j for query q into its top k unless marked (then 0); returns 1 if scored."""
     if mark[j]:
@@ -242,7 +229,7 @@ def _score_once(X, W, b, q, j, mark, k, out_scores, out_ids):
     acc = 0.0
     for f in range(X.shape[1]):
         acc += W[j, f] * X[q, f]
-    _push(out_scores, out_ids, q, k, acc + b[j], j)
+    push_top(out_scores, out_ids, q, k, k, acc + b[j], j)
     return 1
 
 
@@ -364,14 +351,14 @@ def topk_by_anchor(X, W, b, order, gptr, ganchor, buckets, fill, k, n_chunks, xp
                         e1 += w1[f] * yf
                         e2 += w2[f] * yf
                         e3 += w3[f] * yf
-                    _push(top_s, top_i, qi, k, c0 + b[j0], j0)
-                    _push(top_s, top_i, qi, k, c1 + b[j1], j1)
-                    _push(top_s, top_i, qi, k, c2 + b[j2], j2)
-                    _push(top_s, top_i, qi, k, c3 + b[j3], j3)
-                    _push(top_s, top_i, qi + 1, k, e0 + b[j0], j0)
-                    _push(top_s, top_i, qi + 1, k, e1 + b[j1], j1)
-                    _push(top_s, top_i, qi + 1, k, e2 + b[j2], j2)
-                    _push(top_s, top_i, qi + 1, k, e3 + b[j3], j3)
+                    push_top(top_s, top_i, qi, k, k, c0 + b[j0], j0)
+                    push_top(top_s, top_i, qi, k, k, c1 + b[j1], j1)
+                    push_top(top_s, top_i, qi, k, k, c2 + b[j2], j2)
+                    push_top(top_s, top_i, qi, k, k, c3 + b[j3], j3)
+                    push_top(top_s, top_i, qi + 1, k, k, e0 + b[j0], j0)
+                    push_top(top_s, top_i, qi + 1, k, k, e1 + b[j1], j1)
+                    push_top(top_s, top_i, qi + 1, k, k, e2 + b[j2], j2)
+                    push_top(top_s, top_i, qi + 1, k, k, e3 + b[j3], j3)
                 if ng % 2:  # the odd query out: 4 items at a time
                     qi = ng - 1
                     x = Q[qi]
@@ -385,17 +372,17 @@ def topk_by_anchor(X, W, b, order, gptr, ganchor, buckets, fill, k, n_chunks, xp
                         c1 += w1[f] * xf
                         c2 += w2[f] * xf
                         c3 += w3[f] * xf
-                    _push(top_s, top_i, qi, k, c0 + b[j0], j0)
-                    _push(top_s, top_i, qi, k, c1 + b[j1], j1)
-                    _push(top_s, top_i, qi, k, c2 + b[j2], j2)
-                    _push(top_s, top_i, qi, k, c3 + b[j3], j3)
+                    push_top(top_s, top_i, qi, k, k, c0 + b[j0], j0)
+                    push_top(top_s, top_i, qi, k, k, c1 + b[j1], j1)
+                    push_top(top_s, top_i, qi, k, k, c2 + b[j2], j2)
+                    push_top(top_s, top_i, qi, k, k, c3 + b[j3], j3)
             for s in range(F4, F):  # the last F % 4 items one at a time
                 j = buckets[0, a, s]
                 for qi in range(ng):
                     acc = np.float32(0.0)
                     for f in range(d):
                         acc += W[j, f] * Q[qi, f]
-                    _push(top_s, top_i, qi, k, acc + b[j], j)
+                    push_top(top_s, top_i, qi, k, k, acc + b[j], j)
             for qi in range(ng):
                 q = order[g0 + qi]
                 extra = 0
@@ -414,7 +401,7 @@ def topk_by_anchor(X, W, b, order, gptr, ganchor, buckets, fill, k, n_chunks, xp
                     acc = np.float32(0.0)
                     for f in range(d):
                         acc += W[j, f] * Q[qi, f]
-                    _push(top_s, top_i, qi, k, acc + b[j], j)
+                    push_top(top_s, top_i, qi, k, k, acc + b[j], j)
                     extra += 1
                 for t in range(k):
                     out_scores[q, t] = top_s[qi, t]
