@@ -176,32 +176,23 @@ def score_top(C, W, b, T: int, block: int = 64):
     return ids, scores
 
 
-@njit(cache=True)
-def union_of_buckets(codes, buckets, fill, limit, total, mark):
-    """The union of the first `limit` entries of the buckets named by codes int32 [n, L]
-    (table l's bucket codes[i, l]), at most `total` ids (0: no cap), as sorted int32 ids.
-
-    Entries are taken rank by rank (every named bucket's best, then every
-    bucket's second, ...), so a cap keeps the best ranks of all the buckets.
-    buckets int32 [L, A, T], fill int32 [L, A]; mark uint8 [n_items] all zero
-    on entry and on return.
-    """
-    n, L = codes.shape
-    cap = 0
+@njit(inline="always")
+def _take_by_rank(codes, lo, hi, buckets, fill, limit, cap, mark, out):
+    """Walk the buckets named by rows lo..hi-1 of codes int32 [n, L] rank by rank (every
+    bucket's best, then every bucket's second, ...; within a rank, row by row, then table by
+    table), each bucket cut to its first `limit` entries, and append to out the ids with
+    mark[j] == 0, marking them (mark[j] = 1), until `cap` are taken. Returns how many;
+    their marks stay set (the caller clears them)."""
+    L = codes.shape[1]
     depth = 0
-    for i in range(n):
+    for i in range(lo, hi):
         for l in range(L):
-            f = min(limit, fill[l, codes[i, l]])
-            cap += f
-            depth = max(depth, f)
-    if total > 0:
-        cap = min(cap, total)
-    out = np.empty(cap, np.int32)
+            depth = max(depth, min(limit, fill[l, codes[i, l]]))
     c = 0
     for t in range(depth):
         if c >= cap:
             break
-        for i in range(n):
+        for i in range(lo, hi):
             if c >= cap:
                 break
             for l in range(L):
@@ -214,10 +205,51 @@ def union_of_buckets(codes, buckets, fill, limit, total, mark):
                         c += 1
                         if c >= cap:
                             break
+    return c
+
+
+@njit(cache=True)
+def union_of_buckets(codes, buckets, fill, limit, total, mark):
+    """The union of the first `limit` entries of the buckets named by codes int32 [n, L]
+    (table l's bucket codes[i, l]), at most `total` ids (0: no cap), as sorted int32 ids.
+
+    Entries are taken rank by rank (every named bucket's best, then every
+    bucket's second, ...), so a cap keeps the best ranks of all the buckets.
+    buckets int32 [L, A, T], fill int32 [L, A]; mark uint8 [n_items] all zero
+    on entry and on return.
+    """
+    n, L = codes.shape
+    cap = 0
+    for i in range(n):
+        for l in range(L):
+            cap += min(limit, fill[l, codes[i, l]])
+    if total > 0:
+        cap = min(cap, total)
+    out = np.empty(cap, np.int32)
+    c = _take_by_rank(codes, 0, n, buckets, fill, limit, cap, mark, out)
     res = np.sort(out[:c])
     for t in range(c):
         mark[res[t]] = 0
     return res
+
+
+@njit(cache=True)
+def union_per_query(codes, buckets, fill, k, mark, out):
+    """`union_of_buckets` of each query alone, in rank order: per query i, into out int32
+    [n, k] (-1 past its count), the first k distinct entries of its buckets (table l's
+    bucket codes[i, l] of buckets int32 [L, A, T], rank by rank across the tables) that
+    are not marked (mark uint8 [n_items] != 0: taken elsewhere already). Returns the
+    counts int64 [n]; mark comes back as it went in."""
+    n = codes.shape[0]
+    cnt = np.zeros(n, np.int64)
+    for i in range(n):
+        c = _take_by_rank(codes, i, i + 1, buckets, fill, buckets.shape[2], k, mark, out[i])
+        for t in range(c):
+            mark[out[i, t]] = 0
+        for t in range(c, k):
+            out[i, t] = -1
+        cnt[i] = c
+    return cnt
 
 
 @njit(inline="always")
