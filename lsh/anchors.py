@@ -114,7 +114,7 @@ def _top_of_row(row, T, ids_out, scores_out):
     for j in range(n):
         if row[j] >= v:
             c += 1
-    if c < T:  # (one branch for both cases: two ways to build `keep` made numba's loops 12x slower)
+    if c < T:  # (one branch for both cases: two ways to build `keep` made numba's loops far slower)
         v = row.dtype.type(-np.inf)
         c = n
     keep = np.empty(c, np.int64)
@@ -448,7 +448,7 @@ def kmeanspp_seed(X, A, u):
     The first centre is row floor(u[0] n); centre t is drawn with probability
     proportional to the squared distance to the nearest centre so far, by the
     uniform u[t] in [0, 1). Serial (a parallel loop inside the loop over
-    centres ran 50x slower): the result depends only on X and u.
+    centres ran far slower): the result depends only on X and u.
     """
     n, d = X.shape
     out = np.empty(A, np.int64)
