@@ -27,7 +27,7 @@ PARALLEL = ("model", "data")
 #: lsh.max_active left at None: this many candidates per sample in a layer of at least
 #: CANDIDATES_MIN_WIDTH neurons, none in a narrower one (LSHConfig.active_count)
 MAX_ACTIVE = 512
-CANDIDATES_MIN_WIDTH = 250_000  # between 100,000 (candidates lose) and 670,091 (they win): docs/lsh.md
+CANDIDATES_MIN_WIDTH = 250_000  # between a width where candidates lose and one where they win: docs/lsh.md
 #: lsh.scope: "batch", the batch's candidates scored by every sample (one shared block);
 #: "sample", each sample scores only its own, by gathers beside the shared block
 SCOPES = ("batch", "sample")
@@ -146,10 +146,9 @@ class LSHConfig:
     BLAS product for the whole batch; "sample" (output layer, family "anchor"):
     each sample scores only its own first `max_active` bucket entries (numba
     gathers) beside the shared block of labels and uniform negatives, and its
-    uniform correction counts only the neurons it did not score. Measured
-    (docs/lsh.md "Per-sample candidates"): at 20,000 labels more P@1 per epoch
-    (+2 to +5 points over the first ten), 28-48% fewer samples/s, a lower peak
-    at equal training time.
+    uniform correction counts only the neurons it did not score: more P@1 per
+    epoch for fewer samples/s (docs/lsh.md "Per-sample candidates" has the
+    measurements).
 
     family: where candidates come from (a key of dslide.candidates.SOURCES):
       "anchor" (default): `anchors` k-means centres of the layer's inputs,
@@ -188,10 +187,9 @@ class LSHConfig:
     `index_degree` nearest and as many reverse links; lsh.neighbors). The
     buckets give up the room those labels take on average, so a query scores
     about `index_share` of the labels in all. index_anchors = 0: no index;
-    index_neighbors = 0: buckets alone. Measured on the saved amazon-like
-    model (docs/lsh.md, bench_lsh.py --eval --rebuild): recall of the exact
-    top-10 0.962 from buckets alone at 2%, 0.989 with the neighbours, whose
-    labels bring P@5 from 2.7 points below exact scoring to 0.6 below.
+    index_neighbors = 0: buckets alone. The neighbours' labels recover much
+    of what the buckets miss of the exact top-10, and of P@5 (docs/lsh.md,
+    bench_lsh.py --eval --rebuild on the saved amazon-like model).
     """
 
     family: str = "anchor"
@@ -274,12 +272,10 @@ class LSHConfig:
 
     def active_count(self, width: int) -> int:
         """Candidates per sample in a layer of `width` neurons: max_active, or when it is None
-        MAX_ACTIVE if width >= CANDIDATES_MIN_WIDTH else 0. Measured (docs/lsh.md, bench.py
-        --parts schedule and lsh): with the default 5 epochs, at 670,091 labels candidates +
-        uniform negatives give 6.2 points of P@1 more than uniform negatives alone (and tie
-        with them given the same training time); at 20,000 labels the batch's candidates
-        cover half the layer, cost twice the time per step and give 1.4 points; at 100,000
-        they cost three times the time for no gain at equal time."""
+        MAX_ACTIVE if width >= CANDIDATES_MIN_WIDTH else 0. In a very wide layer candidates
+        and uniform negatives give more P@1 than uniform negatives alone; in a narrower one
+        the batch's candidates cover much of the layer and cost more time per step than they
+        gain (docs/lsh.md, bench.py --parts schedule and lsh)."""
         if self.max_active is not None:
             return self.max_active
         return MAX_ACTIVE if width >= CANDIDATES_MIN_WIDTH else 0
@@ -328,13 +324,8 @@ class Config:
         `auto_lsh_ratio` times wider than the neurons it computes and at least
         `auto_lsh_min_width` wide. scripts/bench_auto_lsh.py trains `small`
         with both kinds of output at several label counts and records their
-        samples/s and P@1 in docs/benchmarks.md; its run of 1 Dec 2026 (2
-        threads, a shared machine, lsh.min_active 2,048 then): LSH / dense samples/s 0.99 at 5,120
-        labels (width / LSH neurons 3.33), 0.92 at 10,000 (3.98), 2.54 at 14,000
-        (5.47), 1.31 at 20,000 (7.81), P@1 of LSH 0.1 to 3.0 points higher. The
-        defaults (4.0, 12,000) pick dense at the first two and LSH at the
-        last two, as measured; the crossover lies between 10,000 and 14,000
-        labels, not measured closer.)
+        samples/s and P@1 in docs/benchmarks.md, with where the defaults put
+        the crossover.)
         Empty: dense hidden layers and an "auto" output. The first layer reads
         the raw sparse features and is always dense.
     lsh: settings of every LSH layer; `lsh_layers` may give one per layer
@@ -355,8 +346,8 @@ class Config:
         (`dtype`). "bfloat16" (with float32 parameters) halves them: 8 bytes per
         parameter in all instead of 12; the update is computed in float32, m
         rounded to nearest and v stochastically (kernels.py says why).
-        Measured on amazon-like data: P@1 within 0.5 point of float32 moments
-        (scripts/bench_scale.py, docs/benchmarks.md).
+        scripts/bench_scale.py compares its P@1 with float32 moments on
+        amazon-like data (docs/benchmarks.md).
     checkpoint_moments: checkpoints hold Adam's moments (needed to resume);
         false writes weights only (half or a third of the bytes; for
         deployment: eval and predict read weights only anyway).
@@ -401,7 +392,7 @@ class Config:
         0 (default): wait as long as it takes, with MPI's blocking calls, as
         before. Not on by default because ranks also wait legitimately: for
         rank 0 writing a checkpoint's manifest or a large model's files, for a
-        rank compiling numba's kernels on a cold cache (10 to 19 s), for a rank
+        rank compiling numba's kernels on a cold cache, for a rank
         slowed by a shared machine; a timeout must be longer than any of these,
         which only the user knows (e.g. 600 for a large model).
     """

@@ -23,8 +23,8 @@ disk (cache=True), the parallel ones too, so only a process's first run after
 a change compiles. numba 0.68 loads a cached parallel kernel at any thread
 count (tests/unit/test_numba_cache.py; older numba versions crashed). numba keys
 its cache by the file that defines a kernel: after editing dslide/rng.py,
-whose functions other files' kernels inline, delete the __pycache__/*.nbi
-and *.nbc files (or touch those files).
+lsh/_common.py or lsh/_topk.py, whose functions other files' kernels inline,
+delete the __pycache__/*.nbi and *.nbc files (or touch those files).
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ from numba import get_thread_id, njit, prange, types
 from numba.extending import intrinsic, overload
 
 from dslide import rng
+from dslide.lsh.anchors import union_per_query
 
 EXP_FLOOR = -80.0  # exp(-80) = 1.8e-35: still a normal float32
 TINY = 1e-30
@@ -569,38 +570,10 @@ def dropout_mask(k, sample_ids, n, rate, out):
 # ----------------------------------------------------------------------------
 
 
-@njit(cache=True)
-def own_candidates(codes, buckets, fill, k, mark, out):
-    """Per sample i, into out int32 [B, k] (-1 past its count): the first k distinct
-    entries of its buckets (table l's bucket codes[i, l] of buckets int32 [L, A, T],
-    rank by rank across the tables) not marked (mark uint8 [n_items] != 0: scored
-    for every sample already). Returns the counts int64 [B]. mark comes back as it went in."""
-    B, L = codes.shape
-    cnt = np.zeros(B, np.int64)
-    for i in range(B):
-        c = 0
-        depth = 0
-        for l in range(L):
-            depth = max(depth, fill[l, codes[i, l]])
-        for t in range(depth):
-            if c >= k:
-                break
-            for l in range(L):
-                a = codes[i, l]
-                if t < fill[l, a]:
-                    j = buckets[l, a, t]
-                    if mark[j] == 0:
-                        mark[j] = 2
-                        out[i, c] = j
-                        c += 1
-                        if c >= k:
-                            break
-        for t in range(c):
-            mark[out[i, t]] = 0
-        for t in range(c, k):
-            out[i, t] = -1
-        cnt[i] = c
-    return cnt
+#: per sample i, the first k distinct ids of its buckets not marked (scored for every
+#: sample already), in rank order: lsh.anchors' union of buckets, per query. The name is
+#: the one dslide.candidates.anchor calls.
+own_candidates = union_per_query
 
 
 @njit(parallel=True, fastmath=True, cache=True)

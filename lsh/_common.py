@@ -21,7 +21,7 @@ import numbers
 
 import numba
 import numpy as np
-from numba import njit
+from numba import njit, prange
 
 from dslide import _numba_cache  # noqa: F401  (before any kernel: the cache is keyed by module name)
 
@@ -102,6 +102,47 @@ def assemble_code(vals, l, K, radix, range_pow, code_bits, red_a, red_b):
         return np.int64(code)
     x = red_a[l] * code + red_b[l]
     return np.int64(x >> np.uint64(64 - range_pow))
+
+
+@njit(inline="always")
+def hash_rows(row_values, rows, n, params, K, L, radix, n_scratch, range_pow, code_bits, red_a, red_b):
+    """The row-block driver of every family: bucket codes int32 [n, L] of n rows.
+
+    For each row i, row_values(rows, i, params, scratch, vals) writes the row's
+    K*L hash values into vals int32 [K*L] (scratch float32 [n_scratch] is its
+    own to use), and table l's bucket is `assemble_code(vals, l, ...)` with
+    values in [0, radix). `rows` is what the family reads rows from (a dense
+    float32 [n, dim], or a tuple of CSR arrays), `params` a tuple of its
+    parameter arrays and scalars. Blocks of ROW_BLOCK rows are the parallel
+    work items; each allocates its own vals and scratch. A row's codes depend
+    on that row alone, so they do not depend on the thread count.
+
+    Inlined (numba IR) into each family's `@njit(parallel=True, cache=True)`
+    kernel, which passes its own row kernel as a global: the cached kernels
+    take arrays and scalars only (a cached kernel taking a jitted function as
+    an argument misses the cache on every run), and the prange below is the
+    caller's own parallel loop.
+    """
+    out = np.empty((n, L), np.int32)
+    n_blocks = (n + ROW_BLOCK - 1) // ROW_BLOCK
+    for blk in prange(n_blocks):
+        vals = np.empty(K * L, np.int32)
+        scratch = np.empty(n_scratch, np.float32)
+        for i in range(blk * ROW_BLOCK, min(n, (blk + 1) * ROW_BLOCK)):
+            row_values(rows, i, params, scratch, vals)
+            for l in range(L):
+                out[i, l] = assemble_code(vals, l, K, radix, range_pow, code_bits, red_a, red_b)
+    return out
+
+
+@njit(inline="always")
+def values_rows(row_values, rows, n, params, n_hashes, n_scratch):
+    """Serial twin of `hash_rows`: the hash values int32 [n, n_hashes] themselves, row by row."""
+    out = np.empty((n, n_hashes), np.int32)
+    scratch = np.empty(n_scratch, np.float32)
+    for i in range(n):
+        row_values(rows, i, params, scratch, out[i])
+    return out
 
 
 @njit(cache=True)

@@ -39,6 +39,7 @@ import numpy as np
 from numba import njit, prange
 
 from ._common import check_int, check_seed
+from ._topk import push_top
 
 
 # ----------------------------------------------------------------------------
@@ -113,7 +114,7 @@ def _top_of_row(row, T, ids_out, scores_out):
     for j in range(n):
         if row[j] >= v:
             c += 1
-    if c < T:  # (one branch for both cases: two ways to build `keep` made numba's loops 12x slower)
+    if c < T:  # (one branch for both cases: two ways to build `keep` made numba's loops far slower)
         v = row.dtype.type(-np.inf)
         c = n
     keep = np.empty(c, np.int64)
@@ -175,32 +176,23 @@ def score_top(C, W, b, T: int, block: int = 64):
     return ids, scores
 
 
-@njit(cache=True)
-def union_of_buckets(codes, buckets, fill, limit, total, mark):
-    """The union of the first `limit` entries of the buckets named by codes int32 [n, L]
-    (table l's bucket codes[i, l]), at most `total` ids (0: no cap), as sorted int32 ids.
-
-    Entries are taken rank by rank (every named bucket's best, then every
-    bucket's second, ...), so a cap keeps the best ranks of all the buckets.
-    buckets int32 [L, A, T], fill int32 [L, A]; mark uint8 [n_items] all zero
-    on entry and on return.
-    """
-    n, L = codes.shape
-    cap = 0
+@njit(inline="always")
+def _take_by_rank(codes, lo, hi, buckets, fill, limit, cap, mark, out):
+    """Walk the buckets named by rows lo..hi-1 of codes int32 [n, L] rank by rank (every
+    bucket's best, then every bucket's second, ...; within a rank, row by row, then table by
+    table), each bucket cut to its first `limit` entries, and append to out the ids with
+    mark[j] == 0, marking them (mark[j] = 1), until `cap` are taken. Returns how many;
+    their marks stay set (the caller clears them)."""
+    L = codes.shape[1]
     depth = 0
-    for i in range(n):
+    for i in range(lo, hi):
         for l in range(L):
-            f = min(limit, fill[l, codes[i, l]])
-            cap += f
-            depth = max(depth, f)
-    if total > 0:
-        cap = min(cap, total)
-    out = np.empty(cap, np.int32)
+            depth = max(depth, min(limit, fill[l, codes[i, l]]))
     c = 0
     for t in range(depth):
         if c >= cap:
             break
-        for i in range(n):
+        for i in range(lo, hi):
             if c >= cap:
                 break
             for l in range(L):
@@ -213,24 +205,51 @@ def union_of_buckets(codes, buckets, fill, limit, total, mark):
                         c += 1
                         if c >= cap:
                             break
+    return c
+
+
+@njit(cache=True)
+def union_of_buckets(codes, buckets, fill, limit, total, mark):
+    """The union of the first `limit` entries of the buckets named by codes int32 [n, L]
+    (table l's bucket codes[i, l]), at most `total` ids (0: no cap), as sorted int32 ids.
+
+    Entries are taken rank by rank (every named bucket's best, then every
+    bucket's second, ...), so a cap keeps the best ranks of all the buckets.
+    buckets int32 [L, A, T], fill int32 [L, A]; mark uint8 [n_items] all zero
+    on entry and on return.
+    """
+    n, L = codes.shape
+    cap = 0
+    for i in range(n):
+        for l in range(L):
+            cap += min(limit, fill[l, codes[i, l]])
+    if total > 0:
+        cap = min(cap, total)
+    out = np.empty(cap, np.int32)
+    c = _take_by_rank(codes, 0, n, buckets, fill, limit, cap, mark, out)
     res = np.sort(out[:c])
     for t in range(c):
         mark[res[t]] = 0
     return res
 
 
-@njit(inline="always")
-def _push(top_s, top_i, r, k, v, j):
-    """Insert score v of item j into row r of a sorted top k (score desc, id asc)."""
-    t = k - 1
-    if v < top_s[r, t] or (v == top_s[r, t] and j > top_i[r, t]):
-        return
-    while t > 0 and (v > top_s[r, t - 1] or (v == top_s[r, t - 1] and j < top_i[r, t - 1])):
-        top_s[r, t] = top_s[r, t - 1]
-        top_i[r, t] = top_i[r, t - 1]
-        t -= 1
-    top_s[r, t] = v
-    top_i[r, t] = j
+@njit(cache=True)
+def union_per_query(codes, buckets, fill, k, mark, out):
+    """`union_of_buckets` of each query alone, in rank order: per query i, into out int32
+    [n, k] (-1 past its count), the first k distinct entries of its buckets (table l's
+    bucket codes[i, l] of buckets int32 [L, A, T], rank by rank across the tables) that
+    are not marked (mark uint8 [n_items] != 0: taken elsewhere already). Returns the
+    counts int64 [n]; mark comes back as it went in."""
+    n = codes.shape[0]
+    cnt = np.zeros(n, np.int64)
+    for i in range(n):
+        c = _take_by_rank(codes, i, i + 1, buckets, fill, buckets.shape[2], k, mark, out[i])
+        for t in range(c):
+            mark[out[i, t]] = 0
+        for t in range(c, k):
+            out[i, t] = -1
+        cnt[i] = c
+    return cnt
 
 
 @njit(inline="always")
@@ -242,7 +261,7 @@ def _score_once(X, W, b, q, j, mark, k, out_scores, out_ids):
     acc = 0.0
     for f in range(X.shape[1]):
         acc += W[j, f] * X[q, f]
-    _push(out_scores, out_ids, q, k, acc + b[j], j)
+    push_top(out_scores, out_ids, q, k, k, acc + b[j], j)
     return 1
 
 
@@ -364,14 +383,14 @@ def topk_by_anchor(X, W, b, order, gptr, ganchor, buckets, fill, k, n_chunks, xp
                         e1 += w1[f] * yf
                         e2 += w2[f] * yf
                         e3 += w3[f] * yf
-                    _push(top_s, top_i, qi, k, c0 + b[j0], j0)
-                    _push(top_s, top_i, qi, k, c1 + b[j1], j1)
-                    _push(top_s, top_i, qi, k, c2 + b[j2], j2)
-                    _push(top_s, top_i, qi, k, c3 + b[j3], j3)
-                    _push(top_s, top_i, qi + 1, k, e0 + b[j0], j0)
-                    _push(top_s, top_i, qi + 1, k, e1 + b[j1], j1)
-                    _push(top_s, top_i, qi + 1, k, e2 + b[j2], j2)
-                    _push(top_s, top_i, qi + 1, k, e3 + b[j3], j3)
+                    push_top(top_s, top_i, qi, k, k, c0 + b[j0], j0)
+                    push_top(top_s, top_i, qi, k, k, c1 + b[j1], j1)
+                    push_top(top_s, top_i, qi, k, k, c2 + b[j2], j2)
+                    push_top(top_s, top_i, qi, k, k, c3 + b[j3], j3)
+                    push_top(top_s, top_i, qi + 1, k, k, e0 + b[j0], j0)
+                    push_top(top_s, top_i, qi + 1, k, k, e1 + b[j1], j1)
+                    push_top(top_s, top_i, qi + 1, k, k, e2 + b[j2], j2)
+                    push_top(top_s, top_i, qi + 1, k, k, e3 + b[j3], j3)
                 if ng % 2:  # the odd query out: 4 items at a time
                     qi = ng - 1
                     x = Q[qi]
@@ -385,17 +404,17 @@ def topk_by_anchor(X, W, b, order, gptr, ganchor, buckets, fill, k, n_chunks, xp
                         c1 += w1[f] * xf
                         c2 += w2[f] * xf
                         c3 += w3[f] * xf
-                    _push(top_s, top_i, qi, k, c0 + b[j0], j0)
-                    _push(top_s, top_i, qi, k, c1 + b[j1], j1)
-                    _push(top_s, top_i, qi, k, c2 + b[j2], j2)
-                    _push(top_s, top_i, qi, k, c3 + b[j3], j3)
+                    push_top(top_s, top_i, qi, k, k, c0 + b[j0], j0)
+                    push_top(top_s, top_i, qi, k, k, c1 + b[j1], j1)
+                    push_top(top_s, top_i, qi, k, k, c2 + b[j2], j2)
+                    push_top(top_s, top_i, qi, k, k, c3 + b[j3], j3)
             for s in range(F4, F):  # the last F % 4 items one at a time
                 j = buckets[0, a, s]
                 for qi in range(ng):
                     acc = np.float32(0.0)
                     for f in range(d):
                         acc += W[j, f] * Q[qi, f]
-                    _push(top_s, top_i, qi, k, acc + b[j], j)
+                    push_top(top_s, top_i, qi, k, k, acc + b[j], j)
             for qi in range(ng):
                 q = order[g0 + qi]
                 extra = 0
@@ -414,7 +433,7 @@ def topk_by_anchor(X, W, b, order, gptr, ganchor, buckets, fill, k, n_chunks, xp
                     acc = np.float32(0.0)
                     for f in range(d):
                         acc += W[j, f] * Q[qi, f]
-                    _push(top_s, top_i, qi, k, acc + b[j], j)
+                    push_top(top_s, top_i, qi, k, k, acc + b[j], j)
                     extra += 1
                 for t in range(k):
                     out_scores[q, t] = top_s[qi, t]
@@ -429,7 +448,7 @@ def kmeanspp_seed(X, A, u):
     The first centre is row floor(u[0] n); centre t is drawn with probability
     proportional to the squared distance to the nearest centre so far, by the
     uniform u[t] in [0, 1). Serial (a parallel loop inside the loop over
-    centres ran 50x slower): the result depends only on X and u.
+    centres ran far slower): the result depends only on X and u.
     """
     n, d = X.shape
     out = np.empty(A, np.int64)

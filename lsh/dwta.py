@@ -25,9 +25,9 @@ code_bits = bit_length(bin_size**K - 1) (= K * log2(bin_size) for powers of two)
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
-from ._common import ROW_BLOCK, HashFamily, assemble_code, check_int, densify, draw_u64
+from ._common import HashFamily, check_int, densify, draw_u64, hash_rows, values_rows
 
 
 @njit(cache=True)
@@ -52,29 +52,22 @@ def dwta_row_values(x, bin_dims, bin_size, probe_a, probe_b, vals):
 
 
 @njit(cache=True)
+def _row(X, i, p, scratch, vals):
+    """Row kernel of `hash_rows`: row i of X through p = (bin_dims, bin_size, probe_a, probe_b)."""
+    dwta_row_values(X[i], p[0], p[1], p[2], p[3], vals)
+
+
+@njit(cache=True)
 def dwta_values(X, bin_dims, bin_size, n_bins, probe_a, probe_b):
     """Serial: int32 [n, n_bins] DWTA values of X float32 [n, dim]."""
-    n = X.shape[0]
-    out = np.empty((n, n_bins), np.int32)
-    for i in range(n):
-        dwta_row_values(X[i], bin_dims, bin_size, probe_a, probe_b, out[i])
-    return out
+    return values_rows(_row, X, X.shape[0], (bin_dims, bin_size, probe_a, probe_b), n_bins, 0)
 
 
 @njit(parallel=True, cache=True)
 def dwta_hash(X, bin_dims, bin_size, K, L, probe_a, probe_b, range_pow, code_bits, red_a, red_b):
     """Bucket codes int32 [n, L] of X float32 [n, dim] (parallel over row blocks)."""
-    n = X.shape[0]
-    n_bins = K * L
-    out = np.empty((n, L), np.int32)
-    n_blocks = (n + ROW_BLOCK - 1) // ROW_BLOCK
-    for blk in prange(n_blocks):
-        vals = np.empty(n_bins, np.int32)
-        for i in range(blk * ROW_BLOCK, min(n, (blk + 1) * ROW_BLOCK)):
-            dwta_row_values(X[i], bin_dims, bin_size, probe_a, probe_b, vals)
-            for l in range(L):
-                out[i, l] = assemble_code(vals, l, K, bin_size, range_pow, code_bits, red_a, red_b)
-    return out
+    return hash_rows(_row, X, X.shape[0], (bin_dims, bin_size, probe_a, probe_b), K, L, bin_size, 0,
+                     range_pow, code_bits, red_a, red_b)
 
 
 class DWTA(HashFamily):

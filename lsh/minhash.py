@@ -20,9 +20,9 @@ from __future__ import annotations
 
 import numba
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
-from ._common import ROW_BLOCK, HashFamily, assemble_code, check_int, densify, draw_u64
+from ._common import HashFamily, check_int, densify, draw_u64, hash_rows, values_rows
 
 
 @njit(cache=True, inline="always")
@@ -63,31 +63,30 @@ def minhash_row_values_csr(indices, present, lo, hi, feat_bin, feat_off, mask, p
 
 
 @njit(cache=True)
+def _dense_row(X, i, p, scratch, vals):
+    """Row kernel of `hash_rows`: the non-zeros of row i of X; p = (feat_bin, feat_off, mask, probe_a, probe_b)."""
+    minhash_row_values_dense(X[i], p[0], p[1], p[2], p[3], p[4], vals)
+
+
+@njit(cache=True)
+def _csr_row(rows, i, p, scratch, vals):
+    """Row kernel of `hash_rows`: CSR row i of rows = (indptr, indices, present); p as `_dense_row`'s."""
+    indptr, indices, present = rows
+    minhash_row_values_csr(indices, present, indptr[i], indptr[i + 1], p[0], p[1], p[2], p[3], p[4], vals)
+
+
+@njit(cache=True)
 def minhash_values(X, feat_bin, feat_off, mask, n_bins, probe_a, probe_b):
     """Serial: int32 [n, n_bins] MinHash values of the non-zeros of X float32 [n, dim]."""
-    n = X.shape[0]
-    out = np.empty((n, n_bins), np.int32)
-    for i in range(n):
-        minhash_row_values_dense(X[i], feat_bin, feat_off, mask, probe_a, probe_b, out[i])
-    return out
+    return values_rows(_dense_row, X, X.shape[0], (feat_bin, feat_off, mask, probe_a, probe_b), n_bins, 0)
 
 
 @njit(parallel=True, cache=True)
 def minhash_hash(X, feat_bin, feat_off, mask, value_bits, K, L, probe_a, probe_b,
                  range_pow, code_bits, red_a, red_b):
     """Bucket codes int32 [n, L] of dense X float32 [n, dim] (parallel over row blocks)."""
-    n = X.shape[0]
-    n_bins = K * L
-    radix = np.int64(1) << value_bits
-    out = np.empty((n, L), np.int32)
-    n_blocks = (n + ROW_BLOCK - 1) // ROW_BLOCK
-    for blk in prange(n_blocks):
-        vals = np.empty(n_bins, np.int32)
-        for i in range(blk * ROW_BLOCK, min(n, (blk + 1) * ROW_BLOCK)):
-            minhash_row_values_dense(X[i], feat_bin, feat_off, mask, probe_a, probe_b, vals)
-            for l in range(L):
-                out[i, l] = assemble_code(vals, l, K, radix, range_pow, code_bits, red_a, red_b)
-    return out
+    return hash_rows(_dense_row, X, X.shape[0], (feat_bin, feat_off, mask, probe_a, probe_b), K, L,
+                     np.int64(1) << value_bits, 0, range_pow, code_bits, red_a, red_b)
 
 
 @njit(parallel=True, cache=True)
@@ -95,19 +94,9 @@ def minhash_hash_csr(indptr, indices, present, feat_bin, feat_off, mask, value_b
                      probe_a, probe_b, range_pow, code_bits, red_a, red_b):
     """Bucket codes int32 [n, L] of CSR rows (indptr int64 [n+1], indices int32 [nnz],
     present bool [nnz]); parallel over row blocks."""
-    n = indptr.shape[0] - 1
-    n_bins = K * L
-    radix = np.int64(1) << value_bits
-    out = np.empty((n, L), np.int32)
-    n_blocks = (n + ROW_BLOCK - 1) // ROW_BLOCK
-    for blk in prange(n_blocks):
-        vals = np.empty(n_bins, np.int32)
-        for i in range(blk * ROW_BLOCK, min(n, (blk + 1) * ROW_BLOCK)):
-            minhash_row_values_csr(indices, present, indptr[i], indptr[i + 1], feat_bin, feat_off,
-                                   mask, probe_a, probe_b, vals)
-            for l in range(L):
-                out[i, l] = assemble_code(vals, l, K, radix, range_pow, code_bits, red_a, red_b)
-    return out
+    return hash_rows(_csr_row, (indptr, indices, present), indptr.shape[0] - 1,
+                     (feat_bin, feat_off, mask, probe_a, probe_b), K, L, np.int64(1) << value_bits, 0,
+                     range_pow, code_bits, red_a, red_b)
 
 
 class MinHash(HashFamily):

@@ -39,6 +39,7 @@ import numpy as np
 from numba import njit, prange
 
 from ._common import check_int
+from ._topk import better, push_top
 
 
 # ----------------------------------------------------------------------------
@@ -70,27 +71,15 @@ def top_of_rows(S, M, first, out):
     best first, ties to the lower j; -1 past the row's n - 1 others."""
     R, n = S.shape
     for r in prange(R):
-        ts = np.empty(M, np.float32)
-        ti = np.empty(M, np.int32)
+        ts = np.empty((1, M), np.float32)
+        ti = np.empty((1, M), np.int32)
         cnt = 0
         me = first + r
         for j in range(n):
-            if j == me:
-                continue
-            v = S[r, j]
-            if cnt == M and v <= ts[M - 1]:  # a tie keeps the lower j, seen first
-                continue
-            t = cnt if cnt < M else M - 1
-            while t > 0 and ts[t - 1] < v:
-                ts[t] = ts[t - 1]
-                ti[t] = ti[t - 1]
-                t -= 1
-            ts[t] = v
-            ti[t] = j
-            if cnt < M:
-                cnt += 1
+            if j != me:
+                cnt = push_top(ts, ti, 0, cnt, M, S[r, j], j)
         for t in range(M):
-            out[r, t] = ti[t] if t < cnt else -1
+            out[r, t] = ti[0, t] if t < cnt else -1
 
 
 def knn_rows(P, lo: int, hi: int, M: int, block: int = GRAPH_BLOCK) -> np.ndarray:
@@ -119,11 +108,11 @@ def add_reverse(G, P, R, rptr, rids, out):
             out[i, t] = G[i, t]
         for t in range(M, M + R):
             out[i, t] = -1
-        cnt = rptr[i + 1] - rptr[i]
-        if cnt == 0:
+        if R == 0 or rptr[i + 1] == rptr[i]:
             continue
-        sims = np.empty(cnt, np.float32)
-        cand = np.empty(cnt, np.int32)
+        # the R best by (similarity desc, index asc); the candidates are distinct
+        sims = np.empty((1, R), np.float32)
+        cand = np.empty((1, R), np.int32)
         c = 0
         for r in range(rptr[i], rptr[i + 1]):
             v = rids[r]
@@ -137,18 +126,9 @@ def add_reverse(G, P, R, rptr, rids, out):
             acc = np.float32(0.0)
             for f in range(d):
                 acc += P[i, f] * P[v, f]
-            sims[c] = acc
-            cand[c] = v
-            c += 1
-        # the R best by (similarity desc, index asc): selection, R and c are small
-        for t in range(min(R, c)):
-            best = t
-            for u in range(t + 1, c):
-                if sims[u] > sims[best] or (sims[u] == sims[best] and cand[u] < cand[best]):
-                    best = u
-            sims[t], sims[best] = sims[best], sims[t]
-            cand[t], cand[best] = cand[best], cand[t]
-            out[i, M + t] = cand[t]
+            c = push_top(sims, cand, 0, c, R, acc, v)
+        for t in range(c):
+            out[i, M + t] = cand[0, t]
 
 
 def reverse_lists(G, n: int):
@@ -173,19 +153,13 @@ def _dot8(Q, q, P, v, d):
 
 
 @njit(inline="always")
-def _better(s1, i1, s2, i2):
-    """Similarity s1 of point i1 ranks before s2 of i2: larger first, ties to the lower index."""
-    return s1 > s2 or (s1 == s2 and i1 < i2)
-
-
-@njit(inline="always")
 def _push(hs, hi, size, s, v, best_on_top):
     """Add (s, v) to the binary heap hs/hi of `size` entries; returns the new size. The top
     is the best entry (best_on_top) or the worst."""
     t = size
     while t > 0:
         p = (t - 1) // 2
-        if _better(s, v, hs[p], hi[p]) != best_on_top:
+        if better(s, v, hs[p], hi[p]) != best_on_top:
             break
         hs[t] = hs[p]
         hi[t] = hi[p]
@@ -205,9 +179,9 @@ def _pop(hs, hi, size, best_on_top):
         c = 2 * t + 1
         if c >= size:
             break
-        if c + 1 < size and _better(hs[c + 1], hi[c + 1], hs[c], hi[c]) == best_on_top:
+        if c + 1 < size and better(hs[c + 1], hi[c + 1], hs[c], hi[c]) == best_on_top:
             c += 1
-        if _better(hs[c], hi[c], s, v) != best_on_top:
+        if better(hs[c], hi[c], s, v) != best_on_top:
             break
         hs[t] = hs[c]
         hi[t] = hi[c]
@@ -227,7 +201,7 @@ def _visit(Q, q, P, v, d, stamp, tag, ef, ws, wi, nw, cs, ci, nc):
         return nw, nc, 0
     stamp[v] = tag
     s = _dot8(Q, q, P, v, d)
-    if nw < ef or _better(s, v, ws[0], wi[0]):
+    if nw < ef or better(s, v, ws[0], wi[0]):
         nc = _push(cs, ci, nc, s, v, True)
         nw = _push(ws, wi, nw, s, v, False)
         if nw > ef:
@@ -269,7 +243,7 @@ def beam_search(Q, P, G, cell_ptr, cell_ids, qcell, ef, k, n_chunks, out, n_visi
                 vis += got
             while nc > 0:
                 s0, x = cs[0], ci[0]
-                if nw == ef and _better(ws[0], wi[0], s0, x):
+                if nw == ef and better(ws[0], wi[0], s0, x):
                     break  # the best left is worse than the beam's worst
                 nc = _pop(cs, ci, nc, True)
                 for t in range(D):

@@ -17,9 +17,9 @@ from __future__ import annotations
 import numbers
 
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
-from ._common import ROW_BLOCK, HashFamily, assemble_code
+from ._common import HashFamily, hash_rows, values_rows
 
 
 #: Inputs below float32's smallest normal count as zero: denormal products
@@ -41,29 +41,22 @@ def srp_row_values(x, dims, signs, n_nz, vals):
 
 
 @njit(cache=True)
+def _gather_row(X, i, p, scratch, vals):
+    """Row kernel of `hash_rows`: row i of X through p = (dims, signs, n_nz)."""
+    srp_row_values(X[i], p[0], p[1], p[2], vals)
+
+
+@njit(cache=True)
 def srp_values(X, dims, signs, n_nz, n_bits):
     """Serial: int32 [n, n_bits] SRP bits of X float32 [n, dim]."""
-    n = X.shape[0]
-    out = np.empty((n, n_bits), np.int32)
-    for i in range(n):
-        srp_row_values(X[i], dims, signs, n_nz, out[i])
-    return out
+    return values_rows(_gather_row, X, X.shape[0], (dims, signs, n_nz), n_bits, 0)
 
 
 @njit(parallel=True, cache=True)
 def srp_hash(X, dims, signs, n_nz, K, L, range_pow, code_bits, red_a, red_b):
     """Bucket codes int32 [n, L] of X float32 [n, dim] (parallel over row blocks; gathers)."""
-    n = X.shape[0]
-    n_bits = K * L
-    out = np.empty((n, L), np.int32)
-    n_blocks = (n + ROW_BLOCK - 1) // ROW_BLOCK
-    for blk in prange(n_blocks):
-        vals = np.empty(n_bits, np.int32)
-        for i in range(blk * ROW_BLOCK, min(n, (blk + 1) * ROW_BLOCK)):
-            srp_row_values(X[i], dims, signs, n_nz, vals)
-            for l in range(L):
-                out[i, l] = assemble_code(vals, l, K, 2, range_pow, code_bits, red_a, red_b)
-    return out
+    return hash_rows(_gather_row, X, X.shape[0], (dims, signs, n_nz), K, L, 2, 0, range_pow, code_bits,
+                     red_a, red_b)
 
 
 @njit(cache=True)
@@ -87,22 +80,17 @@ def srp_dense_row_values(x, proj_t, acc, vals):
         vals[h] = 1 if acc[h] >= 0 else 0
 
 
+@njit(cache=True)
+def _dense_row(X, i, p, scratch, vals):
+    """Row kernel of `hash_rows`: row i of X through p = (proj_t,), scratch float32 [K*L] its sums."""
+    srp_dense_row_values(X[i], p[0], scratch, vals)
+
+
 @njit(parallel=True, cache=True)
 def srp_hash_dense(X, proj_t, K, L, range_pow, code_bits, red_a, red_b):
     """Bucket codes int32 [n, L] of X float32 [n, dim] via proj_t float32 [dim, K*L]
     (parallel over row blocks); same codes as `srp_hash`."""
-    n = X.shape[0]
-    n_bits = K * L
-    out = np.empty((n, L), np.int32)
-    n_blocks = (n + ROW_BLOCK - 1) // ROW_BLOCK
-    for blk in prange(n_blocks):
-        vals = np.empty(n_bits, np.int32)
-        acc = np.empty(n_bits, np.float32)
-        for i in range(blk * ROW_BLOCK, min(n, (blk + 1) * ROW_BLOCK)):
-            srp_dense_row_values(X[i], proj_t, acc, vals)
-            for l in range(L):
-                out[i, l] = assemble_code(vals, l, K, 2, range_pow, code_bits, red_a, red_b)
-    return out
+    return hash_rows(_dense_row, X, X.shape[0], (proj_t,), K, L, 2, K * L, range_pow, code_bits, red_a, red_b)
 
 
 class SRP(HashFamily):

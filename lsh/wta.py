@@ -13,9 +13,9 @@ code is sum_k v[l*K+k] * window**k, code_bits = bit_length(window**K - 1).
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
-from ._common import ROW_BLOCK, HashFamily, assemble_code, check_int
+from ._common import HashFamily, check_int, hash_rows, values_rows
 
 
 @njit(cache=True)
@@ -34,29 +34,22 @@ def wta_row_values(x, perm_dims, window, vals):
 
 
 @njit(cache=True)
+def _row(X, i, p, scratch, vals):
+    """Row kernel of `hash_rows`: row i of X through p = (perm_dims, window)."""
+    wta_row_values(X[i], p[0], p[1], vals)
+
+
+@njit(cache=True)
 def wta_values(X, perm_dims, window, n_hashes):
     """Serial: int32 [n, n_hashes] WTA values of X float32 [n, dim]."""
-    n = X.shape[0]
-    out = np.empty((n, n_hashes), np.int32)
-    for i in range(n):
-        wta_row_values(X[i], perm_dims, window, out[i])
-    return out
+    return values_rows(_row, X, X.shape[0], (perm_dims, window), n_hashes, 0)
 
 
 @njit(parallel=True, cache=True)
 def wta_hash(X, perm_dims, window, K, L, range_pow, code_bits, red_a, red_b):
     """Bucket codes int32 [n, L] of X float32 [n, dim] (parallel over row blocks)."""
-    n = X.shape[0]
-    n_hashes = K * L
-    out = np.empty((n, L), np.int32)
-    n_blocks = (n + ROW_BLOCK - 1) // ROW_BLOCK
-    for blk in prange(n_blocks):
-        vals = np.empty(n_hashes, np.int32)
-        for i in range(blk * ROW_BLOCK, min(n, (blk + 1) * ROW_BLOCK)):
-            wta_row_values(X[i], perm_dims, window, vals)
-            for l in range(L):
-                out[i, l] = assemble_code(vals, l, K, window, range_pow, code_bits, red_a, red_b)
-    return out
+    return hash_rows(_row, X, X.shape[0], (perm_dims, window), K, L, window, 0, range_pow, code_bits,
+                     red_a, red_b)
 
 
 class WTA(HashFamily):

@@ -60,3 +60,20 @@ def test_the_single_process_stand_in_returns_its_own_statistics():
     s = np.array([0.0, 3.0], dtype=np.float32)
     M, S = Comm().allreduce_logsumexp(m, s)
     assert M.dtype == S.dtype == np.float64 and M.tolist() == [NEG, 2.5] and S.tolist() == [0.0, 3.0]
+
+
+def test_only_the_comm_package_imports_mpi4py():
+    """The house rule (dslide/comm/__init__.py): every MPI call goes through dslide.comm."""
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    importers = set()
+    for d in ("dslide", "lsh", "datasets"):
+        for f in (root / d).rglob("*.py"):
+            for node in ast.walk(ast.parse(f.read_text(), str(f))):
+                names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                         else [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
+                if any(n == "mpi4py" or n.startswith("mpi4py.") for n in names):
+                    importers.add(f.relative_to(root).as_posix())
+    assert importers and all(f.startswith("dslide/comm/") for f in importers), sorted(importers)

@@ -81,6 +81,36 @@ def test_union_of_buckets_matches_numpy():
             assert not mark.any()
 
 
+def test_union_per_query_is_each_querys_union_in_rank_order_skipping_marked_ids():
+    """dslide.kernels.own_candidates (lsh.scope = "sample"): per query, the first k distinct
+    ids of its buckets, rank by rank across the tables, leaving out the marked ones."""
+    from dslide import kernels
+
+    assert kernels.own_candidates is A.union_per_query
+    rs = np.random.default_rng(3)
+    L, n_anchors, T, n_items = 3, 9, 7, 40
+    buckets = rs.integers(0, n_items, (L, n_anchors, T)).astype(np.int32)
+    fill = rs.integers(0, T + 1, (L, n_anchors)).astype(np.int32)
+    codes = rs.integers(0, n_anchors, (25, L)).astype(np.int32)
+    skip = rs.choice(n_items, 6, replace=False)
+    for k in (0, 1, 5, 30):
+        mark = np.zeros(n_items, np.uint8)
+        mark[skip] = 1
+        out = np.full((codes.shape[0], k), 99, np.int32)
+        cnt = A.union_per_query(codes, buckets, fill, k, mark, out)
+        assert np.array_equal(np.flatnonzero(mark), np.sort(skip))  # as it went in
+        for i in range(codes.shape[0]):
+            order = []
+            for t in range(T):
+                for l in range(L):
+                    a = codes[i, l]
+                    j = int(buckets[l, a, t])
+                    if t < fill[l, a] and j not in order and j not in skip:
+                        order.append(j)
+            want = order[:k]
+            assert cnt[i] == len(want) and out[i, :cnt[i]].tolist() == want and (out[i, cnt[i]:] == -1).all()
+
+
 def test_nearest_and_minibatch_step_match_numpy():
     rs = np.random.default_rng(3)
     C = rs.normal(size=(12, 5)).astype(np.float32)

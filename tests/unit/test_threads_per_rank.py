@@ -1,8 +1,8 @@
-"""threads = 0: each rank takes its node's cores divided by the node's ranks (dslide.comm)."""
+"""threads = 0: each rank takes its node's cores divided by the node's ranks (dslide.comm.node)."""
 
 import pytest
 
-from dslide import comm as C
+from dslide.comm import node as C
 
 
 @pytest.mark.parametrize("node, own, ranks, want", [
