@@ -30,8 +30,8 @@
   section, and that section put into docs/benchmarks.md.
 
 Only the standard library is imported at module level: the baselines'
-trainers, which run under `.venv-baselines`' python without numpy's friends
-or dslide, import `peak_rss_mb` from here.
+trainers, which run under `.venv-baselines`' python (numpy and their library,
+no dslide), import `peak_rss_mb` from here.
 """
 
 from __future__ import annotations
