@@ -1,6 +1,6 @@
 """The baselines' own venv: PyTorch, omikuji and napkinXC, installed on demand, never into the project's .venv.
 
-    python scripts/_baselines.py            (installs what is missing, prints what each import gives)
+    python -m scripts._baselines            (installs what is missing, prints what each import gives)
 
 `.venv-baselines/` beside `.venv/` is made with `python -m venv` the first
 time a benchmark needs one of the libraries, and each library is installed
@@ -11,7 +11,9 @@ both with cp311 manylinux wheels). A library that cannot be had is reported
 as `(None, reason)`, so a suite goes on without it and says why.
 
 Only the standard library is imported here: the benchmark scripts import this
-module from the project's venv, the trainers run under the baselines' python.
+module from the project's venv, the trainers run under the baselines' python,
+as modules of this package (`python -m scripts._tree_train`, with the
+repository root as the working directory: see `trainer_cmd`).
 """
 
 from __future__ import annotations
@@ -21,8 +23,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-VENV = ROOT / ".venv-baselines"
+from . import measure as M
+
+VENV = M.ROOT / ".venv-baselines"
 REQUIREMENTS = {
     "torch": ("torch==2.13.0", "numpy"),
     "omikuji": ("omikuji==0.5.2", "numpy"),
@@ -32,13 +35,19 @@ INSTALL_TIMEOUT_S = 1800
 PROBE_TIMEOUT_S = 300
 
 
-def child_env(thread_vars: dict | None = None) -> dict:
-    """The environment of a baseline's process: no user site, none of the project's packages."""
+def child_env(threads: int | None = None, **extra: str) -> dict:
+    """The environment of a baseline's process: no user site, no PYTHONPATH, with `threads` threads
+    (measure.thread_env) and `extra` variables. Its working directory is the repository root
+    (`trainer_cmd`), so the checkout's folders are importable there too: the trainers import none."""
     env = dict(os.environ, PYTHONNOUSERSITE="1")
     env.pop("PYTHONPATH", None)
-    if thread_vars:
-        env.update(thread_vars)
-    return env
+    return M.thread_env(threads, env, **extra) if threads is not None else {**env, **extra}
+
+
+def trainer_cmd(python, module: str, *args) -> list[str]:
+    """A baseline trainer of this package (`_tree_train`, `_torch_train`) under `python`; run it with
+    cwd=measure.ROOT and env=child_env(...)."""
+    return M.module_cmd(module, *args, python=str(python))
 
 
 def last_line(text: str) -> str:
@@ -53,7 +62,7 @@ def probe(python, module: str) -> tuple[bool, str]:
     code = f"import numpy, {module} as m; print(getattr(m, '__version__', '?'))"
     try:
         r = subprocess.run([str(python), "-c", code], capture_output=True, text=True, env=child_env(),
-                           timeout=PROBE_TIMEOUT_S)
+                           timeout=PROBE_TIMEOUT_S, cwd=M.ROOT)
     except (OSError, subprocess.TimeoutExpired) as e:
         return False, f"{python} could not be run: {e}"
     if r.returncode != 0:
@@ -95,23 +104,11 @@ def python_with(module: str, venv=VENV, *, requirements=None, install: bool = Tr
     return (str(py), info) if ok else (None, info)
 
 
-def peak_rss_mb() -> float | None:
-    """This process's peak resident set (VmHWM), MB; None where /proc is missing.
-
-    Not ru_maxrss: Linux carries that over from the parent through fork and
-    exec, so a child of a large benchmark process would report at least its size.
-    """
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) / 1024.0
-    except OSError:
-        return None
-    return None
-
-
 if __name__ == "__main__":
+    import argparse
+
+    argparse.ArgumentParser(description="Install into .venv-baselines what is missing of "
+                                        f"{', '.join(REQUIREMENTS)}; print what each import gives.").parse_args()
     for name in REQUIREMENTS:
         got, what = python_with(name)
         print(f"{name}: {what}" + (f" ({got})" if got else ""))

@@ -1,56 +1,44 @@
-"""Shared machinery of the benchmark scripts: run one training case in its own process.
+"""Run one training case in its own process: what most benchmarks of this package are made of.
 
 A case is a JSON dict: data (a preset name with sizes, or file paths), the
 configuration, threads, ranks, a training time budget. Each case runs in a
 fresh process (under mpiexec when ranks > 1) so that peak memory is its own
 and one case's threads never compete with another's; cases run one after the
-other, never two at once.
+other, never two at once. Threads, the child's command line and the peak
+memory come from scripts/measure.py.
 
-    python scripts/_bench.py child case.json     (what run_case launches)
-    python scripts/bench_lsh.py > out.txt; python scripts/_bench.py record "bench_lsh.py" out.txt
-                                                 (a section of docs/benchmarks.md from a printed result)
+    python -m scripts._bench child case.json     (what run_case launches)
 """
 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def mpiexec() -> str:
-    here = Path(sys.executable).with_name("mpiexec")
-    return str(here) if here.exists() else "mpiexec"
-
-
-def thread_env(threads: int) -> dict:
-    """This environment with numba and every BLAS limited to `threads` threads (for a child process)."""
-    return dict(os.environ, NUMBA_NUM_THREADS=str(threads), OMP_NUM_THREADS=str(threads),
-                OPENBLAS_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
+from . import measure as M
 
 
 def run_case(case: dict, timeout: float = 7200) -> dict:
-    """Run `case` in a child process; returns its result dict (with 'error' on failure)."""
+    """Run `case` in a child process; returns its result dict (with 'error' on failure).
+
+    Besides what the child reports, "tree_peak_mb": the peak memory of the child's whole process
+    tree as this process saw it (measure.run: its largest process and the sum over processes)."""
     ranks = int(case.get("ranks", 1))
-    env = thread_env(int(case.get("threads", 1)))
+    env = M.thread_env(int(case.get("threads", 1)))
     # the case goes in a file, not stdin: mpiexec forwards stdin to rank 0 only
     with tempfile.NamedTemporaryFile("w", suffix=".json", prefix="dslide-case-") as f:
         json.dump(case, f)
         f.flush()
-        cmd = [sys.executable, str(Path(__file__).resolve()), "child", f.name]
-        if ranks > 1:
-            cmd = [mpiexec(), "-n", str(ranks), sys.executable, "-m", "mpi4py", *cmd[1:]]
-        p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
+        p, peak = M.run(M.module_cmd("_bench", "child", f.name, ranks=ranks), env=env, timeout=timeout)
     lines = [l for l in p.stdout.splitlines() if l.startswith("RESULT ")]
     if p.returncode != 0 or not lines:
         return {"error": (p.stderr.strip().splitlines() or ["no output"])[-1], "case": case}
-    return json.loads(lines[-1][len("RESULT "):])
+    result = json.loads(lines[-1][len("RESULT "):])
+    result["tree_peak_mb"] = {"largest": peak.largest_mb, "total": peak.total_mb, "processes": peak.processes}
+    return result
 
 
 def run_cases(cases: list[dict], failures: list[str] | None = None) -> list[dict]:
@@ -155,7 +143,9 @@ def child(case_path: str) -> None:
         "predict_s": predict_s,
         "bytes_per_step": sent / comm.size / max(1, steps),
         "bytes_per_step_data_parallel": T.data_parallel_bytes(net, comm.size),
-        "peak_rss_mb": max(comm.allgather_object(T.peak_rss_mb())),
+        # each rank's own peak (VmHWM), the largest: not T.peak_rss_mb, whose ru_maxrss includes the
+        # size of the benchmark process that started this one
+        "peak_rss_mb": max(comm.allgather_object(M.peak_rss_mb() or 0.0)),
         "timers_s": {k: round(v, 2) for k, v in net.timers.items()},
         "curve": [{"wall_s": r["wall_s"], "step": r["step"], "p@1": r["p@1"]} for r in history if "p@1" in r],
     }
@@ -166,7 +156,7 @@ def child(case_path: str) -> None:
         result["block"] = {k: float(comm.allreduce_sum(np.array([v]))[0]) for k, v in mean.items()}
         result["lsh_upkeep_s"] = out.upkeep_s
     if case.get("inference"):
-        from _lsh_eval import compare_inference
+        from ._lsh_eval import compare_inference
 
         result["index"] = model.index_info
         result["inference"] = compare_inference(model, test, inv_prop)
@@ -183,85 +173,9 @@ def child(case_path: str) -> None:
         print("RESULT " + json.dumps(result), flush=True)
 
 
-def code_version() -> str:
-    """The checkout's commit (and whether tracked files differ from it): dslide's defaults change over time."""
-    try:
-        head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True, timeout=30).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, timeout=30).stdout.strip()
-    except (OSError, subprocess.TimeoutExpired):
-        return "unknown (no git)"
-    return (head or "unknown") + (" with uncommitted changes" if dirty else "")
-
-
-def time_to(curve: list[dict], target: float) -> float | None:
-    """Training seconds until P@1 first reached `target` (None if never)."""
-    for r in curve:
-        if r["p@1"] >= target:
-            return r["wall_s"]
-    return None
-
-
-def fmt_mb(x) -> str:
-    return f"{x:,.0f}"
-
-
-def table(rows: list[dict], columns: list[tuple[str, str]]) -> str:
-    """A markdown table of `rows` with (header, key-or-callable) columns."""
-    out = ["| " + " | ".join(h for h, _ in columns) + " |", "|" + "|".join("---" for _ in columns) + "|"]
-    for r in rows:
-        cells = []
-        for _, key in columns:
-            v = key(r) if callable(key) else r.get(key, "")
-            cells.append(v if isinstance(v, str) else (f"{v:,.4g}" if isinstance(v, float) else str(v)))
-        out.append("| " + " | ".join(cells) + " |")
-    return "\n".join(out)
-
-
-def machine() -> str:
-    import platform
-
-    import numba
-    import numpy
-
-    mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
-    return (f"{os.cpu_count()} cores, {mem:.0f} GiB, {platform.processor() or platform.machine()}, "
-            f"Python {platform.python_version()}, numpy {numpy.__version__}, numba {numba.__version__}")
-
-
-def report(script: str, argv: list[str], rows: list[dict], cols, out: str | None, record_it: bool) -> str:
-    """Print a script's table with its command and the machine; also to `out`, and to docs/benchmarks.md."""
-    text = (f"command: python scripts/{script} {' '.join(argv)}\n"
-            f"machine: {machine()}\n\n" + table(rows, cols) + "\n")
-    print(text)
-    if out:
-        Path(out).write_text(text)
-    if record_it:
-        record(script + (" --quick" if "--quick" in argv else ""), text)
-    return text
-
-
-def record(key: str, text: str) -> None:
-    """Put `text` in docs/benchmarks.md as the section of `key` (replacing the previous one)."""
-    doc = ROOT / "docs" / "benchmarks.md"
-    head, tail = f"<!-- {key} -->", f"<!-- end {key} -->"
-    body = f"{head}\n## `scripts/{key}`\n\n{text.strip()}\n{tail}\n"
-    old = doc.read_text() if doc.exists() else "# Benchmarks\n\nEvery figure here was printed by the command above it.\n\n"
-    if head in old and tail in old:
-        new = old[:old.index(head)] + body + old[old.index(tail) + len(tail) + 1:]
-    else:
-        new = old.rstrip("\n") + "\n\n" + body
-    doc.parent.mkdir(exist_ok=True)
-    tmp = doc.with_suffix(".md.tmp")
-    tmp.write_text(new)
-    tmp.replace(doc)
-
-
 if __name__ == "__main__":
     if len(sys.argv) == 3 and sys.argv[1] == "child":
         child(sys.argv[2])
-    elif len(sys.argv) == 4 and sys.argv[1] == "record":
-        record(sys.argv[2], Path(sys.argv[3]).read_text())
     else:
         print(__doc__)
+        sys.exit(0 if sys.argv[1:] in ([], ["--help"], ["-h"]) else 2)

@@ -1,8 +1,8 @@
-#!/usr/bin/env python
 """The PyTorch reference: dslide's network as a dense full-softmax PyTorch model on the CPU.
 
-Runs inside `.venv-baselines` (set up by `scripts/_baselines.py`) and imports
-only torch, numpy, the standard library and `_baselines` (standard library
+Runs inside `.venv-baselines` (set up by `scripts/_baselines.py`) as
+`python -m scripts._torch_train` from the repository root, and imports only
+torch, numpy, the standard library and scripts/measure.py (standard library
 only), so that venv needs nothing else.
 
 The network, with dslide's conventions:
@@ -94,7 +94,8 @@ import time
 
 import numpy as np
 import torch
-from _baselines import peak_rss_mb  # the standard library only; beside this script
+
+from .measure import peak_rss_mb  # the standard library only
 
 WARMUP_STEPS = 3
 EVAL_BLOCK_ELEMS = 1 << 24   # logits per evaluation block: 64 MB in float32

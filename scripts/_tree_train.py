@@ -1,11 +1,11 @@
-#!/usr/bin/env python
 """A tree-based extreme classifier trained as a new user would: omikuji (Parabel) or napkinXC (PLT).
 
 Runs inside `.venv-baselines` (scripts/_baselines.py) and imports only the
-library, numpy and the standard library (napkinXC brings scipy):
+library, numpy, the standard library (napkinXC brings scipy) and
+scripts/measure.py (the standard library only); from the repository root:
 
-    python _tree_train.py --system omikuji --trees 3 --train T.txt --test S.txt --threads 2 \\
-        --topk top.npy --result r.json
+    .venv-baselines/bin/python -m scripts._tree_train --system omikuji --trees 3 --train T.txt \\
+        --test S.txt --threads 2 --topk top.npy --result r.json
 
 Both read the Extreme Classification Repository text files dslide reads.
 Their defaults are kept except the thread count, the seed and, for omikuji,
@@ -33,7 +33,8 @@ import sys
 import time
 
 import numpy as np
-from _baselines import peak_rss_mb  # the standard library only; beside this script
+
+from .measure import peak_rss_mb  # the standard library only
 
 K = 5
 

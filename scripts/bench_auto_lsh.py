@@ -1,7 +1,6 @@
-#!/usr/bin/env python
 """When an LSH output layer beats a dense one: the measurement behind auto_lsh_ratio and auto_lsh_min_width.
 
-    python scripts/bench_auto_lsh.py [--labels 5120,10000,14000,20000] [--threads 2] [--no-record]
+    python -m scripts.bench_auto_lsh [--labels 5120,10000,14000,20000] [--threads 2] [--no-record]
 
 For each label count, the `small` preset with that many labels (20,000 training and
 2,000 test points, 50,000 features) is trained twice, each in its own process, one
@@ -18,10 +17,9 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _bench as B  # noqa: E402
+from . import _bench as B
+from . import measure as M
 
 
 def main(argv=None) -> int:
@@ -58,7 +56,7 @@ def main(argv=None) -> int:
             ("width / those", "width_ratio"), ("LSH samples/s", "lsh_sps"), ("dense samples/s", "dense_sps"),
             ("LSH/dense speed", "speed"), ("P@1 LSH", "lsh_p1"), ("P@1 dense", "dense_p1"),
             ("P@1 LSH - dense (points)", "dp1")]
-    B.report("bench_auto_lsh.py", argv if argv is not None else sys.argv[1:], rows, cols, None, not a.no_record)
+    M.report("bench_auto_lsh", argv if argv is not None else sys.argv[1:], rows, cols, None, not a.no_record)
     for f in failures:
         print(f, file=sys.stderr)
     return 1 if failures else 0

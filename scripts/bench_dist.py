@@ -1,7 +1,6 @@
-#!/usr/bin/env python
 """Model-parallel benchmark: the same training on P = 1, 2 (and 4, oversubscribed) ranks.
 
-    python scripts/bench_dist.py [--quick] [--out FILE.md]
+    python -m scripts.bench_dist [--quick] [--out FILE.md]
 
 Amazon-like data (670,091 labels, hidden 128, batch 256, DWTA K=6 L=50 on the
 output), one thread per rank, the same number of samples for every P. For
@@ -17,10 +16,9 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _bench as B  # noqa: E402
+from . import _bench as B
+from . import measure as M
 
 LSH = {"family": "dwta", "K": 6, "L": 50, "bin_size": 8}
 
@@ -53,7 +51,7 @@ def main(argv=None) -> int:
         ("P@1", lambda r: f"{r['p@1']:.4f}"),
         ("P@5", lambda r: f"{r['p@5']:.4f}"),
     ]
-    B.report("bench_dist.py", argv if argv is not None else sys.argv[1:], rows, cols, a.out, not a.no_record)
+    M.report("bench_dist", argv if argv is not None else sys.argv[1:], rows, cols, a.out, not a.no_record)
     return 0
 
 

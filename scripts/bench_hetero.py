@@ -13,10 +13,10 @@ per synchronisation (replicas), partial's versions skipped (too stale, torn copi
 used with more than DEPTH intervals unseen, the largest peak resident memory of a
 rank, and the CPU seconds of the slow rank against the others' mean (what the quota did).
 
-    python scripts/bench_hetero.py --quick                 (tiny data, seconds per case)
-    flock /tmp/dslide-bench.lock python scripts/bench_hetero.py --record
+    python -m scripts.bench_hetero --quick                 (tiny data, seconds per case)
+    flock /tmp/dslide-bench.lock python -m scripts.bench_hetero --record
                                                            (the table of docs/benchmarks.md)
-    python scripts/bench_hetero.py child case.json         (one case; what the parent runs)
+    python -m scripts.bench_hetero child case.json         (one case; what the parent runs)
 
 Needs root and a cgroup v1 cpu controller at /sys/fs/cgroup/cpu (else --slow-by taskset:
 a busy co-runner pinned to the slow rank's core, all ranks pinned round-robin).
@@ -28,15 +28,14 @@ import argparse
 import gc
 import json
 import os
-import resource
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _bench  # noqa: E402
+from . import _bench as B
+from . import measure as M
 
 CGROUP = Path("/sys/fs/cgroup/cpu/dslide-hetero-slow")
 RANKS = 4
@@ -66,7 +65,7 @@ def child(case_path: str) -> None:
         (Path(case["cgroup"]) / "cgroup.procs").write_text(str(os.getpid()))  # the kernel throttles us
     if case.get("cpu") is not None:  # taskset mode: every rank on its own core, round-robin
         os.sched_setaffinity(0, {comm.rank % os.cpu_count()})
-    train, test = _bench.load_data(case["data"])
+    train, test = B.load_data(case["data"])
     config = Config.from_dict({**case["config"], "threads": 1}).resolve(train.n_labels)
     R = config.replicas
     # compile (or load) the kernels on a few batches, replicas included, outside the budget
@@ -97,7 +96,7 @@ def child(case_path: str) -> None:
                                   "syncs": stats.get("syncs", 0), "sync_bytes": stats.get("sync_bytes", 0),
                                   "mean_group": stats.get("mean_group", 0.0),
                                   "skipped": [stats.get(k, 0) for k in ("stale_skips", "torn", "missed")],
-                                  "peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                                  "peak_mb": M.peak_rss_mb() or 0.0,
                                   "step_bytes": history[-1]["bytes_per_step"] if history else 0.0})
     # scored 128 points at a time: the default 1,024 holds [1,000, 670,091] logits (2.7 GB) on every
     # rank at 4x1, which with four whole models went past this machine's memory
@@ -177,11 +176,8 @@ def run(case: dict) -> dict:
     with tempfile.NamedTemporaryFile("w", suffix=".json", prefix="dslide-hetero-") as f:
         json.dump(case, f)
         f.flush()
-        env = dict(os.environ, NUMBA_NUM_THREADS="1", OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1",
-                   MKL_NUM_THREADS="1")
-        cmd = [_bench.mpiexec(), "-n", str(RANKS), sys.executable, "-m", "mpi4py", str(Path(__file__).resolve()),
-               "child", f.name]
-        p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=case["budget"] * 4 + 600)
+        p, _ = M.run(M.module_cmd("bench_hetero", "child", f.name, ranks=RANKS), env=M.thread_env(1),
+                     timeout=case["budget"] * 4 + 600)
     lines = [l for l in p.stdout.splitlines() if l.startswith("RESULT ")]
     if p.returncode != 0 or not lines:
         return {"error": (p.stderr.strip().splitlines() or ["no output"])[-5:], "case": case["name"]}
@@ -271,11 +267,11 @@ def main(argv=None) -> int:
             f"{a.slow:g} of its fair CPU share ({a.slow_by})\n\n")
     argv_shown = [x for x in (argv if argv is not None else sys.argv[1:]) if x != "--record"]
     print(head, end="")
-    text = _bench.report("bench_hetero.py", argv_shown, rows, cols, a.out, False)
+    text = M.report("bench_hetero", argv_shown, rows, cols, a.out, False)
     if failures:
         print("FAILED cases:\n" + "\n".join(failures), file=sys.stderr)
     if a.record:
-        _bench.record("bench_hetero.py" + (" --quick" if a.quick else ""), head + text)
+        M.record("bench_hetero.py" + (" --quick" if a.quick else ""), head + text)
     return 1 if failures else 0
 
 

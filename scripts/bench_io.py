@@ -1,14 +1,14 @@
-#!/usr/bin/env python
 """Benchmark the XMC text reader/writer of dslide.data on Amazon-like data.
 
-    NUMBA_NUM_THREADS=1 .venv/bin/python scripts/bench_io.py [--points 200000] [--keep DIR]
+    .venv/bin/python -m scripts.bench_io [--points 200000] [--keep DIR]
 
 Generates `--points` Amazon-670K-like points (135,909 features, 670,091 labels,
 ~64 non-zeros per point with a heavy tail, ~5 labels per point, positive
 tf-idf-like values), with `dslide.datasets.synthetic.generate('amazon-like')` when that
 module is importable, else with the vectorised generator below (`--generator`
-chooses). Then it times, each command in a fresh process so that ru_maxrss is
-the peak of that command alone:
+chooses). Then it times, each command in a fresh process of 1 thread
+(measure.thread_env) so that its peak resident memory (VmHWM,
+measure.peak_rss_mb) is that command's alone:
 
 * write_xmc                      the text file
 * read_xmc(cache=False)          the first parse
@@ -28,25 +28,19 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
 
-os.environ.setdefault("NUMBA_NUM_THREADS", "1")
+import numpy as np
+import scipy.sparse as sp
 
-import numpy as np  # noqa: E402
-import scipy.sparse as sp  # noqa: E402
+from . import measure as M
 
 N_FEATURES = 135_909
 N_LABELS = 670_091
-
-
-def _peak_mb() -> float:
-    # ru_maxrss is in KiB on Linux.
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
 def _zipf_ranks(rng, n_items: int, size: int, a: float) -> np.ndarray:
@@ -164,14 +158,14 @@ def _measure_child(args) -> dict:
         z = np.load(args.src)
         X = sp.csr_matrix((z["x_data"], z["x_indices"], z["x_indptr"]), shape=tuple(z["x_shape"]))
         Y = sp.csr_matrix((z["y_data"], z["y_indices"], z["y_indptr"]), shape=tuple(z["y_shape"]))
-        base = _peak_mb()
+        base = M.peak_rss_mb() or 0.0
         for _ in range(args.repeat):
             t = time.perf_counter()
             write_xmc(args.path, X, Y)
             times.append(time.perf_counter() - t)
         nnz, shape = X.nnz, [X.shape[0], X.shape[1], Y.shape[1]]
     else:
-        base = _peak_mb()
+        base = M.peak_rss_mb() or 0.0
         cpath = cache_path(args.path)
         for _ in range(args.repeat):
             if args.child in ("parse", "parse+cache") and os.path.exists(cpath):
@@ -183,18 +177,16 @@ def _measure_child(args) -> dict:
             times.append(time.perf_counter() - t)
             nnz, shape = d.X.nnz, [d.n_points, d.n_features, d.n_labels]
             del d
-    return {"seconds": min(times), "all": times, "peak_mb": _peak_mb(), "base_mb": base,
+    return {"seconds": min(times), "all": times, "peak_mb": M.peak_rss_mb() or 0.0, "base_mb": base,
             "nnz": nnz, "shape": shape}
 
 
 def run_child(kind: str, path: str, repeat: int = 1, *extra: str) -> dict:
-    # A fresh process per command: its ru_maxrss is then that command's peak. (A
-    # child starts from its parent's high-water mark, so the parent stays small:
-    # it never imports dslide nor holds the data.)
-    cmd = [sys.executable, os.path.abspath(__file__), "--child", kind, "--path", path,
-           "--repeat", str(repeat), *extra]
-    env = dict(os.environ, NUMBA_NUM_THREADS="1")
-    out = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    # A fresh process per command: its VmHWM is then that command's peak. Paths made
+    # absolute: the child runs in the repository root.
+    extra = [os.path.abspath(x) if i and extra[i - 1] == "--src" else x for i, x in enumerate(extra)]
+    cmd = M.module_cmd("bench_io", "--child", kind, "--path", os.path.abspath(path), "--repeat", repeat, *extra)
+    out = subprocess.run(cmd, capture_output=True, text=True, env=M.thread_env(1), cwd=M.ROOT)
     if out.returncode:
         sys.stderr.write(out.stderr)
         raise SystemExit(f"{kind} failed (exit {out.returncode})")
@@ -253,9 +245,9 @@ def main(argv=None) -> int:
         if tmp is not None:
             tmp.cleanup()
 
-    print(f"text file {size_mb:.1f} MB, cache file {cache_mb:.1f} MB. NUMBA_NUM_THREADS=1. "
+    print(f"text file {size_mb:.1f} MB, cache file {cache_mb:.1f} MB. 1 thread (measure.thread_env). "
           f"Numba compile time excluded (each measuring process first writes and reads a tiny "
-          f"file). Best of {args.repeat} runs. Peak MB = ru_maxrss of the measuring process "
+          f"file). Best of {args.repeat} runs. Peak MB = VmHWM of the measuring process "
           f"(in brackets: its peak after imports and warm-up, before the command).\n")
     print("| command | data shape | nnz | seconds | M nnz/s | peak MB |")
     print("|---|---|---|---:|---:|---:|")

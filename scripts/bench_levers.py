@@ -1,7 +1,6 @@
-#!/usr/bin/env python
 """The neighbour-label fusion's levers on suite members: epochs, neighbours, power, weight.
 
-    python scripts/bench_levers.py --members amazon-tail,baskets-tail-40k --epochs 1,5
+    python -m scripts.bench_levers --members amazon-tail,baskets-tail-40k --epochs 1,5
 
 For each member (dslide.datasets.suite, or bibtex from ../shared/data) the
 network is trained once per epoch count with knn = 0 (1 process, 2 threads),
@@ -19,10 +18,8 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _bench as B  # noqa: E402
+from . import measure as M
 
 NEIGHBOURS = (5, 10, 20, 50)
 POWERS = (1.0, 4.0)
@@ -35,14 +32,12 @@ def load(name: str):
     from dslide.datasets import suite
 
     if name == "bibtex":
-        shared = B.ROOT.parent / "shared" / "data"
-        return read_xmc(shared / "bibtex_train.txt"), read_xmc(shared / "bibtex_test.txt")
+        return read_xmc(M.SHARED_DATA / "bibtex_train.txt"), read_xmc(M.SHARED_DATA / "bibtex_test.txt")
     return suite.generate_member(name)
 
 
 def member_rows(name: str, epochs: list[float], threads: int, settings: dict | None = None) -> list[dict]:
     import dslide  # noqa: F401  (first: the thread variables)
-    import numpy as np
     import scipy.sparse as sp
 
     from dslide import fusion
@@ -104,13 +99,13 @@ def main(argv=None) -> int:
     cols = [(c, c) for c in rows[0]] if rows else []
     flags = "".join(f" --{k} {v}" for k, v in (("weights", a.weights), ("neighbours", a.neighbours),
                                                  ("powers", a.powers)) if v) + (f" --set '{a.set}'" if a.set else "")
-    text = (f"command: `python scripts/bench_levers.py --members {a.members} --epochs {a.epochs}{flags}`\n\n"
-            f"machine: {B.machine()}\n\n1 process x {a.threads} threads; each cell P@1 / P@5 / PSP@5 of the fused "
+    text = (f"command: `{M.command('bench_levers', [f'--members {a.members} --epochs {a.epochs}{flags}'])}`\n\n"
+            f"machine: {M.machine()}\n\n1 process x {a.threads} threads; each cell P@1 / P@5 / PSP@5 of the fused "
             f"top 5 at knn_weight w (w 0: the network alone; w 1: the neighbours' labels alone)\n\n"
-            + B.table(rows, cols) + f"\n\n({time.time() - t0:.0f} s in all)\n")
+            + M.table(rows, cols) + f"\n\n({time.time() - t0:.0f} s in all)\n")
     print(text)
     if not a.no_record:
-        B.record("bench_levers.py" + flags, text)
+        M.record("bench_levers.py" + flags, text)
     return 0
 
 

@@ -1,4 +1,3 @@
-#!/usr/bin/env python
 """Benchmark dslide.lsh.HashTables on an Amazon-670K-shaped output layer against brute force.
 
 Data (synthetic, structured): W float32 [670091, 128], neuron-major. Items
@@ -14,8 +13,8 @@ BLAS plus argpartition for the top 100, once), their ratio, the mean active
 set size, recall@10 / recall@100 of each query's true top inner-product items
 within its active set, and the tables' memory.
 
-    NUMBA_NUM_THREADS=2 python scripts/bench_lsh.py
-    python scripts/bench_lsh.py --items 100000 --setting dwta,K=6,L=50,rp=15,C=32,mode=union
+    NUMBA_NUM_THREADS=2 python -m scripts.bench_lsh
+    python -m scripts.bench_lsh --items 100000 --setting dwta,K=6,L=50,rp=15,C=32,mode=union
 
 Trained layer (`--model RUN_DIR --data TEST --train TRAIN`): the output layer of
 a real run, queried with the hidden vectors of test points. Truth is the
@@ -28,7 +27,7 @@ vectors of training points); a static shortlist of the highest-bias labels
 of the same size; SimHash over [w, b] with the asymmetric MIPS transform
 (Neyshabur & Srebro 2015) and SLIDE's DWTA over w, in union mode.
 
-    NUMBA_NUM_THREADS=2 python scripts/bench_lsh.py --model runs/amz --data data/amz_test.txt --train data/amz_train.txt
+    NUMBA_NUM_THREADS=2 python -m scripts.bench_lsh --model runs/amz --data data/amz_test.txt --train data/amz_train.txt
 
 End to end (`--model RUN_DIR --data TEST --eval`): `dslide eval` on every test
 point three ways, at 1 rank x 2 threads and at 2 ranks x 1 thread (mpiexec),
@@ -41,7 +40,7 @@ the exact top-10, P@1, P@5, PSP@5 (propensities saved with the run).
 --rebuild TRAIN first rebuilds the index with this code's settings.
 scripts/_lsh_eval.py does the work.
 
-    python scripts/bench_lsh.py --model runs/amz --data data/amz_test.txt --eval
+    python -m scripts.bench_lsh --model runs/amz --data data/amz_test.txt --eval
 """
 
 from __future__ import annotations
@@ -52,17 +51,16 @@ import shlex
 import sys
 import time
 
+from . import measure as M
+
 # BLAS gets as many threads as numba, so brute force and LSH use the same cores.
-_THREADS = os.environ.get("NUMBA_NUM_THREADS", str(os.cpu_count() or 1))
-for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
-    os.environ.setdefault(_var, _THREADS)
+for _var, _n in M.thread_env(int(os.environ.get("NUMBA_NUM_THREADS") or os.cpu_count() or 1), {}).items():
+    os.environ.setdefault(_var, _n)
 
 import numba  # noqa: E402
 import numpy as np  # noqa: E402
 
 from dslide import lsh  # noqa: E402
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # _bench, _lsh_eval (also under mpi4py)
 
 # family,K,L,rp (range_pow),C (capacity)[,policy][,mode][,m|t][,family params]
 DEFAULT_SETTINGS = [
@@ -177,8 +175,6 @@ def describe(s):
 
 def trained_layer(args) -> None:
     """The --model mode (see the module docstring)."""
-    import scipy.sparse as sp
-
     from dslide import checkpoint as ck
     from dslide import train as T
     from dslide.comm import Comm
@@ -268,7 +264,7 @@ def trained_layer(args) -> None:
         what = "SimHash of [w, b] (MIPS transform)" if fam_name == "srp" else "DWTA of w (SLIDE)"
         add(f"{what}, K={K} L={L}, union", per, float(np.diff(ptr).mean()), ms, build_s)
 
-    print(f"command: {' '.join(shlex.quote(a) for a in [sys.executable, *sys.argv])}")
+    print(f"command: {M.command('bench_lsh', map(shlex.quote, sys.argv[1:]))}")
     print(f"layer: {n:,} labels x {W.shape[1]} (run {args.model}, step {net.step}); {Q.shape[0]:,} test queries "
           f"from {args.data}; threads {numba.get_num_threads()}; brute force (every label through BLAS, top 100): "
           f"{brute_ms:.2f} ms per query")
@@ -285,20 +281,17 @@ def trained_layer(args) -> None:
 def end_to_end(args) -> None:
     """The --eval mode: the comparison at 1 x 2 and 2 x 1, each in a fresh process."""
     import json
-    import subprocess
-
-    import _bench as B
 
     rows, builds = [], []
     for ranks, threads in ((1, 2), (2, 1)):
         if args.skip_compare:
             break
-        env = B.thread_env(threads)
-        cmd = [sys.executable, "-m", "mpi4py", __file__, "--model", args.model, "--data", args.data, "--eval-child",
-               "--shares", args.shares] + (["--rebuild", args.rebuild] if args.rebuild else [])
-        if ranks > 1:
-            cmd = [B.mpiexec(), "-n", str(ranks), *cmd]
-        p = subprocess.run(cmd, capture_output=True, text=True, env=env)
+        # paths made absolute: the child runs in the repository root
+        cmd = M.module_cmd("bench_lsh", "--model", os.path.abspath(args.model), "--data", os.path.abspath(args.data),
+                           "--eval-child", "--shares", args.shares,
+                           *(["--rebuild", os.path.abspath(args.rebuild)] if args.rebuild else []),
+                           ranks=ranks, mpi=True)
+        p, _ = M.run(cmd, env=M.thread_env(threads))
         got = [line[len("RESULT "):] for line in p.stdout.splitlines() if line.startswith("RESULT ")]
         if p.returncode != 0 or not got:
             raise SystemExit(f"{' '.join(cmd)} failed (exit {p.returncode}):\n{p.stderr[-3000:]}")
@@ -310,8 +303,8 @@ def end_to_end(args) -> None:
         return wall_table(args)
     rebuilt = (f"; the index rebuilt from {args.rebuild} with this code's settings (seconds and sizes: "
                + "; ".join(builds) + ")") if args.rebuild else ""
-    lines = [f"command: `{' '.join(shlex.quote(a) for a in ['python', *sys.argv])}`", "",
-             f"machine: {B.machine()}", "", f"model: {args.model}; test points: {args.data}{rebuilt}", "",
+    lines = [f"command: `{M.command('bench_lsh', map(shlex.quote, sys.argv[1:]))}`", "",
+             f"machine: {M.machine()}", "", f"model: {args.model}; test points: {args.data}{rebuilt}", "",
              "| ranks x threads | method | labels scored | seconds | speed-up | recall of exact top-10 | P@1 | P@5 "
              "| PSP@5 |", "|---|---|---|---|---|---|---|---|---|"]
     for ranks, threads, r in rows:
@@ -321,7 +314,7 @@ def end_to_end(args) -> None:
                      f"{r['p@5']:.4f} | {r['psp@5']:.4f} |")
     print("\n".join(lines), flush=True)
     if not args.no_record:
-        B.record(f"bench_lsh.py --model ... --eval ({os.path.basename(args.data)})", "\n".join(lines))
+        M.record(f"bench_lsh.py --model ... --eval ({os.path.basename(args.data)})", "\n".join(lines))
     wall_table(args)
 
 
@@ -331,17 +324,15 @@ def _predict_once(args, ranks: int, threads: int, lsh: bool, cache_dir: str | No
     import re
     import subprocess
 
-    import _bench as B
-
-    env = B.thread_env(threads)
+    env = M.thread_env(threads)
     if cache_dir:
         env["NUMBA_CACHE_DIR"] = cache_dir
-    out = os.path.join(B.ROOT, "runs", "bench_lsh_wall", f"pred-{ranks}x{threads}-{int(lsh)}.txt")
+    out = os.path.join(M.ROOT, "runs", "bench_lsh_wall", f"pred-{ranks}x{threads}-{int(lsh)}.txt")
     os.makedirs(os.path.dirname(out), exist_ok=True)
     cmd = [sys.executable, "-m", "dslide", "predict", "--model", args.model, "--data", args.data, "--k", "5",
            "--out", out, "--quiet"] + (["--lsh"] if lsh else [])
     if ranks > 1:
-        cmd = [B.mpiexec(), "-n", str(ranks), *cmd]
+        cmd = [M.mpiexec(), "-n", str(ranks), *cmd]
     t0 = time.perf_counter()
     p = subprocess.run(cmd, capture_output=True, text=True, env=env)
     wall = time.perf_counter() - t0
@@ -356,19 +347,17 @@ def _corunner():
     returns the Popen, ended by `_stop`."""
     import subprocess
 
-    import _bench as B
-
-    work = os.path.join(B.ROOT, "runs", "bench_lsh_wall")
+    work = os.path.join(M.ROOT, "runs", "bench_lsh_wall")
     os.makedirs(work, exist_ok=True)
     prefix = os.path.join(work, "corun")
     if not os.path.exists(prefix + "_train.txt"):
         subprocess.run([sys.executable, "-m", "dslide", "data", "gen", "--preset", "small", "--points", "5000",
                         "--test-points", "100", "--out", prefix], check=True, capture_output=True)
-    cmd = [B.mpiexec(), "-n", "2", sys.executable, "-m", "dslide", "train", "--train", prefix + "_train.txt",
+    cmd = [M.mpiexec(), "-n", "2", sys.executable, "-m", "dslide", "train", "--train", prefix + "_train.txt",
            "--out", os.path.join(work, "corun_run"), "--quiet", "--set", "epochs=100000", "--set", "threads=1",
            "--set", "eval_every=0"]
     p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-                         env=B.thread_env(1))
+                         env=M.thread_env(1))
     time.sleep(15)  # past its start-up: training steps and their collectives
     return p
 
@@ -391,8 +380,6 @@ def wall_table(args) -> None:
     import shutil
     import tempfile
 
-    import _bench as B
-
     conditions = [("as is", False), ("beside a 2-rank MPI job", True)]
     caches = [("warm", None)] + ([("cold", "fresh")] if args.cold else [])
     rows = []
@@ -413,8 +400,8 @@ def wall_table(args) -> None:
         finally:
             if job is not None:
                 _stop(job)
-    lines = [f"command: `{' '.join(shlex.quote(a) for a in ['python', *sys.argv])}`", "",
-             f"machine: {B.machine()}; load average before: {os.getloadavg()[0]:.1f}", "",
+    lines = [f"command: `{M.command('bench_lsh', map(shlex.quote, sys.argv[1:]))}`", "",
+             f"machine: {M.machine()}; load average before: {os.getloadavg()[0]:.1f}", "",
              f"`mpiexec -n 2 dslide predict --model {args.model} --data {args.data} --k 5` (1 thread per rank); "
              "end to end: from the process's start to the predictions written; scoring: the seconds it printed "
              "(T.predict_topk_scores); warm: numba's cache filled by a run just before; cold: an empty cache", "",
@@ -425,13 +412,13 @@ def wall_table(args) -> None:
                      f"{r['load']:.1f} |")
     print("\n".join(lines), flush=True)
     if not args.no_record:
-        B.record(f"bench_lsh.py --model ... --eval, end to end ({os.path.basename(args.data)})", "\n".join(lines))
+        M.record(f"bench_lsh.py --model ... --eval, end to end ({os.path.basename(args.data)})", "\n".join(lines))
 
 
 def eval_child(args) -> None:
     import json
 
-    from _lsh_eval import compare_inference
+    from ._lsh_eval import compare_inference
 
     from dslide import cli, propensity
     from dslide.comm import Comm
@@ -440,7 +427,7 @@ def eval_child(args) -> None:
     from dslide import train as T
 
     comm = Comm()
-    model = cli._load_model(args.model, comm)
+    model = cli.load_model(args.model, comm)
     info = {}
     if args.rebuild:
         info = {k: v for k, v in T.build_index(model, read_xmc(args.rebuild)).items() if k != "share"}
@@ -508,7 +495,7 @@ def main(argv=None):
     brute_ms = 1e3 * min(brute)
     truth = exact_top(W, Q, 100)
 
-    print(f"command: {' '.join(shlex.quote(a) for a in [sys.executable, *sys.argv])}")
+    print(f"command: {M.command('bench_lsh', map(shlex.quote, sys.argv[1:]))}")
     print(f"data: W float32 [{args.items}, {args.dim}] ({args.clusters} power-law clusters, noise "
           f"{args.noise}, log-normal norms), Q [{args.queries}, {args.dim}] relu(centre + noise), "
           f"{np.mean(Q == 0):.0%} zeros; generated in {gen_s:.1f} s")

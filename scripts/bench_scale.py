@@ -1,7 +1,6 @@
-#!/usr/bin/env python
 """Scale benchmark: amazon-like models from 100M to 2B parameters on one machine.
 
-    python scripts/bench_scale.py [--part scale|data|precision] [--hidden 128,512,1024,1536,2560]
+    python -m scripts.bench_scale [--part scale|data|precision] [--hidden 128,512,1024,1536,2560]
                                   [--adam float32,bfloat16] [--samples 12800] [--no-run] [--record]
                                   [--plot docs/bench_scale.png]
 
@@ -47,10 +46,9 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _bench as B  # noqa: E402
+from . import measure as M
 
-RUNS = B.ROOT / "runs"
+RUNS = M.ROOT / "runs"
 DATA_DIR = RUNS / "bench_scale_data"
 AMAZON_ROWS = 490_449
 
@@ -58,15 +56,6 @@ AMAZON_ROWS = 490_449
 # ----------------------------------------------------------------------------
 # the child: one case under mpiexec
 # ----------------------------------------------------------------------------
-
-
-def _status(field: str) -> int:
-    """A /proc/self/status memory field in bytes (VmRSS: now, VmHWM: peak)."""
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field):
-                return int(line.split()[1]) * 1024
-    return 0
 
 
 def child(case_path: str) -> None:
@@ -82,25 +71,25 @@ def child(case_path: str) -> None:
     from dslide.data import XMCData, read_xmc
 
     comm = Comm.world()
-    me = {"rss_start": _status("VmRSS:")}
+    me = {"rss_start": M.status_bytes("VmRSS:")}
     t0 = time.perf_counter()
     train = read_xmc(case["train"])
     test = read_xmc(case["test"])
     me["load_s"] = time.perf_counter() - t0
-    me["rss_data"] = _status("VmRSS:")
+    me["rss_data"] = M.status_bytes("VmRSS:")
     cfg = Config.from_dict({**case["config"], "threads": case["threads"]}).resolve(train.n_labels)
     t0 = time.perf_counter()
     model = T.build_network((train.n_features, train.n_labels), cfg, comm)
     T.init_from_data(model, train)
     me["build_s"] = time.perf_counter() - t0
-    me["rss_built"] = _status("VmRSS:")
+    me["rss_built"] = M.status_bytes("VmRSS:")
     net = model.network
     acc = memory.account(cfg, train.n_features, train.n_labels, comm.size, comm.rank, case["threads"])
     steps = max(2, case["samples"] // cfg.batch_size)
     t0 = time.perf_counter()
     model, history = T.fit(train, cfg, comm=comm, model=model, stop_at=steps, index=False)
     me["fit_s"] = time.perf_counter() - t0
-    me["hwm_train"] = _status("VmHWM:")
+    me["hwm_train"] = M.status_bytes("VmHWM:")
     result = {"params": net.n_params, "steps": history[-1]["step"], "ranks": comm.size,
               "threads": case["threads"], "account": acc,
               "samples_per_s": T.throughput(history, cfg.batch_size),
@@ -109,7 +98,7 @@ def child(case_path: str) -> None:
         t0 = time.perf_counter()
         info = T.build_index(model, train)
         me["index_s"] = time.perf_counter() - t0
-        me["hwm_index"] = _status("VmHWM:")
+        me["hwm_index"] = M.status_bytes("VmHWM:")
         result["index"] = {k: v for k, v in info.items() if isinstance(v, (int, float))}
     if case.get("eval_points"):
         m = min(case["eval_points"], test.n_points)
@@ -134,7 +123,7 @@ def child(case_path: str) -> None:
             comm.barrier()
             if comm.rank == 0:
                 shutil.rmtree(run, ignore_errors=True)
-    me["hwm"] = _status("VmHWM:")
+    me["hwm"] = M.status_bytes("VmHWM:")
     per_rank = comm.allgather_object(me)
     if comm.rank == 0:
         result["per_rank"] = per_rank
@@ -148,15 +137,12 @@ def child(case_path: str) -> None:
 
 def run(case: dict) -> dict:
     ranks, threads = case["ranks"], case["threads"]
-    env = dict(os.environ, NUMBA_NUM_THREADS=str(threads), OMP_NUM_THREADS=str(threads),
-               OPENBLAS_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
     with tempfile.NamedTemporaryFile("w", suffix=".json", prefix="dslide-scale-") as f:
         json.dump(case, f)
         f.flush()
-        cmd = [B.mpiexec(), "-n", str(ranks), sys.executable, "-m", "mpi4py", str(Path(__file__).resolve()),
-               "child", f.name]
+        cmd = M.module_cmd("bench_scale", "child", f.name, ranks=ranks, mpi=True)  # under mpiexec at 1 rank too
         t0 = time.perf_counter()
-        p = subprocess.run(cmd, capture_output=True, text=True, env=env)
+        p, _ = M.run(cmd, env=M.thread_env(threads))
         wall = time.perf_counter() - t0
     lines = [l for l in p.stdout.splitlines() if l.startswith("RESULT ")]
     if p.returncode != 0 or not lines:
@@ -235,12 +221,15 @@ def prepare_data_case(case: dict) -> dict:
     path = case["train"]
     if os.path.exists(cache_path(path)):
         shutil.rmtree(cache_path(path)) if os.path.isdir(cache_path(path)) else os.remove(cache_path(path))
-    code = ("import time, resource, sys; t=time.perf_counter(); from dslide.data import read_xmc; "
+    # the child's own peak (VmHWM, measure.status_bytes), from the repository root
+    code = ("import time, sys; t=time.perf_counter(); from dslide.data import read_xmc; "
+            "from scripts.measure import status_bytes; "
             "d=read_xmc(sys.argv[1]); print(time.perf_counter()-t, d.X.nnz, d.Y.nnz, d.n_points, "
-            "resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)")
+            "status_bytes('VmHWM:'))")
     out = {}
     for what in ("parse_and_cache", "cached"):
-        r = subprocess.run([sys.executable, "-c", code, path], capture_output=True, text=True, check=True)
+        r = subprocess.run([sys.executable, "-c", code, os.path.abspath(path)], capture_output=True, text=True,
+                           check=True, cwd=M.ROOT)
         s, nnz_x, nnz_y, n, peak = r.stdout.split()
         out[what] = {"s": float(s), "peak_rss": int(peak)}
     out.update({"nnz_x": int(nnz_x), "nnz_y": int(nnz_y), "points": int(n),
@@ -282,7 +271,7 @@ def rows_table(results: list[dict], commands: list[str] | None = None) -> str:
             ("load s full / weights", lambda r: f"{ck(r, 'full', 'load')} / {ck(r, 'weights', 'load')}")]
     if commands:
         cols.append(("command", lambda r: str(commands.index(r["case"].get("command", "(not recorded)")) + 1)))
-    return B.table(results, cols)
+    return M.table(results, cols)
 
 
 def targets(done: list[dict], precision: list[dict]) -> str:
@@ -391,7 +380,7 @@ def main(argv=None) -> int:
     store = RUNS / f"bench_scale_{args.part}.json"
     results = json.loads(store.read_text()) if store.exists() else []
     cases = {"scale": scale_cases, "data": data_cases, "precision": precision_cases}[args.part](args)
-    command = "python scripts/bench_scale.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    command = M.command("bench_scale", argv if argv is not None else sys.argv[1:])
     for case in [] if args.no_run else cases:
         case["command"] = command
         from dslide.data import read_xmc
@@ -426,7 +415,7 @@ def main(argv=None) -> int:
     # rows are merged across invocations (runs/bench_scale_<part>.json): name each one's command
     commands = list(dict.fromkeys(r["case"].get("command", "(not recorded)") for r in results))
     text = "".join(f"command{'' if len(commands) == 1 else f' {i + 1}'}: {c}\n" for i, c in enumerate(commands))
-    text += f"machine: {B.machine()}\n\n" + rows_table(done, commands if len(commands) > 1 else None) + "\n"
+    text += f"machine: {M.machine()}\n\n" + rows_table(done, commands if len(commands) > 1 else None) + "\n"
     skipped = [r for r in results if "skipped" in r or "error" in r]
     for r in skipped:
         text += f"\n- {r['case']['name']}: {r.get('skipped') or 'failed: ' + r['error']}"
@@ -444,7 +433,7 @@ def main(argv=None) -> int:
                      + " GB per rank over the interpreter's")
     print(text)
     if args.record:
-        B.record(f"bench_scale.py --part {args.part}", text)
+        M.record(f"bench_scale.py --part {args.part}", text)
     if args.plot:
         plot([r for r in json.loads((RUNS / "bench_scale_scale.json").read_text()) if "per_rank" in r], args.plot)
     return 0

@@ -1,7 +1,7 @@
 """dslide against data parallelism on a slow network, measured on one machine.
 
-    sudo .venv/bin/python scripts/bench_slownet.py            # the full benchmark (~30 min)
-    .venv/bin/python scripts/bench_slownet.py --replot docs/slownet.json   # tables and plot again
+    sudo .venv/bin/python -m scripts.bench_slownet            # the full benchmark (~30 min)
+    .venv/bin/python -m scripts.bench_slownet --replot docs/slownet.json   # tables and plot again
 
 For each cap (unlimited, 1 Gbit/s, 100 Mbit/s; scripts/slownet.sh puts every
 rank in a network namespace whose loopback is capped with tc tbf, and makes
@@ -50,9 +50,10 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "scripts"))
-import _costmodel as C  # noqa: E402
+from . import _costmodel as C
+from . import measure as M
+
+ROOT = M.ROOT
 
 SLOWNET = ROOT / "scripts" / "slownet.sh"
 PROBE = ROOT / "scripts" / "slownet_probe.py"
@@ -85,11 +86,8 @@ def rate_bits(rate: str) -> float:
 
 
 def run_env() -> dict:
-    env = dict(os.environ)
     # one core per rank: numba, BLAS and OpenMP single-threaded
-    env.update(NUMBA_NUM_THREADS="1", OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1",
-               PYTHONUNBUFFERED="1")
-    return env
+    return M.thread_env(1, PYTHONUNBUFFERED="1")
 
 
 OPTS = {"yield": True, "quiet_wait_s": 300.0, "quiet_busy": 0.35}
@@ -464,7 +462,7 @@ def markdown(res: dict, an: dict) -> str:
                          f"{_fmt_s(r['dslide_comm_s'])} | {_fmt_s(r['dp_s'])} | {r['dp_samples_per_s']:,.1f} | "
                          f"{_fmt_s(r['dp_comm_s'])} | {r['speedup']:,.0f}x |")
             L.append("")
-    L.append("Reproduce: `sudo .venv/bin/python scripts/bench_slownet.py` (root for the namespaces); "
+    L.append("Reproduce: `sudo .venv/bin/python -m scripts.bench_slownet` (root for the namespaces); "
              "`--replot docs/slownet.json` rebuilds this page and the plot from the saved numbers.\n")
     return "\n".join(L)
 

@@ -1,11 +1,10 @@
-#!/usr/bin/env python
 """Start-up of a run: the seconds before training (or scoring) gets going.
 
-    python scripts/bench_startup.py [--workdir DIR] [--repo DIR=LABEL ...] [--no-record]
+    python -m scripts.bench_startup [--workdir DIR] [--repo DIR=LABEL ...] [--no-record]
 
 Each command runs in a fresh process, twice: first right after the numba cache files of
 the measured code were deleted (the first run after installing or changing it), then
-again (every later run). NUMBA_NUM_THREADS=2.
+again (every later run), with 2 threads (measure.thread_env).
 
 - `dslide train` on the `small` preset (20,000 training points, 50,000 features, 20,000
   labels: an LSH output), hidden 128 and hidden 1024, 16 steps, no test set. Columns: the
@@ -24,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -32,8 +30,7 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _bench as B  # noqa: E402
+from . import measure as M
 
 STEPS = 16
 
@@ -49,7 +46,7 @@ def _clear_numba_cache(repo: Path) -> int:
 
 def _dslide(repo: Path, args: list[str]) -> float:
     """Run `python -m dslide ARGS` with `repo` first on the path; its wall seconds."""
-    env = dict(os.environ, NUMBA_NUM_THREADS="2", PYTHONPATH=str(repo))
+    env = M.thread_env(2, PYTHONPATH=str(repo))
     t = time.perf_counter()
     p = subprocess.run([sys.executable, "-m", "dslide", *args], capture_output=True, text=True, env=env, cwd=repo)
     wall = time.perf_counter() - t
@@ -61,11 +58,11 @@ def _dslide(repo: Path, args: list[str]) -> float:
 def _prepare(work: Path) -> dict:
     files = {"small": work / "small", "amz": work / "amz", "model": work / "amz-model"}
     if not (work / "small_train.txt").exists():
-        _dslide(B.ROOT, ["data", "gen", "--preset", "small", "--out", str(files["small"])])
+        _dslide(M.ROOT, ["data", "gen", "--preset", "small", "--out", str(files["small"])])
     if not (work / "amz_train.txt").exists():
-        _dslide(B.ROOT, ["data", "gen", "--preset", "amazon-like", "--points", "50000", "--out", str(files["amz"])])
+        _dslide(M.ROOT, ["data", "gen", "--preset", "amazon-like", "--points", "50000", "--out", str(files["amz"])])
     if not (files["model"] / "checkpoints" / "LATEST").exists():
-        _dslide(B.ROOT, ["train", "--train", f"{files['amz']}_train.txt", "--out", str(files["model"]), "--quiet",
+        _dslide(M.ROOT, ["train", "--train", f"{files['amz']}_train.txt", "--out", str(files["model"]), "--quiet",
                          "--set", f"epochs={20 * 128 / 50000}"])
     return files
 
@@ -102,7 +99,7 @@ def main(argv=None) -> int:
     p.add_argument("--no-record", action="store_true", help="do not update docs/benchmarks.md")
     a = p.parse_args(argv)
     repos = [(Path(r.split("=", 1)[0]).resolve(), r.split("=", 1)[1] if "=" in r else r) for r in a.repo]
-    repos.append((B.ROOT, "this checkout"))
+    repos.append((M.ROOT, "this checkout"))
     tmp = None if a.workdir else tempfile.TemporaryDirectory(prefix="bench_startup.")
     work = Path(a.workdir or tmp.name)
     work.mkdir(parents=True, exist_ok=True)
@@ -119,7 +116,7 @@ def main(argv=None) -> int:
     cols = [("code", "code"), ("command", "command"), ("run", "run"), ("wall s", s("wall_s")),
             ("startup_s", s("startup_s")), ("warmup_s (first step)", s("warmup_s")),
             ("load_model_s", s("load_model_s")), ("predict_s", s("predict_s"))]
-    B.report("bench_startup.py", argv if argv is not None else sys.argv[1:], rows, cols, None, not a.no_record)
+    M.report("bench_startup", argv if argv is not None else sys.argv[1:], rows, cols, None, not a.no_record)
     return 0
 
 

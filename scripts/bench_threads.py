@@ -1,8 +1,7 @@
-#!/usr/bin/env python
 """Threads per rank by default: `mpiexec -n P dslide train` without `--set threads` against
 `--set threads=1` and against every core per rank (what threads = 0 meant before).
 
-    python scripts/bench_threads.py [--ranks 2] [--points 20000] [--epochs 1] [--repeat 2]
+    python -m scripts.bench_threads [--ranks 2] [--points 20000] [--epochs 1] [--repeat 2]
 
 The environment is the user's, less NUMBA_NUM_THREADS and the BLAS thread variables
 (numba and OpenBLAS then see every core, as in a fresh shell). The cases alternate,
@@ -23,10 +22,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _bench as B  # noqa: E402
-
-THREAD_VARS = ("NUMBA_NUM_THREADS", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+from . import measure as M
 
 
 def main(argv=None) -> None:
@@ -39,7 +35,7 @@ def main(argv=None) -> None:
     ap.add_argument("--no-record", action="store_true", help="do not update docs/benchmarks.md")
     args = ap.parse_args(argv)
 
-    work = B.ROOT / "runs" / "bench_threads"
+    work = M.ROOT / "runs" / "bench_threads"
     work.mkdir(parents=True, exist_ok=True)
     prefix = work / f"{args.preset}-{args.points}"
     dslide = [sys.executable, "-m", "dslide"]
@@ -49,12 +45,12 @@ def main(argv=None) -> None:
     cores = os.cpu_count() or 1
     cases = [("default (no --set threads)", []), ("--set threads=1", ["--set", "threads=1"]),
              (f"--set threads={cores} (every core per rank: the old default)", ["--set", f"threads={cores}"])]
-    env = {k: v for k, v in os.environ.items() if k not in THREAD_VARS}
+    env = {k: v for k, v in os.environ.items() if k not in M.THREAD_VARS}
     got = {name: [] for name, _ in cases}
     for r in range(args.repeat):
         for i, (name, sets) in enumerate(cases):
             out = work / f"run-{i}-{r}"
-            cmd = [B.mpiexec(), "-n", str(args.ranks), *dslide, "train", "--train", f"{prefix}_train.txt",
+            cmd = [M.mpiexec(), "-n", str(args.ranks), *dslide, "train", "--train", f"{prefix}_train.txt",
                    "--out", str(out), "--quiet", "--set", f"epochs={args.epochs}", *sets]
             t0 = time.perf_counter()
             p = subprocess.run(cmd, env=env, capture_output=True, text=True)
@@ -65,8 +61,8 @@ def main(argv=None) -> None:
             got[name].append((m["threads"], m["samples_per_s"], wall))
             print(f"  {name}, round {r + 1}: {m['threads']} thread(s), {m['samples_per_s']:,.0f} samples/s, "
                   f"{wall:.1f} s", file=sys.stderr, flush=True)
-    lines = [f"command: `python scripts/bench_threads.py {' '.join(argv if argv is not None else sys.argv[1:])}`", "",
-             f"machine: {B.machine()}; `mpiexec -n {args.ranks} dslide train` on the `{args.preset}` preset, "
+    lines = [f"command: `{M.command('bench_threads', argv if argv is not None else sys.argv[1:])}`", "",
+             f"machine: {M.machine()}; `mpiexec -n {args.ranks} dslide train` on the `{args.preset}` preset, "
              f"{args.points:,} points, {args.epochs:g} epoch(s), defaults otherwise, NUMBA_NUM_THREADS and the BLAS "
              f"variables unset; {args.repeat} alternating round(s), medians (each round in brackets)", "",
              "| setting | threads per rank | samples/s | wall s |", "|---|---|---|---|"]
@@ -79,7 +75,7 @@ def main(argv=None) -> None:
     text = "\n".join(lines)
     print(text, flush=True)
     if not args.no_record:
-        B.record("bench_threads.py", text)
+        M.record("bench_threads.py", text)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,6 @@
-#!/usr/bin/env python
 """Training benchmark of the one-rank SLIDE core: speed, accuracy, memory.
 
-    python scripts/bench_train.py [--quick] [--only amazon,small,bibtex] [--out FILE.md]
+    python -m scripts.bench_train [--quick] [--only amazon,small,bibtex] [--out FILE.md]
 
 Rows (each in its own process, one after the other):
 - amazon-like synthetic data, 670,091 labels, hidden 128, batch 256, DWTA K=6
@@ -19,12 +18,11 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _bench as B  # noqa: E402
+from . import _bench as B
+from . import measure as M
 
-SHARED = B.ROOT.parent / "shared" / "data"
+SHARED = M.SHARED_DATA
 AMAZON = {"preset": "amazon-like", "n_train": 50000, "n_test": 5000, "seed": 0}
 SMALL = {"preset": "small", "seed": 0}
 SLIDE_LSH = {"family": "dwta", "K": 6, "L": 50, "bin_size": 8}
@@ -62,7 +60,7 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     rows = B.run_cases(cases(a.quick, set(a.only.split(","))))
     for r in rows:
-        t75 = B.time_to(r["curve"], 0.75)
+        t75 = M.time_to(r["curve"], 0.75)
         r["t75"] = "-" if t75 is None else f"{t75:.1f}"
     cols = [
         ("run", "name"),
@@ -79,7 +77,7 @@ def main(argv=None) -> int:
         ("fwd / bwd / LSH query / upkeep s", lambda r: " / ".join(
             f"{r['timers_s'].get(k, 0):.1f}" for k in ("forward", "backward", "lsh_query", "lsh_upkeep"))),
     ]
-    B.report("bench_train.py", argv if argv is not None else sys.argv[1:], rows, cols, a.out, not a.no_record)
+    M.report("bench_train", argv if argv is not None else sys.argv[1:], rows, cols, a.out, not a.no_record)
     return 0
 
 

@@ -1,15 +1,14 @@
-#!/usr/bin/env python
 """omikuji (Parabel) and napkinXC (PLT) on dslide's data files, scored by dslide's metrics code.
 
-    .venv/bin/python scripts/bench_trees.py --train T.txt --test S.txt [--threads 2] [--trees 1,3]
+    .venv/bin/python -m scripts.bench_trees --train T.txt --test S.txt [--threads 2] [--trees 1,3]
 
 `run_tree` trains one library in a child process under the baselines' venv
-(`scripts/_tree_train.py`, installed on demand by scripts/_baselines.py; when
+(`python -m scripts._tree_train`, installed on demand by scripts/_baselines.py; when
 the library cannot be had the result is `{"available": False, "reason": ...}`),
 reads back its top 5 per test point and timings, and `score` computes P@k,
 nDCG@k and PSP@k with `dslide.metrics.evaluate`, the function dslide's own
 rows use, with propensities from the training labels. Importing this module
-needs neither library. scripts/bench.py uses it for its peers table.
+needs neither library. The suites of scripts/bench.py use it (peers, shapes).
 """
 
 from __future__ import annotations
@@ -23,13 +22,9 @@ from pathlib import Path
 import numpy as np
 import scipy.sparse as sp
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _baselines as BL  # noqa: E402
+from . import _baselines as BL
+from . import measure as M
 
-TRAINER = Path(__file__).resolve().with_name("_tree_train.py")
 SYSTEMS = ("omikuji", "napkinxc")
 K = 5
 
@@ -84,13 +79,13 @@ def run_tree(system: str, train_path, test_path, *, n_test: int, n_labels: int, 
     topk, result, log = work / f"{tag}_top.npy", work / f"{tag}.json", work / f"{tag}.log"
     for f in (topk, result):
         f.unlink(missing_ok=True)
-    cmd = [py, str(TRAINER), "--system", system, "--train", str(train_path), "--test", str(test_path),
-           "--threads", str(threads), "--trees", str(trees), "--seed", str(seed),
-           "--model-dir", str(work / f"{tag}-model"), "--topk", str(topk), "--result", str(result)]
-    threads_env = {v: str(threads) for v in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS",
-                                              "RAYON_NUM_THREADS")}
+    # paths made absolute: the trainer runs in the repository root
+    cmd = BL.trainer_cmd(py, "_tree_train", "--system", system, "--train", Path(train_path).resolve(),
+                         "--test", Path(test_path).resolve(), "--threads", threads, "--trees", trees, "--seed", seed,
+                         "--model-dir", (work / f"{tag}-model").resolve(), "--topk", topk.resolve(),
+                         "--result", result.resolve())
     with open(log, "w") as out:  # omikuji draws a progress bar per example: keep it out of the pipes
-        p = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, env=BL.child_env(threads_env),
+        p = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, env=BL.child_env(threads), cwd=M.ROOT,
                            timeout=timeout)
     if p.returncode != 0:
         tail = log.read_text(errors="replace")[-2000:]
@@ -109,7 +104,7 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--trees", default="3", help="omikuji tree counts, comma-separated")
     ap.add_argument("--systems", default=",".join(SYSTEMS))
-    ap.add_argument("--workdir", default=str(ROOT / "runs" / "bench_trees"))
+    ap.add_argument("--workdir", default=str(M.ROOT / "runs" / "bench_trees"))
     a = ap.parse_args(argv)
     train, test = read_xmc(a.train), read_xmc(a.test)
     inv = inverse_propensity(train.Y)

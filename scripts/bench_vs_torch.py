@@ -1,9 +1,8 @@
-#!/usr/bin/env python
 """dslide's network trained by PyTorch: the dense full-softmax reference on the CPU.
 
-    .venv/bin/python scripts/bench_vs_torch.py --data small --threads 1,2 --lr 1e-2 \\
+    .venv/bin/python -m scripts.bench_vs_torch --data small --threads 1,2 --lr 1e-2 \\
         --epochs 10 --time-budget 120 --eval-every 20 --target-p1 0.75
-    .venv/bin/python scripts/bench_vs_torch.py --data amazon-like --points 20000 \\
+    .venv/bin/python -m scripts.bench_vs_torch --data amazon-like --points 20000 \\
         --test-points 1000 --eval-points 1000 --threads 1,2 --time-budget 120
 
 PyTorch never enters the project's venv. On first use this script makes the
@@ -14,10 +13,10 @@ build). Later runs reuse it when torch imports there. When torch cannot be had, 
 line says why and the result is `{"available": false, "reason": ...}`; the
 script then exits 0, so a benchmark suite goes on without PyTorch.
 
-The training itself runs in a child process, `scripts/_torch_train.py` under
-the torch venv's python (its docstring defines the network, loss, optimiser
-and sample order, all dslide's), with OMP_NUM_THREADS / MKL_NUM_THREADS set to
-the thread count and OMP_WAIT_POLICY=PASSIVE (`--omp-wait-policy`; see
+The training itself runs in a child process, `python -m scripts._torch_train`
+under the torch venv's python in the repository root (its docstring defines
+the network, loss, optimiser and sample order, all dslide's), with the thread
+variables (measure.thread_env) set to the thread count and OMP_WAIT_POLICY=PASSIVE (`--omp-wait-policy`; see
 `run_torch`: without it a busy core elsewhere made 2-thread runs 2-5x slower). The data go to it as one `.npz` per split (`export_npz`),
 so the trainer needs neither scipy, numba nor dslide.
 
@@ -27,10 +26,11 @@ features, 20,000 labels; `amazon-like`: 135,909 features, 670,091 labels;
 `PREFIX_test.txt` in the XMC text format. The printed markdown table has one
 row per (thread count, repeat): the trainer's options, data shape, threads,
 samples/s (first 3 steps excluded as warm-up), P@1/P@3/P@5 at the end, the
-training time to the first evaluation reaching `--target-p1`, and peak RSS.
+training time to the first evaluation reaching `--target-p1` (measure.time_to),
+and peak RSS.
 
-`run_torch` is the function the benchmark suite imports (with `scripts/` on
-sys.path); importing this module needs no torch.
+`run_torch` is the function the benchmark suites import; importing this
+module needs no torch.
 """
 
 from __future__ import annotations
@@ -47,18 +47,13 @@ from pathlib import Path
 import numpy as np
 import scipy.sparse as sp
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:  # run as a script: make dslide/datasets importable from the checkout
-    sys.path.insert(0, str(ROOT))
+from dslide.data import XMCData
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _baselines as BL  # noqa: E402
-
-from dslide.data import XMCData  # noqa: E402
+from . import _baselines as BL
+from . import measure as M
 
 TORCH_VENV = BL.VENV
 TORCH_REQUIREMENTS = BL.REQUIREMENTS["torch"]
-TRAINER = Path(__file__).resolve().with_name("_torch_train.py")
 PRESETS = ("tiny", "small", "amazon-like", "amazon-tail")
 
 
@@ -103,16 +98,19 @@ def import_npz(path) -> XMCData:
 # --------------------------------------------------------------------------- the torch venv (scripts/_baselines.py)
 
 
-def _thread_vars(threads: int, omp_wait_policy: str | None = None) -> dict:
-    """The environment a trainer with `threads` threads runs under (see run_torch)."""
-    out = {var: str(threads) for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")}
-    if omp_wait_policy is not None:
-        out["OMP_WAIT_POLICY"] = omp_wait_policy
-    return out
+def _policy(omp_wait_policy: str | None) -> dict:
+    return {} if omp_wait_policy is None else {"OMP_WAIT_POLICY": omp_wait_policy}
 
 
 def _child_env(threads: int | None = None, omp_wait_policy: str | None = None) -> dict:
-    return BL.child_env(None if threads is None else _thread_vars(threads, omp_wait_policy))
+    """The environment the trainer runs under with `threads` threads (see run_torch)."""
+    return BL.child_env(threads, **_policy(omp_wait_policy))
+
+
+def trainer_cmd(python, *args) -> list[str]:
+    """The trainer (`python -m scripts._torch_train ARGS`) under `python`: run it with cwd=measure.ROOT
+    and env=_child_env(...)."""
+    return BL.trainer_cmd(python, "_torch_train", *args)
 
 
 def probe_torch(python) -> tuple[bool, str]:
@@ -143,7 +141,7 @@ def run_torch(train: XMCData, test: XMCData | None, *, hidden: int = 128, lr: fl
               threads: int = 1, seed: int = 0, dropout: float = 0.0, init_input_scale: float = 0.1,
               eval_every: int = 0, eval_points: int = 2000, workdir, python=None,
               omp_wait_policy: str | None = "PASSIVE", extra_args=(), timeout: float | None = None) -> dict:
-    """Train dslide's network with PyTorch (`_torch_train.py`) on `train`; evaluate on `test`.
+    """Train dslide's network with PyTorch (`scripts._torch_train`) on `train`; evaluate on `test`.
 
     Returns a dict. Always `available` (bool); when False, `reason` (torch could
     not be installed or, with `python` given, that python cannot import it).
@@ -158,11 +156,11 @@ def run_torch(train: XMCData, test: XMCData | None, *, hidden: int = 128, lr: fl
     python: the interpreter to run the trainer with (no install is tried);
     default: `.venv-baselines`'s, created on demand. extra_args: more trainer
     options (e.g. ("--first-layer", "sparse_mm")). workdir: where the .npz
-    inputs and the log go (one run at a time per workdir). Raises RuntimeError
+    inputs and the log go (one run at a time per workdir). The trainer runs in
+    the repository root: relative paths in extra_args are read from there. Raises RuntimeError
     when the trainer itself fails, subprocess.TimeoutExpired after `timeout` s.
 
-    The child runs with OMP_NUM_THREADS, MKL_NUM_THREADS and OPENBLAS_NUM_THREADS
-    set to `threads`, and with OMP_WAIT_POLICY = omp_wait_policy ("PASSIVE",
+    The child runs with the thread variables (measure.thread_env) set to `threads`, and with OMP_WAIT_POLICY = omp_wait_policy ("PASSIVE",
     "ACTIVE", or None: whatever the environment says). PASSIVE by default:
     measured here, whenever another process was busy on one of the 2 cores,
     2 threads ran 2-5x slower without it (idle OpenMP threads spinning for a
@@ -193,11 +191,11 @@ def run_torch(train: XMCData, test: XMCData | None, *, hidden: int = 128, lr: fl
     if py is None:
         return {"available": False, "reason": info, "command": None}
 
-    workdir = Path(workdir)
+    workdir = Path(workdir).resolve()
     workdir.mkdir(parents=True, exist_ok=True)
     train_path, test_path, log_path = workdir / "train.npz", workdir / "test.npz", workdir / "torch_log.jsonl"
     export_npz(train, train_path)
-    cmd = [py, str(TRAINER), "--train", str(train_path)]
+    cmd = trainer_cmd(py, "--train", train_path)
     if test is not None:
         export_npz(test, test_path)
         cmd += ["--test", str(test_path)]
@@ -209,8 +207,9 @@ def run_torch(train: XMCData, test: XMCData | None, *, hidden: int = 128, lr: fl
         cmd += ["--time-budget", repr(float(time_budget))]
     cmd += [str(a) for a in extra_args]
     policy = omp_wait_policy or os.environ.get("OMP_WAIT_POLICY") or None
-    env_vars = _thread_vars(threads, policy)
-    r = subprocess.run(cmd, capture_output=True, text=True, env=_child_env(threads, policy), timeout=timeout)
+    env_vars = M.thread_env(threads, {}, **_policy(policy))
+    r = subprocess.run(cmd, capture_output=True, text=True, env=_child_env(threads, policy), cwd=M.ROOT,
+                       timeout=timeout)
     if r.returncode != 0:
         tail = "\n".join(r.stderr.strip().splitlines()[-15:])
         raise RuntimeError(f"the PyTorch trainer failed (exit {r.returncode}): {shlex.join(cmd)}\n{tail}")
@@ -220,14 +219,6 @@ def run_torch(train: XMCData, test: XMCData | None, *, hidden: int = 128, lr: fl
     shown = " ".join(f"{k}={v}" for k, v in env_vars.items())
     return {"available": True, **summary, "log": log, "command": f"{shown} {shlex.join(cmd)}",
             "omp_wait_policy": policy}
-
-
-def time_to_p1(log, target: float):
-    """Training seconds at the first logged evaluation with P@1 >= target (None if never)."""
-    for rec in log:
-        if rec.get("p@1") is not None and rec["p@1"] >= target:
-            return rec["wall_s"]
-    return None
 
 
 # --------------------------------------------------------------------------- command line
@@ -260,7 +251,7 @@ def _short_command(cmd: str) -> str:
     while parts and "=" in parts[0] and not parts[0].startswith("-"):
         parts.pop(0)
     out, skip = [], False
-    for a in parts[2:]:
+    for a in parts[3:]:  # after python -m scripts._torch_train
         if skip:
             skip = False
             continue
@@ -289,7 +280,7 @@ def format_table(rows, target_p1=None) -> str:
                  _fmt(r["samples_per_s"], ",.0f"), str(r["steps"]), _fmt(r["train_s"], ".1f"),
                  _fmt(r["p@1"], ".4f"), _fmt(r["p@3"], ".4f"), _fmt(r["p@5"], ".4f")]
         if target_p1 is not None:
-            t = time_to_p1(r["log"], target_p1)
+            t = M.time_to(r["log"], target_p1)
             ep = next((rec["epoch"] for rec in r["log"] if rec.get("wall_s") == t), None)
             cells.append("not reached" if t is None else f"{t:.1f} (epoch {ep:.1f})")
         cells.append(_fmt(r["peak_rss_mb"], ",.0f"))
@@ -320,7 +311,7 @@ def main(argv=None) -> int:
     ap.add_argument("--omp-wait-policy", default="PASSIVE", choices=("ACTIVE", "PASSIVE", "env"),
                     help="OMP_WAIT_POLICY of the trainer (default PASSIVE, see run_torch; env: leave it)")
     ap.add_argument("--python", default=None, help="python with torch to use (default: .venv-baselines')")
-    ap.add_argument("--workdir", default=str(ROOT / "runs" / "bench_vs_torch"))
+    ap.add_argument("--workdir", default=str(M.ROOT / "runs" / "bench_vs_torch"))
     ap.add_argument("--json", default=None, help="also write the results (list of dicts) to this file")
     ap.add_argument("trainer_args", nargs="*", help="after --: more _torch_train.py options")
     args = ap.parse_args(argv)

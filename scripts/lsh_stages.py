@@ -1,9 +1,8 @@
-#!/usr/bin/env python
 """Seconds of each stage of `--lsh` scoring, per rank, twice (the first call compiles what
 numba's cache lacks; the second is the warm cost).
 
-    mpiexec -n 2 python -m mpi4py scripts/lsh_stages.py RUN_DIR TEST_DATA
-    NUMBA_CACHE_DIR=$(mktemp -d) python scripts/lsh_stages.py RUN_DIR TEST_DATA   (an empty cache)
+    mpiexec -n 2 python -m mpi4py -m scripts.lsh_stages RUN_DIR TEST_DATA
+    NUMBA_CACHE_DIR=$(mktemp -d) python -m scripts.lsh_stages RUN_DIR TEST_DATA   (an empty cache)
 
 Stages (dslide.network.LSHLayer.topk): the hidden vectors, the anchor codes, the
 nearest training points (each rank a share, then one all-gather), their labels
@@ -11,7 +10,7 @@ nearest training points (each rank a share, then one all-gather), their labels
 a rank waits for the slowest).
 """
 
-import sys
+import argparse
 import time
 
 import numpy as np
@@ -21,7 +20,7 @@ import dslide
 from dslide import cli
 from dslide import train as T
 from dslide.comm import Comm
-from dslide.network import _nearest_points
+from dslide.index import _nearest_points
 
 
 def main(run_dir: str, data_path: str) -> None:
@@ -60,4 +59,8 @@ def main(run_dir: str, data_path: str) -> None:
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:3])
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("run_dir", help="a run directory with an LSH output layer and its inference index")
+    ap.add_argument("test_data", help="the points to score")
+    a = ap.parse_args()
+    main(a.run_dir, a.test_data)

@@ -1,7 +1,6 @@
-#!/usr/bin/env python
 """Draw P@1 and loss against training time from one or more dslide runs.
 
-    python scripts/plot_run.py RUN_DIR [RUN_DIR ...] --out progress.png [--labels a,b]
+    python -m scripts.plot_run RUN_DIR [RUN_DIR ...] --out progress.png [--labels a,b]
 
 Reads each run's log.jsonl (written by `dslide train`). Needs matplotlib,
 an optional extra: `pip install -e '.[plot]'`.

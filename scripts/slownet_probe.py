@@ -2,6 +2,9 @@
 
     mpiexec -n 2 python scripts/slownet_probe.py --mbytes 100 [--pattern p2p] [--json out.json]
 
+(It imports nothing of the package, so it runs as a file too, as scripts/slownet.sh's tests run it;
+`python -m scripts.slownet_probe` from the repository root is the same.)
+
 Patterns (payload bytes counted are what the program itself must move):
   p2p        rank 0 sends the bytes to rank 1 in `--chunk` sized messages;
              payload = the bytes (one direction: the effective bandwidth of the cap).

@@ -1,8 +1,5 @@
 """Under mpiexec -n P: resume equivalence, resharding, sparse-mode agreement, bytes per step."""
 
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
 from mpi4py import MPI
@@ -13,10 +10,9 @@ from dslide import train as T
 from dslide.comm import Comm, allreduce_bytes
 from dslide.config import Config, LSHConfig
 from dslide.network import Network, full_parameters
+from scripts import _costmodel
 
 WORLD = MPI.COMM_WORLD
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
-import _costmodel  # noqa: E402
 
 
 @pytest.fixture(scope="module")

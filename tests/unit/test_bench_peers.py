@@ -1,4 +1,4 @@
-"""The peers comparison's plumbing (scripts/bench.py peers part, bench_trees.py, _tree_train.py).
+"""The peers comparison's plumbing (scripts/suites/peers.py, bench_trees.py, _tree_train.py).
 
 Nothing here installs omikuji, napkinXC or torch: result parsing, scoring and
 the table run on hand-made arrays; the tree libraries themselves run only
@@ -10,18 +10,15 @@ from __future__ import annotations
 
 import json
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 import scipy.sparse as sp
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "scripts"))
-import _baselines as BL  # noqa: E402
-import _tree_train as TT  # noqa: E402
-import bench as BB  # noqa: E402
-import bench_trees as TR  # noqa: E402
+from scripts import _baselines as BL
+from scripts import _tree_train as TT
+from scripts import bench_trees as TR
+from scripts.suites import peers as BB
 
 # the weights and test labels of tests/unit/test_propensity.py (worked by hand there)
 W_HAND = np.array([1.2795879764399811, 1.3862943611198906, 1.5116054719900802])
@@ -121,7 +118,7 @@ def test_peers_table_columns_at_the_reference_time():
 def _tree_python(system):
     py, info = BL.python_with(system, install=False)
     if py is None:
-        pytest.skip(f"no usable {BL.VENV} with {system} ({info}); `python scripts/_baselines.py` makes it")
+        pytest.skip(f"no usable {BL.VENV} with {system} ({info}); `python -m scripts._baselines` makes it")
     return py
 
 

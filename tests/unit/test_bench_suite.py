@@ -1,4 +1,4 @@
-"""The data-shape suite's plumbing (scripts/bench_suite.py): every system gets the same files and
+"""The data-shape suite's plumbing (scripts/suites/shapes.py): every system gets the same files and
 one evaluator, and the last line names dslide's worst member against omikuji (3 trees).
 
 No training and no tree library here: the runners are replaced by stand-ins that record what
@@ -7,16 +7,12 @@ they were given and return predictions fixed in advance; the scores are recounte
 
 from __future__ import annotations
 
-import sys
-import types
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "scripts"))
-import bench_suite as S  # noqa: E402
+from scripts.suites import shapes as S
 
 
 def _files(tmp_path):
@@ -31,7 +27,7 @@ def _files(tmp_path):
 
 
 def test_every_system_reads_the_same_files_and_is_scored_by_one_evaluator(tmp_path, monkeypatch):
-    import bench_trees as TR
+    from scripts import bench_trees as TR
 
     paths, tr, te = _files(tmp_path)
     seen = []

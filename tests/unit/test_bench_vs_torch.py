@@ -19,17 +19,16 @@ import scipy.sparse as sp
 
 from dslide.data import XMCData
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "scripts"))
-import bench_vs_torch as bvt  # noqa: E402
+from scripts import bench_vs_torch as bvt
+from scripts import measure as M
 
-TRAINER = ROOT / "scripts" / "_torch_train.py"
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _torch_python():
     py, info = bvt.torch_python(install=False)
     if py is None:
-        pytest.skip(f"no usable {bvt.TORCH_VENV} ({info}); `python scripts/bench_vs_torch.py` makes it")
+        pytest.skip(f"no usable {bvt.TORCH_VENV} ({info}); `python -m scripts.bench_vs_torch` makes it")
     return py
 
 
@@ -117,11 +116,11 @@ def test_run_torch_checks_options(tmp_path):
         bvt.run_torch(data, data, omp_wait_policy="passive", workdir=tmp_path, python=sys.executable)
 
 
-def test_time_to_p1():
+def test_time_to():
     log = [{"wall_s": 1.0, "loss": 3.0}, {"wall_s": 2.0, "p@1": 0.5}, {"wall_s": 3.5, "p@1": 0.8},
            {"wall_s": 4.0, "p@1": 0.9}]
-    assert bvt.time_to_p1(log, 0.75) == 3.5
-    assert bvt.time_to_p1(log, 0.95) is None
+    assert M.time_to(log, 0.75) == 3.5
+    assert M.time_to(log, 0.95) is None
 
 
 # --------------------------------------------------------------------------- the trainer vs numpy
@@ -187,13 +186,13 @@ def test_trainer_steps_equal_numpy(tmp_path, first_layer, adam):
           "W2": rng.uniform(-1.0, 1.0, (L, H)), "b2": rng.uniform(-0.5, 0.5, L)}
     np.savez(tmp_path / "init.npz", **W0)
     lr, seed, batch, steps = 0.01, 7, 24, 4  # 64 / 24: batches of 24, 24, 16, then epoch 1 begins
-    cmd = [py, str(TRAINER), "--train", str(tmp_path / "train.npz"), "--test", str(tmp_path / "test.npz"),
+    cmd = bvt.trainer_cmd(py, "--train", str(tmp_path / "train.npz"), "--test", str(tmp_path / "test.npz"),
            "--dtype", "float64", "--hidden", str(H), "--lr", str(lr), "--batch-size", str(batch),
            "--seed", str(seed), "--max-steps", str(steps), "--epochs", "100", "--log-every", "1",
            "--eval-points", "15", "--eval-block", "4", "--load-init", str(tmp_path / "init.npz"),
            "--save-final", str(tmp_path / "final.npz"), "--log", str(tmp_path / "log.jsonl"),
-           "--first-layer", first_layer, "--adam", adam]
-    r = subprocess.run(cmd, capture_output=True, text=True, env=bvt._child_env(1), timeout=120)
+           "--first-layer", first_layer, "--adam", adam)
+    r = subprocess.run(cmd, capture_output=True, text=True, env=bvt._child_env(1), cwd=ROOT, timeout=120)
     assert r.returncode == 0, r.stderr
     summary = json.loads(r.stdout.strip().splitlines()[-1])
     log = [json.loads(line) for line in open(tmp_path / "log.jsonl")]
@@ -244,8 +243,7 @@ def test_run_torch_end_to_end(tmp_path):
     assert r["samples_per_s"] > 0 and r["peak_rss_mb"] > 0 and r["threads"] == 1
     assert r["p@1"] == r["log"][-1]["p@1"] and r["eval_points"] == 30
     assert py in r["command"] and "--threads 1" in r["command"]
-    assert r["command"].startswith("OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 "
-                                   "OMP_WAIT_POLICY=PASSIVE ")
+    assert r["command"].startswith(" ".join(f"{v}=1" for v in M.THREAD_VARS) + " OMP_WAIT_POLICY=PASSIVE ")
     table = bvt.format_table([{**r, "data": "x"}], target_p1=0.5)
     assert "| 1 |" in table and "`OMP_WAIT_POLICY=PASSIVE _torch_train.py --hidden 16 " in table
 
@@ -338,13 +336,13 @@ def test_sampled_softmax_steps_equal_numpy(tmp_path):
           "W2": rng.uniform(-1.0, 1.0, (L, H)), "b2": rng.uniform(-0.5, 0.5, L)}
     np.savez(tmp_path / "init.npz", **W0)
     lr, seed, batch, steps = 0.01, 3, 24, 4   # 3 steps per epoch, 2 epochs: the rate decays over 6 steps
-    cmd = [py, str(TRAINER), "--train", str(tmp_path / "train.npz"), "--test", str(tmp_path / "test.npz"),
+    cmd = bvt.trainer_cmd(py, "--train", str(tmp_path / "train.npz"), "--test", str(tmp_path / "test.npz"),
            "--dtype", "float64", "--hidden", str(H), "--lr", str(lr), "--batch-size", str(batch),
            "--seed", str(seed), "--max-steps", str(steps), "--epochs", "2", "--log-every", "1",
            "--output", "sampled", "--negatives", str(S), "--lr-schedule", "linear",
            "--load-init", str(tmp_path / "init.npz"), "--save-final", str(tmp_path / "final.npz"),
-           "--save-topk", str(tmp_path / "top.npy"), "--log", str(tmp_path / "log.jsonl")]
-    r = subprocess.run(cmd, capture_output=True, text=True, env=bvt._child_env(1), timeout=120)
+           "--save-topk", str(tmp_path / "top.npy"), "--log", str(tmp_path / "log.jsonl"))
+    r = subprocess.run(cmd, capture_output=True, text=True, env=bvt._child_env(1), cwd=ROOT, timeout=120)
     assert r.returncode == 0, r.stderr
     summary = json.loads(r.stdout.strip().splitlines()[-1])
     assert summary["output"] == "sampled" and summary["negatives"] == S and summary["predict_s"] is not None
@@ -372,10 +370,10 @@ def test_log_prior_output_bias(tmp_path):
     py = _torch_python()
     train = _random_data(np.random.default_rng(2), 30, 12, 9)
     bvt.export_npz(train, tmp_path / "train.npz")
-    cmd = [py, str(TRAINER), "--train", str(tmp_path / "train.npz"), "--hidden", "4", "--max-steps", "1",
+    cmd = bvt.trainer_cmd(py, "--train", str(tmp_path / "train.npz"), "--hidden", "4", "--max-steps", "1",
            "--output", "sampled", "--negatives", "3", "--output-bias", "log_prior",
-           "--save-init", str(tmp_path / "init.npz")]
-    r = subprocess.run(cmd, capture_output=True, text=True, env=bvt._child_env(1), timeout=120)
+           "--save-init", str(tmp_path / "init.npz"))
+    r = subprocess.run(cmd, capture_output=True, text=True, env=bvt._child_env(1), cwd=ROOT, timeout=120)
     assert r.returncode == 0, r.stderr
     counts = np.asarray(train.Y.sum(axis=0)).ravel()
     with np.load(tmp_path / "init.npz") as f:

@@ -3,17 +3,13 @@ defining properties. Its bytes per step are checked against dslide.comm's counte
 training steps under MPI in tests/mpi/test_checkpoint_and_bytes.py."""
 
 import math
-import sys
-from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dslide.comm import allreduce_bytes
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
-import _costmodel as C  # noqa: E402
+from scripts import _costmodel as C
 
 # ----------------------------------------------------------------------------
 # Hand-worked cases

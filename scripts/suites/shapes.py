@@ -1,9 +1,8 @@
-#!/usr/bin/env python
 """The data-shape suite: dslide's defaults against the tree libraries on every member, one after another.
 
-    python scripts/bench.py --suite shapes                       (every member; about 40 minutes)
-    python scripts/bench.py --suite shapes --members baskets-tail,bibtex --systems dslide,omikuji3
-    python scripts/bench.py --suite shapes --variant wide='{"hidden": [256]}'   (a lever beside the defaults)
+    python -m scripts.bench --suite shapes                       (every member; about 40 minutes)
+    python -m scripts.bench --suite shapes --members baskets-tail,bibtex --systems dslide,omikuji3
+    python -m scripts.bench --suite shapes --variant wide='{"hidden": [256]}'   (a lever beside the defaults)
 
 Members are the synthetic generators' suite presets (`dslide.datasets.suite.MEMBERS`:
 structurally different families, each head-heavy and long-tailed, at 670,091 and
@@ -20,7 +19,7 @@ the exact top-10, P@5 lost).
 
 The table has one row per member and system; the last line names dslide's worst
 member against omikuji (3 trees) on P@1. The section is recorded in
-docs/benchmarks.md (`scripts/_bench.py record`) and the rows kept as JSON in
+docs/benchmarks.md (`measure.record`) and the rows kept as JSON in
 runs/bench_shapes.json.
 """
 
@@ -33,8 +32,9 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _bench as B  # noqa: E402
+from .. import _bench as B
+from .. import measure as M
+from . import common as C
 
 SYSTEMS = ("dslide", "omikuji3", "omikuji1", "napkinxc")
 THREADS = 2
@@ -50,13 +50,11 @@ def members() -> list[str]:
 def member_files(name: str, n_train: int | None, n_test: int | None, seed: int = 0) -> tuple[Path, Path] | None:
     """The member's XMC text files (generated once under runs/bench_data/); None if absent (BibTeX)."""
     if name == "bibtex":
-        shared = B.ROOT.parent / "shared" / "data"
-        paths = shared / "bibtex_train.txt", shared / "bibtex_test.txt"
-        return paths if all(p.exists() for p in paths) else None
+        return C.bibtex_files()
     from dslide.data import write_xmc
     from dslide.datasets import suite
 
-    d = B.ROOT / "runs" / "bench_data"
+    d = M.ROOT / "runs" / "bench_data"
     stem = f"{name}-{n_train or 'default'}-{n_test or 'default'}-s{seed}"
     paths = d / f"{stem}_train.txt", d / f"{stem}_test.txt"
     if not all(p.exists() for p in paths):
@@ -85,7 +83,7 @@ def dslide_row(name: str, paths, config: dict, lsh_inference: bool) -> dict:
 
 
 def tree_row(system: str, paths, workdir: Path) -> dict:
-    import bench_trees as TR
+    from .. import bench_trees as TR
     from dslide.data import read_xmc
     from dslide.metrics import inverse_propensity
 
@@ -136,7 +134,7 @@ def suite_table(rows: list[dict]) -> str:
             ("--lsh: recall@10 / P@5 lost", lambda r: (f"{r['lsh']['recall@10']:.3f} / {100 * r['lsh']['p@5_lost']:+.2f}"
                                                        if r.get("lsh") else "-")),
             ("peak MB/rank", lambda r: fmt(r.get("peak_rss_mb"), ",.0f"))]
-    return B.table(rows, cols)
+    return M.table(rows, cols)
 
 
 def add_gaps(rows: list[dict]) -> None:
@@ -190,7 +188,7 @@ def run(a) -> int:
         raise SystemExit(f"--systems: unknown {', '.join(bad)}; valid: {', '.join(SYSTEMS)}")
     variants = parse_variants(a.variant)
     rows, notes = [], []
-    out_json = B.ROOT / "runs" / f"bench_shapes{('_' + a.tag) if a.tag else ''}.json"
+    out_json = M.ROOT / "runs" / f"bench_shapes{('_' + a.tag) if a.tag else ''}.json"
     out_json.parent.mkdir(exist_ok=True)
     for name in names:
         paths = member_files(name, a.points, a.test_points)
@@ -199,7 +197,7 @@ def run(a) -> int:
             continue
         shape = shape_of(paths)
         lsh_out = output_is_lsh(paths)
-        work = B.ROOT / "runs" / "bench_shapes" / name
+        work = M.ROOT / "runs" / "bench_shapes" / name
         todo = [(s, None) for s in systems] + [(f"dslide {v}", cfg) for v, cfg in variants.items()]
         for system, cfg in todo:
             print(f"running: {name}: {system} ...", file=sys.stderr, flush=True)
@@ -217,11 +215,11 @@ def run(a) -> int:
             rows.append(r)
             out_json.write_text(json.dumps(rows, indent=1, default=float))  # kept as it goes
     add_gaps(rows)
-    cmd = "python scripts/bench.py --suite shapes" + "".join(
+    cmd = M.command("bench", ["--suite shapes"]) + "".join(
         f" --{k.replace('_', '-')} {v}" for k, v in (("members", a.members), ("systems", a.systems),
                                                       ("points", a.points), ("test_points", a.test_points)) if v)
     cmd += "".join(f" --variant {n}='{json.dumps(c)}'" for n, c in variants.items()) + (" --no-lsh" if a.no_lsh else "")
-    text = (f"command: `{cmd}`\n\nmachine: {B.machine()}\n\ncode: {B.code_version()}\n\n"
+    text = (f"command: `{cmd}`\n\nmachine: {M.machine()}\n\ncode: {M.code_version()}\n\n"
             f"every system on {THREADS} cores (dslide 2 ranks x 1 thread) with its own defaults, one after "
             f"another; P@k and PSP@5 on all test points by dslide.metrics (propensities from the training "
             f"labels, A 0.55, B 1.5); 'train s' leaves out reading the data, compiling and predicting\n\n"
@@ -233,10 +231,8 @@ def run(a) -> int:
     text += f"\n({time.time() - t0:.0f} s in all)\n"
     print(text)
     if not a.no_record:
-        B.record("bench.py --suite shapes" + (f" ({a.tag})" if a.tag else ""), text)
+        M.record("bench.py --suite shapes" + (f" ({a.tag})" if a.tag else ""), text)
     return 0
-
-
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -249,10 +245,3 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="a dslide row with these settings on top of the defaults (repeatable)")
     p.add_argument("--no-lsh", action="store_true", help="skip the --lsh inference comparison")
     p.add_argument("--tag", default="", help="a name for this run's section in docs/benchmarks.md")
-
-
-if __name__ == "__main__":
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    add_arguments(ap)
-    ap.add_argument("--no-record", action="store_true")
-    sys.exit(run(ap.parse_args()))

@@ -1,0 +1,9 @@
+"""The suites of `python -m scripts.bench`: one module per part, each with `run(a, suite)`.
+
+- `main`: the same network by dslide, dense, data-parallel and PyTorch (parts of --suite quick and full);
+- `peers`: dslide's defaults against omikuji, napkinXC and a PyTorch sampled softmax;
+- `lsh`: what the hash tables buy, and `--lsh` inference;
+- `schedule`: the same with the default schedule;
+- `shapes` (`run(a)`): --suite shapes, every data shape against the tree libraries;
+- `common`: the suites' data and settings, printing, plotting and recording a part.
+"""
