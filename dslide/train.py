@@ -157,6 +157,15 @@ def _blas_threads(net: Network, threads: int) -> int:
 
 
 def peak_rss_mb() -> float:
+    """This process's peak resident set, MB: VmHWM of /proc/self/status (ru_maxrss of
+    RUSAGE_SELF where /proc is missing; it also counts a parent's size inherited at fork)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024.0
+    except (OSError, ValueError, IndexError):
+        pass
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
