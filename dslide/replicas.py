@@ -240,16 +240,6 @@ class Replicas:
         self._t_return = 0.0
         self._comm_s0 = 0.0
 
-    @property
-    def g(self) -> int:
-        """`replica` under its short name (scripts/bench_hetero.py reads it)."""
-        return self.replica
-
-    @property
-    def p(self) -> int:
-        """`shard` under its short name (scripts/bench_hetero.py reads it)."""
-        return self.shard
-
     # -- the network ---------------------------------------------------------------------
 
     def attach(self, net) -> None:

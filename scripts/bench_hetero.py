@@ -91,7 +91,7 @@ def child(case_path: str) -> None:
     comm.barrier()
     rep = model.replicas
     stats = rep.stats() if rep is not None else {}
-    g, p = (rep.g, rep.p) if rep is not None else (0, comm.rank)
+    g, p = (rep.replica, rep.shard) if rep is not None else (0, comm.rank)
     rows = comm.allgather_object({"g": g, "p": p, "steps": len(steps), "train_s": train_s, "cpu_s": cpu_s,
                                   "syncs": stats.get("syncs", 0), "sync_bytes": stats.get("sync_bytes", 0),
                                   "mean_group": stats.get("mean_group", 0.0),
