@@ -4,7 +4,7 @@ STYLE.md kept parallel=True kernels uncached because cache=True on them once cra
 when the thread count changed (pynndescent's history, an old numba). With numba 0.68
 a cached parallel kernel, compiled at one thread count, loads from the cache and
 computes the same in fresh processes at another; dslide's kernels are cached, so a
-run's start-up no longer compiles them (10 to 19 s before).
+run's start-up no longer compiles them.
 """
 
 import json
