@@ -80,7 +80,7 @@ from numba import njit
 from dslide.data import XMCData
 from dslide.datasets.baskets import _powerlaw_const_nb
 from dslide.datasets.synthetic import (
-    _check_points, _emit_row, assemble, pick_preset, split_pair,
+    Slots, _check_points, _emit_row, assemble, pick_preset, split_pair,
     _add_feature, _check_seed, _draw_features, _powerlaw_rank, _split_stream, _uniform,
     _zipf_mass,
 )
@@ -445,21 +445,14 @@ def _draw(p: Preset, world: World, n: int, seed: int, split: str) -> XMCData:
 
     lab_ptr = np.zeros(n + 1, dtype=np.int64)
     np.cumsum(np.diff(world.label_ptr)[prod], out=lab_ptr[1:])
-    feat_ptr = np.zeros(n + 1, dtype=np.int64)
-    np.cumsum(n_nnz, out=feat_ptr[1:])
-    lab_out = np.empty(lab_ptr[-1], dtype=np.int32)
-    feat_out = np.empty(feat_ptr[-1], dtype=np.int32)
-    val_out = np.empty(feat_ptr[-1], dtype=np.float32)
-    lab_cnt = np.empty(n, dtype=np.int64)
-    feat_cnt = np.empty(n, dtype=np.int64)
-    mark = np.full(p.n_features, -1, dtype=np.int64)
+    slots = Slots.alloc(p.n_features, lab_ptr, n_nnz)
     w = world
     _draw_points(prod, n_nnz, n_sig, state, float(p.label_drop),
                  w.product_cat, w.label_ptr, w.label_ids, w.proto_ptr, w.proto_feat, float(p.proto_zipf),
                  w.cat_vocab, float(p.cat_share), float(p.feature_zipf), w.feature_of_rank, w.idf,
                  float(p.tf_power),
-                 lab_ptr, lab_out, lab_cnt, feat_ptr, feat_out, val_out, feat_cnt, mark)
-    return assemble(p, lab_ptr, lab_cnt, lab_out, feat_ptr, feat_cnt, feat_out, val_out)
+                 *slots)
+    return assemble(p, slots)
 
 
 def generate(preset: str | Preset = "a670k-tail", n_points: int | None = None, seed: int = 0, *,

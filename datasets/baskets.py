@@ -79,7 +79,7 @@ from numba import njit
 
 from dslide.data import XMCData
 from dslide.datasets.synthetic import (
-    _check_points, _emit_row, assemble, pick_preset, split_pair,
+    Slots, _check_points, _emit_row, assemble, pick_preset, split_pair,
     _add_feature, _check_seed, _draw_features, _holds, _next, _powerlaw_rank,
     _split_stream, _uniform,
 )
@@ -476,14 +476,7 @@ def _draw(p: Preset, world: World, n: int, seed: int, split: str) -> XMCData:
     state = np.array([rng.integers(0, 2 ** 63, dtype=np.int64)], dtype=np.uint64)
 
     lab_ptr = np.arange(n + 1, dtype=np.int64) * p.labels_max
-    feat_ptr = np.zeros(n + 1, dtype=np.int64)
-    np.cumsum(n_nnz, out=feat_ptr[1:])
-    lab_out = np.empty(lab_ptr[-1], dtype=np.int32)
-    feat_out = np.empty(feat_ptr[-1], dtype=np.int32)
-    val_out = np.empty(feat_ptr[-1], dtype=np.float32)
-    lab_cnt = np.empty(n, dtype=np.int64)
-    feat_cnt = np.empty(n, dtype=np.int64)
-    mark = np.full(p.n_features, -1, dtype=np.int64)
+    slots = Slots.alloc(p.n_features, lab_ptr, n_nnz)
     w = world
     _draw_points(n_top, n_nnz, n_sig, state,
                  float(p.topic_zipf), w.topic_of_rank, float(p.basket_zipf), float(p.extra_basket),
@@ -491,8 +484,8 @@ def _draw(p: Preset, world: World, n: int, seed: int, split: str) -> XMCData:
                  w.parent_vocab, w.leaf_vocab, p.topics_per_parent, float(p.vocab_zipf),
                  float(p.parent_share), w.own, float(p.own_share), float(p.feature_zipf),
                  w.feature_of_rank, w.idf, float(p.tf_power),
-                 lab_ptr, lab_out, lab_cnt, feat_ptr, feat_out, val_out, feat_cnt, mark)
-    return assemble(p, lab_ptr, lab_cnt, lab_out, feat_ptr, feat_cnt, feat_out, val_out)
+                 *slots)
+    return assemble(p, slots)
 
 
 def generate(preset: str | Preset = "baskets-head", n_points: int | None = None, seed: int = 0, *,

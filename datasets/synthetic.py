@@ -622,9 +622,36 @@ def _compact(ptr: np.ndarray, used: np.ndarray, *arrays: np.ndarray):
     return (indptr,) + tuple(a[src] for a in arrays)
 
 
-def assemble(p, lab_ptr, lab_cnt, lab_out, feat_ptr, feat_cnt, feat_out, val_out) -> XMCData:
+class Slots(NamedTuple):
+    """The arrays every family's drawing kernel (`_draw_points`) fills, in the order its last
+    arguments take them: point i's labels go to lab_out[lab_ptr[i]:], its features and values
+    to feat_out / val_out[feat_ptr[i]:]; lab_cnt, feat_cnt: how many it wrote; mark: the
+    kernel's scratch, one int64 per feature."""
+
+    lab_ptr: np.ndarray
+    lab_out: np.ndarray
+    lab_cnt: np.ndarray
+    feat_ptr: np.ndarray
+    feat_out: np.ndarray
+    val_out: np.ndarray
+    feat_cnt: np.ndarray
+    mark: np.ndarray
+
+    @classmethod
+    def alloc(cls, n_features: int, lab_ptr: np.ndarray, n_nnz: np.ndarray) -> "Slots":
+        """Slots for points with label slot ranges `lab_ptr` and n_nnz[i] feature slots each."""
+        n = len(n_nnz)
+        feat_ptr = np.zeros(n + 1, dtype=np.int64)
+        np.cumsum(n_nnz, out=feat_ptr[1:])
+        return cls(lab_ptr, np.empty(lab_ptr[-1], dtype=np.int32), np.empty(n, dtype=np.int64), feat_ptr,
+                   np.empty(feat_ptr[-1], dtype=np.int32), np.empty(feat_ptr[-1], dtype=np.float32),
+                   np.empty(n, dtype=np.int64), np.full(n_features, -1, dtype=np.int64))
+
+
+def assemble(p, slots: Slots) -> XMCData:
     """XMCData of a drawing kernel's output: the first `*_cnt[i]` slots of each point's label and
     feature slot ranges (`*_ptr`), as CSR [n, p.n_features] features and [n, p.n_labels] ones."""
+    lab_ptr, lab_out, lab_cnt, feat_ptr, feat_out, val_out, feat_cnt, _ = slots
     n = len(lab_cnt)
     x_ptr, x_idx, x_val = _compact(feat_ptr, feat_cnt, feat_out, val_out)
     y_ptr, y_idx = _compact(lab_ptr, lab_cnt, lab_out)
@@ -662,21 +689,14 @@ def _draw(p: Preset, world: World, n_points: int, seed: int, split: str) -> XMCD
 
     lab_ptr = np.zeros(n + 1, dtype=np.int64)
     np.cumsum(n_lab, out=lab_ptr[1:])
-    feat_ptr = np.zeros(n + 1, dtype=np.int64)
-    np.cumsum(n_nnz, out=feat_ptr[1:])
-    lab_out = np.empty(lab_ptr[-1], dtype=np.int32)
-    feat_out = np.empty(feat_ptr[-1], dtype=np.int32)
-    val_out = np.empty(feat_ptr[-1], dtype=np.float32)
-    lab_cnt = np.empty(n, dtype=np.int64)
-    feat_cnt = np.empty(n, dtype=np.int64)
-    mark = np.full(p.n_features, -1, dtype=np.int64)
+    slots = Slots.alloc(p.n_features, lab_ptr, n_nnz)
     _draw_points(n_lab.astype(np.int64), n_nnz, n_sig, state,
                  float(p.label_zipf), _powerlaw_const(p.n_labels, p.label_zipf), world.label_of_rank,
                  world.members, world.slot_of_label, p.cluster_size, float(p.cluster_prob),
                  world.protos, world.topics, world.pos_prob, world.pos_alias,
                  world.bg_prob, world.bg_alias, world.idf, float(p.tf_power),
-                 lab_ptr, lab_out, lab_cnt, feat_ptr, feat_out, val_out, feat_cnt, mark)
-    return assemble(p, lab_ptr, lab_cnt, lab_out, feat_ptr, feat_cnt, feat_out, val_out)
+                 *slots)
+    return assemble(p, slots)
 
 
 def generate(preset: str | Preset = "small", n_points: int | None = None, seed: int = 0, *,
