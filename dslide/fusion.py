@@ -18,6 +18,20 @@ and the model's softmax, taken over its `candidates` highest-scoring labels
 The top k of `score` are the predictions. Both terms are distributions over
 labels (each sums to at most 1), so `weight` trades them on one scale.
 
+Label prototypes. A label's training points also vote as one: its prototype
+is the normalised sum of their normalised rows, c_j = S_j / |S_j| with
+S_j = sum_{i: y_ij = 1} x_i / |x_i| (a nearest-centroid classifier). A
+query's `candidates` prototypes of largest cosine share the neighbour term
+with the points:
+
+    v = (1 - share) v_points + share v_protos,
+    v_protos,j(q) = cos(q, c_j)^power / sum_j' (same, over the query's candidates).
+
+A label seen in 2 to 5 training points, each noisy, has one point of its
+own among a query's neighbours at best; its prototype averages the noise
+away. The prototypes are posting lists too (for each feature the labels whose
+prototype holds it, and their values), so one search kernel serves both.
+
 The store is what a query needs, built once at the end of training: the
 training rows as posting lists (CSC: for each feature the points holding it,
 sorted, and their normalised values) and the training labels (CSR). Every
@@ -51,9 +65,12 @@ from numba import get_num_threads, njit, prange
 from dslide import _numba_cache  # noqa: F401  (before any kernel: the cache is keyed by module name)
 
 #: the arrays of a store, as saved in checkpoints (every rank holds them whole); "k" (the
-#: neighbours a query takes, int64 [1]) is absent from stores saved before it was kept
-KEYS = ("post_ptr", "post_pt", "post_val", "y_ptr", "y_idx", "k")
+#: neighbours a query takes, int64 [1]) is absent from stores saved before it was kept, the
+#: label prototypes ("pr_*": ptr int64 [F + 1], label ids int32, values float32, and each
+#: prototype's norm |S_j| float32 [L]) from stores built without them
+KEYS = ("post_ptr", "post_pt", "post_val", "y_ptr", "y_idx", "k", "pr_ptr", "pr_lab", "pr_val", "pr_norm")
 _REQUIRED = KEYS[:5]
+_PROTOTYPES = KEYS[6:]
 
 
 @njit(cache=True, inline="always")
@@ -111,15 +128,75 @@ def search(q_ptr, q_idx, q_val, post_ptr, post_pt, post_val, n_points, k, n_chun
 
 
 @njit(cache=True, parallel=True)
-def fuse(m_ids, m_logits, nn_ids, nn_sims, y_ptr, y_idx, weight, power, k, out_ids, out_scores):
-    """Per query: (1 - weight) softmax over its model candidates + weight * neighbour votes, top k.
+def label_sums_count(post_ptr, post_pt, y_ptr, y_idx, n_labels, n_chunks, counts):
+    """counts[f]: how many labels have a training point holding feature f (the first pass of
+    `label_sums`; the features are cut into n_chunks contiguous chunks)."""
+    F = post_ptr.shape[0] - 1
+    for c in prange(n_chunks):
+        seen = np.zeros(n_labels, np.uint8)
+        touched = np.empty(n_labels, np.int32)
+        for f in range(c * F // n_chunks, (c + 1) * F // n_chunks):
+            m = 0
+            for b in range(post_ptr[f], post_ptr[f + 1]):
+                p = post_pt[b]
+                for a in range(y_ptr[p], y_ptr[p + 1]):
+                    j = y_idx[a]
+                    if seen[j] == 0:
+                        seen[j] = 1
+                        touched[m] = j
+                        m += 1
+            counts[f] = m
+            for t in range(m):
+                seen[touched[t]] = 0
+
+
+@njit(cache=True, parallel=True)
+def label_sums(post_ptr, post_pt, post_val, y_ptr, y_idx, n_labels, n_chunks, out_ptr, out_lab, out_val):
+    """The labels' sums of their training rows, by feature: for each feature f, the labels j
+    (ascending) with S_jf = sum over j's points of their value of f, into out_lab / out_val
+    at out_ptr[f] (from `label_sums_count`). post_*: the store's posting lists (points
+    ascending); the sums run in that order, whatever the thread count."""
+    F = post_ptr.shape[0] - 1
+    for c in prange(n_chunks):
+        seen = np.zeros(n_labels, np.uint8)
+        touched = np.empty(n_labels, np.int32)
+        acc = np.zeros(n_labels, np.float64)
+        for f in range(c * F // n_chunks, (c + 1) * F // n_chunks):
+            m = 0
+            for b in range(post_ptr[f], post_ptr[f + 1]):
+                p = post_pt[b]
+                v = post_val[b]
+                for a in range(y_ptr[p], y_ptr[p + 1]):
+                    j = y_idx[a]
+                    if seen[j] == 0:
+                        seen[j] = 1
+                        touched[m] = j
+                        m += 1
+                    acc[j] += v
+            labs = np.sort(touched[:m])
+            o = out_ptr[f]
+            for t in range(m):
+                j = labs[t]
+                out_lab[o + t] = j
+                out_val[o + t] = acc[j]
+                acc[j] = 0.0
+                seen[j] = 0
+
+
+@njit(cache=True, parallel=True)
+def fuse(m_ids, m_logits, nn_ids, nn_sims, y_ptr, y_idx, weight, power, pr_ids, pr_sims, share, pr_power,
+         k, out_ids, out_scores):
+    """Per query: (1 - weight) softmax over its model candidates + weight ((1 - share) neighbour
+    votes + share prototype votes), top k.
 
     m_ids int64 [n, K] (-1: none), m_logits float64 [n, K]; nn_ids int32 [n, kn] (-1: none),
-    nn_sims float32 [n, kn]; y_ptr int64 / y_idx int32: the training labels (CSR).
+    nn_sims float32 [n, kn]; y_ptr int64 / y_idx int32: the training labels (CSR); pr_ids
+    int32 [n, kp] (-1: none; kp may be 0), pr_sims float32 [n, kp]: the query's prototypes.
     out_ids int64 [n, k] (-1 where fewer than k labels have a score), out_scores float64 [n, k].
     """
     n, K = m_ids.shape
     kn = nn_ids.shape[1]
+    kp = pr_ids.shape[1]
     for q in prange(n):
         # the model's softmax over its candidates
         mx = -np.inf
@@ -138,8 +215,13 @@ def fuse(m_ids, m_logits, nn_ids, nn_sims, y_ptr, y_idx, weight, power, k, out_i
             if p >= 0 and nn_sims[q, i] > 0:
                 wsum += float(nn_sims[q, i]) ** power
                 n_lab += y_ptr[p + 1] - y_ptr[p]
-        lab = np.empty(K + n_lab, np.int64)
-        val = np.empty(K + n_lab, np.float64)
+        psum = 0.0
+        for i in range(kp):
+            if pr_ids[q, i] >= 0 and pr_sims[q, i] > 0:
+                psum += float(pr_sims[q, i]) ** pr_power
+        points_w = weight * (1.0 - share) if psum > 0 else weight
+        lab = np.empty(K + n_lab + kp, np.int64)
+        val = np.empty(K + n_lab + kp, np.float64)
         c = 0
         for j in range(K):
             if m_ids[q, j] >= 0:
@@ -150,11 +232,17 @@ def fuse(m_ids, m_logits, nn_ids, nn_sims, y_ptr, y_idx, weight, power, k, out_i
             for i in range(kn):
                 p = nn_ids[q, i]
                 if p >= 0 and nn_sims[q, i] > 0:
-                    w = weight * float(nn_sims[q, i]) ** power / wsum
+                    w = points_w * float(nn_sims[q, i]) ** power / wsum
                     for a in range(y_ptr[p], y_ptr[p + 1]):
                         lab[c] = y_idx[a]
                         val[c] = w
                         c += 1
+        if psum > 0:
+            for i in range(kp):
+                if pr_ids[q, i] >= 0 and pr_sims[q, i] > 0:
+                    lab[c] = pr_ids[q, i]
+                    val[c] = weight * share * float(pr_sims[q, i]) ** pr_power / psum
+                    c += 1
         # sum the contributions of each label (sorted by label id), then take the k best
         order = np.argsort(lab[:c], kind="mergesort")
         best_ids = out_ids[q]
@@ -176,6 +264,45 @@ def fuse(m_ids, m_logits, nn_ids, nn_sims, y_ptr, y_idx, weight, power, k, out_i
                     r -= 1
                 best[r] = s
                 best_ids[r] = j
+
+
+def _shared_search(Xq, k: int, comm, ptr, pt, val, n_items: int) -> tuple[np.ndarray, np.ndarray]:
+    """`search` of posting lists (ptr, pt, val) over n_items, each rank taking a contiguous
+    share of the query rows, all gathered."""
+    Xq = l2_rows(Xq)
+    n = Xq.shape[0]
+    size = 1 if comm is None else comm.size
+    per = -(-n // size) if n else 0
+    lo, hi = (0, n) if size == 1 else (min(n, comm.rank * per), min(n, (comm.rank + 1) * per))
+    ids = np.full((per if size > 1 else n, k), -1, np.int32)
+    sims = np.full(ids.shape, -np.inf, np.float32)
+    if hi > lo:
+        part = Xq[lo:hi]
+        search(part.indptr.astype(np.int64), part.indices.astype(np.int32), part.data, ptr, pt, val, n_items, k,
+               min(hi - lo, 4 * get_num_threads()), ids[:hi - lo], sims[:hi - lo])
+    if size == 1:
+        return ids, sims
+    all_ids = comm.allgather_rows(ids, kind="evaluation").reshape(size * per, k)[:n]
+    all_sims = comm.allgather_rows(sims, kind="evaluation").reshape(size * per, k)[:n]
+    return np.ascontiguousarray(all_ids), np.ascontiguousarray(all_sims)
+
+
+def label_prototypes(store: dict, n_labels: int) -> dict:
+    """The labels' prototypes from a store's posting lists and labels (module docstring):
+    {"pr_ptr", "pr_lab", "pr_val", "pr_norm"}; a label without points has norm 0 and no entries."""
+    ptr, pt, val, y_ptr, y_idx = (store[k] for k in _REQUIRED)
+    F = ptr.shape[0] - 1
+    chunks = max(1, min(F, 4 * get_num_threads()))
+    counts = np.zeros(F, np.int64)
+    label_sums_count(ptr, pt, y_ptr, y_idx, n_labels, chunks, counts)
+    pr_ptr = np.zeros(F + 1, np.int64)
+    np.cumsum(counts, out=pr_ptr[1:])
+    lab = np.empty(pr_ptr[-1], np.int32)
+    sums = np.empty(pr_ptr[-1], np.float64)
+    label_sums(ptr, pt, val, y_ptr, y_idx, n_labels, chunks, pr_ptr, lab, sums)
+    norm = np.sqrt(np.bincount(lab, weights=sums * sums, minlength=n_labels))
+    pr_val = (sums / norm[lab]).astype(np.float32)
+    return {"pr_ptr": pr_ptr, "pr_lab": lab, "pr_val": pr_val, "pr_norm": norm.astype(np.float32)}
 
 
 def l2_rows(X: sp.csr_matrix) -> sp.csr_matrix:
@@ -201,7 +328,11 @@ class NeighbourLabels:
         missing = [name for name in _REQUIRED if name not in arrays]
         if missing:
             raise ValueError(f"neighbour labels lack {', '.join(missing)}")
-        self.arrays = {name: np.ascontiguousarray(arrays[name]) for name in _REQUIRED}
+        held = [name for name in _PROTOTYPES if name in arrays]
+        if held and len(held) < len(_PROTOTYPES):
+            raise ValueError(f"neighbour labels hold {', '.join(held)} but lack "
+                             f"{', '.join(n for n in _PROTOTYPES if n not in held)}")
+        self.arrays = {name: np.ascontiguousarray(arrays[name]) for name in _REQUIRED + (_PROTOTYPES if held else ())}
         self.n_points = int(n_points)
         if k is None and "k" in arrays:
             k = int(np.asarray(arrays["k"]).reshape(-1)[0])
@@ -209,14 +340,28 @@ class NeighbourLabels:
         self.k = k
 
     @classmethod
-    def build(cls, X, Y) -> "NeighbourLabels":
-        """From the training features X csr [N, F] and labels Y csr [N, L]."""
+    def build(cls, X, Y, prototypes: bool = False) -> "NeighbourLabels":
+        """From the training features X csr [N, F] and labels Y csr [N, L]; prototypes: with
+        the labels' prototypes (module docstring)."""
         C = l2_rows(X).tocsc()
         C.sort_indices()
         Y = sp.csr_matrix(Y)
-        return cls({"post_ptr": C.indptr.astype(np.int64), "post_pt": C.indices.astype(np.int32),
-                    "post_val": C.data.astype(np.float32), "y_ptr": Y.indptr.astype(np.int64),
-                    "y_idx": Y.indices.astype(np.int32)}, X.shape[0])
+        Y.sort_indices()
+        arrays = {"post_ptr": C.indptr.astype(np.int64), "post_pt": C.indices.astype(np.int32),
+                  "post_val": C.data.astype(np.float32), "y_ptr": Y.indptr.astype(np.int64),
+                  "y_idx": Y.indices.astype(np.int32)}
+        if prototypes:
+            arrays.update(label_prototypes(arrays, Y.shape[1]))
+        return cls(arrays, X.shape[0])
+
+    @property
+    def has_prototypes(self) -> bool:
+        return "pr_ptr" in self.arrays
+
+    @property
+    def n_labels(self) -> int:
+        """The labels of the prototypes (0 without them)."""
+        return int(self.arrays["pr_norm"].shape[0]) if self.has_prototypes else 0
 
     @classmethod
     def from_state(cls, arrays: dict) -> "NeighbourLabels":
@@ -234,33 +379,30 @@ class NeighbourLabels:
     def neighbours(self, Xq: sp.csr_matrix, k: int, comm=None) -> tuple[np.ndarray, np.ndarray]:
         """The k nearest training points of each query row (cosine): (ids int32 [n, k], sims float32 [n, k]).
         With a communicator, each rank searches a contiguous share of the rows and all gather them."""
-        Xq = l2_rows(Xq)
-        n = Xq.shape[0]
-        size = 1 if comm is None else comm.size
-        per = -(-n // size) if n else 0
-        lo, hi = (0, n) if size == 1 else (min(n, comm.rank * per), min(n, (comm.rank + 1) * per))
-        ids = np.full((per if size > 1 else n, k), -1, np.int32)
-        sims = np.full(ids.shape, -np.inf, np.float32)
-        if hi > lo:
-            part = Xq[lo:hi]
-            a = self.arrays
-            search(part.indptr.astype(np.int64), part.indices.astype(np.int32), part.data, a["post_ptr"],
-                   a["post_pt"], a["post_val"], self.n_points, k, min(hi - lo, 4 * get_num_threads()),
-                   ids[:hi - lo], sims[:hi - lo])
-        if size == 1:
-            return ids, sims
-        all_ids = comm.allgather_rows(ids, kind="evaluation").reshape(size * per, k)[:n]
-        all_sims = comm.allgather_rows(sims, kind="evaluation").reshape(size * per, k)[:n]
-        return np.ascontiguousarray(all_ids), np.ascontiguousarray(all_sims)
+        a = self.arrays
+        return _shared_search(Xq, k, comm, a["post_ptr"], a["post_pt"], a["post_val"], self.n_points)
 
-    def fuse(self, m_ids, m_logits, nn_ids, nn_sims, weight: float, power: float, k: int):
-        """Top k of the fused scores (module docstring): (ids int64 [n, k], scores float64 [n, k])."""
+    def prototypes(self, Xq: sp.csr_matrix, k: int, comm=None) -> tuple[np.ndarray, np.ndarray]:
+        """The k label prototypes of largest cosine with each query row, as `neighbours`."""
+        if not self.has_prototypes:
+            raise ValueError("this neighbour store has no label prototypes (built with prototypes=False)")
+        a = self.arrays
+        return _shared_search(Xq, k, comm, a["pr_ptr"], a["pr_lab"], a["pr_val"], self.n_labels)
+
+    def fuse(self, m_ids, m_logits, nn_ids, nn_sims, weight: float, power: float, k: int,
+             pr_ids=None, pr_sims=None, share: float = 0.0, pr_power: float = 1.0):
+        """Top k of the fused scores (module docstring): (ids int64 [n, k], scores float64 [n, k]).
+        pr_ids / pr_sims: the queries' prototypes (`prototypes`), sharing the neighbour term."""
         n = m_ids.shape[0]
         out_ids = np.empty((n, k), np.int64)
         out_scores = np.empty((n, k), np.float64)
+        if pr_ids is None:
+            pr_ids, pr_sims, share = np.empty((n, 0), np.int32), np.empty((n, 0), np.float32), 0.0
         fuse(np.ascontiguousarray(m_ids, np.int64), np.ascontiguousarray(m_logits, np.float64),
              np.ascontiguousarray(nn_ids, np.int32), np.ascontiguousarray(nn_sims, np.float32),
-             self.arrays["y_ptr"], self.arrays["y_idx"], float(weight), float(power), int(k), out_ids, out_scores)
+             self.arrays["y_ptr"], self.arrays["y_idx"], float(weight), float(power),
+             np.ascontiguousarray(pr_ids, np.int32), np.ascontiguousarray(pr_sims, np.float32), float(share),
+             float(pr_power), int(k), out_ids, out_scores)
         return out_ids, out_scores
 
     def choose_k(self, X, Y, rows: np.ndarray, choices, power: float, margin: float = 0.0,

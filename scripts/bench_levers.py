@@ -2,6 +2,9 @@
 
     python -m scripts.bench_levers --members amazon-tail,baskets-tail-40k --epochs 1,5
 
+With --shares, the label prototypes (dslide.fusion) share the neighbour
+term: one more row per share (0: the points alone).
+
 For each member (dslide.datasets.suite, or bibtex from ../shared/data) the
 network is trained once per epoch count with knn = 0 (1 process, 2 threads),
 its 100 best labels per test point scored exactly, and the nearest training
@@ -24,6 +27,9 @@ from . import measure as M
 NEIGHBOURS = (5, 10, 20, 50)
 POWERS = (1.0, 4.0)
 WEIGHTS = (0.0, 0.3, 0.5, 0.7, 0.85, 1.0)
+SHARES = (0.0,)  # proto_weight rows: the label prototypes' share of the neighbour term
+PROTO_POWER = 16.0
+PROTO_CANDIDATES = 20
 CANDIDATES = 100
 
 
@@ -48,9 +54,11 @@ def member_rows(name: str, epochs: list[float], threads: int, settings: dict | N
     tr, te = load(name)
     inv = inverse_propensity(tr.Y)
     Y = sp.csr_matrix(te.Y)
-    store = fusion.NeighbourLabels.build(tr.X, tr.Y)
+    protos = any(SHARES)
+    store = fusion.NeighbourLabels.build(tr.X, tr.Y, prototypes=protos)
     t0 = time.perf_counter()
     nn_ids, nn_sims = store.neighbours(te.X, max(NEIGHBOURS))
+    pr_ids, pr_sims = store.prototypes(te.X, PROTO_CANDIDATES) if protos else (None, None)
     search_s = time.perf_counter() - t0
     ppl = T.points_per_label(tr.Y)
     rows = []
@@ -61,14 +69,17 @@ def member_rows(name: str, epochs: list[float], threads: int, settings: dict | N
         mi, ms = T.predict_topk_scores(model, te.X, CANDIDATES)
         for k in NEIGHBOURS:
             for power in POWERS:
-                cells = {}
-                for w in WEIGHTS:
-                    ids, _ = store.fuse(mi, ms, nn_ids[:, :k], nn_sims[:, :k], w, power, 5)
-                    m = evaluate(Y, ids, k=5, inv_prop=inv)
-                    cells[w] = f"{m['p@1']:.4f} / {m['p@5']:.4f} / {m['psp@5']:.4f}"
-                rows.append({"member": name, "points/label": f"{ppl:.2f}", "epochs": f"{ep:g}",
-                             "train s": f"{train_s:.1f}", "search s": f"{search_s:.1f}", "knn": k,
-                             "power": f"{power:g}", **{f"w {w:g}": c for w, c in cells.items()}})
+                for share in SHARES:
+                    cells = {}
+                    for w in WEIGHTS:
+                        ids, _ = store.fuse(mi, ms, nn_ids[:, :k], nn_sims[:, :k], w, power, 5,
+                                            pr_ids, pr_sims, share, PROTO_POWER)
+                        m = evaluate(Y, ids, k=5, inv_prop=inv)
+                        cells[w] = f"{m['p@1']:.4f} / {m['p@5']:.4f} / {m['psp@5']:.4f}"
+                    rows.append({"member": name, "points/label": f"{ppl:.2f}", "epochs": f"{ep:g}",
+                                 "train s": f"{train_s:.1f}", "search s": f"{search_s:.1f}", "knn": k,
+                                 "power": f"{power:g}", **({"share": f"{share:g}"} if protos else {}),
+                                 **{f"w {w:g}": c for w, c in cells.items()}})
                 print(" | ".join(str(v) for v in rows[-1].values()), file=sys.stderr, flush=True)
     return rows
 
@@ -82,12 +93,16 @@ def main(argv=None) -> int:
     ap.add_argument("--weights", default="", help="comma-separated knn_weight columns (default: 0,0.3,0.5,0.7,0.85,1)")
     ap.add_argument("--neighbours", default="", help="comma-separated knn rows (default: 5,10,20,50)")
     ap.add_argument("--powers", default="", help="comma-separated knn_power rows (default: 1,4)")
+    ap.add_argument("--shares", default="", help="comma-separated proto_weight rows (default: 0, no prototypes)")
+    ap.add_argument("--proto-power", type=float, default=PROTO_POWER)
     ap.add_argument("--no-record", action="store_true")
     a = ap.parse_args(argv)
     t0 = time.time()
     import json
 
-    global WEIGHTS, NEIGHBOURS, POWERS
+    global WEIGHTS, NEIGHBOURS, POWERS, SHARES, PROTO_POWER
+    SHARES = tuple(float(x) for x in a.shares.split(",")) if a.shares else SHARES
+    PROTO_POWER = a.proto_power
     WEIGHTS = tuple(float(w) for w in a.weights.split(",")) if a.weights else WEIGHTS
     NEIGHBOURS = tuple(int(k) for k in a.neighbours.split(",")) if a.neighbours else NEIGHBOURS
     POWERS = tuple(float(p) for p in a.powers.split(",")) if a.powers else POWERS
@@ -98,7 +113,8 @@ def main(argv=None) -> int:
         rows += member_rows(name, epochs, a.threads, settings)
     cols = [(c, c) for c in rows[0]] if rows else []
     flags = "".join(f" --{k} {v}" for k, v in (("weights", a.weights), ("neighbours", a.neighbours),
-                                                 ("powers", a.powers)) if v) + (f" --set '{a.set}'" if a.set else "")
+                                                 ("powers", a.powers), ("shares", a.shares)) if v) + (
+        f" --proto-power {a.proto_power:g}" if a.shares and a.proto_power != 16.0 else "") + (f" --set '{a.set}'" if a.set else "")
     text = (f"command: `{M.command('bench_levers', [f'--members {a.members} --epochs {a.epochs}{flags}'])}`\n\n"
             f"machine: {M.machine()}\n\n1 process x {a.threads} threads; each cell P@1 / P@5 / PSP@5 of the fused "
             f"top 5 at knn_weight w (w 0: the network alone; w 1: the neighbours' labels alone)\n\n"
