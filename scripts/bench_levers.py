@@ -94,7 +94,7 @@ def main(argv=None) -> int:
     ap.add_argument("--neighbours", default="", help="comma-separated knn rows (default: 5,10,20,50)")
     ap.add_argument("--powers", default="", help="comma-separated knn_power rows (default: 1,4)")
     ap.add_argument("--shares", default="", help="comma-separated proto_weight rows (default: 0, no prototypes)")
-    ap.add_argument("--proto-power", type=float, default=PROTO_POWER)
+    ap.add_argument("--proto-power", type=float, default=16.0)
     ap.add_argument("--no-record", action="store_true")
     a = ap.parse_args(argv)
     t0 = time.time()
