@@ -282,6 +282,12 @@ def _threads_of(config) -> int:
     return T._threads(config)
 
 
+def _data_shape(train) -> tuple:
+    from dslide import memory
+
+    return memory.data_shape(train.X, train.Y)
+
+
 def _model_bytes(config, n_features: int, n_labels: int, comm, inference: bool = False, data=None) -> int:
     """What one rank allocates for the model (dslide.memory.account; for inference without
     Adam's moments, which stay unallocated), and the per-label arrays of its set-up."""
@@ -509,7 +515,7 @@ def _cmd_train(args, comm, held) -> int:
                              f"{saved['n_labels']:,}")
     config = config.resolve(train.n_labels, T.points_per_label(train.Y))
     _check_memory(comm, _model_bytes(config, train.n_features, train.n_labels, comm,
-                                     data=(train.n_points, train.X.nnz, train.Y.nnz)),
+                                     data=_data_shape(train)),
                   f"a model of {train.n_features:,} features, hidden {list(config.hidden)} and "
                   f"{train.n_labels:,} labels")
     if args.resume:

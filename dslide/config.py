@@ -49,6 +49,9 @@ KNN_CHOICE_MARGIN = 0.0025
 #: lsh.max_active left at None where the neighbours' labels are fused (knn on): no candidates
 FUSED_MAX_ACTIVE = 0
 KNN_WEIGHT = 0.6  # knn_weight left at None
+#: proto_weight left at None: the label prototypes' share of the neighbour term where the
+#: neighbours' labels are fused (dslide.fusion; docs/accuracy.md has the measurements)
+PROTO_WEIGHT = 0.5
 WIDE_EPOCHS = 2.0  # epochs left at None, outputs wider than NARROW_OUTPUT
 
 
@@ -308,6 +311,7 @@ class Config:
         knn                 0               chosen by training from 10, 5, 20 (0 from
                                             20 points per label; knn_default)
         knn_weight          0.6             0.6
+        proto_weight        0.5             0.5 (where knn is on)
         lsh.max_active      -               0 where knn is on (uniform negatives
                                             only: the neighbours carry the tail)
 
@@ -379,6 +383,12 @@ class Config:
         weak and the neighbours' labels strong; the count is then chosen at the
         end of training from KNN_CHOICES by leave-one-out on the training points
         (kept with the model's neighbour store).
+    proto_weight: where the neighbours' labels are fused, the share of their
+        term given to the label prototypes (normalised sums of each label's
+        training rows): v = (1 - proto_weight) v_points + proto_weight v_protos,
+        each query's `proto_candidates` prototypes of largest cosine voting
+        with their cosine to the power `proto_power`. 0: the points alone (and
+        no prototypes built). None: PROTO_WEIGHT.
     propensity: the preset of the constants A, B of the label propensities
         behind PSP@k (Jain et al. 2016; see dslide.metrics.inverse_propensity),
         computed from the training labels and saved with the run
@@ -428,6 +438,9 @@ class Config:
     knn_weight: float | None = None
     knn_power: float = 4.0
     knn_candidates: int = 100
+    proto_weight: float | None = None
+    proto_power: float = 16.0
+    proto_candidates: int = 20
     replicas: int = 1
     sync: str = "allreduce"
     sync_every: int = 8
@@ -519,6 +532,10 @@ class Config:
             _float_range("knn_weight", self.knn_weight, 0.0, 1.0)
         _float_range("knn_power", self.knn_power, 0.0, 64.0)
         _int_range("knn_candidates", self.knn_candidates, 1, 1 << 16)
+        if self.proto_weight is not None:
+            _float_range("proto_weight", self.proto_weight, 0.0, 1.0)
+        _float_range("proto_power", self.proto_power, 0.0, 64.0)
+        _int_range("proto_candidates", self.proto_candidates, 1, 1 << 16)
         _int_range("eval_every", self.eval_every, 0)
         _int_range("eval_points", self.eval_points, 1)
         _int_range("log_every", self.log_every, 1)
@@ -528,7 +545,8 @@ class Config:
     # -- defaults from the data ---------------------------------------------------------
 
     #: the settings that `resolve` takes from the data when left at None (`dslide config show`)
-    FROM_DATA = ("hidden", "dropout", "lr", "batch_size", "epochs", "init_input_scale", "knn", "knn_weight")
+    FROM_DATA = ("hidden", "dropout", "lr", "batch_size", "epochs", "init_input_scale", "knn", "knn_weight",
+                 "proto_weight")
 
     def resolve(self, n_labels: int, points_per_label: float | None = None) -> "Config":
         """This configuration with every setting left at None taken from the data
@@ -542,7 +560,8 @@ class Config:
         auto = {"hidden": (1024,) if narrow else (128,), "dropout": 0.6 if narrow else 0.0,
                 "lr": 1e-3 if narrow else 1e-2, "batch_size": 64 if narrow else 128,
                 "epochs": 30.0 if narrow else WIDE_EPOCHS, "init_input_scale": 0.1 if narrow else 0.3,
-                "knn": knn_default(n_labels, points_per_label), "knn_weight": KNN_WEIGHT}
+                "knn": knn_default(n_labels, points_per_label), "knn_weight": KNN_WEIGHT,
+                "proto_weight": PROTO_WEIGHT}
         if points_per_label is None or auto["knn"]:
             del auto["knn"]  # on (or undecided): training chooses the count
         changes = {k: v for k, v in auto.items() if getattr(self, k) is None}

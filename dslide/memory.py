@@ -48,8 +48,9 @@ def account(config: Config, n_features: int, n_labels: int, world_size: int = 1,
 
     Each layer kind reports its own slice's bytes (`Layer.estimate`); this sums them,
     takes the largest transient, and adds the replicas' marks.
-    data: (n_points, nnz of X, nnz of Y) of the training set, for the neighbour store
-    every rank holds where the neighbours' labels are fused (`neighbour_bytes`; 0 without it,
+    data: (n_points, nnz of X, nnz of Y[, sum over points of nnz(x_i) |y_i|]) of the training
+    set, for the neighbour store every rank holds where the neighbours' labels are fused
+    (`neighbour_bytes`, with the label prototypes where proto_weight is on; 0 without data,
     or where knn resolves to 0)."""
     from dslide.layers import KINDS as LAYER_KINDS
 
@@ -73,7 +74,11 @@ def account(config: Config, n_features: int, n_labels: int, world_size: int = 1,
         if config.replicas > 1:  # the replicas' marks of recent and changed rows, uint8 each
             out["scratch"] += 2 * part["rows"]
     if data is not None and config.knn != 0:  # None: the rule turned it on, or the data's shape was not given
-        out["neighbours"] = neighbour_bytes(n_features, *data)
+        n_points, nnz_x, nnz_y = data[:3]
+        protos = bool(config.proto_weight)
+        nnz_xy = data[3] if len(data) > 3 else (nnz_x * nnz_y // max(1, n_points))
+        out["neighbours"] = neighbour_bytes(n_features, n_points, nnz_x, nnz_y,
+                                            n_labels if protos else 0, nnz_xy if protos else 0)
     out["total"] = sum(out[k] for k in ("weights", "moments", "tables", "index", "scratch", "neighbours", "step"))
     resident = out["total"] - out["step"]
     out["peak"] = max(out["total"], resident + out["index_build"])
@@ -109,10 +114,24 @@ def available_bytes() -> int | None:
     return avail
 
 
-def neighbour_bytes(n_features: int, n_points: int, nnz_x: int, nnz_y: int) -> int:
+def neighbour_bytes(n_features: int, n_points: int, nnz_x: int, nnz_y: int, n_labels: int = 0,
+                    nnz_xy: int = 0) -> int:
     """The neighbour store (dslide.fusion.NeighbourLabels): the training rows by feature (int64
-    pointers, int32 point ids, float32 values) and their labels (int64 pointers, int32 ids)."""
-    return 8 * (n_features + 1) + 8 * nnz_x + 8 * (n_points + 1) + 4 * nnz_y
+    pointers, int32 point ids, float32 values) and their labels (int64 pointers, int32 ids);
+    with n_labels > 0 also the label prototypes by feature (int64 pointers, int32 label ids,
+    float32 values) and their norms (float32), counting nnz_xy entries: at most the sum over
+    points of nnz(x_i) |y_i|, which it is where no two points of a label share a feature."""
+    points = 8 * (n_features + 1) + 8 * nnz_x + 8 * (n_points + 1) + 4 * nnz_y
+    return points + (8 * (n_features + 1) + 8 * nnz_xy + 4 * n_labels if n_labels else 0)
+
+
+def data_shape(X, Y) -> tuple[int, int, int, int]:
+    """`account`'s data: (n_points, nnz of X, nnz of Y, sum over points of nnz(x_i) |y_i|)."""
+    import numpy as np
+
+    per_x = np.diff(X.indptr).astype(np.int64)
+    per_y = np.diff(Y.indptr).astype(np.int64)
+    return int(X.shape[0]), int(X.nnz), int(Y.nnz), int(per_x @ per_y)
 
 
 def data_bytes(n_points: int, nnz_x: int, nnz_y: int, value_bytes: int = 4) -> int:

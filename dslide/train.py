@@ -277,7 +277,7 @@ def build_neighbours(model: Model, train: XMCData) -> None:
     out.neighbour_labels = None
     if not k:
         return
-    store = fusion.NeighbourLabels.build(train.X, train.Y)
+    store = fusion.NeighbourLabels.build(train.X, train.Y, prototypes=bool(cfg.proto_weight))
     if cfg.knn is None:
         n = train.n_points
         pick = np.random.default_rng(rng.lsh_seed(cfg.seed, rng.NEIGHBOURS))
@@ -602,7 +602,8 @@ def predict_topk_scores(model: Model, X: sp.csr_matrix, k: int, exact: bool = Tr
     labels scored per point. When the output layer has neighbour labels
     (`knn` > 0, dslide.fusion) the scores are the fused ones: the model's
     softmax over its `knn_candidates` best labels mixed with the labels of the
-    point's `knn` nearest training points. progress(n): called
+    point's `knn` nearest training points and, where the store holds them, with its
+    `proto_candidates` nearest label prototypes (`proto_weight`). progress(n): called
     with the points of each batch done.
     """
     net = model.network
@@ -621,6 +622,7 @@ def predict_topk_scores(model: Model, X: sp.csr_matrix, k: int, exact: bool = Tr
     store = net.layers[-1].neighbour_labels if cfg.knn != 0 else None
     n_neighbours = cfg.neighbours(store.k) if store is not None else 0
     kk = max(k, cfg.knn_candidates) if store is not None else k
+    protos = store is not None and store.has_prototypes and bool(cfg.proto_weight)
     for s in range(0, n, batch_size):
         rows = np.arange(s, min(n, s + batch_size))
         batch = make_batch(parts, None, rows, net.step, norms=norms)
@@ -629,7 +631,10 @@ def predict_topk_scores(model: Model, X: sp.csr_matrix, k: int, exact: bool = Tr
         ms, mi = merge_topk(net.comm.allgather_rows(ls), net.comm.allgather_rows(li), kk)
         if store is not None:
             nn_ids, nn_sims = store.neighbours(X[s:s + len(rows)], n_neighbours, net.comm)
-            mi, ms = store.fuse(mi, ms, nn_ids, nn_sims, cfg.knn_weight, cfg.knn_power, k)
+            pr_ids, pr_sims = (store.prototypes(X[s:s + len(rows)], cfg.proto_candidates, net.comm) if protos
+                               else (None, None))
+            mi, ms = store.fuse(mi, ms, nn_ids, nn_sims, cfg.knn_weight, cfg.knn_power, k, pr_ids, pr_sims,
+                                cfg.proto_weight or 0.0, cfg.proto_power)
         scores[rows], ids[rows] = ms, mi
         scored += int(ln.sum())
         if progress is not None:

@@ -80,7 +80,7 @@ def member_rows(name: str, epochs: list[float], threads: int, settings: dict | N
                                  "train s": f"{train_s:.1f}", "search s": f"{search_s:.1f}", "knn": k,
                                  "power": f"{power:g}", **({"share": f"{share:g}"} if protos else {}),
                                  **{f"w {w:g}": c for w, c in cells.items()}})
-                print(" | ".join(str(v) for v in rows[-1].values()), file=sys.stderr, flush=True)
+                    print(" | ".join(str(v) for v in rows[-1].values()), file=sys.stderr, flush=True)
     return rows
 
 

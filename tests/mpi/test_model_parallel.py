@@ -204,7 +204,8 @@ def test_kth_largest_across_ranks_equals_numpy_on_the_concatenation():
 
 
 def test_fused_predictions_at_p_ranks_equal_one_rank():
-    """knn > 0: exact-mode training and the neighbours' votes give every rank the 1-rank top-k."""
+    """knn > 0: exact-mode training, the neighbours' votes and the label prototypes' give every
+    rank the 1-rank top-k."""
     from dslide import train as T
     from dslide.data import XMCData
 
@@ -218,6 +219,11 @@ def test_fused_predictions_at_p_ranks_equal_one_rank():
     ids_1, s_1 = T.predict_topk_scores(model_1, X[90:], 5)
     np.testing.assert_allclose(s_p, s_1, rtol=1e-4, atol=1e-6)
     assert (ids_p == ids_1).mean() >= 0.95  # float ties at the k-th place aside
+    assert model_p.config.proto_weight == 0.5 and model_p.network.layers[-1].neighbour_labels.has_prototypes
+    pr_p = model_p.network.layers[-1].neighbour_labels.prototypes(X[90:], 6, world)
+    pr_1 = model_1.network.layers[-1].neighbour_labels.prototypes(X[90:], 6)
+    np.testing.assert_array_equal(pr_p[0], pr_1[0])
+    np.testing.assert_array_equal(pr_p[1], pr_1[1])
     # the votes count: the model alone ranks otherwise
     model_1.config = model_1.config.replace(knn=0)
     assert not np.array_equal(T.predict_topk(model_1, X[90:], 5), ids_1)

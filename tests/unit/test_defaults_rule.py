@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
-from dslide.config import (KNN, KNN_CHOICES, KNN_MAX_POINTS_PER_LABEL, NARROW_OUTPUT, WIDE_EPOCHS, Config, knn_default,
-                           label_points)
+from dslide.config import (KNN, KNN_CHOICES, KNN_MAX_POINTS_PER_LABEL, NARROW_OUTPUT, PROTO_WEIGHT, WIDE_EPOCHS, Config,
+                           knn_default, label_points)
 
 
 def test_label_points_counts_occurring_labels_only():
@@ -34,6 +34,15 @@ def test_without_the_data_shape_knn_stays_unset_and_a_store_uses_knn_neighbours(
     assert Config(knn=0).resolve(670_091).neighbours() == 0
 
 
+def test_where_the_neighbours_are_fused_the_label_prototypes_share_their_term():
+    assert PROTO_WEIGHT == 0.5
+    assert Config().resolve(670_091, 1.3).proto_weight == PROTO_WEIGHT
+    assert Config().resolve(40_000, 8.7).proto_weight == PROTO_WEIGHT
+    assert Config(proto_weight=0.0).resolve(40_000, 8.7).proto_weight == 0.0
+    with pytest.raises(ValueError, match="proto_weight = 1.5"):
+        Config(proto_weight=1.5)
+
+
 def test_wide_outputs_train_fewer_epochs_and_explicit_settings_win():
     assert Config().resolve(670_091, 1.3).epochs == WIDE_EPOCHS
     assert Config().resolve(159, 73.1).epochs == 30.0
@@ -54,6 +63,7 @@ def test_fit_resolves_knn_from_the_training_labels():
     model = T.fit(XMCData(X, few), cfg, index=False)[0]
     store = model.network.layers[-1].neighbour_labels
     assert model.config.knn is None and store.k in KNN_CHOICES  # chosen from the training points
+    assert model.config.proto_weight == PROTO_WEIGHT and store.has_prototypes  # the labels' prototypes beside
     assert model.index_info["knn_choice"]["k"] == store.k
     many_model = T.fit(XMCData(X, many), cfg, index=False)[0]
     assert many_model.config.knn == 0 and many_model.network.layers[-1].neighbour_labels is None

@@ -78,7 +78,8 @@ def test_search_is_the_same_at_any_thread_count():
     np.testing.assert_array_equal(a[1], b[1])
 
 
-def _reference_fuse(m_ids, m_logits, nn_ids, nn_sims, Y, weight, power, k):
+def _reference_fuse(m_ids, m_logits, nn_ids, nn_sims, Y, weight, power, k, pr_ids=None, pr_sims=None, share=0.0,
+                    pr_power=1.0):
     Y = Y.tocsr()
     out = []
     for q in range(len(m_ids)):
@@ -88,35 +89,107 @@ def _reference_fuse(m_ids, m_logits, nn_ids, nn_sims, Y, weight, power, k):
         p = np.exp(z - z.max()) / np.exp(z - z.max()).sum()
         for j, pj in zip(m_ids[q][ok], p):
             score[int(j)] = score.get(int(j), 0.0) + (1 - weight) * pj
+        pw = np.zeros(0)
+        if pr_ids is not None:
+            pgood = (pr_ids[q] >= 0) & (pr_sims[q] > 0)
+            pw = pr_sims[q][pgood].astype(np.float64) ** pr_power
+        a = share if pw.sum() > 0 else 0.0  # a query without prototypes: the points take it all
         good = (nn_ids[q] >= 0) & (nn_sims[q] > 0)
         w = nn_sims[q][good].astype(np.float64) ** power
         for pt, wi in zip(nn_ids[q][good], w / w.sum() if w.sum() > 0 else w):
             for j in Y.indices[Y.indptr[pt]:Y.indptr[pt + 1]]:
-                score[int(j)] = score.get(int(j), 0.0) + weight * wi
+                score[int(j)] = score.get(int(j), 0.0) + weight * (1 - a) * wi
+        if a > 0:
+            for j, wi in zip(pr_ids[q][pgood], pw / pw.sum()):
+                score[int(j)] = score.get(int(j), 0.0) + weight * a * wi
         best = sorted(score.items(), key=lambda t: (-t[1], t[0]))[:k]
         out.append(best)
     return out
 
 
-@pytest.mark.parametrize("weight,power", [(0.0, 1.0), (0.7, 4.0), (1.0, 1.0)])
-def test_fuse_matches_python_reference(weight, power):
+@pytest.mark.parametrize("weight,power,share", [(0.0, 1.0, 0.0), (0.7, 4.0, 0.0), (1.0, 1.0, 0.0), (0.6, 4.0, 0.5),
+                                                (1.0, 2.0, 1.0)])
+def test_fuse_matches_python_reference(weight, power, share):
     X, Y = _data()
     Xq, _ = _data(seed=3, n=40)
-    store = fusion.NeighbourLabels.build(X, Y)
+    Xq[7] = 0  # a query that shares no feature: no neighbours, no prototypes
+    Xq = sp.csr_matrix(Xq)
+    Xq.eliminate_zeros()
+    store = fusion.NeighbourLabels.build(X, Y, prototypes=True)
     nn_ids, nn_sims = store.neighbours(Xq, 6)
+    pr_ids, pr_sims = store.prototypes(Xq, 7)
+    assert (pr_ids[7] == -1).all() and (pr_ids[:7] >= 0).any()
     rng = np.random.default_rng(4)
     K = 8
     m_ids = np.stack([rng.choice(Y.shape[1], K, replace=False) for _ in range(40)]).astype(np.int64)
     m_ids[0, 5:] = -1  # fewer candidates than K
     m_logits = rng.normal(size=(40, K))
-    ids, scores = store.fuse(m_ids, m_logits, nn_ids, nn_sims, weight, power, 5)
-    ref = _reference_fuse(m_ids, m_logits, nn_ids, nn_sims, Y, weight, power, 5)
+    ids, scores = store.fuse(m_ids, m_logits, nn_ids, nn_sims, weight, power, 5, pr_ids, pr_sims, share, 16.0)
+    ref = _reference_fuse(m_ids, m_logits, nn_ids, nn_sims, Y, weight, power, 5, pr_ids, pr_sims, share, 16.0)
     for q, best in enumerate(ref):
         np.testing.assert_allclose(scores[q, :len(best)], [s for _, s in best], rtol=1e-9)
         # the same labels up to the order of exactly tied scores
         assert sorted(ids[q, :len(best)].tolist()) == sorted(j for j, _ in best) or \
             np.allclose(sorted(scores[q, :len(best)]), sorted(s for _, s in best))
         assert (ids[q, len(best):] == -1).all()
+
+
+def _reference_prototypes(X, Y):
+    """Plain numpy: each label's normalised sum of its points' normalised rows, and |sum|."""
+    A = X.toarray().astype(np.float64)
+    A = np.divide(A, np.linalg.norm(A, axis=1, keepdims=True), out=np.zeros_like(A),
+                  where=np.linalg.norm(A, axis=1, keepdims=True) > 0)
+    S = Y.toarray().astype(np.float64).T @ A
+    nrm = np.linalg.norm(S, axis=1)
+    return np.divide(S, nrm[:, None], out=np.zeros_like(S), where=nrm[:, None] > 0), nrm
+
+
+def test_label_prototypes_match_numpy_whatever_the_thread_count():
+    import numba
+
+    X, Y = _data()
+    Y = sp.lil_matrix(Y)
+    Y[:, 11] = 0  # a label no point has: no prototype
+    Y = sp.csr_matrix(Y)
+    Y.eliminate_zeros()
+    C, nrm = _reference_prototypes(X, Y)
+    before = numba.get_num_threads()
+    got = []
+    for threads in (1, 2):
+        numba.set_num_threads(threads)
+        try:
+            got.append(fusion.NeighbourLabels.build(X, Y, prototypes=True).arrays)
+        finally:
+            numba.set_num_threads(before)
+    a = got[0]
+    dense = sp.csc_matrix((a["pr_val"], a["pr_lab"], a["pr_ptr"]), shape=(Y.shape[1], X.shape[1])).toarray()
+    np.testing.assert_allclose(dense, C, rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(a["pr_norm"], nrm, rtol=1e-6)
+    assert a["pr_norm"][11] == 0 and 11 not in a["pr_lab"]
+    assert all(np.all(np.diff(a["pr_lab"][a["pr_ptr"][f]:a["pr_ptr"][f + 1]]) > 0) for f in range(X.shape[1]))
+    for name in ("pr_ptr", "pr_lab", "pr_val", "pr_norm"):
+        np.testing.assert_array_equal(got[0][name], got[1][name])
+
+
+def test_prototypes_search_is_the_numpy_cosine_ranking():
+    X, Y = _data()
+    Xq, _ = _data(seed=8, n=30)
+    store = fusion.NeighbourLabels.build(X, Y, prototypes=True)
+    C, _ = _reference_prototypes(X, Y)
+    ids, sims = store.prototypes(Xq, 6)
+    Q = Xq.toarray().astype(np.float64)
+    Q /= np.maximum(np.linalg.norm(Q, axis=1, keepdims=True), 1e-300)
+    S = Q @ C.T
+    share = (Xq.toarray() != 0).astype(int) @ (C != 0).T.astype(int) > 0
+    for q in range(len(Q)):
+        order = sorted(np.nonzero(share[q])[0], key=lambda j: (-S[q, j], j))[:6]
+        np.testing.assert_allclose(sims[q, :len(order)], S[q, order], rtol=1e-5, atol=1e-6)
+        # the same labels up to exact float ties
+        assert ids[q, :len(order)].tolist() == order or np.allclose(S[q, ids[q, :len(order)]], S[q, order], atol=1e-6)
+    b = store.prototypes(Xq, 6, comm=Comm())
+    np.testing.assert_array_equal(ids, b[0])
+    with pytest.raises(ValueError, match="no label prototypes"):
+        fusion.NeighbourLabels.build(X, Y).prototypes(Xq, 3)
 
 
 def test_neighbours_shared_over_a_stand_in_comm_equal_one_process():
@@ -136,6 +209,13 @@ def test_state_round_trip():
     np.testing.assert_array_equal(store.neighbours(Xq, 3)[0], again.neighbours(Xq, 3)[0])
     with pytest.raises(ValueError, match="y_idx"):
         fusion.NeighbourLabels({k: v for k, v in store.state_arrays().items() if k != "y_idx"}, 10)
+    assert not again.has_prototypes
+    store = fusion.NeighbourLabels.build(X, Y, prototypes=True)
+    again = fusion.NeighbourLabels.from_state(store.state_arrays())
+    assert again.has_prototypes and again.n_labels == Y.shape[1]
+    np.testing.assert_array_equal(store.prototypes(Xq, 3)[1], again.prototypes(Xq, 3)[1])
+    with pytest.raises(ValueError, match="lack pr_norm"):
+        fusion.NeighbourLabels({k: v for k, v in store.state_arrays().items() if k != "pr_norm"}, 10)
 
 
 def _fit_tiny(knn, **kw):
@@ -165,6 +245,11 @@ def test_predictions_are_the_numpy_fusion_of_model_softmax_and_neighbour_votes()
     S = (lambda A: A / np.linalg.norm(A, axis=1, keepdims=True))(te.X.toarray().astype(np.float64)) @ \
         (lambda A: A / np.linalg.norm(A, axis=1, keepdims=True))(tr.X.toarray().astype(np.float64)).T
     Y = sp.csr_matrix(tr.Y)
+    cfg = model.config
+    assert cfg.proto_weight == 0.5 and cfg.proto_candidates == 20 and cfg.proto_power == 16.0  # the defaults
+    C, _ = _reference_prototypes(tr.X, Y)
+    Q = te.X.toarray().astype(np.float64)
+    P = (Q / np.linalg.norm(Q, axis=1, keepdims=True)) @ C.T
     agree = 0
     for q in range(te.n_points):
         z = Z[q, top[q]]
@@ -173,7 +258,10 @@ def test_predictions_are_the_numpy_fusion_of_model_softmax_and_neighbour_votes()
         score[top[q]] += 0.4 * p
         w = np.maximum(S[q, ref_nn[q]], 0) ** 4.0
         for pt, wi in zip(ref_nn[q], w / w.sum()):
-            score[Y.indices[Y.indptr[pt]:Y.indptr[pt + 1]]] += 0.6 * wi
+            score[Y.indices[Y.indptr[pt]:Y.indptr[pt + 1]]] += 0.6 * 0.5 * wi
+        near = np.argsort(-P[q], kind="stable")[:20]
+        pw = np.maximum(P[q, near], 0) ** 16.0
+        score[near] += 0.6 * 0.5 * pw / pw.sum()
         ref = np.sort(score)[::-1][:5]
         np.testing.assert_allclose(scores[q], ref, rtol=1e-4, atol=1e-6)
         agree += set(ids[q]) == set(np.argsort(-score, kind="stable")[:5])
@@ -184,6 +272,21 @@ def test_knn_zero_leaves_the_model_alone_and_saves_no_store(tmp_path):
     T, model, tr, te = _fit_tiny(knn=0)
     assert model.network.layers[-1].neighbour_labels is None
     assert not any(k.startswith("knn.") for k in model.network.layers[-1].state(weights_only=True))
+
+
+def test_proto_weight_zero_builds_no_prototypes_and_fuses_the_points_alone():
+    import dataclasses
+
+    T, plain, tr, te = _fit_tiny(knn=4, proto_weight=0.0)
+    assert not plain.network.layers[-1].neighbour_labels.has_prototypes
+    _, protos, _, _ = _fit_tiny(knn=4)  # the same network: proto_weight does not touch training
+    assert protos.network.layers[-1].neighbour_labels.has_prototypes
+    a = T.predict_topk_scores(plain, te.X, 5)
+    b = T.predict_topk_scores(protos, te.X, 5)
+    assert not np.allclose(a[1], b[1])  # the prototypes move the fused scores
+    c = T.predict_topk_scores(dataclasses.replace(protos, config=protos.config.replace(proto_weight=0.0)), te.X, 5)
+    np.testing.assert_array_equal(a[0], c[0])
+    np.testing.assert_allclose(a[1], c[1], rtol=1e-12)
 
 
 def test_store_survives_a_checkpoint(tmp_path):
