@@ -318,10 +318,12 @@ def l2_rows(X: sp.csr_matrix) -> sp.csr_matrix:
 
 
 class NeighbourLabels:
-    """The training points' posting lists and labels, and the fused prediction.
+    """The training points' posting lists and labels, the labels' prototypes, and the fused prediction.
 
     post_ptr int64 [F + 1], post_pt int32 [nnz], post_val float32 [nnz]: the L2-normalised
     training rows by feature (CSC); y_ptr int64 [N + 1], y_idx int32: their labels (CSR).
+    Optionally (`build(prototypes=True)`) pr_ptr int64 [F + 1], pr_lab int32, pr_val float32:
+    the label prototypes by feature (labels ascending), and pr_norm float32 [L]: |S_j|.
     """
 
     def __init__(self, arrays: dict, n_points: int, k: int | None = None):
@@ -405,6 +407,51 @@ class NeighbourLabels:
              float(pr_power), int(k), out_ids, out_scores)
         return out_ids, out_scores
 
+    def left_out_neighbours(self, X, rows: np.ndarray, k: int, comm=None) -> tuple[np.ndarray, np.ndarray]:
+        """The k nearest *other* training points of the training points `rows` (X: the training
+        features the store was built from), as `neighbours`."""
+        rows = np.asarray(rows, np.int64)
+        n = rows.size
+        ids, sims = self.neighbours(sp.csr_matrix(X)[rows], k + 1, comm)
+        # leave each point out: drop its own entry, or the last one where it is not among them
+        # (other points with the same features tie with it and may come first)
+        own = ids == rows[:, None].astype(ids.dtype)
+        own[~own.any(axis=1), -1] = True
+        own &= np.cumsum(own, axis=1) == 1  # one entry per row, should a point repeat
+        return np.ascontiguousarray(ids[~own].reshape(n, k)), np.ascontiguousarray(sims[~own].reshape(n, k))
+
+    def left_out_prototypes(self, X, Y, rows: np.ndarray, k: int, comm=None) -> tuple[np.ndarray, np.ndarray]:
+        """The k best label prototypes of the training points `rows`, each point taken out of its
+        own labels' prototypes (X, Y: the training data the store was built from), as
+        `prototypes`. Without point i, label j's sum is S_j - x_i, so its cosine with x_i is
+        (|S_j| c - 1) / sqrt(|S_j|^2 - 2 |S_j| c + 1), c the cosine with i included; a label
+        with no other point has no prototype left."""
+        rows = np.asarray(rows, np.int64)
+        Xr = sp.csr_matrix(X)[rows]
+        Yr = sp.csr_matrix(Y)[rows]
+        extra = int(np.diff(Yr.indptr).max()) if rows.size else 0
+        ids, sims = self.prototypes(Xr, k + extra, comm)  # own labels may fall out of the first k
+        empty = np.diff(Xr.indptr) == 0
+        norm = self.arrays["pr_norm"].astype(np.float64)
+        out_ids = np.full((rows.size, k), -1, np.int32)
+        out_sims = np.full((rows.size, k), -np.inf, np.float32)
+        for r in range(rows.size):
+            got = ids[r] >= 0
+            j, c = ids[r][got], sims[r][got].astype(np.float64)
+            own = np.isin(j, Yr.indices[Yr.indptr[r]:Yr.indptr[r + 1]]) & (not empty[r])
+            if own.any():
+                nj, co = norm[j[own]], c[own]
+                rest = nj * nj - 2.0 * nj * co + 1.0  # |S_j - x_i|^2
+                # float32 sums: a label of this point alone leaves a rounding residue, not a prototype
+                alive = rest > 1e-4
+                c[own] = np.where(alive, (nj * co - 1.0) / np.sqrt(np.maximum(rest, 1e-300)), -np.inf)
+            keep = np.isfinite(c)
+            j, c = j[keep], c[keep].astype(np.float32)
+            order = np.lexsort((j, -c))[:k]
+            out_ids[r, :order.size] = j[order]
+            out_sims[r, :order.size] = c[order]
+        return out_ids, out_sims
+
     def choose_k(self, X, Y, rows: np.ndarray, choices, power: float, margin: float = 0.0,
                  comm=None) -> tuple[int, dict]:
         """The neighbour count, from `choices`, whose votes alone best predict the labels of the
@@ -419,15 +466,8 @@ class NeighbourLabels:
         if not choices or min(choices) < 1:
             raise ValueError(f"choices = {choices!r}: give at least one neighbour count >= 1")
         rows = np.asarray(rows, np.int64)
-        n, top = rows.size, max(choices)
-        ids, sims = self.neighbours(sp.csr_matrix(X)[rows], top + 1, comm)
-        # leave each point out: drop its own entry, or the last one where it is not among them
-        # (other points with the same features tie with it and may come first)
-        own = ids == rows[:, None].astype(ids.dtype)
-        own[~own.any(axis=1), -1] = True
-        own &= np.cumsum(own, axis=1) == 1  # one entry per row, should a point repeat
-        ids = np.ascontiguousarray(ids[~own].reshape(n, top))
-        sims = np.ascontiguousarray(sims[~own].reshape(n, top))
+        n = rows.size
+        ids, sims = self.left_out_neighbours(X, rows, max(choices), comm)
         no_model = np.empty((n, 0), np.int64), np.empty((n, 0), np.float64)
         truth = sp.csr_matrix(Y)[rows]
         scores = {}
@@ -437,5 +477,35 @@ class NeighbourLabels:
             scores[c] = (float(r["p@1"]), float(r["p@5"]))
         best = max(choices, key=lambda c: (scores[c][1], -choices.index(c)))
         if scores[best][1] <= scores[choices[0]][1] + margin:
+            best = choices[0]
+        return best, scores
+
+    def choose_share(self, X, Y, rows: np.ndarray, k: int, power: float, choices, pr_k: int, pr_power: float,
+                     margin: float = 0.0, comm=None) -> tuple[float, dict]:
+        """The prototypes' share, from `choices`, whose votes beside the `k` neighbours' best
+        predict the labels of the training points `rows`, each point left out of its own
+        neighbours and its labels' prototypes: (the share, {share: (P@1, P@5)}). The first of
+        `choices` is kept unless another's P@1 + P@5 beats it by more than `margin`; then the
+        highest sum wins (ties: the earlier share). The sum, not P@5 alone: where a label's
+        near-duplicates are its best evidence the prototypes buy P@5 with P@1."""
+        from dslide.metrics import evaluate
+
+        choices = [float(c) for c in choices]
+        if not choices or min(choices) < 0 or max(choices) > 1:
+            raise ValueError(f"choices = {choices!r}: give at least one share in [0, 1]")
+        rows = np.asarray(rows, np.int64)
+        n = rows.size
+        ids, sims = self.left_out_neighbours(X, rows, k, comm)
+        pr_ids, pr_sims = self.left_out_prototypes(X, Y, rows, pr_k, comm)
+        no_model = np.empty((n, 0), np.int64), np.empty((n, 0), np.float64)
+        truth = sp.csr_matrix(Y)[rows]
+        scores = {}
+        for a in choices:
+            pred, _ = self.fuse(*no_model, ids, sims, 1.0, power, 5, pr_ids, pr_sims, a, pr_power)
+            r = evaluate(truth, pred, k=5)
+            scores[a] = (float(r["p@1"]), float(r["p@5"]))
+        total = {a: scores[a][0] + scores[a][1] for a in choices}
+        best = max(choices, key=lambda a: (total[a], -choices.index(a)))
+        if total[best] <= total[choices[0]] + margin:
             best = choices[0]
         return best, scores
