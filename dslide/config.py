@@ -49,8 +49,13 @@ KNN_CHOICE_MARGIN = 0.0025
 #: lsh.max_active left at None where the neighbours' labels are fused (knn on): no candidates
 FUSED_MAX_ACTIVE = 0
 KNN_WEIGHT = 0.6  # knn_weight left at None
-#: proto_weight left at None: the label prototypes' share of the neighbour term where the
-#: neighbours' labels are fused (dslide.fusion; docs/accuracy.md has the measurements)
+#: proto_weight left at None where the neighbours' labels are fused: training takes the share
+#: of the label prototypes in the neighbour term from PROTO_CHOICES by leave-one-out on the
+#: same points as the count (dslide.fusion `choose_share`: the best P@5 among the shares
+#: whose P@1 is at most PROTO_P1_TOLERANCE below the points' alone, the first choice);
+#: a store without a chosen share uses PROTO_WEIGHT
+PROTO_CHOICES = (0.0, 0.25, 0.5, 0.75)
+PROTO_P1_TOLERANCE = 0.005
 PROTO_WEIGHT = 0.5
 WIDE_EPOCHS = 2.0  # epochs left at None, outputs wider than NARROW_OUTPUT
 
@@ -311,7 +316,8 @@ class Config:
         knn                 0               chosen by training from 10, 5, 20 (0 from
                                             20 points per label; knn_default)
         knn_weight          0.6             0.6
-        proto_weight        0.5             0.5 (where knn is on)
+        proto_weight        -               chosen by training from 0, 0.25, 0.5,
+                                            0.75 (where knn is on)
         lsh.max_active      -               0 where knn is on (uniform negatives
                                             only: the neighbours carry the tail)
 
@@ -388,7 +394,10 @@ class Config:
         training rows): v = (1 - proto_weight) v_points + proto_weight v_protos,
         each query's `proto_candidates` prototypes of largest cosine voting
         with their cosine to the power `proto_power`. 0: the points alone (and
-        no prototypes built). None: PROTO_WEIGHT.
+        no prototypes built). None: chosen at the end of training from
+        PROTO_CHOICES by leave-one-out on the points the count is chosen on
+        (the best P@5 among the shares that keep P@1 within half a point of
+        the points alone), kept with the store.
     propensity: the preset of the constants A, B of the label propensities
         behind PSP@k (Jain et al. 2016; see dslide.metrics.inverse_propensity),
         computed from the training labels and saved with the run
@@ -546,7 +555,7 @@ class Config:
 
     #: the settings that `resolve` takes from the data when left at None (`dslide config show`)
     FROM_DATA = ("hidden", "dropout", "lr", "batch_size", "epochs", "init_input_scale", "knn", "knn_weight",
-                 "proto_weight")
+                 "proto_weight")  # proto_weight: chosen by training (PROTO_CHOICES)
 
     def resolve(self, n_labels: int, points_per_label: float | None = None) -> "Config":
         """This configuration with every setting left at None taken from the data
@@ -560,8 +569,7 @@ class Config:
         auto = {"hidden": (1024,) if narrow else (128,), "dropout": 0.6 if narrow else 0.0,
                 "lr": 1e-3 if narrow else 1e-2, "batch_size": 64 if narrow else 128,
                 "epochs": 30.0 if narrow else WIDE_EPOCHS, "init_input_scale": 0.1 if narrow else 0.3,
-                "knn": knn_default(n_labels, points_per_label), "knn_weight": KNN_WEIGHT,
-                "proto_weight": PROTO_WEIGHT}
+                "knn": knn_default(n_labels, points_per_label), "knn_weight": KNN_WEIGHT}
         if points_per_label is None or auto["knn"]:
             del auto["knn"]  # on (or undecided): training chooses the count
         changes = {k: v for k, v in auto.items() if getattr(self, k) is None}
@@ -579,6 +587,13 @@ class Config:
         if self.knn is not None:
             return self.knn
         return KNN if chosen is None else int(chosen)
+
+    def proto_share(self, chosen: float | None = None) -> float:
+        """The prototypes' share a model with them fuses: proto_weight, else the share training
+        chose (`chosen`, kept with the store), else PROTO_WEIGHT."""
+        if self.proto_weight is not None:
+            return float(self.proto_weight)
+        return PROTO_WEIGHT if chosen is None else float(chosen)
 
     @property
     def propensity_constants(self) -> tuple[float, float]:

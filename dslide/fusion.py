@@ -67,10 +67,11 @@ from dslide import _numba_cache  # noqa: F401  (before any kernel: the cache is 
 #: the arrays of a store, as saved in checkpoints (every rank holds them whole); "k" (the
 #: neighbours a query takes, int64 [1]) is absent from stores saved before it was kept, the
 #: label prototypes ("pr_*": ptr int64 [F + 1], label ids int32, values float32, and each
-#: prototype's norm |S_j| float32 [L]) from stores built without them
-KEYS = ("post_ptr", "post_pt", "post_val", "y_ptr", "y_idx", "k", "pr_ptr", "pr_lab", "pr_val", "pr_norm")
+#: prototype's norm |S_j| float32 [L]) from stores built without them, and "share" (the
+#: prototypes' share training chose, float64 [1]) where none was chosen
+KEYS = ("post_ptr", "post_pt", "post_val", "y_ptr", "y_idx", "k", "pr_ptr", "pr_lab", "pr_val", "pr_norm", "share")
 _REQUIRED = KEYS[:5]
-_PROTOTYPES = KEYS[6:]
+_PROTOTYPES = KEYS[6:10]
 
 
 @njit(cache=True, inline="always")
@@ -326,7 +327,7 @@ class NeighbourLabels:
     the label prototypes by feature (labels ascending), and pr_norm float32 [L]: |S_j|.
     """
 
-    def __init__(self, arrays: dict, n_points: int, k: int | None = None):
+    def __init__(self, arrays: dict, n_points: int, k: int | None = None, share: float | None = None):
         missing = [name for name in _REQUIRED if name not in arrays]
         if missing:
             raise ValueError(f"neighbour labels lack {', '.join(missing)}")
@@ -340,6 +341,10 @@ class NeighbourLabels:
             k = int(np.asarray(arrays["k"]).reshape(-1)[0])
         #: the neighbours a query takes (None: not chosen; the configuration's knn decides)
         self.k = k
+        if share is None and "share" in arrays:
+            share = float(np.asarray(arrays["share"]).reshape(-1)[0])
+        #: the prototypes' share of the neighbour term (None: not chosen; proto_weight decides)
+        self.share = share
 
     @classmethod
     def build(cls, X, Y, prototypes: bool = False) -> "NeighbourLabels":
@@ -373,7 +378,14 @@ class NeighbourLabels:
         out = dict(self.arrays)
         if self.k is not None:
             out["k"] = np.array([self.k], np.int64)
+        if self.share is not None:
+            out["share"] = np.array([self.share], np.float64)
         return out
+
+    def drop_prototypes(self) -> None:
+        """Forget the label prototypes (a store whose chosen share is 0 need not hold them)."""
+        for name in _PROTOTYPES:
+            self.arrays.pop(name, None)
 
     def nbytes(self) -> int:
         return sum(a.nbytes for a in self.arrays.values())
@@ -453,13 +465,14 @@ class NeighbourLabels:
         return out_ids, out_sims
 
     def choose_k(self, X, Y, rows: np.ndarray, choices, power: float, margin: float = 0.0,
-                 comm=None) -> tuple[int, dict]:
+                 comm=None, left_out=None) -> tuple[int, dict]:
         """The neighbour count, from `choices`, whose votes alone best predict the labels of the
         training points `rows` (X, Y: the training data the store was built from), each point
         left out of its own neighbours: (the count, {count: (P@1, P@5)}). The first of
         `choices` is kept unless another's P@5 beats it by more than `margin` (a sample's
         noise must not move it); then the highest P@5 wins (ties: the earlier count). With a
-        communicator the search is shared out as in `neighbours`; every rank gets the same answer."""
+        communicator the search is shared out as in `neighbours`; every rank gets the same answer.
+        left_out: `left_out_neighbours` of `rows`, at least max(choices) of them, if at hand."""
         from dslide.metrics import evaluate
 
         choices = [int(c) for c in choices]
@@ -467,7 +480,7 @@ class NeighbourLabels:
             raise ValueError(f"choices = {choices!r}: give at least one neighbour count >= 1")
         rows = np.asarray(rows, np.int64)
         n = rows.size
-        ids, sims = self.left_out_neighbours(X, rows, max(choices), comm)
+        ids, sims = left_out if left_out is not None else self.left_out_neighbours(X, rows, max(choices), comm)
         no_model = np.empty((n, 0), np.int64), np.empty((n, 0), np.float64)
         truth = sp.csr_matrix(Y)[rows]
         scores = {}
@@ -481,13 +494,14 @@ class NeighbourLabels:
         return best, scores
 
     def choose_share(self, X, Y, rows: np.ndarray, k: int, power: float, choices, pr_k: int, pr_power: float,
-                     margin: float = 0.0, comm=None) -> tuple[float, dict]:
-        """The prototypes' share, from `choices`, whose votes beside the `k` neighbours' best
-        predict the labels of the training points `rows`, each point left out of its own
-        neighbours and its labels' prototypes: (the share, {share: (P@1, P@5)}). The first of
-        `choices` is kept unless another's P@1 + P@5 beats it by more than `margin`; then the
-        highest sum wins (ties: the earlier share). The sum, not P@5 alone: where a label's
-        near-duplicates are its best evidence the prototypes buy P@5 with P@1."""
+                     tolerance: float = 0.0, comm=None, left_out=None) -> tuple[float, dict]:
+        """The prototypes' share, from `choices`, for the votes of `k` neighbours and of `pr_k`
+        prototypes, by leave-one-out on the training points `rows` (each left out of its own
+        neighbours and of its labels' prototypes): (the share, {share: (P@1, P@5)}). The first
+        of `choices` is the reference; the share with the highest P@5 among those whose P@1
+        is at most `tolerance` below the reference's wins (ties: the earlier). Where a label's
+        near-duplicates are its best evidence, the prototypes buy P@5 with P@1; the tolerance
+        bounds that trade. left_out: `left_out_neighbours` of `rows` (at least k), if at hand."""
         from dslide.metrics import evaluate
 
         choices = [float(c) for c in choices]
@@ -495,7 +509,8 @@ class NeighbourLabels:
             raise ValueError(f"choices = {choices!r}: give at least one share in [0, 1]")
         rows = np.asarray(rows, np.int64)
         n = rows.size
-        ids, sims = self.left_out_neighbours(X, rows, k, comm)
+        ids, sims = left_out if left_out is not None else self.left_out_neighbours(X, rows, k, comm)
+        ids, sims = np.ascontiguousarray(ids[:, :k]), np.ascontiguousarray(sims[:, :k])
         pr_ids, pr_sims = self.left_out_prototypes(X, Y, rows, pr_k, comm)
         no_model = np.empty((n, 0), np.int64), np.empty((n, 0), np.float64)
         truth = sp.csr_matrix(Y)[rows]
@@ -504,8 +519,7 @@ class NeighbourLabels:
             pred, _ = self.fuse(*no_model, ids, sims, 1.0, power, 5, pr_ids, pr_sims, a, pr_power)
             r = evaluate(truth, pred, k=5)
             scores[a] = (float(r["p@1"]), float(r["p@5"]))
-        total = {a: scores[a][0] + scores[a][1] for a in choices}
-        best = max(choices, key=lambda a: (total[a], -choices.index(a)))
-        if total[best] <= total[choices[0]] + margin:
-            best = choices[0]
+        floor = scores[choices[0]][0] - tolerance
+        allowed = [a for a in choices if scores[a][0] >= floor]
+        best = max(allowed, key=lambda a: (scores[a][1], -choices.index(a)))
         return best, scores

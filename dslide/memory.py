@@ -75,7 +75,7 @@ def account(config: Config, n_features: int, n_labels: int, world_size: int = 1,
             out["scratch"] += 2 * part["rows"]
     if data is not None and config.knn != 0:  # None: the rule turned it on, or the data's shape was not given
         n_points, nnz_x, nnz_y = data[:3]
-        protos = bool(config.proto_weight)
+        protos = config.proto_weight != 0  # None: built, then kept unless the chosen share is 0
         nnz_xy = data[3] if len(data) > 3 else (nnz_x * nnz_y // max(1, n_points))
         out["neighbours"] = neighbour_bytes(n_features, n_points, nnz_x, nnz_y,
                                             n_labels if protos else 0, nnz_xy if protos else 0)

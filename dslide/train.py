@@ -264,11 +264,14 @@ def points_per_label(Y) -> float:
 def build_neighbours(model: Model, train: XMCData) -> None:
     """The output layer's neighbour labels (dslide.fusion) from the training data, when
     `knn` > 0 or left to the data and on: every rank builds the same store, a function of
-    the data alone. With `knn` left at None the count is chosen from KNN_CHOICES by
-    leave-one-out on KNN_CHOICE_POINTS training points (drawn by the seed) and kept with
-    the store; model.index_info gets the scores behind the choice and the seconds taken."""
+    the data alone, with the label prototypes unless proto_weight is 0. What is left at
+    None is chosen by leave-one-out on KNN_CHOICE_POINTS training points (drawn by the
+    seed) and kept with the store: the count from KNN_CHOICES (`knn`), then the prototypes'
+    share from PROTO_CHOICES (`proto_weight`; a chosen 0 drops the prototypes).
+    model.index_info gets the scores behind each choice and the seconds taken."""
     from dslide import fusion, rng
-    from dslide.config import KNN_CHOICE_MARGIN, KNN_CHOICE_POINTS, KNN_CHOICES, knn_default
+    from dslide.config import (KNN_CHOICE_MARGIN, KNN_CHOICE_POINTS, KNN_CHOICES, PROTO_CHOICES, PROTO_P1_TOLERANCE,
+                               knn_default)
 
     t0 = time.perf_counter()
     cfg = model.config
@@ -277,14 +280,25 @@ def build_neighbours(model: Model, train: XMCData) -> None:
     out.neighbour_labels = None
     if not k:
         return
-    store = fusion.NeighbourLabels.build(train.X, train.Y, prototypes=bool(cfg.proto_weight))
-    if cfg.knn is None:
+    store = fusion.NeighbourLabels.build(train.X, train.Y, prototypes=cfg.proto_weight != 0)
+    if cfg.knn is None or cfg.proto_weight is None:
         n = train.n_points
         pick = np.random.default_rng(rng.lsh_seed(cfg.seed, rng.NEIGHBOURS))
         rows = np.sort(pick.choice(n, min(n, KNN_CHOICE_POINTS), replace=False))
-        store.k, scores = store.choose_k(train.X, train.Y, rows, KNN_CHOICES, cfg.knn_power,
-                                         KNN_CHOICE_MARGIN, comm=model.comm)
-        model.index_info["knn_choice"] = {"k": store.k, "p@1/p@5": {c: list(v) for c, v in scores.items()}}
+        top = max(KNN_CHOICES) if cfg.knn is None else cfg.knn
+        left_out = store.left_out_neighbours(train.X, rows, top, model.comm)
+        if cfg.knn is None:
+            store.k, scores = store.choose_k(train.X, train.Y, rows, KNN_CHOICES, cfg.knn_power,
+                                             KNN_CHOICE_MARGIN, left_out=left_out)
+            model.index_info["knn_choice"] = {"k": store.k, "p@1/p@5": {c: list(v) for c, v in scores.items()}}
+        if cfg.proto_weight is None:
+            store.share, scores = store.choose_share(
+                train.X, train.Y, rows, cfg.neighbours(store.k), cfg.knn_power, PROTO_CHOICES, cfg.proto_candidates,
+                cfg.proto_power, PROTO_P1_TOLERANCE, comm=model.comm, left_out=left_out)
+            model.index_info["proto_choice"] = {"share": store.share,
+                                                "p@1/p@5": {a: list(v) for a, v in scores.items()}}
+            if store.share == 0:
+                store.drop_prototypes()
     out.neighbour_labels = store
     model.index_info["neighbours_s"] = time.perf_counter() - t0
 
@@ -622,7 +636,8 @@ def predict_topk_scores(model: Model, X: sp.csr_matrix, k: int, exact: bool = Tr
     store = net.layers[-1].neighbour_labels if cfg.knn != 0 else None
     n_neighbours = cfg.neighbours(store.k) if store is not None else 0
     kk = max(k, cfg.knn_candidates) if store is not None else k
-    protos = store is not None and store.has_prototypes and bool(cfg.proto_weight)
+    share = cfg.proto_share(store.share) if store is not None else 0.0
+    protos = store is not None and store.has_prototypes and share > 0
     for s in range(0, n, batch_size):
         rows = np.arange(s, min(n, s + batch_size))
         batch = make_batch(parts, None, rows, net.step, norms=norms)
@@ -634,7 +649,7 @@ def predict_topk_scores(model: Model, X: sp.csr_matrix, k: int, exact: bool = Tr
             pr_ids, pr_sims = (store.prototypes(X[s:s + len(rows)], cfg.proto_candidates, net.comm) if protos
                                else (None, None))
             mi, ms = store.fuse(mi, ms, nn_ids, nn_sims, cfg.knn_weight, cfg.knn_power, k, pr_ids, pr_sims,
-                                cfg.proto_weight or 0.0, cfg.proto_power)
+                                share, cfg.proto_power)
         scores[rows], ids[rows] = ms, mi
         scored += int(ln.sum())
         if progress is not None:

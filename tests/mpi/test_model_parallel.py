@@ -211,7 +211,7 @@ def test_fused_predictions_at_p_ranks_equal_one_rank():
 
     X, Y = _data(n=120, L=17)
     cfg = Config(hidden=(8,), exact=True, batch_size=32, seed=4, lr=1e-2, epochs=2.0, knn=3, knn_weight=0.5,
-                 knn_candidates=6)
+                 knn_candidates=6, proto_weight=0.5)
     world = Comm(MPI.COMM_WORLD)
     model_p, _ = T.fit(XMCData(X[:90], Y[:90]), cfg, comm=world, index=False)
     model_1, _ = T.fit(XMCData(X[:90], Y[:90]), cfg, comm=Comm(), index=False)
@@ -246,5 +246,6 @@ def test_the_neighbour_count_chosen_at_p_ranks_is_the_one_rank_choice():
     model_1, _ = T.fit(XMCData(X, Y), cfg, comm=Comm(), index=False)
     assert model_p.config.knn is None
     assert model_p.index_info["knn_choice"] == model_1.index_info["knn_choice"]
+    assert model_p.index_info["proto_choice"] == model_1.index_info["proto_choice"]
     assert world.allgather_object(model_p.network.layers[-1].neighbour_labels.k) == \
         [model_1.network.layers[-1].neighbour_labels.k] * world.size

@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
-from dslide.config import (KNN, KNN_CHOICES, KNN_MAX_POINTS_PER_LABEL, NARROW_OUTPUT, PROTO_WEIGHT, WIDE_EPOCHS, Config,
+from dslide.config import (KNN, KNN_CHOICES, KNN_MAX_POINTS_PER_LABEL, NARROW_OUTPUT, PROTO_CHOICES, PROTO_P1_TOLERANCE,
+                           PROTO_WEIGHT, WIDE_EPOCHS, Config,
                            knn_default, label_points)
 
 
@@ -34,10 +35,11 @@ def test_without_the_data_shape_knn_stays_unset_and_a_store_uses_knn_neighbours(
     assert Config(knn=0).resolve(670_091).neighbours() == 0
 
 
-def test_where_the_neighbours_are_fused_the_label_prototypes_share_their_term():
-    assert PROTO_WEIGHT == 0.5
-    assert Config().resolve(670_091, 1.3).proto_weight == PROTO_WEIGHT
-    assert Config().resolve(40_000, 8.7).proto_weight == PROTO_WEIGHT
+def test_where_the_neighbours_are_fused_training_chooses_the_prototypes_share():
+    assert PROTO_CHOICES == (0.0, 0.25, 0.5, 0.75) and PROTO_CHOICES[0] == 0.0  # the points alone: the reference
+    assert PROTO_P1_TOLERANCE == 0.005 and PROTO_WEIGHT == 0.5
+    assert Config().resolve(670_091, 1.3).proto_weight is None
+    assert Config().resolve(40_000, 8.7).proto_weight is None
     assert Config(proto_weight=0.0).resolve(40_000, 8.7).proto_weight == 0.0
     with pytest.raises(ValueError, match="proto_weight = 1.5"):
         Config(proto_weight=1.5)
@@ -63,7 +65,7 @@ def test_fit_resolves_knn_from_the_training_labels():
     model = T.fit(XMCData(X, few), cfg, index=False)[0]
     store = model.network.layers[-1].neighbour_labels
     assert model.config.knn is None and store.k in KNN_CHOICES  # chosen from the training points
-    assert model.config.proto_weight == PROTO_WEIGHT and store.has_prototypes  # the labels' prototypes beside
+    assert model.config.proto_weight is None and store.share in PROTO_CHOICES  # the prototypes' share, chosen too
     assert model.index_info["knn_choice"]["k"] == store.k
     many_model = T.fit(XMCData(X, many), cfg, index=False)[0]
     assert many_model.config.knn == 0 and many_model.network.layers[-1].neighbour_labels is None

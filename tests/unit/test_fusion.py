@@ -86,7 +86,7 @@ def _reference_fuse(m_ids, m_logits, nn_ids, nn_sims, Y, weight, power, k, pr_id
         score = {}
         ok = m_ids[q] >= 0
         z = m_logits[q][ok]
-        p = np.exp(z - z.max()) / np.exp(z - z.max()).sum()
+        p = np.exp(z - z.max()) / np.exp(z - z.max()).sum() if ok.any() else z
         for j, pj in zip(m_ids[q][ok], p):
             score[int(j)] = score.get(int(j), 0.0) + (1 - weight) * pj
         pw = np.zeros(0)
@@ -234,7 +234,7 @@ def test_predictions_are_the_numpy_fusion_of_model_softmax_and_neighbour_votes()
     from dslide.network import full_parameters
     from dslide.train import normalise_inputs
 
-    T, model, tr, te = _fit_tiny(knn=4)
+    T, model, tr, te = _fit_tiny(knn=4, proto_weight=0.5)
     ids, scores = T.predict_topk_scores(model, te.X, 5)
     # the model's logits, by numpy from the gathered parameters
     (W0, b0), (W1, b1) = full_parameters(model.network)
@@ -246,7 +246,7 @@ def test_predictions_are_the_numpy_fusion_of_model_softmax_and_neighbour_votes()
         (lambda A: A / np.linalg.norm(A, axis=1, keepdims=True))(tr.X.toarray().astype(np.float64)).T
     Y = sp.csr_matrix(tr.Y)
     cfg = model.config
-    assert cfg.proto_weight == 0.5 and cfg.proto_candidates == 20 and cfg.proto_power == 16.0  # the defaults
+    assert cfg.proto_candidates == 20 and cfg.proto_power == 16.0  # the defaults
     C, _ = _reference_prototypes(tr.X, Y)
     Q = te.X.toarray().astype(np.float64)
     P = (Q / np.linalg.norm(Q, axis=1, keepdims=True)) @ C.T
@@ -279,7 +279,7 @@ def test_proto_weight_zero_builds_no_prototypes_and_fuses_the_points_alone():
 
     T, plain, tr, te = _fit_tiny(knn=4, proto_weight=0.0)
     assert not plain.network.layers[-1].neighbour_labels.has_prototypes
-    _, protos, _, _ = _fit_tiny(knn=4)  # the same network: proto_weight does not touch training
+    _, protos, _, _ = _fit_tiny(knn=4, proto_weight=0.5)  # the same network: proto_weight does not touch training
     assert protos.network.layers[-1].neighbour_labels.has_prototypes
     a = T.predict_topk_scores(plain, te.X, 5)
     b = T.predict_topk_scores(protos, te.X, 5)
@@ -387,3 +387,101 @@ def test_the_chosen_count_is_saved_with_the_store_and_an_old_store_has_none():
     assert again.k == 5
     assert Config().neighbours(again.k) == 5 and Config(knn=7).neighbours(again.k) == 7
     assert Config().neighbours(None) == KNN  # a store saved before the count was kept
+
+
+def _reference_left_out_prototypes(X, Y, rows, k):
+    """Plain numpy: for each point, every label's prototype rebuilt without it, its k best."""
+    A = X.toarray().astype(np.float64)
+    A /= np.maximum(np.linalg.norm(A, axis=1, keepdims=True), 1e-300)
+    Yd = Y.toarray()
+    out = []
+    for q in rows:
+        keep = np.ones(len(A), bool)
+        keep[q] = False
+        S = Yd[keep].T @ A[keep]
+        nrm = np.linalg.norm(S, axis=1)
+        cos = np.divide(S @ A[q], nrm, out=np.full(len(S), -np.inf), where=nrm > 1e-9)
+        shares = ((S != 0) & (A[q] != 0)).any(axis=1) & (nrm > 1e-9)  # a label sharing a feature
+        cand = sorted(np.nonzero(shares)[0], key=lambda j: (-cos[j], j))[:k]
+        out.append((cand, cos[cand]))
+    return out
+
+
+def test_left_out_prototypes_are_the_prototypes_rebuilt_without_the_point():
+    X, Y = _clustered(seed=2)
+    n = X.shape[0]
+    own = sp.csr_matrix((np.ones(20, np.float32), (np.arange(0, 60, 3), np.arange(20))), shape=(n, 20))
+    Y = sp.csr_matrix(sp.hstack([Y, own]))  # labels of one point each
+    store = fusion.NeighbourLabels.build(X, Y, prototypes=True)
+    rows = np.arange(0, X.shape[0], 3)
+    ids, sims = store.left_out_prototypes(X, Y, rows, 6)
+    ref = _reference_left_out_prototypes(X, Y, rows, 6)
+    singles = 0
+    for r, (cand, cos) in enumerate(ref):
+        got = ids[r][ids[r] >= 0]
+        np.testing.assert_allclose(sims[r, :len(cand)], cos, rtol=1e-4, atol=1e-5)
+        assert len(got) == len(cand)
+        assert got.tolist() == cand or np.allclose(sims[r, :len(cand)], cos, atol=1e-5)
+        own = Y[rows[r]].indices
+        singles += sum(Y[:, j].nnz == 1 for j in own)
+        assert not any(j in got for j in own if Y[:, j].nnz == 1)  # a label of this point alone is gone
+    assert singles > 0  # the data has such labels
+
+
+def _share_data():
+    """Near-duplicate pairs whose labels are noisy copies, and shared topic labels."""
+    return _clustered(seed=3, n=300)
+
+
+def test_choose_share_is_the_numpy_leave_one_out_with_the_p1_tolerance():
+    from dslide.metrics import evaluate
+
+    X, Y = _share_data()
+    store = fusion.NeighbourLabels.build(X, Y, prototypes=True)
+    rows = np.arange(0, X.shape[0], 2)
+    choices = (0.0, 0.25, 0.5, 1.0)
+    share, scores = store.choose_share(X, Y, rows, 5, 4.0, choices, 8, 4.0, tolerance=0.0)
+    # the reference: numpy neighbours and prototypes, both without the point, fused by the Python reference
+    nn_ids, nn_sims = _reference_neighbours(X[rows], X, 6)
+    nn = [[p for p in nn_ids[i] if p != q][:5] for i, q in enumerate(rows)]
+    A = X.toarray().astype(np.float64)
+    A /= np.linalg.norm(A, axis=1, keepdims=True)
+    ref_pr = _reference_left_out_prototypes(X, Y, rows, 8)
+    for a in choices:
+        ids = np.array(nn, np.int32)
+        sims = np.array([[A[q] @ A[p] for p in nn[i]] for i, q in enumerate(rows)], np.float32)
+        pr_ids = np.array([c + [-1] * (8 - len(c)) for c, _ in ref_pr], np.int32)
+        pr_sims = np.array([list(v) + [-np.inf] * (8 - len(v)) for _, v in ref_pr], np.float32)
+        no = np.empty((len(rows), 0), np.int64), np.empty((len(rows), 0))
+        best = _reference_fuse(*no, ids, sims, Y, 1.0, 4.0, 5, pr_ids, pr_sims, a, 4.0)
+        pred = np.array([[j for j, _ in b] + [-1] * (5 - len(b)) for b in best])
+        r = evaluate(sp.csr_matrix(Y)[rows], pred, k=5)
+        np.testing.assert_allclose(scores[a], (r["p@1"], r["p@5"]), atol=2.5 / len(rows))
+    # here the prototypes alone (share 1) have the best P@5 but a P@1 below the points':
+    # without tolerance the best P@5 of the rest wins, with a wide one share 1
+    assert scores[1.0][1] == max(v[1] for v in scores.values()) and scores[1.0][0] < scores[0.0][0]
+    allowed = [a for a in choices if scores[a][0] >= scores[0.0][0]]
+    assert share == max(allowed, key=lambda a: (scores[a][1], -choices.index(a))) == 0.5
+    loose, _ = store.choose_share(X, Y, rows, 5, 4.0, choices, 8, 4.0, tolerance=1.0)
+    assert loose == 1.0
+    with pytest.raises(ValueError, match="share in"):
+        store.choose_share(X, Y, rows, 5, 4.0, (1.5,), 8, 16.0)
+
+
+def test_training_chooses_the_share_keeps_it_and_a_chosen_zero_drops_the_prototypes(monkeypatch):
+    from dslide import config as C
+
+    T, model, tr, te = _fit_tiny(knn=4)
+    store = model.network.layers[-1].neighbour_labels
+    choice = model.index_info["proto_choice"]
+    assert model.config.proto_weight is None and store.share == choice["share"] in C.PROTO_CHOICES
+    assert store.has_prototypes == (store.share > 0)
+    again = fusion.NeighbourLabels.from_state(store.state_arrays())
+    assert again.share == store.share
+    assert model.config.proto_share(again.share) == store.share
+    assert C.Config(proto_weight=0.25).proto_share(again.share) == 0.25
+    assert C.Config().proto_share(None) == C.PROTO_WEIGHT  # a store saved before the share was kept
+    monkeypatch.setattr(C, "PROTO_CHOICES", (0.0,))
+    _, zero, _, _ = _fit_tiny(knn=4)
+    z = zero.network.layers[-1].neighbour_labels
+    assert z.share == 0.0 and not z.has_prototypes and "pr_lab" not in z.state_arrays()
