@@ -88,6 +88,16 @@ def _insert(ids, sims, k, pid, s):
     ids[j] = pid
 
 
+@njit(cache=True, inline="always")
+def _touch(seen, touched, m, j):
+    """Mark item j seen, appending it to touched[:m] the first time: the new m."""
+    if seen[j] == 0:
+        seen[j] = 1
+        touched[m] = j
+        return m + 1
+    return m
+
+
 @njit(cache=True, parallel=True)
 def search(q_ptr, q_idx, q_val, post_ptr, post_pt, post_val, n_points, k, n_chunks, out_ids, out_sims):
     """The k training points with the largest dot product with each query row.
@@ -112,10 +122,7 @@ def search(q_ptr, q_idx, q_val, post_ptr, post_pt, post_val, n_points, k, n_chun
                 v = q_val[a]
                 for b in range(post_ptr[f], post_ptr[f + 1]):
                     p = post_pt[b]
-                    if seen[p] == 0:
-                        seen[p] = 1
-                        touched[m] = p
-                        m += 1
+                    m = _touch(seen, touched, m, p)
                     acc[p] += v * post_val[b]
             ids = out_ids[q]
             sims = out_sims[q]
@@ -129,51 +136,32 @@ def search(q_ptr, q_idx, q_val, post_ptr, post_pt, post_val, n_points, k, n_chun
 
 
 @njit(cache=True, parallel=True)
-def label_sums_count(post_ptr, post_pt, y_ptr, y_idx, n_labels, n_chunks, counts):
-    """counts[f]: how many labels have a training point holding feature f (the first pass of
-    `label_sums`; the features are cut into n_chunks contiguous chunks)."""
+def label_sums(post_ptr, post_pt, post_val, y_ptr, y_idx, n_labels, n_chunks, fill, out_ptr, out_lab, out_val):
+    """The labels' sums of their training rows, by feature. fill False: out_ptr[f + 1] = how
+    many labels have a training point holding feature f (the first pass). fill True: for
+    each feature f the labels j (ascending) and S_jf = sum over j's points of their value
+    of f, into out_lab / out_val from out_ptr[f] (the cumulated counts). post_*: the store's
+    posting lists (points ascending); the sums run in that order, whatever the thread count.
+    The features are cut into n_chunks contiguous chunks."""
     F = post_ptr.shape[0] - 1
     for c in prange(n_chunks):
         seen = np.zeros(n_labels, np.uint8)
         touched = np.empty(n_labels, np.int32)
+        acc = np.zeros(n_labels if fill else 0, np.float64)
         for f in range(c * F // n_chunks, (c + 1) * F // n_chunks):
             m = 0
             for b in range(post_ptr[f], post_ptr[f + 1]):
                 p = post_pt[b]
                 for a in range(y_ptr[p], y_ptr[p + 1]):
                     j = y_idx[a]
-                    if seen[j] == 0:
-                        seen[j] = 1
-                        touched[m] = j
-                        m += 1
-            counts[f] = m
-            for t in range(m):
-                seen[touched[t]] = 0
-
-
-@njit(cache=True, parallel=True)
-def label_sums(post_ptr, post_pt, post_val, y_ptr, y_idx, n_labels, n_chunks, out_ptr, out_lab, out_val):
-    """The labels' sums of their training rows, by feature: for each feature f, the labels j
-    (ascending) with S_jf = sum over j's points of their value of f, into out_lab / out_val
-    at out_ptr[f] (from `label_sums_count`). post_*: the store's posting lists (points
-    ascending); the sums run in that order, whatever the thread count."""
-    F = post_ptr.shape[0] - 1
-    for c in prange(n_chunks):
-        seen = np.zeros(n_labels, np.uint8)
-        touched = np.empty(n_labels, np.int32)
-        acc = np.zeros(n_labels, np.float64)
-        for f in range(c * F // n_chunks, (c + 1) * F // n_chunks):
-            m = 0
-            for b in range(post_ptr[f], post_ptr[f + 1]):
-                p = post_pt[b]
-                v = post_val[b]
-                for a in range(y_ptr[p], y_ptr[p + 1]):
-                    j = y_idx[a]
-                    if seen[j] == 0:
-                        seen[j] = 1
-                        touched[m] = j
-                        m += 1
-                    acc[j] += v
+                    m = _touch(seen, touched, m, j)
+                    if fill:
+                        acc[j] += post_val[b]
+            if not fill:
+                out_ptr[f + 1] = m
+                for t in range(m):
+                    seen[touched[t]] = 0
+                continue
             labs = np.sort(touched[:m])
             o = out_ptr[f]
             for t in range(m):
@@ -294,13 +282,13 @@ def label_prototypes(store: dict, n_labels: int) -> dict:
     ptr, pt, val, y_ptr, y_idx = (store[k] for k in _REQUIRED)
     F = ptr.shape[0] - 1
     chunks = max(1, min(F, 4 * get_num_threads()))
-    counts = np.zeros(F, np.int64)
-    label_sums_count(ptr, pt, y_ptr, y_idx, n_labels, chunks, counts)
     pr_ptr = np.zeros(F + 1, np.int64)
-    np.cumsum(counts, out=pr_ptr[1:])
+    lab, sums = np.empty(0, np.int32), np.empty(0, np.float64)
+    label_sums(ptr, pt, val, y_ptr, y_idx, n_labels, chunks, False, pr_ptr, lab, sums)
+    np.cumsum(pr_ptr, out=pr_ptr)
     lab = np.empty(pr_ptr[-1], np.int32)
     sums = np.empty(pr_ptr[-1], np.float64)
-    label_sums(ptr, pt, val, y_ptr, y_idx, n_labels, chunks, pr_ptr, lab, sums)
+    label_sums(ptr, pt, val, y_ptr, y_idx, n_labels, chunks, True, pr_ptr, lab, sums)
     norm = np.sqrt(np.bincount(lab, weights=sums * sums, minlength=n_labels))
     pr_val = (sums / norm[lab]).astype(np.float32)
     return {"pr_ptr": pr_ptr, "pr_lab": lab, "pr_val": pr_val, "pr_norm": norm.astype(np.float32)}
