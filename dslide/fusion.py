@@ -427,30 +427,32 @@ class NeighbourLabels:
         (|S_j| c - 1) / sqrt(|S_j|^2 - 2 |S_j| c + 1), c the cosine with i included; a label
         with no other point has no prototype left."""
         rows = np.asarray(rows, np.int64)
+        n = rows.size
         Xr = sp.csr_matrix(X)[rows]
         Yr = sp.csr_matrix(Y)[rows]
-        extra = int(np.diff(Yr.indptr).max()) if rows.size else 0
+        extra = int(np.diff(Yr.indptr).max()) if n else 0
         ids, sims = self.prototypes(Xr, k + extra, comm)  # own labels may fall out of the first k
-        empty = np.diff(Xr.indptr) == 0
-        norm = self.arrays["pr_norm"].astype(np.float64)
-        out_ids = np.full((rows.size, k), -1, np.int32)
-        out_sims = np.full((rows.size, k), -np.inf, np.float32)
-        for r in range(rows.size):
-            got = ids[r] >= 0
-            j, c = ids[r][got], sims[r][got].astype(np.float64)
-            own = np.isin(j, Yr.indices[Yr.indptr[r]:Yr.indptr[r + 1]]) & (not empty[r])
-            if own.any():
-                nj, co = norm[j[own]], c[own]
-                rest = nj * nj - 2.0 * nj * co + 1.0  # |S_j - x_i|^2
-                # float32 sums: a label of this point alone leaves a rounding residue, not a prototype
-                alive = rest > 1e-4
-                c[own] = np.where(alive, (nj * co - 1.0) / np.sqrt(np.maximum(rest, 1e-300)), -np.inf)
-            keep = np.isfinite(c)
-            j, c = j[keep], c[keep].astype(np.float32)
-            order = np.lexsort((j, -c))[:k]
-            out_ids[r, :order.size] = j[order]
-            out_sims[r, :order.size] = c[order]
-        return out_ids, out_sims
+        K = ids.shape[1]
+        # (row, label) keys of every candidate and of every point's own labels
+        L = np.int64(self.n_labels)
+        keys = np.repeat(np.arange(n, dtype=np.int64), K).reshape(n, K) * L + ids
+        own_keys = np.repeat(np.arange(n, dtype=np.int64), np.diff(Yr.indptr)) * L + Yr.indices
+        own = (ids >= 0) & np.isin(keys, own_keys)
+        c = sims.astype(np.float64)
+        nj = self.arrays["pr_norm"].astype(np.float64)[ids[own]]
+        co = c[own]
+        rest = nj * nj - 2.0 * nj * co + 1.0  # |S_j - x_i|^2
+        # float32 sums: a label of this point alone leaves a rounding residue, not a prototype
+        c[own] = np.where(rest > 1e-4, (nj * co - 1.0) / np.sqrt(np.maximum(rest, 1e-300)), -np.inf)
+        c[ids < 0] = -np.inf
+        # per row: best first, ties to the lower label id; the dropped (-inf) last
+        order = np.lexsort((ids.ravel(), -c.ravel(), np.repeat(np.arange(n), K))).reshape(n, K)[:, :k]
+        order -= (np.arange(n) * K)[:, None]
+        out_ids = np.take_along_axis(ids, order, axis=1).astype(np.int32)
+        out_sims = np.take_along_axis(c, order, axis=1).astype(np.float32)
+        gone = ~np.isfinite(out_sims)
+        out_ids[gone], out_sims[gone] = -1, -np.inf
+        return np.ascontiguousarray(out_ids), np.ascontiguousarray(out_sims)
 
     def choose_k(self, X, Y, rows: np.ndarray, choices, power: float, margin: float = 0.0,
                  comm=None, left_out=None) -> tuple[int, dict]:
