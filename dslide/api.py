@@ -130,7 +130,7 @@ class Model:
             if Xv.shape[1] != X.shape[1]:
                 raise ValueError(f"X_val has {Xv.shape[1]} features, X has {X.shape[1]}")
             test = XMCData(Xv, labels_matrix(Y_val, Xv.shape[0], train.n_labels))
-        config = self.config.resolve(train.n_labels, T.points_per_label(train.Y))
+        config = self.config.resolve(train.n_labels, T.points_per_label(train.Y), train.n_points)
         from dslide.cli import _notice_threads
 
         _notice_threads(self.comm, config)

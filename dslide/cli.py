@@ -513,7 +513,7 @@ def _cmd_train(args, comm, held) -> int:
             raise UsageError(f"--train {args.train} has {train.n_features:,} features and {train.n_labels:,} "
                              f"labels; the run in {args.resume} was trained on {saved['n_features']:,} and "
                              f"{saved['n_labels']:,}")
-    config = config.resolve(train.n_labels, T.points_per_label(train.Y))
+    config = config.resolve(train.n_labels, T.points_per_label(train.Y), train.n_points)
     _check_memory(comm, _model_bytes(config, train.n_features, train.n_labels, comm,
                                      data=_data_shape(train)),
                   f"a model of {train.n_features:,} features, hidden {list(config.hidden)} and "
@@ -1125,12 +1125,12 @@ def cmd_config(args, comm) -> int:
     from dslide import settings
 
     config = make_config(args.config, args.set)
-    shape = (None, None, None)
+    shape = (None, None, None, None)
     if args.data:
         from dslide import train as T
 
         data = _read(args.data, "--data", args.format, comm=comm)
-        shape = (data.n_features, data.n_labels, T.points_per_label(data.Y))
+        shape = (data.n_features, data.n_labels, T.points_per_label(data.Y), data.n_points)
     if comm.rank == 0:
         if args.data:
             print(f"{args.data}: {shape[0]:,} features, {shape[1]:,} labels, "

@@ -58,13 +58,30 @@ PROTO_CHOICES = (0.0, 0.25, 0.5, 0.75)
 PROTO_P1_TOLERANCE = 0.005
 PROTO_WEIGHT = 0.5
 WIDE_EPOCHS = 2.0  # epochs left at None, outputs wider than NARROW_OUTPUT
+#: hidden, epochs and batch_size left at None in outputs of at most NARROW_OUTPUT labels:
+#: batches of NARROW_BATCH (fewer where the data would give fewer than NARROW_MIN_STEPS steps
+#: per epoch: `narrow_batch`) through a NARROW_HIDDEN-wide layer reach in a few epochs what 30
+#: epochs of 64 at 1e-3 through a 1,024-wide one reached (docs/accuracy.md)
+NARROW_HIDDEN = 512
+NARROW_EPOCHS = 12.0
+NARROW_BATCH = 512
+NARROW_MIN_STEPS = 8
+
+
+def narrow_batch(n_points: int | None) -> int:
+    """The batch_size of a narrow output left at None: NARROW_BATCH, or for data of fewer than
+    NARROW_BATCH * NARROW_MIN_STEPS points n_points // NARROW_MIN_STEPS (at least 1), so that an
+    epoch still has NARROW_MIN_STEPS steps."""
+    if n_points is None:
+        return NARROW_BATCH
+    return max(1, min(NARROW_BATCH, int(n_points) // NARROW_MIN_STEPS))
 
 
 def knn_default(n_labels: int, points_per_label: float | None = None) -> int:
     """The `knn` a run takes when it is left at None: KNN for outputs wider than NARROW_OUTPUT
     whose training data has fewer than KNN_MAX_POINTS_PER_LABEL points per (occurring) label
-    (or whose figure is not given), else 0. Narrow outputs train a wide hidden layer for many
-    epochs, which learns their labels better than the neighbours' votes."""
+    (or whose figure is not given), else 0. Narrow outputs train a wide hidden layer, which
+    learns their labels better than the neighbours' votes."""
     if n_labels <= NARROW_OUTPUT:
         return 0
     if points_per_label is not None and points_per_label >= KNN_MAX_POINTS_PER_LABEL:
@@ -300,18 +317,19 @@ class Config:
     Settings left at None take their value from the data (`resolve`), by the
     width of the output layer. Narrow outputs (at most NARROW_OUTPUT labels:
     BibTeX, Delicious, EURLex-4K) make a cheap output layer and small data
-    sets that overfit: a wide, dropout-regularised hidden layer trained slowly
-    for many epochs generalises best. Wide outputs (Amazon-670K, WikiLSHTC)
+    sets that overfit: a wide, dropout-regularised hidden layer generalises
+    best, trained in large batches at a large rate for a few epochs. Wide outputs (Amazon-670K, WikiLSHTC)
     make the output layer the cost, which grows with the hidden width, and
     have few points per label: a narrow hidden layer and a large learning
     rate that reaches a good model in a few epochs.
 
         setting             narrow output   wide output
-        hidden              (1024,)         (128,)
+        hidden              (512,)          (128,)
         dropout             0.6             0.0
-        lr                  1e-3            1e-2
-        batch_size          64              128
-        epochs              30              2 (the neighbours' labels carry the tail)
+        lr                  1e-2            1e-2
+        batch_size          512 (at least   128
+                            8 steps/epoch)
+        epochs              12              2 (the neighbours' labels carry the tail)
         init_input_scale    0.1             0.3
         knn                 0               chosen by training from 10, 5, 20 (0 from
                                             20 points per label; knn_default)
@@ -557,18 +575,21 @@ class Config:
     FROM_DATA = ("hidden", "dropout", "lr", "batch_size", "epochs", "init_input_scale", "knn", "knn_weight",
                  "proto_weight")  # proto_weight: chosen by training (PROTO_CHOICES)
 
-    def resolve(self, n_labels: int, points_per_label: float | None = None) -> "Config":
+    def resolve(self, n_labels: int, points_per_label: float | None = None,
+                n_points: int | None = None) -> "Config":
         """This configuration with every setting left at None taken from the data
         (see the class docstring); settings given explicitly are kept.
 
         points_per_label: the training points per label, over the labels that occur
         (`label_points`); it decides whether `knn` is 0 (`knn_default`). Otherwise `knn`
         stays None: training chooses the count from its data (KNN_CHOICES), and a model
-        whose store has no count uses KNN."""
+        whose store has no count uses KNN.
+        n_points: the training points; a narrow output's batch_size takes them into account
+        (`narrow_batch`)."""
         narrow = n_labels <= NARROW_OUTPUT
-        auto = {"hidden": (1024,) if narrow else (128,), "dropout": 0.6 if narrow else 0.0,
-                "lr": 1e-3 if narrow else 1e-2, "batch_size": 64 if narrow else 128,
-                "epochs": 30.0 if narrow else WIDE_EPOCHS, "init_input_scale": 0.1 if narrow else 0.3,
+        auto = {"hidden": (NARROW_HIDDEN,) if narrow else (128,), "dropout": 0.6 if narrow else 0.0,
+                "lr": 1e-2, "batch_size": narrow_batch(n_points) if narrow else 128,
+                "epochs": NARROW_EPOCHS if narrow else WIDE_EPOCHS, "init_input_scale": 0.1 if narrow else 0.3,
                 "knn": knn_default(n_labels, points_per_label), "knn_weight": KNN_WEIGHT}
         if points_per_label is None or auto["knn"]:
             del auto["knn"]  # on (or undecided): training chooses the count

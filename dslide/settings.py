@@ -53,12 +53,12 @@ def _message(cls, name, value) -> str:
 
 
 def table(config: Config, n_features: int | None = None, n_labels: int | None = None,
-          points_per_label: float | None = None) -> list[tuple]:
+          points_per_label: float | None = None, n_points: int | None = None) -> list[tuple]:
     """Rows (key, default, valid range, value): value is what `config` holds, resolved for
-    data of n_features features and n_labels labels when given ("-" for from-the-data
+    data of n_features features, n_labels labels and n_points points when given ("-" for from-the-data
     settings without data)."""
     base = Config()
-    resolved = config.resolve(n_labels, points_per_label) if n_labels is not None else config
+    resolved = config.resolve(n_labels, points_per_label, n_points) if n_labels is not None else config
     rows = []
     for f in dataclasses.fields(Config):
         if f.name == "lsh":

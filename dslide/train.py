@@ -233,7 +233,7 @@ def fit(train: XMCData, config: Config | None = None, test: XMCData | None = Non
     index_progress: a progress bar (tqdm, stderr) for the index build.
     """
     if model is None:
-        config = (config or Config()).resolve(train.n_labels, points_per_label(train.Y))
+        config = (config or Config()).resolve(train.n_labels, points_per_label(train.Y), train.n_points)
         model = build_network((train.n_features, train.n_labels), config, comm)
         init_from_data(model, train)
     config = model.config  # resolved: every setting has its value

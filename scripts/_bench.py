@@ -66,11 +66,12 @@ def load_data(spec: dict):
     """(train, test) XMCData from {"preset", "n_train", "n_test", "seed", other preset fields such as
     "n_labels"} or {"train", "test"} paths."""
     if "preset" in spec:
-        from dslide.datasets.synthetic import generate_split
+        from dslide.datasets.suite import family_of
 
         overrides = {k: v for k, v in spec.items() if k not in ("preset", "n_train", "n_test", "seed")}
-        return generate_split(spec["preset"], n_train=spec.get("n_train"), n_test=spec.get("n_test"),
-                              seed=spec.get("seed", 0), **overrides)
+        family = family_of(spec["preset"])  # synthetic, baskets or amazon670k
+        return family.generate_split(spec["preset"], n_train=spec.get("n_train"), n_test=spec.get("n_test"),
+                                     seed=spec.get("seed", 0), **overrides)
     from dslide.data import read_xmc
 
     return read_xmc(spec["train"]), read_xmc(spec["test"])
@@ -95,7 +96,8 @@ def child(case_path: str) -> None:
         cfg["lsh"] = dict(cfg["lsh"])
     if "hidden" in cfg:
         cfg["hidden"] = tuple(cfg["hidden"])
-    config = Config.from_dict({**cfg, "threads": int(case.get("threads", 1))}).resolve(train.n_labels)
+    config = Config.from_dict({**cfg, "threads": int(case.get("threads", 1))}).resolve(
+        train.n_labels, T.points_per_label(train.Y), train.n_points)  # as T.fit resolves it
     # compile the kernels on a few points first: the timings below are of training, not of numba
     warm = XMCData(train.X[:300], train.Y[:300])
     T.fit(warm, config.replace(epochs=1.0, eval_every=0, checkpoint_every=0), comm=comm, index=False)

@@ -60,8 +60,10 @@ def test_config_show_lists_every_setting_with_default_range_and_resolved_value(c
 
     keys = {f.name for f in fields(Config) if f.name != "lsh"} | {f"lsh.{f.name}" for f in fields(LSHConfig)}
     assert keys <= set(rows)
-    # 500 labels: a narrow output, so (1024,), dropout 0.6 and 30 epochs from the data; lr as set
-    assert rows["hidden"].split()[-1] == "1024" and rows["epochs"].split()[-1] == "30.0"
+    # 500 labels: a narrow output, so (512,), dropout 0.6 and 12 epochs from the data, a batch
+    # of 5 (40 points, 8 steps an epoch); lr as set
+    assert rows["hidden"].split()[-1] == "512" and rows["epochs"].split()[-1] == "12.0"
+    assert rows["batch_size"].split()[-1] == "5"
     assert rows["lr"].split()[-1] == "0.5" and "in (0.0, 10.0]" in rows["lr"]
     assert "one of 'fifo', 'reservoir'" in rows["lsh.policy"]
     assert "an integer in [1, 60]" in rows["replicas"]

@@ -5,7 +5,7 @@ import pytest
 import scipy.sparse as sp
 
 from dslide.config import (KNN, KNN_CHOICES, KNN_MAX_POINTS_PER_LABEL, NARROW_OUTPUT, PROTO_CHOICES, PROTO_P1_TOLERANCE,
-                           PROTO_WEIGHT, WIDE_EPOCHS, Config,
+                           PROTO_WEIGHT, NARROW_BATCH, NARROW_EPOCHS, NARROW_HIDDEN, NARROW_MIN_STEPS, WIDE_EPOCHS, Config,
                            knn_default, label_points)
 
 
@@ -17,7 +17,7 @@ def test_label_points_counts_occurring_labels_only():
 @pytest.mark.parametrize("n_labels,ppl,knn", [
     (670_091, 1.3, KNN),       # Amazon-670K-like long tail: the neighbours' labels on
     (40_000, 8.7, KNN),        # a 40,000-label head-heavy set
-    (500, 8.2, 0),             # narrow: the wide hidden layer's 30 epochs learn its labels
+    (500, 8.2, 0),             # narrow: the wide hidden layer learns its labels
     (159, 73.1, 0),            # BibTeX: many points per label, the network alone
     (40_000, KNN_MAX_POINTS_PER_LABEL, 0),  # the boundary belongs to the network
     (670_091, None, KNN),      # no data shape given: the width decides
@@ -47,9 +47,26 @@ def test_where_the_neighbours_are_fused_training_chooses_the_prototypes_share():
 
 def test_wide_outputs_train_fewer_epochs_and_explicit_settings_win():
     assert Config().resolve(670_091, 1.3).epochs == WIDE_EPOCHS
-    assert Config().resolve(159, 73.1).epochs == 30.0
+    wide = Config().resolve(670_091, 1.3, 30_000)
+    assert (wide.batch_size, wide.lr, wide.hidden) == (128, 1e-2, (128,))
     c = Config(knn=3, knn_weight=0.1, epochs=7.0).resolve(670_091, 1.3)
     assert (c.knn, c.knn_weight, c.epochs) == (3, 0.1, 7.0)
+
+
+@pytest.mark.parametrize("n_points,batch", [
+    (4_880, NARROW_BATCH),     # BibTeX: 10 steps an epoch
+    (15_000, NARROW_BATCH),
+    (None, NARROW_BATCH),      # no data shape given
+    (2_000, 250),              # fewer than 8 steps of 512: 8 steps an epoch
+    (NARROW_BATCH * NARROW_MIN_STEPS, NARROW_BATCH),
+    (5, 1),
+])
+def test_narrow_outputs_train_large_batches_for_a_few_epochs(n_points, batch):
+    assert (NARROW_HIDDEN, NARROW_EPOCHS, NARROW_BATCH, NARROW_MIN_STEPS) == (512, 12.0, 512, 8)
+    narrow = Config().resolve(159, 73.1, n_points)
+    assert (narrow.epochs, narrow.batch_size, narrow.lr, narrow.hidden) == (NARROW_EPOCHS, batch, 1e-2, (NARROW_HIDDEN,))
+    explicit = Config(batch_size=64, lr=1e-3, epochs=30.0).resolve(159, 73.1, n_points)
+    assert (explicit.batch_size, explicit.lr, explicit.epochs) == (64, 1e-3, 30.0)
 
 
 def test_fit_resolves_knn_from_the_training_labels():
