@@ -57,7 +57,7 @@ KNN_WEIGHT = 0.6  # knn_weight left at None
 PROTO_CHOICES = (0.0, 0.25, 0.5, 0.75)
 PROTO_P1_TOLERANCE = 0.005
 PROTO_WEIGHT = 0.5
-WIDE_EPOCHS = 2.0  # epochs left at None, outputs wider than NARROW_OUTPUT
+WIDE_EPOCHS = 1.5  # epochs left at None, outputs wider than NARROW_OUTPUT
 #: hidden, epochs and batch_size left at None in outputs of at most NARROW_OUTPUT labels:
 #: batches of NARROW_BATCH (fewer where the data would give fewer than NARROW_MIN_STEPS steps
 #: per epoch: `narrow_batch`) through a NARROW_HIDDEN-wide layer reach in a few epochs what 30
@@ -329,7 +329,7 @@ class Config:
         lr                  1e-2            1e-2
         batch_size          512 (at least   128
                             8 steps/epoch)
-        epochs              12              2 (the neighbours' labels carry the tail)
+        epochs              12              1.5 (the neighbours' labels carry the tail)
         init_input_scale    0.1             0.3
         knn                 0               chosen by training from 10, 5, 20 (0 from
                                             20 points per label; knn_default)

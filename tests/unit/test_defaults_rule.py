@@ -47,6 +47,7 @@ def test_where_the_neighbours_are_fused_training_chooses_the_prototypes_share():
 
 def test_wide_outputs_train_fewer_epochs_and_explicit_settings_win():
     assert Config().resolve(670_091, 1.3).epochs == WIDE_EPOCHS
+    assert WIDE_EPOCHS == 1.5
     wide = Config().resolve(670_091, 1.3, 30_000)
     assert (wide.batch_size, wide.lr, wide.hidden) == (128, 1e-2, (128,))
     c = Config(knn=3, knn_weight=0.1, epochs=7.0).resolve(670_091, 1.3)
