@@ -1,7 +1,7 @@
 """Narrow outputs (at most 4,096 labels): dslide's defaults against explicit schedules, side by side.
 
     python -m scripts.bench_narrow [--sets bibtex,tiny,topics-4k,baskets-3k] [--ranks 2]
-                                   [--variant NAME=JSON ...] [--no-record]
+                                   [--variant NAME=JSON ...] [--tag NAME] [--no-record]
 
 The narrow-output defaults (`config.NARROW_*`, Config.resolve) were chosen on
 more shapes than BibTeX: besides it (when ../shared/data holds it), the
@@ -63,7 +63,9 @@ def main(argv=None) -> int:
     ap.add_argument("--variant", action="append", default=[], metavar="NAME=JSON",
                     help="settings to compare (repeatable); default: the defaults and those they replaced")
     ap.add_argument("--no-record", action="store_true", help="do not update docs/benchmarks.md")
+    ap.add_argument("--tag", default="", help="a name for this run's section in docs/benchmarks.md")
     args = ap.parse_args(argv)
+    code = M.code_version()
     names = [s for s in args.sets.split(",") if s]
     for s in names:
         if s not in SETS:
@@ -96,7 +98,10 @@ def main(argv=None) -> int:
                          f"{100 * (r['p@1'] - first['p@1']):+.1f} / {100 * (r['p@5'] - first['p@5']):+.1f}"})
     cols = [(c, c) for c in ("set", "shape", "variant", "settings", "batch / epochs / hidden", "train s", "P@1", "P@5",
                              "PSP@5", "vs first: P@1 / P@5 points")]
-    M.report("bench_narrow", argv if argv is not None else sys.argv[1:], rows, cols, None, not args.no_record)
+    text = M.report("bench_narrow", argv if argv is not None else sys.argv[1:], rows, cols, None, False)
+    if not args.no_record:
+        head, sep, table = text.partition("\n\n")
+        M.record("bench_narrow.py" + (f" ({args.tag})" if args.tag else ""), f"{head}\ncode: {code}{sep}{table}")
     for f in failures:
         print(f, file=sys.stderr)
     return 1 if failures else 0

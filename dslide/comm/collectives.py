@@ -66,6 +66,24 @@ from .node import launched_by_mpi, node_ranks, node_ranks_found
 _CENSUS_TAG = 0x5CA1AB  # the notes of a census after a stall (replicas' exchanges use 0x5C)
 
 
+
+def _join_blocks(flat: np.ndarray, bounds: np.ndarray, B: int) -> np.ndarray:
+    """[B, n] from the ranks' row-major [B, n_r] blocks laid end to end in `flat` (rank r's
+    at bounds[r] * B): row pieces copied, no transpose."""
+    out = np.empty((B, int(bounds[-1])), dtype=flat.dtype)
+    for lo, hi in zip(bounds[:-1], bounds[1:]):
+        out[:, lo:hi] = flat[lo * B:hi * B].reshape(B, hi - lo)
+    return out
+
+
+def _split_blocks(a: np.ndarray, bounds: np.ndarray) -> np.ndarray:
+    """The inverse of `_join_blocks`: a [B, n]'s column slices as row-major blocks end to end."""
+    B = a.shape[0]
+    flat = np.empty(B * int(bounds[-1]), dtype=a.dtype)
+    for lo, hi in zip(bounds[:-1], bounds[1:]):
+        flat[lo * B:hi * B].reshape(B, hi - lo)[...] = a[:, lo:hi]
+    return flat
+
 class StallError(RuntimeError):
     """A collective did not complete within stall_timeout: the message names the rank(s) that
     stopped answering."""
@@ -185,11 +203,11 @@ class Comm:
         B = local.shape[0]
         n = int(bounds[-1])
         counts = np.diff(bounds) * B
-        send = np.ascontiguousarray(local.T)
-        recv = np.empty((n, B), dtype=local.dtype)
-        self._call("Allgatherv", send, [recv, (counts, bounds[:-1] * B)], what=f"allgather_columns ({kind!r})")
+        recv = np.empty(n * B, dtype=local.dtype)
+        self._call("Allgatherv", np.ascontiguousarray(local), [recv, (counts, bounds[:-1] * B)],
+                   what=f"allgather_columns ({kind!r})")
         self._count(kind, (n - local.shape[1]) * B * local.itemsize, t0)
-        return np.ascontiguousarray(recv.T)
+        return _join_blocks(recv, bounds, B)
 
     def reduce_scatter_columns(self, partial: np.ndarray, bounds: np.ndarray, kind: str = "reduce_scatter") -> np.ndarray:
         """dY_r = sum over ranks of partial[:, bounds[r]:bounds[r+1]]: [B, n] -> [B, n_r].
@@ -205,12 +223,12 @@ class Comm:
         B = partial.shape[0]
         counts = np.diff(bounds) * B
         mine = int(bounds[self.rank + 1] - bounds[self.rank])
-        send = np.ascontiguousarray(partial.T)
-        recv = np.empty((mine, B), dtype=partial.dtype)
+        send = _split_blocks(partial, bounds)
+        recv = np.empty((B, mine), dtype=partial.dtype)
         self._call("Reduce_scatter", send, recv, recvcounts=counts, op=MPI.SUM,
                    what=f"reduce_scatter_columns ({kind!r})")
         self._count(kind, (self.size - 1) * mine * B * partial.itemsize, t0)
-        return np.ascontiguousarray(recv.T)
+        return recv
 
     # -- forward: all-gather of column blocks with ids; backward: reduce_scatter_columns --
 
@@ -234,12 +252,11 @@ class Comm:
         m = int(bounds[-1])
         all_ids = np.empty(m, dtype=np.int32)
         self._call("Allgatherv", ids, [all_ids, (counts, bounds[:-1])], what=what)
-        send = np.ascontiguousarray(local.T)
-        recv = np.empty((m, B), dtype=local.dtype)
-        self._call("Allgatherv", send, [recv, (counts * B, bounds[:-1] * B)], what=what)
+        recv = np.empty(m * B, dtype=local.dtype)
+        self._call("Allgatherv", np.ascontiguousarray(local), [recv, (counts * B, bounds[:-1] * B)], what=what)
         others = m - ids.shape[0]
         self._count(kind, (self.size - 1) * 8 + others * (4 + B * local.itemsize), t0)
-        return np.ascontiguousarray(recv.T), all_ids, bounds
+        return _join_blocks(recv, bounds, B), all_ids, bounds
 
     # -- the softmax normaliser across ranks ---------------------------------------
 

@@ -61,3 +61,23 @@ def test_a_sub_communicator_inherits_the_stall_timeout():
     assert sub.allreduce_sum(np.array([1.0]))[0] == sub.size
     if sub.size > 1:
         sub.free()
+
+
+def test_column_collectives_equal_a_numpy_concatenation_and_sum_at_uneven_shards():
+    """allgather_columns, reduce_scatter_columns and allgather_block against the plain numpy
+    computation of every rank's data (shards of 2 + r columns, B = 5)."""
+    c = Comm(MPI.COMM_WORLD)
+    r, P, B = c.rank, c.size, 5
+    widths = [2 + q for q in range(P)]
+    bounds = np.array([0, *np.cumsum(widths)], dtype=np.int64)
+    local = [np.random.default_rng(q).random((B, widths[q])).astype(np.float32) for q in range(P)]
+    got = c.allgather_columns(local[r], bounds)
+    assert got.flags.c_contiguous and np.array_equal(got, np.hstack(local))
+    partial = [np.random.default_rng(100 + q).random((B, int(bounds[-1]))).astype(np.float32) for q in range(P)]
+    mine = c.reduce_scatter_columns(partial[r], bounds)
+    want = np.sum(partial, axis=0, dtype=np.float32)[:, bounds[r]:bounds[r + 1]]
+    assert mine.shape == (B, widths[r]) and np.allclose(mine, want, rtol=1e-6, atol=0)
+    ids = [np.arange(widths[q], dtype=np.int32) * P + q for q in range(P)]
+    block, all_ids, b = c.allgather_block(local[r], ids[r])
+    assert np.array_equal(block, np.hstack(local)) and np.array_equal(all_ids, np.concatenate(ids))
+    assert np.array_equal(b, bounds)
