@@ -21,6 +21,7 @@ import sys
 
 from . import _bench
 from . import measure as M
+from .suites.shapes import parse_variants
 
 SHARED = M.ROOT.parent / "shared" / "data"
 
@@ -43,19 +44,6 @@ DEFAULT_VARIANTS = {
 }
 
 
-def parse_variant(text: str) -> tuple[str, dict]:
-    name, sep, body = text.partition("=")
-    if not sep or not name:
-        raise SystemExit(f"--variant {text!r}: expected NAME=JSON, e.g. h1024='{{\"hidden\": [1024]}}'")
-    try:
-        settings = json.loads(body)
-    except json.JSONDecodeError as e:
-        raise SystemExit(f"--variant {name}: {body!r} is not JSON ({e})") from None
-    if not isinstance(settings, dict):
-        raise SystemExit(f"--variant {name}: expected a JSON object of settings, got {body!r}")
-    return name, settings
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sets", default=",".join(SETS), help=f"comma-separated, of {', '.join(SETS)}")
@@ -70,7 +58,7 @@ def main(argv=None) -> int:
     for s in names:
         if s not in SETS:
             ap.error(f"unknown set {s!r}; valid sets: {', '.join(SETS)}")
-    variants = dict(parse_variant(v) for v in args.variant) if args.variant else DEFAULT_VARIANTS
+    variants = parse_variants(args.variant) if args.variant else DEFAULT_VARIANTS
     rows, failures = [], []
     for s in names:
         spec = SETS[s]
