@@ -248,7 +248,7 @@ def fit(train: XMCData, config: Config | None = None, test: XMCData | None = Non
     if index:
         with threadpool_limits(threads, user_api="blas"):
             build_index(model, train, progress=index_progress)
-    build_neighbours(model, train)
+    build_neighbours(model, train, progress=index_progress)
     return model, history
 
 
@@ -261,14 +261,15 @@ def points_per_label(Y) -> float:
     return label_points(np.unique(Y.indices, return_counts=True)[1])
 
 
-def build_neighbours(model: Model, train: XMCData) -> None:
+def build_neighbours(model: Model, train: XMCData, progress: bool = False) -> None:
     """The output layer's neighbour labels (dslide.fusion) from the training data, when
     `knn` > 0 or left to the data and on: every rank builds the same store, a function of
     the data alone, with the label prototypes unless proto_weight is 0. What is left at
     None is chosen by leave-one-out on KNN_CHOICE_POINTS training points (drawn by the
     seed) and kept with the store: the count from KNN_CHOICES (`knn`), then the prototypes'
     share from PROTO_CHOICES (`proto_weight`; a chosen 0 drops the prototypes).
-    model.index_info gets the scores behind each choice and the seconds taken."""
+    model.index_info gets the scores behind each choice and the seconds taken.
+    progress: a progress bar (tqdm, stderr) of its stages (the store, then each choice)."""
     from dslide import fusion, rng
     from dslide.config import (KNN_CHOICE_MARGIN, KNN_CHOICE_POINTS, KNN_CHOICES, PROTO_CHOICES, PROTO_P1_TOLERANCE,
                                knn_default)
@@ -280,17 +281,23 @@ def build_neighbours(model: Model, train: XMCData) -> None:
     out.neighbour_labels = None
     if not k:
         return
+    choosing = cfg.knn is None or cfg.proto_weight is None
+    bar = _stage_bar(["store"] + ["leave-one-out neighbours"] * choosing + ["neighbour count"] * (cfg.knn is None)
+                     + ["prototypes' share"] * (cfg.proto_weight is None), "neighbour labels") if progress else None
     store = fusion.NeighbourLabels.build(train.X, train.Y, prototypes=cfg.proto_weight != 0)
-    if cfg.knn is None or cfg.proto_weight is None:
+    _advance(bar)
+    if choosing:
         n = train.n_points
         pick = np.random.default_rng(rng.lsh_seed(cfg.seed, rng.NEIGHBOURS))
         rows = np.sort(pick.choice(n, min(n, KNN_CHOICE_POINTS), replace=False))
         top = max(KNN_CHOICES) if cfg.knn is None else cfg.knn
         left_out = store.left_out_neighbours(train.X, rows, top, model.comm)
+        _advance(bar)
         if cfg.knn is None:
             store.k, scores = store.choose_k(train.X, train.Y, rows, KNN_CHOICES, cfg.knn_power,
                                              KNN_CHOICE_MARGIN, left_out=left_out)
             model.index_info["knn_choice"] = {"k": store.k, "p@1/p@5": {c: list(v) for c, v in scores.items()}}
+            _advance(bar)
         if cfg.proto_weight is None:
             store.share, scores = store.choose_share(
                 train.X, train.Y, rows, cfg.neighbours(store.k), cfg.knn_power, PROTO_CHOICES, cfg.proto_candidates,
@@ -299,8 +306,30 @@ def build_neighbours(model: Model, train: XMCData) -> None:
                                                 "p@1/p@5": {a: list(v) for a, v in scores.items()}}
             if store.share == 0:
                 store.drop_prototypes()
+            _advance(bar)
+    if bar is not None:
+        bar.close()
     out.neighbour_labels = store
     model.index_info["neighbours_s"] = time.perf_counter() - t0
+
+
+def _stage_bar(stages: list[str], desc: str):
+    """A tqdm bar (stderr) of named stages, the current one's name beside it; `_advance` it."""
+    from tqdm import tqdm
+
+    bar = tqdm(total=len(stages), unit="stage", desc=desc, dynamic_ncols=True, leave=False)
+    bar.stages = stages
+    bar.set_postfix_str(stages[0])
+    return bar
+
+
+def _advance(bar) -> None:
+    """One stage of a `_stage_bar` done (None: no bar)."""
+    if bar is None:
+        return
+    bar.update(1)
+    if bar.n < len(bar.stages):
+        bar.set_postfix_str(bar.stages[bar.n])
 
 
 def build_index(model: Model, train: XMCData, progress: bool = False) -> dict:

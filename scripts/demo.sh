@@ -36,4 +36,3 @@ if "$PY" -c 'import matplotlib' >/dev/null 2>&1; then
     "$PY" -m scripts.plot_run "$RUN" --out "$RUN/progress.png" --labels "dslide: $RANKS ranks x 1 thread" >/dev/null
     echo "plot of P@1 and loss against time: $RUN/progress.png"
 fi
-echo "run directory: $RUN (metrics.json, log.jsonl, config.toml, checkpoints/)"

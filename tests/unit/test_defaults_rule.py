@@ -92,6 +92,26 @@ def test_fit_resolves_knn_from_the_training_labels():
     assert fixed.config.knn == 3 and "knn_choice" not in fixed.index_info
 
 
+def test_the_neighbour_store_shows_its_stages_and_chooses_alike_with_a_bar(capsys):
+    from dslide import train as T
+    from dslide.data import XMCData
+
+    rng = np.random.default_rng(0)
+    X = sp.random(60, 20, density=0.3, format="csr", random_state=rng, dtype=np.float32)
+    Y = sp.csr_matrix((np.ones(60, np.float32), (np.arange(60), np.arange(60) % 30)), shape=(60, NARROW_OUTPUT + 1))
+    cfg = Config(hidden=(4,), epochs=1.0, batch_size=30)
+    quiet = T.fit(XMCData(X, Y), cfg, index=False)[0]
+    assert "neighbour labels" not in capsys.readouterr().err
+    shown = T.fit(XMCData(X, Y), cfg, index=False, index_progress=True)[0]
+    err = capsys.readouterr().err
+    assert "neighbour labels" in err and "/4 " in err
+    for stage in ("store", "leave-one-out neighbours", "neighbour count", "prototypes' share"):
+        assert stage in err
+    a, b = (m.network.layers[-1].neighbour_labels for m in (quiet, shown))
+    assert (a.k, a.share) == (b.k, b.share)
+    assert quiet.index_info["proto_choice"] == shown.index_info["proto_choice"]
+
+
 def test_the_count_choice_depends_on_the_seed_and_data_only():
     """The sample of training points behind the choice is drawn by the seed: two fits agree,
     and the scores are those of choose_k on that sample."""
