@@ -416,6 +416,8 @@ class Config:
         PROTO_CHOICES by leave-one-out on the points the count is chosen on
         (the best P@5 among the shares that keep P@1 within half a point of
         the points alone), kept with the store.
+    choice_points: the training points (drawn by the seed) whose leave-one-out
+        predictions choose the count and the share; fewer is faster and noisier.
     propensity: the preset of the constants A, B of the label propensities
         behind PSP@k (Jain et al. 2016; see dslide.metrics.inverse_propensity),
         computed from the training labels and saved with the run
@@ -468,6 +470,7 @@ class Config:
     proto_weight: float | None = None
     proto_power: float = 16.0
     proto_candidates: int = 20
+    choice_points: int = KNN_CHOICE_POINTS
     replicas: int = 1
     sync: str = "allreduce"
     sync_every: int = 8
@@ -559,6 +562,7 @@ class Config:
             _float_range("knn_weight", self.knn_weight, 0.0, 1.0)
         _float_range("knn_power", self.knn_power, 0.0, 64.0)
         _int_range("knn_candidates", self.knn_candidates, 1, 1 << 16)
+        _int_range("choice_points", self.choice_points, 1, 1 << 30)
         if self.proto_weight is not None:
             _float_range("proto_weight", self.proto_weight, 0.0, 1.0)
         _float_range("proto_power", self.proto_power, 0.0, 64.0)

@@ -265,14 +265,13 @@ def build_neighbours(model: Model, train: XMCData, progress: bool = False) -> No
     """The output layer's neighbour labels (dslide.fusion) from the training data, when
     `knn` > 0 or left to the data and on: every rank builds the same store, a function of
     the data alone, with the label prototypes unless proto_weight is 0. What is left at
-    None is chosen by leave-one-out on KNN_CHOICE_POINTS training points (drawn by the
+    None is chosen by leave-one-out on `choice_points` training points (drawn by the
     seed) and kept with the store: the count from KNN_CHOICES (`knn`), then the prototypes'
     share from PROTO_CHOICES (`proto_weight`; a chosen 0 drops the prototypes).
     model.index_info gets the scores behind each choice and the seconds taken.
     progress: a progress bar (tqdm, stderr) of its stages (the store, then each choice)."""
     from dslide import fusion, rng
-    from dslide.config import (KNN_CHOICE_MARGIN, KNN_CHOICE_POINTS, KNN_CHOICES, PROTO_CHOICES, PROTO_P1_TOLERANCE,
-                               knn_default)
+    from dslide.config import KNN_CHOICE_MARGIN, KNN_CHOICES, PROTO_CHOICES, PROTO_P1_TOLERANCE, knn_default
 
     t0 = time.perf_counter()
     cfg = model.config
@@ -289,7 +288,7 @@ def build_neighbours(model: Model, train: XMCData, progress: bool = False) -> No
     if choosing:
         n = train.n_points
         pick = np.random.default_rng(rng.lsh_seed(cfg.seed, rng.NEIGHBOURS))
-        rows = np.sort(pick.choice(n, min(n, KNN_CHOICE_POINTS), replace=False))
+        rows = np.sort(pick.choice(n, min(n, cfg.choice_points), replace=False))
         top = max(KNN_CHOICES) if cfg.knn is None else cfg.knn
         left_out = store.left_out_neighbours(train.X, rows, top, model.comm)
         _advance(bar)

@@ -133,6 +133,14 @@ def test_the_count_choice_depends_on_the_seed_and_data_only():
     k, scores = fusion.NeighbourLabels.build(X, Y).choose_k(X, Y, rows, KNN_CHOICES, cfg.knn_power,
                                                            KNN_CHOICE_MARGIN)
     assert a == {"k": k, "p@1/p@5": {c: list(v) for c, v in scores.items()}}
+    # fewer points (choice_points): the sample of that many, drawn alike
+    few = T.fit(XMCData(X, Y), cfg.replace(choice_points=37), index=False)[0].index_info["knn_choice"]
+    rows = np.sort(np.random.default_rng(rng.lsh_seed(3, rng.NEIGHBOURS)).choice(n, 37, replace=False))
+    k, scores = fusion.NeighbourLabels.build(X, Y).choose_k(X, Y, rows, KNN_CHOICES, cfg.knn_power,
+                                                           KNN_CHOICE_MARGIN)
+    assert few == {"k": k, "p@1/p@5": {c: list(v) for c, v in scores.items()}} and few != a
+    with pytest.raises(ValueError, match="choice_points = 0"):
+        Config(choice_points=0)
 
 
 def test_where_the_neighbours_are_fused_the_output_takes_uniform_negatives_only():
