@@ -318,8 +318,8 @@ class Config:
     width of the output layer. Narrow outputs (at most NARROW_OUTPUT labels:
     BibTeX, Delicious, EURLex-4K) make a cheap output layer and small data
     sets that overfit: a wide, dropout-regularised hidden layer generalises
-    best, trained in large batches at a large rate for a few epochs. Wide outputs (Amazon-670K, WikiLSHTC)
-    make the output layer the cost, which grows with the hidden width, and
+    best, trained in large batches for a few epochs. Wide outputs (Amazon-670K,
+    WikiLSHTC) make the output layer the cost, which grows with the hidden width, and
     have few points per label: a narrow hidden layer and a large learning
     rate that reaches a good model in a few epochs.
 

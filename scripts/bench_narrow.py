@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 from . import _bench
 from . import measure as M
@@ -62,8 +63,8 @@ def main(argv=None) -> int:
     rows, failures = [], []
     for s in names:
         spec = SETS[s]
-        if "train" in spec and not SHARED.joinpath("bibtex_train.txt").exists():
-            print(f"skipping {s}: {SHARED} does not hold it", file=sys.stderr)
+        if "train" in spec and not all(Path(spec[k]).exists() for k in ("train", "test")):
+            print(f"skipping {s}: {spec['train']} or {spec['test']} is missing", file=sys.stderr)
             continue
         first = None
         for vname, settings in variants.items():

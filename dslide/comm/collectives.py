@@ -66,7 +66,6 @@ from .node import launched_by_mpi, node_ranks, node_ranks_found
 _CENSUS_TAG = 0x5CA1AB  # the notes of a census after a stall (replicas' exchanges use 0x5C)
 
 
-
 def _join_blocks(flat: np.ndarray, bounds: np.ndarray, B: int) -> np.ndarray:
     """[B, n] from the ranks' row-major [B, n_r] blocks laid end to end in `flat` (rank r's
     at bounds[r] * B): row pieces copied, no transpose."""
@@ -83,6 +82,7 @@ def _split_blocks(a: np.ndarray, bounds: np.ndarray) -> np.ndarray:
     for lo, hi in zip(bounds[:-1], bounds[1:]):
         flat[lo * B:hi * B].reshape(B, hi - lo)[...] = a[:, lo:hi]
     return flat
+
 
 class StallError(RuntimeError):
     """A collective did not complete within stall_timeout: the message names the rank(s) that
