@@ -47,7 +47,9 @@ class Act:
     neuron ids (None: every neuron of the layer, in order, m = n); bounds
     int64 [P + 1]: rank r computed columns bounds[r]:bounds[r+1]; n: the
     layer's width; mask float [B, m] or None: the dropout applied to `a`
-    (its backward applies it to the gradient too).
+    (its backward applies it to the gradient too); own: `a` holds this rank's
+    columns bounds[r]:bounds[r+1] only, not gathered (the input of an output
+    layer split by rows).
     """
 
     a: np.ndarray
@@ -55,6 +57,7 @@ class Act:
     bounds: np.ndarray
     n: int
     mask: np.ndarray | None = None
+    own: bool = False
 
     def dense(self) -> np.ndarray:
         """The activations as float [B, n] (zero outside the active columns)."""

@@ -669,9 +669,10 @@ def _load_resharded(net: Network, readers: list, whole: bool, weights_only: bool
     for layer in net.layers:
         pre = f"layer{layer.index}/"
         if whole:
-            bounds = np.array([0, layer.n])
-        else:
-            sizes = [r.arrays[pre + "b"]["shape"][0] for r in readers]
+            bounds = np.array([0, layer.bounds[-1]])
+        else:  # the old slices' sizes along the split axis (W's: neurons, or rows for a row split)
+            axis_w = layer.shard_axes()["W"]
+            sizes = [r.arrays[pre + "W"]["shape"][axis_w] for r in readers]
             bounds = np.concatenate(([0], np.cumsum(sizes)))
         live = layer.state(weights_only=weights_only)
         arrays = {}

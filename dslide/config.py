@@ -24,6 +24,7 @@ INPUT_NORMS = ("l2", "none")
 DTYPES = ("float32", "float64")
 ADAM_DTYPES = ("float32", "float64", "bfloat16")
 PARALLEL = ("model", "data")
+OUTPUT_SPLITS = ("auto", "columns", "rows")
 #: lsh.max_active left at None: this many candidates per sample in a layer of at least
 #: CANDIDATES_MIN_WIDTH neurons, none in a narrower one (LSHConfig.active_count)
 MAX_ACTIVE = 512
@@ -382,6 +383,16 @@ class Config:
     parallel: "model" splits every layer's neurons over the ranks (dslide);
         "data" gives every rank the whole model and all-reduces gradients
         (the baseline of Horovod and PyTorch DDP).
+    output_split: how a dense output layer is split over the ranks. "columns": each rank its labels, the last hidden layer
+        all-gathered before it and its gradient reduce-scattered after.
+        "rows": each rank the rows of W over its own hidden columns and every
+        label; the ranks' partial logits are summed by one all-reduce of
+        [batch, labels], and neither the hidden layer nor its gradient moves.
+        "auto" (default): "rows" where the output is narrower than the last
+        hidden layer (that all-reduce is then the smaller exchange) and both
+        are dense, else "columns" (`output_rows`). The choice depends on the
+        layer widths, never on the number of ranks; a checkpoint loads only
+        into a network with the same split.
     replicas: R replica groups of the model (hybrid data x model parallelism): a
         world of R x P ranks forms R groups of P model shards (ranks g*P ..
         g*P + P - 1 are group g); the groups train on disjoint slices of each
@@ -460,6 +471,7 @@ class Config:
     dtype: str = "float32"
     adam_dtype: str | None = None
     parallel: str = "model"
+    output_split: str = "auto"
     propensity: str = "default"
     propensity_a: float | None = None
     propensity_b: float | None = None
@@ -541,6 +553,7 @@ class Config:
                 raise ValueError(f"adam_dtype = 'bfloat16' needs dtype = 'float32' (got {self.dtype!r}): "
                                  f"the update is computed in float32")
         _choice("parallel", self.parallel, PARALLEL)
+        _choice("output_split", self.output_split, OUTPUT_SPLITS)
         _int_range("replicas", self.replicas, 1, 60)  # one bit each in the board's open mask (dslide.replicas)
         _choice("sync", self.sync, SYNC_MODES)
         _int_range("sync_every", self.sync_every, 1)
@@ -645,6 +658,26 @@ class Config:
             cheaper = width >= self.auto_lsh_ratio * (lc.random_count(width) + lc.active_count(width))
             return "lsh" if cheaper and width >= self.auto_lsh_min_width else "dense"
         return kind
+
+    def output_rows(self, n_labels: int) -> bool:
+        """Whether the output layer of `n_labels` is split by rows (`output_split`): a dense
+        output over a dense last hidden layer (in data parallelism, where every rank holds the
+        whole model, the split is the same arithmetic over one rank). "auto" takes rows where
+        n_labels < hidden[-1]; "rows" where the layers allow it (a ValueError otherwise)."""
+        if self.output_split == "columns":
+            return False
+        hidden = self.hidden or ()
+        why = None
+        if not hidden:
+            why = "the network has no hidden layer"
+        elif "dense" != self.layer_kind(len(hidden), n_labels) or "dense" != self.layer_kind(len(hidden) - 1,
+                                                                                             hidden[-1]):
+            why = "the output layer and the last hidden layer must both be dense"
+        if self.output_split == "rows":
+            if why:
+                raise ValueError(f"output_split = 'rows' cannot apply: {why}; use 'auto' or 'columns'")
+            return True
+        return why is None and n_labels < hidden[-1]
 
     def layer_lsh(self, index: int) -> LSHConfig:
         if self.lsh_layers and self.lsh_layers[index] is not None:

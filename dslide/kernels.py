@@ -555,13 +555,14 @@ def thread_scratch(n: int, dtype) -> np.ndarray:
 
 
 @njit(parallel=True, cache=True)
-def dropout_mask(k, sample_ids, n, rate, out):
-    """out[i, j] = 1 / (1 - rate) with probability 1 - rate, else 0, from stream k at (sample, j)."""
+def dropout_mask(k, sample_ids, j0, n, rate, out):
+    """out[i, j] = 1 / (1 - rate) with probability 1 - rate, else 0, from stream k at (sample,
+    column j0 + j): columns j0..j0+n-1 of the whole layer's mask."""
     keep = 1.0 / (1.0 - rate)
     for i in prange(sample_ids.shape[0]):
         ks = rng.key(k, sample_ids[i])
         for j in range(n):
-            out[i, j] = keep if rng.uniform(ks, j) >= rate else 0.0
+            out[i, j] = keep if rng.uniform(ks, j0 + j) >= rate else 0.0
 
 
 # ----------------------------------------------------------------------------

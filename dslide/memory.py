@@ -53,6 +53,7 @@ def account(config: Config, n_features: int, n_labels: int, world_size: int = 1,
     (`neighbour_bytes`, with the label prototypes where proto_weight is on; 0 without data,
     or where knn resolves to 0)."""
     from dslide.layers import KINDS as LAYER_KINDS
+    from dslide.layers.dense import RowDenseLayer
 
     config = config.resolve(n_labels)
     # replicas: each replica's P ranks split the model; rank w is shard w % P (dslide.replicas)
@@ -63,9 +64,10 @@ def account(config: Config, n_features: int, n_labels: int, world_size: int = 1,
     out = dict.fromkeys(PARTS, 0)
     for i in range(len(widths) - 1):
         d, n = widths[i], widths[i + 1]
-        bounds = shard_bounds(n, P, weights)
+        rows = i == len(widths) - 2 and config.output_rows(n_labels)  # n_local: its rows of W
+        bounds = shard_bounds(d if rows else n, P, weights)
         n_local = int(bounds[rank + 1] - bounds[rank])
-        kind = LAYER_KINDS[config.layer_kind(i, n)]
+        kind = RowDenseLayer if rows else LAYER_KINDS[config.layer_kind(i, n)]
         part = kind.estimate(config, i, d, n, n_local, i == len(widths) - 2, threads)
         for k in ("weights", "moments", "tables", "index", "scratch"):
             out[k] += part.get(k, 0)

@@ -47,6 +47,7 @@ from dslide.batch import Act, Batch, Out
 from dslide.comm import Comm
 from dslide.config import Config
 from dslide.layers import KINDS, Layer, make_layer
+from dslide.layers.dense import RowDenseLayer
 from dslide.loss import softmax_finish, softmax_stats
 from dslide.memory import n_params
 from dslide.sharding import shard_range
@@ -133,12 +134,17 @@ class Network:
             if w < self.comm.size:
                 raise ValueError(f"layer {i} has {w} neurons, fewer than the {self.comm.size} ranks; "
                                  f"every rank needs at least one neuron of every layer")
+        # a narrow dense output split by rows: its input, the last hidden layer, is never gathered
+        self.output_rows = config.output_rows(n_labels)
         self.layers: list[Layer] = []
         for i in range(len(widths) - 1):
             args = (i, widths[i], widths[i + 1], i == len(widths) - 2, self.comm, config, self.dtype)
             kw = {"dense_grads": self.grad_hook.dense_grads, "weights": self.shard_weights,
                   "timings": self.timings}
-            self.layers.append(make_layer(config.layer_kind(i, widths[i + 1]), *args, **kw))
+            if i == len(widths) - 2 and self.output_rows:
+                self.layers.append(RowDenseLayer(*args, **kw))
+            else:
+                self.layers.append(make_layer(config.layer_kind(i, widths[i + 1]), *args, **kw))
         self.n_features, self.n_labels = n_features, n_labels
         self.widths = widths
         self.step = 0
@@ -156,7 +162,8 @@ class Network:
 
     def describe(self) -> list[dict]:
         """The shape of the network: one dict per layer (what a checkpoint must match)."""
-        return [{"index": l.index, "kind": l.kind, "d_in": l.d_in, "n": l.n} for l in self.layers]
+        return [{"index": l.index, "kind": l.kind, "d_in": l.d_in, "n": l.n,
+                 **({"split": l.split} if l.split != "columns" else {})} for l in self.layers]
 
     # -- training ---------------------------------------------------------------------------
 
@@ -167,7 +174,8 @@ class Network:
         vector on every rank; each takes its slice).
         """
         out = self.layers[-1]
-        prior = np.log((label_counts[out.lo:out.hi] + 1.0) / (n_points + self.n_labels))
+        lo, hi = out.labels()
+        prior = np.log((label_counts[lo:hi] + 1.0) / (n_points + self.n_labels))
         out.b[:] = prior.astype(self.dtype)
         out.maintain(0)  # tables that rank by score see the new biases
 
@@ -197,7 +205,7 @@ class Network:
         x, acts, tapes = batch.X, [], []
         for layer in self.layers[:-1]:
             out, tape = layer.forward(x, batch, True)
-            x = self._gather(layer, out, batch, train=True)
+            x = self._gather(layer, out, batch, train=True, own=self._own(layer))
             acts.append(x)
             tapes.append(tape)
         out_layer = self.layers[-1]
@@ -228,20 +236,28 @@ class Network:
         rows, cols, _ = out.targets
         y_logit = z[rows, cols].astype(np.float64)
         m, se = softmax_stats(z)
+        if self.output_rows:  # every rank holds every logit: its own normaliser, the loss on rank 0
+            loss = softmax_finish(z, m, m, se, out.targets, y_logit, batch.Y[0], batch.mean_over)
+            return (loss if self.comm.rank == 0 else 0.0), z
         gmax, gsum = self.comm.allreduce_logsumexp(m, se)
         loss = softmax_finish(z, m, gmax, gsum, out.targets, y_logit, batch.Y[0], batch.mean_over)
         return loss, z
 
-    def _gather(self, layer: Layer, out: Out, batch: Batch, train: bool) -> Act:
-        """All ranks' output slices as the next layer's input (forward partner of `_scatter`)."""
+    def _own(self, layer: Layer) -> bool:
+        """Whether layer's output stays on its rank: the last hidden layer before a row-split output."""
+        return self.output_rows and layer.index == len(self.layers) - 2
+
+    def _gather(self, layer: Layer, out: Out, batch: Batch, train: bool, own: bool = False) -> Act:
+        """All ranks' output slices as the next layer's input (forward partner of `_scatter`);
+        own: this rank's slice alone (act.own), for an output layer split by rows."""
         if out.ids is None:
-            a = self.comm.allgather_columns(out.a, layer.bounds)
-            act = Act(a, None, layer.bounds, layer.n)
+            a = out.a if own else self.comm.allgather_columns(out.a, layer.bounds)
+            act = Act(a, None, layer.bounds, layer.n, own=own)
             c = self.config
             if train and c.dropout > 0:
                 mask = np.empty_like(a)
                 kernels.dropout_mask(rng.stream_key(c.seed, rng.DROPOUT, layer.index, batch.step),
-                                     batch.sample_ids, a.shape[1], c.dropout, mask)
+                                     batch.sample_ids, layer.lo if own else 0, a.shape[1], c.dropout, mask)
                 act.a, act.mask = a * mask, mask
             return act
         a, ids, bounds = self.comm.allgather_block(out.a, out.ids)
@@ -252,17 +268,20 @@ class Network:
         each rank keeping its own."""
         if act.mask is not None:
             partial *= act.mask
+        if act.own:  # already this rank's columns' whole gradient (a row-split output's)
+            return np.ascontiguousarray(partial, dtype=self.dtype)
         return self.comm.reduce_scatter_columns(np.ascontiguousarray(partial, dtype=self.dtype), act.bounds)
 
     # -- inference ----------------------------------------------------------------------------
 
-    def hidden(self, batch: Batch):
+    def hidden(self, batch: Batch, own: bool = False):
         """The last hidden representation of a batch (inference: no dropout, no labels):
-        an Act, or the CSR features when there is no hidden layer."""
+        an Act, or the CSR features when there is no hidden layer. own: the last hidden
+        layer left on its ranks where the output layer is split by rows (what it takes)."""
         x = batch.X
         for layer in self.layers[:-1]:
             out, _ = layer.forward(x, batch, False)
-            x = self._gather(layer, out, batch, train=False)
+            x = self._gather(layer, out, batch, train=False, own=own and self._own(layer))
         return x
 
     def local_topk(self, batch: Batch, k: int, exact: bool):
@@ -274,7 +293,7 @@ class Network:
         (a kind without one scores every neuron). Missing entries (fewer than k
         candidates) have score -inf and id -1.
         """
-        return self.layers[-1].topk(self.hidden(batch), k, exact)
+        return self.layers[-1].topk(self.hidden(batch, own=True), k, exact)
 
 
 def full_parameters(net: Network) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -285,6 +304,10 @@ def full_parameters(net: Network) -> list[tuple[np.ndarray, np.ndarray]]:
     """
     out = []
     for layer in net.layers:
+        if layer.split == "rows":  # W [rows, n] on each rank, b whole and alike
+            W_full = net.comm.allgather_columns(np.ascontiguousarray(layer.W.T), layer.bounds, kind="checks").T
+            out.append((np.ascontiguousarray(W_full), layer.b.copy()))
+            continue
         W_full = net.comm.allgather_columns(np.ascontiguousarray(layer.neuron_major().T), layer.bounds, kind="checks")
         b_full = net.comm.allgather_columns(layer.b[None, :], layer.bounds, kind="checks")[0]
         out.append((W_full, b_full))

@@ -123,3 +123,14 @@ def init_input_major(k, start, W, scale):
     for f in prange(d):
         for r in range(n):
             W[f, r] = (2.0 * uniform(key(k, start + r), f) - 1.0) * scale
+
+
+@njit(parallel=True, cache=True)
+def init_input_rows(k, row0, W, scale):
+    """W[f - row0, j] = U(-scale, scale) drawn at (key k, neuron j, input f): inputs
+    row0..row0+m-1 of every neuron (W float [m, n], input-major), the same numbers as
+    `init_input_major` gives those rows."""
+    m, n = W.shape
+    for r in prange(m):
+        for j in range(n):
+            W[r, j] = (2.0 * uniform(key(k, j), row0 + r) - 1.0) * scale

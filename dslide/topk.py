@@ -29,22 +29,35 @@ def blocked_topk(x, Wn, b, k, lo, block=8192):
     """
     B = x.shape[0]
     n = Wn.shape[0]
-    best_s = np.full((B, k), -np.inf)
-    best_i = np.full((B, k), -1, dtype=np.int64)
+    best = _none(B, k)
     block = max(k, min(block, EXACT_BLOCK_BYTES // (12 * max(1, B))))
     for c0 in range(0, n, block):
         c1 = min(n, c0 + block)
         s = np.asarray(x @ Wn[c0:c1].T)
         s += b[c0:c1]
-        kk = min(k, c1 - c0)
-        # the kk largest sit at the end after partitioning at c - kk (no negated copy of s)
-        part = np.argpartition(s, s.shape[1] - kk, axis=1)[:, s.shape[1] - kk:]
-        cand_s = np.concatenate([best_s, np.take_along_axis(s, part, axis=1).astype(np.float64)], axis=1)
-        cand_i = np.concatenate([best_i, part + c0 + lo], axis=1)
-        order = np.lexsort((cand_i, -cand_s), axis=1)[:, :k]
-        best_s = np.take_along_axis(cand_s, order, axis=1)
-        best_i = np.take_along_axis(cand_i, order, axis=1)
-    return best_s, best_i
+        best = _merge_block(best, s, k, c0 + lo)
+    return best
+
+
+def scores_topk(s, k, lo):
+    """Top k per row of the scores s float [B, m] of neurons lo..lo+m-1: (scores float64
+    [B, k], ids int64 [B, k]), ties to the lower id, -inf and -1 past m."""
+    return _merge_block(_none(s.shape[0], k), s, k, lo)
+
+
+def _none(B: int, k: int):
+    return np.full((B, k), -np.inf), np.full((B, k), -1, dtype=np.int64)
+
+
+def _merge_block(best, s, k, first):
+    """The top k of `best` (scores, ids [B, k]) and of the block s [B, c] of neurons first.."""
+    kk = min(k, s.shape[1])
+    # the kk largest sit at the end after partitioning at c - kk (no negated copy of s)
+    part = np.argpartition(s, s.shape[1] - kk, axis=1)[:, s.shape[1] - kk:]
+    cand_s = np.concatenate([best[0], np.take_along_axis(s, part, axis=1).astype(np.float64)], axis=1)
+    cand_i = np.concatenate([best[1], part + first], axis=1)
+    order = np.lexsort((cand_i, -cand_s), axis=1)[:, :k]
+    return np.take_along_axis(cand_s, order, axis=1), np.take_along_axis(cand_i, order, axis=1)
 
 
 def merge_topk(all_scores, all_ids, k):

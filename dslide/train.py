@@ -41,7 +41,7 @@ from dslide.timings import Timings
 from dslide.topk import merge_topk
 
 #: byte counters that belong to training steps (the rest: evaluation, logging, checks)
-STEP_KINDS = ("allgather", "reduce_scatter", "allgather_block", "softmax_stats", "gradients")
+STEP_KINDS = ("allgather", "reduce_scatter", "allgather_block", "softmax_stats", "output_rows", "gradients")
 
 
 @dataclass

@@ -60,6 +60,7 @@ class Layer:
     """
 
     kind = "?"
+    split = "columns"  # an output layer may be split by rows instead (dense.RowDenseLayer)
     data_parallel = True
     kernel_bound = False
 
@@ -96,6 +97,10 @@ class Layer:
 
     def maintain(self, step: int) -> str | None:
         return None
+
+    def labels(self) -> tuple[int, int]:
+        """The neurons [lo, hi) whose biases and logits this rank holds."""
+        return self.lo, self.hi
 
     def take_touched(self) -> np.ndarray:
         """The rows of W (axis 0) that `update` changed since the last call, int64 sorted;

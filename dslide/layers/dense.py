@@ -9,7 +9,9 @@ from dslide import rng
 from dslide.batch import Act, Batch, Out
 from dslide.layers.base import Layer
 from dslide.loss import label_targets
-from dslide.optim import Grads
+from dslide.optim import Adam, Grads
+from dslide.sharding import shard_bounds
+from dslide.topk import EXACT_BLOCK_BYTES, scores_topk
 
 
 class DenseLayer(Layer):
@@ -103,3 +105,90 @@ class DenseLayer(Layer):
         out["step"] = 3 * B * n * item + 2 * B * n_local * item
         out["rows"] = d_in
         return out
+
+
+class RowDenseLayer(DenseLayer):
+    """A dense output layer split by rows (`output_split`): rank r holds W[R_r, :] for the
+    rows R_r = [lo, hi) of the hidden columns it computed, and every label.
+
+    Its input is this rank's own slice of the last hidden layer (an Act of its columns,
+    never all-gathered). Forward: z = allreduce(x_r W[R_r, :]) + b, the whole [B, n]
+    logits on every rank, so the softmax needs no exchange. Backward: dx_r = dz W[R_r, :]^T
+    is already this rank's gradient slice (no reduce-scatter), dW[R_r, :] = x_r^T dz, and
+    db = sum dz, the same on every rank, which keeps the biases alike. `bounds`, `lo` and
+    `hi` are of the rows (the axis a checkpoint splits); `label_bounds` of the label
+    slices each rank reports at inference (top k).
+    """
+
+    split = "rows"
+
+    def __init__(self, *args, **kw):
+        Layer.__init__(self, *args, **kw)
+        self.label_bounds = self.bounds
+        self.bounds = shard_bounds(self.d_in, self.comm.size, kw.get("weights"))
+        self.lo, self.hi = int(self.bounds[self.comm.rank]), int(self.bounds[self.comm.rank + 1])
+        self.n_local = self.n
+        self.W = np.empty((self.hi - self.lo, self.n), dtype=self.dtype)
+        rng.init_input_rows(self.init_key, self.lo, self.W, self.scale)
+        self.b = np.zeros(self.n, dtype=self.dtype)
+        # the same global layout (row-major over [d_in, n]) as the column split's, so the
+        # rounding bits are the same whichever split holds an element
+        md = self.config.moment_dtype
+        key = rng.stream_key(self.config.seed, rng.ROUNDING, self.index)
+        self.opt_W = Adam(self.W.shape, md, rng.stream_key(key, 0), (self.lo, 0, self.n))
+        self.opt_b = Adam(self.b.shape, md, rng.stream_key(key, 1), (0, 0, self.n))
+        self.touched = np.zeros(self.W.shape[0], dtype=np.uint8)
+
+    def labels(self) -> tuple[int, int]:
+        return 0, self.n
+
+    def _own(self, x: Act) -> np.ndarray:
+        """This rank's rows of the input: x.a as it is, or its columns [lo, hi) of a whole one."""
+        a = x.a if x.ids is None else x.dense()
+        return a if a.shape[1] == self.W.shape[0] else a[:, self.lo:self.hi]
+
+    def forward(self, x, batch: Batch, train: bool):
+        a = np.ascontiguousarray(self._own(x))
+        z = a @ self.W
+        self.comm.allreduce_sum_inplace(z, kind="output_rows")
+        z += self.b
+        targets = label_targets(batch.Y, 0, self.n) if train else None
+        return Out(z, None, targets), (a,)
+
+    def backward(self, g, tape):
+        (a,) = tape
+        return g @ self.W.T, Grads(None, a.T @ g, g.sum(axis=0))
+
+    def topk(self, x, k: int, exact: bool = True):
+        """This rank's best k of its label slice `label_bounds` (every rank has every logit
+        after the all-reduce; the slices keep the ranks' candidates disjoint for the merge)."""
+        a = self._own(x)
+        llo, lhi = int(self.label_bounds[self.comm.rank]), int(self.label_bounds[self.comm.rank + 1])
+        B = a.shape[0]
+        best_s = np.empty((B, k))
+        best_i = np.empty((B, k), dtype=np.int64)
+        # the [rows, n] logits in row blocks of at most EXACT_BLOCK_BYTES (the same on every rank)
+        step = max(1, EXACT_BLOCK_BYTES // (4 * self.n))
+        for r0 in range(0, B, step):
+            z = np.ascontiguousarray(a[r0:r0 + step]) @ self.W
+            self.comm.allreduce_sum_inplace(z, kind="evaluation")
+            z += self.b
+            best_s[r0:r0 + step], best_i[r0:r0 + step] = scores_topk(z[:, llo:lhi], k, llo)
+        return best_s, best_i, np.full(B, lhi - llo, dtype=np.int64)
+
+    def neuron_major(self):
+        raise ValueError("a row-split output layer holds rows of W, not neurons: full_parameters gathers it")
+
+    def shard_axes(self) -> dict:
+        return {**super().shard_axes(), "W": 0, "W.m": 0, "W.v": 0, "b": None, "b.m": None, "b.v": None}
+
+    @classmethod
+    def estimate(cls, config, index, d_in, n, n_local, is_output, threads) -> dict:
+        """As Layer.estimate, with n_local the rank's rows of W (its hidden columns), not labels."""
+        item = np.dtype(config.dtype).itemsize
+        moment = np.dtype(kernels.MOMENT_DTYPES[config.moment_dtype]).itemsize
+        vals = n_local * n + n
+        B = config.batch_size
+        # the logits [B, n] and their gradient; the rank's hidden slice, its gradient, the parameter gradient
+        return {"weights": vals * item, "moments": 2 * vals * moment, "scratch": n_local,
+                "step": (2 * B * n + 2 * B * n_local + n_local * n) * item, "rows": n_local}

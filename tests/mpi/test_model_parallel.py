@@ -37,13 +37,16 @@ def _train(cfg, X, Y, comm, steps):
     return net, losses
 
 
-@pytest.mark.parametrize("hidden", [(7,), (9, 5)])
+@pytest.mark.parametrize("hidden", [(7,), (9, 5), (20,), (9, 20)])
 def test_exact_mode_p_ranks_equal_one_rank(hidden):
+    """(20,) and (9, 20) over 13 labels: an output narrower than the last hidden layer,
+    split by rows (output_split = "auto")."""
     X, Y = _data()
     cfg = Config(hidden=hidden, exact=True, batch_size=32, input_norm="none", seed=11, lr=1e-2, dropout=0.25)
     world = Comm(MPI.COMM_WORLD)
     net_p, loss_p = _train(cfg, X, Y, world, steps=6)
     net_1, loss_1 = _train(cfg, X, Y, Comm(), steps=6)
+    assert net_p.layers[-1].split == ("rows" if hidden[-1] > Y.shape[1] else "columns")
     np.testing.assert_allclose(loss_p, loss_1, rtol=1e-5)
     for li, ((Wp, bp), (W1, b1)) in enumerate(zip(full_parameters(net_p), full_parameters(net_1))):
         assert np.abs(Wp - W1).max() <= 1e-5, f"layer {li} W differs by {np.abs(Wp - W1).max()}"
