@@ -524,12 +524,19 @@ def _check_manifest(m: dict, where: Path) -> None:
 
 
 def config_of(path) -> Config:
-    """The configuration a checkpoint was trained with."""
-    d = dict(read_manifest(path)["config"])
+    """The configuration a checkpoint was trained with, its output_split the one its layers
+    have (checkpoints from before the setting split every output by columns)."""
+    manifest = read_manifest(path)
+    d = {**manifest["config"], "output_split": output_split_of(manifest)}
     try:
         return Config.from_dict(d)
     except (ValueError, TypeError) as e:
         raise CheckpointError(f"{Path(path) / 'manifest.json'}: its configuration is not valid: {e}") from None
+
+
+def output_split_of(manifest: dict) -> str:
+    """"rows" or "columns": how the output layer of a checkpoint (its manifest) is split."""
+    return "rows" if manifest["layers"][-1].get("split") == "rows" else "columns"
 
 
 def size_bytes(path) -> int:
@@ -612,7 +619,7 @@ def _load_into(net: Network, path: Path, manifest: dict, comm: Comm, verify: boo
         raise CheckpointError(
             f"{path} holds a network of shape {_shape(manifest['layers'])} over {manifest['n_features']} features "
             f"and {manifest['n_labels']} labels; this run's is {_shape(net.describe())} over {net.n_features} "
-            f"features and {net.n_labels} labels")
+            f"features and {net.n_labels} labels" + _split_hint(manifest["layers"], net.describe()))
     if manifest.get("contents") == "weights" and not weights_only:
         raise CheckpointError(
             f"{path} holds weights only (saved with checkpoint_moments = false, or by dslide export): "
@@ -706,4 +713,14 @@ def _even(n: int, world: int) -> list:
 
 
 def _shape(layers: list[dict]) -> str:
-    return " -> ".join(f"{l['n']}({l['kind']})" for l in layers)
+    return " -> ".join(f"{l['n']}({l['kind']}{', by rows' if l.get('split') == 'rows' else ''})" for l in layers)
+
+
+def _split_hint(saved: list[dict], mine: list[dict]) -> str:
+    """Where the layers differ only in the output's split: the setting that matches them."""
+    plain = [[{k: v for k, v in l.items() if k != "split"} for l in ls] for ls in (saved, mine)]
+    if plain[0] != plain[1]:
+        return ""
+    want = "rows" if saved[-1].get("split") == "rows" else "columns"
+    return (f"; the same layers, with the output split by {want} in the checkpoint: set "
+            f"output_split = {want!r} to load it")

@@ -152,15 +152,33 @@ def test_the_cost_model_predicts_the_bytes_comm_counts(tiny, parallel):
     assert (mean > 0) == (P > 1)
 
 
-def test_resumed_on_another_number_of_ranks_training_goes_on_as_if_uninterrupted(tiny, tmp_path_factory):
+def test_bytes_per_step_of_a_row_split_output_equal_the_formula(tiny):
+    """An output narrower than the hidden layer, split by rows (500 labels under 520): per
+    step and rank one all-reduce of the [B, labels] float32 logits, and nothing else (no
+    all-gather of the hidden layer, no reduce-scatter of its gradient, no softmax stats)."""
+    train, _ = tiny
+    P, B, steps = WORLD.size, 64, 5
+    cfg = Config(hidden=(520,), exact=True, batch_size=B, epochs=1, threads=1, seed=7, lr=1e-2, dropout=0.25)
+    comm = Comm(WORLD)
+    net = Network(cfg, train.n_features, train.n_labels, comm)
+    assert net.layers[-1].split == "rows"
+    T.fit(train, cfg, model=T.Model(net, cfg, comm), stop_at=steps, index=False)
+    got = {k: comm.bytes_sent.get(k, 0) for k in T.STEP_KINDS}
+    expected = dict.fromkeys(T.STEP_KINDS, 0)
+    expected["output_rows"] = allreduce_bytes(B * train.n_labels * 4, P) * steps
+    assert got == expected
+
+
+@pytest.mark.parametrize("hidden", [(12,), (520,)])
+def test_resumed_on_another_number_of_ranks_training_goes_on_as_if_uninterrupted(tiny, tmp_path_factory, hidden):
     """Saved by P - 1 ranks after 7 steps, resumed on P ranks to the end of the run: in exact
     mode P ranks compute the 1-rank run up to float rounding of the cross-rank sums, so the
     resumed run must end where one uninterrupted 1-rank run does (weights, Adam moments,
-    and the loss of every step after the resume)."""
+    and the loss of every step after the resume). (520,): the output split by rows."""
     if WORLD.size == 1:
         pytest.skip("needs at least 2 ranks")
     train, _ = tiny
-    cfg = Config(hidden=(12,), exact=True, batch_size=64, epochs=2, threads=1, seed=7, lr=1e-2, dropout=0.25,
+    cfg = Config(hidden=hidden, exact=True, batch_size=64, epochs=2, threads=1, seed=7, lr=1e-2, dropout=0.25,
                  log_every=1)
     whole, hist_whole = T.fit(train, cfg, comm=Comm())
     run_dir = _shared_dir(tmp_path_factory, "resume-reshard")
@@ -178,23 +196,30 @@ def test_resumed_on_another_number_of_ranks_training_goes_on_as_if_uninterrupted
     assert resumed.network.step == whole.network.step == 20
     assert [r["step"] for r in hist] == list(range(8, 21))
     np.testing.assert_allclose([r["loss"] for r in hist], [r["loss"] for r in hist_whole[7:]], rtol=1e-5)
+    # cross-rank sums round differently from one rank's; Adam's normalised steps carry that
+    # into the weights, more over a wider layer (the column split of 520 drifts 9e-6 at 3 ranks)
+    tol = 1e-5 if hidden == (12,) else 4e-5
     for li, ((Wp, bp), (W1, b1)) in enumerate(zip(full_parameters(resumed.network), full_parameters(whole.network))):
-        assert np.abs(Wp - W1).max() <= 1e-5, f"layer {li} W differs by {np.abs(Wp - W1).max()}"
-        assert np.abs(bp - b1).max() <= 1e-5, f"layer {li} b differs by {np.abs(bp - b1).max()}"
+        assert np.abs(Wp - W1).max() <= tol, f"layer {li} W differs by {np.abs(Wp - W1).max()}"
+        assert np.abs(bp - b1).max() <= tol, f"layer {li} b differs by {np.abs(bp - b1).max()}"
+    assert resumed.network.layers[-1].split == ("rows" if hidden == (520,) else "columns")
     for lp, l1 in zip(resumed.network.layers, whole.network.layers):  # the second moments, resharded
-        V1 = l1.opt_W.v[:, lp.lo:lp.hi]
+        V1 = l1.opt_W.v[lp.lo:lp.hi] if lp.split == "rows" else l1.opt_W.v[:, lp.lo:lp.hi]
         assert np.abs(lp.opt_W.v - V1).max() <= 1e-6 * max(1.0, np.abs(V1).max())
 
 
+@pytest.mark.parametrize("hidden", [(12,), (520,)])
 @pytest.mark.parametrize("saved_as, loaded_as", [("data", "model"), ("model", "data")])
-def test_a_checkpoint_converts_between_data_and_model_parallelism(tiny, tmp_path_factory, saved_as, loaded_as):
+def test_a_checkpoint_converts_between_data_and_model_parallelism(tiny, tmp_path_factory, saved_as, loaded_as,
+                                                                  hidden):
     """A checkpoint written by P ranks in one mode loads into the other (on P ranks and on 1):
-    the same weights and Adam moments, bit for bit, and the same predictions."""
+    the same weights and Adam moments, bit for bit, and the same predictions. (520,): the
+    output split by rows."""
     train, test = tiny
-    cfg = Config(hidden=(12,), exact=True, batch_size=64, epochs=1, threads=1, seed=5, lr=1e-2, dropout=0.0)
+    cfg = Config(hidden=hidden, exact=True, batch_size=64, epochs=1, threads=1, seed=5, lr=1e-2, dropout=0.0)
     comm = Comm(WORLD)
     model, _ = T.fit(train, cfg.replace(parallel=saved_as), comm=comm, stop_at=4)
-    run_dir = _shared_dir(tmp_path_factory, f"convert-{saved_as}")
+    run_dir = _shared_dir(tmp_path_factory, f"convert-{saved_as}-{hidden[0]}")
     ck.save(model.network, run_dir, comm)
     want = T.predict_topk(model, test.X, 5)
     want_params = full_parameters(model.network)
@@ -216,8 +241,10 @@ def test_a_checkpoint_converts_between_data_and_model_parallelism(tiny, tmp_path
 def _whole(net, layer, key):
     """The whole layer's optimizer array `key` (W.m, W.v: [d_in, n]; b.m, b.v: [n]), gathered from the ranks."""
     a = layer.state()[key]
-    if net.comm.size == 1:
+    if net.comm.size == 1 or layer.shard_axes()[key] is None:
         return np.array(a)
+    if layer.split == "rows":  # W.m, W.v [rows, n]
+        return net.comm.allgather_columns(np.ascontiguousarray(a.T), layer.bounds, kind="checks").T
     if a.ndim == 1:
         return net.comm.allgather_columns(a[None, :], layer.bounds, kind="checks")[0]
     return net.comm.allgather_columns(np.ascontiguousarray(a), layer.bounds, kind="checks")
