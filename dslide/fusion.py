@@ -38,7 +38,8 @@ sorted, and their normalised values) and the training labels (CSR). Every
 rank holds it whole (it is a function of the training data alone); each rank
 searches a contiguous share of a batch's queries and the neighbours (k ids
 and similarities per query) are all-gathered, so the search costs 1/P of its
-time at P ranks and every rank fuses the same numbers.
+time at P ranks and every rank fuses the same numbers. The prototypes' sums
+are shared out the same way, each rank a range of the features, all gathered.
 
 Kernels: `search` accumulates a query's dot products with every training
 point sharing one of its features (the posting lists of its features) into a
@@ -136,19 +137,21 @@ def search(q_ptr, q_idx, q_val, post_ptr, post_pt, post_val, n_points, k, n_chun
 
 
 @njit(cache=True, parallel=True)
-def label_sums(post_ptr, post_pt, post_val, y_ptr, y_idx, n_labels, n_chunks, fill, out_ptr, out_lab, out_val):
-    """The labels' sums of their training rows, by feature. fill False: out_ptr[f + 1] = how
-    many labels have a training point holding feature f (the first pass). fill True: for
-    each feature f the labels j (ascending) and S_jf = sum over j's points of their value
-    of f, into out_lab / out_val from out_ptr[f] (the cumulated counts). post_*: the store's
-    posting lists (points ascending); the sums run in that order, whatever the thread count.
+def label_sums(post_ptr, post_pt, post_val, y_ptr, y_idx, n_labels, f0, f1, n_chunks, fill, out_ptr, out_lab,
+               out_val):
+    """The labels' sums of their training rows, by feature, for the features f0 <= f < f1.
+    fill False: out_ptr[f - f0 + 1] = how many labels have a training point holding feature f
+    (the first pass). fill True: for each feature f the labels j (ascending) and S_jf = sum
+    over j's points of their value of f, into out_lab / out_val from out_ptr[f - f0] (the
+    cumulated counts). post_*: the store's posting lists (points ascending); the sums run in
+    that order, whatever the thread count, and each feature's alone, whatever the range.
     The features are cut into n_chunks contiguous chunks."""
-    F = post_ptr.shape[0] - 1
+    F = f1 - f0
     for c in prange(n_chunks):
         seen = np.zeros(n_labels, np.uint8)
         touched = np.empty(n_labels, np.int32)
         acc = np.zeros(n_labels if fill else 0, np.float64)
-        for f in range(c * F // n_chunks, (c + 1) * F // n_chunks):
+        for f in range(f0 + c * F // n_chunks, f0 + (c + 1) * F // n_chunks):
             m = 0
             for b in range(post_ptr[f], post_ptr[f + 1]):
                 p = post_pt[b]
@@ -158,12 +161,12 @@ def label_sums(post_ptr, post_pt, post_val, y_ptr, y_idx, n_labels, n_chunks, fi
                     if fill:
                         acc[j] += post_val[b]
             if not fill:
-                out_ptr[f + 1] = m
+                out_ptr[f - f0 + 1] = m
                 for t in range(m):
                     seen[touched[t]] = 0
                 continue
             labs = np.sort(touched[:m])
-            o = out_ptr[f]
+            o = out_ptr[f - f0]
             for t in range(m):
                 j = labs[t]
                 out_lab[o + t] = j
@@ -276,19 +279,35 @@ def _shared_search(Xq, k: int, comm, ptr, pt, val, n_items: int) -> tuple[np.nda
     return np.ascontiguousarray(all_ids), np.ascontiguousarray(all_sims)
 
 
-def label_prototypes(store: dict, n_labels: int) -> dict:
+def label_prototypes(store: dict, n_labels: int, comm=None) -> dict:
     """The labels' prototypes from a store's posting lists and labels (module docstring):
-    {"pr_ptr", "pr_lab", "pr_val", "pr_norm"}; a label without points has norm 0 and no entries."""
+    {"pr_ptr", "pr_lab", "pr_val", "pr_norm"}; a label without points has norm 0 and no entries.
+    With a communicator each rank sums a contiguous range of the features (about 1/P of the
+    posting entries) and all gather them: every feature's sums are its own, so the store is
+    the same at any number of ranks."""
     ptr, pt, val, y_ptr, y_idx = (store[k] for k in _REQUIRED)
     F = ptr.shape[0] - 1
-    chunks = max(1, min(F, 4 * get_num_threads()))
-    pr_ptr = np.zeros(F + 1, np.int64)
+    size = 1 if comm is None else comm.size
+    # feature ranges of about equal posting entries (the work)
+    cuts = np.searchsorted(ptr, np.arange(size + 1) * (ptr[-1] / size), side="left").clip(0, F)
+    cuts[0], cuts[-1] = 0, F
+    f0, f1 = (0, F) if size == 1 else (int(cuts[comm.rank]), int(cuts[comm.rank + 1]))
+    chunks = max(1, min(f1 - f0, 4 * get_num_threads()))
+    counts = np.zeros(f1 - f0 + 1, np.int64)
     lab, sums = np.empty(0, np.int32), np.empty(0, np.float64)
-    label_sums(ptr, pt, val, y_ptr, y_idx, n_labels, chunks, False, pr_ptr, lab, sums)
-    np.cumsum(pr_ptr, out=pr_ptr)
-    lab = np.empty(pr_ptr[-1], np.int32)
-    sums = np.empty(pr_ptr[-1], np.float64)
-    label_sums(ptr, pt, val, y_ptr, y_idx, n_labels, chunks, True, pr_ptr, lab, sums)
+    label_sums(ptr, pt, val, y_ptr, y_idx, n_labels, f0, f1, chunks, False, counts, lab, sums)
+    np.cumsum(counts, out=counts)
+    lab = np.empty(counts[-1], np.int32)
+    sums = np.empty(counts[-1], np.float64)
+    label_sums(ptr, pt, val, y_ptr, y_idx, n_labels, f0, f1, chunks, True, counts, lab, sums)
+    if size > 1:  # the ranges end to end, in feature order
+        sizes = comm.allgather_rows(np.array([counts[-1]], np.int64), kind="neighbours")[:, 0]
+        bounds = np.concatenate(([0], np.cumsum(sizes)))
+        lab = comm.allgather_columns(lab[None, :], bounds, kind="neighbours")[0]
+        sums = comm.allgather_columns(sums[None, :], bounds, kind="neighbours")[0]
+        per_f = comm.allgather_columns(np.diff(counts)[None, :], cuts.astype(np.int64), kind="neighbours")[0]
+        counts = np.concatenate(([0], np.cumsum(per_f)))
+    pr_ptr = counts
     norm = np.sqrt(np.bincount(lab, weights=sums * sums, minlength=n_labels))
     pr_val = (sums / norm[lab]).astype(np.float32)
     return {"pr_ptr": pr_ptr, "pr_lab": lab, "pr_val": pr_val, "pr_norm": norm.astype(np.float32)}
@@ -335,9 +354,9 @@ class NeighbourLabels:
         self.share = share
 
     @classmethod
-    def build(cls, X, Y, prototypes: bool = False) -> "NeighbourLabels":
+    def build(cls, X, Y, prototypes: bool = False, comm=None) -> "NeighbourLabels":
         """From the training features X csr [N, F] and labels Y csr [N, L]; prototypes: with
-        the labels' prototypes (module docstring)."""
+        the labels' prototypes (module docstring), their sums shared out over `comm`'s ranks."""
         C = l2_rows(X).tocsc()
         C.sort_indices()
         Y = sp.csr_matrix(Y)
@@ -346,7 +365,7 @@ class NeighbourLabels:
                   "post_val": C.data.astype(np.float32), "y_ptr": Y.indptr.astype(np.int64),
                   "y_idx": Y.indices.astype(np.int32)}
         if prototypes:
-            arrays.update(label_prototypes(arrays, Y.shape[1]))
+            arrays.update(label_prototypes(arrays, Y.shape[1], comm))
         return cls(arrays, X.shape[0])
 
     @property

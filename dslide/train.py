@@ -283,7 +283,7 @@ def build_neighbours(model: Model, train: XMCData, progress: bool = False) -> No
     choosing = cfg.knn is None or cfg.proto_weight is None
     bar = _stage_bar(["store"] + ["leave-one-out neighbours"] * choosing + ["neighbour count"] * (cfg.knn is None)
                      + ["prototypes' share"] * (cfg.proto_weight is None), "neighbour labels") if progress else None
-    store = fusion.NeighbourLabels.build(train.X, train.Y, prototypes=cfg.proto_weight != 0)
+    store = fusion.NeighbourLabels.build(train.X, train.Y, prototypes=cfg.proto_weight != 0, comm=model.comm)
     _advance(bar)
     if choosing:
         n = train.n_points

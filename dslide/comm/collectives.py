@@ -207,7 +207,7 @@ class Comm:
         self._call("Allgatherv", np.ascontiguousarray(local), [recv, (counts, bounds[:-1] * B)],
                    what=f"allgather_columns ({kind!r})")
         self._count(kind, (n - local.shape[1]) * B * local.itemsize, t0)
-        return _join_blocks(recv, bounds, B)
+        return recv.reshape(1, n) if B == 1 else _join_blocks(recv, bounds, B)  # one row: already joined
 
     def reduce_scatter_columns(self, partial: np.ndarray, bounds: np.ndarray, kind: str = "reduce_scatter") -> np.ndarray:
         """dY_r = sum over ranks of partial[:, bounds[r]:bounds[r+1]]: [B, n] -> [B, n_r].

@@ -232,6 +232,29 @@ def test_fused_predictions_at_p_ranks_equal_one_rank():
     assert not np.array_equal(T.predict_topk(model_1, X[90:], 5), ids_1)
 
 
+def test_label_prototypes_summed_over_p_ranks_are_the_one_rank_store_bit_for_bit():
+    """Each rank sums the prototypes of a range of the features and all gather them; the
+    ranges are cut by posting entries, so a skewed feature distribution leaves some narrow."""
+    from dslide import fusion
+
+    X, Y = _data(n=300, F=60, L=23)
+    X = sp.csr_matrix(X.multiply(np.linspace(3.0, 0.1, 60)[None, :] ** 2))  # more weight, not more entries
+    X = sp.vstack([X, sp.csr_matrix(np.tile(np.r_[np.ones(5), np.zeros(55)], (100, 1)).astype(np.float32))]).tocsr()
+    Y = sp.vstack([Y, sp.csr_matrix(Y[:100])]).tocsr()  # features 0-4 hold most entries
+    world = Comm(MPI.COMM_WORLD)
+    got = fusion.NeighbourLabels.build(X, Y, prototypes=True, comm=world).arrays
+    want = fusion.NeighbourLabels.build(X, Y, prototypes=True).arrays
+    assert got.keys() == want.keys()
+    for name in want:
+        np.testing.assert_array_equal(got[name], want[name], err_msg=name)
+    # against numpy: label j's sum of its L2-normalised rows, and its norm
+    Xn = sp.csr_matrix(X.multiply(1.0 / np.sqrt(X.multiply(X).sum(axis=1))))
+    S = (Y.T @ Xn).toarray()
+    np.testing.assert_allclose(got["pr_norm"], np.linalg.norm(S, axis=1), rtol=1e-5)
+    if world.size > 1:
+        assert world.bytes_sent.get("neighbours", 0) > 0
+
+
 def test_the_neighbour_count_chosen_at_p_ranks_is_the_one_rank_choice():
     """knn left to the data on a wide output: the leave-one-out search is shared over the ranks,
     and every rank keeps the 1-rank count and scores."""
