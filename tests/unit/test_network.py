@@ -153,6 +153,9 @@ def test_init_does_not_depend_on_layout():
     C = np.empty((7, 4))
     rng.init_input_major(k, 6, C, 0.5)  # columns 6.. of a different slice
     np.testing.assert_array_equal(C[:, :4], A[:, 3:7])
+    R = np.empty((3, 11))
+    rng.init_input_rows(k, 2, R, 0.5)  # inputs 2..4 of neurons 0..10 (an output split by rows)
+    np.testing.assert_array_equal(R[:, 3:], A[2:5, :8])
 
 
 def _lsh_config(n_active_min, n_active_max, **kw):

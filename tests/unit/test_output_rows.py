@@ -1,5 +1,6 @@
 """The output layer split by rows (`output_split`, dslide.layers.dense.RowDenseLayer): the rule
-that chooses it, its initial weights and dropout against the column split's, and at one rank
+that chooses it, its dropout against the column split's (its initial weights:
+test_network.test_init_does_not_depend_on_layout), and at one rank
 the same training and predictions as the column split and as plain numpy. Its P-rank runs
 against one rank: tests/mpi (test_model_parallel, test_checkpoint_and_bytes)."""
 
@@ -8,7 +9,7 @@ import pytest
 import scipy.sparse as sp
 
 from dslide import checkpoint as ck
-from dslide import kernels, memory, rng
+from dslide import kernels, memory
 from dslide import train as T
 from dslide.comm import Comm
 from dslide.config import Config
@@ -45,15 +46,6 @@ def test_rows_where_the_layers_cannot_take_them_and_unknown_splits_are_errors():
         Config(hidden=(), output_split="rows").output_rows(13)
     with pytest.raises(ValueError, match="output_split.*'auto', 'columns', 'rows'"):
         Config(output_split="row")
-
-
-def test_rows_of_the_initial_weights_equal_the_column_layout():
-    k = rng.stream_key(5, rng.INIT, 1)
-    whole = np.empty((9, 6))
-    rng.init_input_major(k, 0, whole, 0.5)
-    rows = np.empty((4, 6))
-    rng.init_input_rows(k, 3, rows, 0.5)
-    np.testing.assert_array_equal(rows, whole[3:7])
 
 
 def test_a_dropout_mask_of_some_columns_is_those_columns_of_the_whole_mask():
