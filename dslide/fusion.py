@@ -68,11 +68,15 @@ from dslide import _numba_cache  # noqa: F401  (before any kernel: the cache is 
 #: the arrays of a store, as saved in checkpoints (every rank holds them whole); "k" (the
 #: neighbours a query takes, int64 [1]) is absent from stores saved before it was kept, the
 #: label prototypes ("pr_*": ptr int64 [F + 1], label ids int32, values float32, and each
-#: prototype's norm |S_j| float32 [L]) from stores built without them, and "share" (the
-#: prototypes' share training chose, float64 [1]) where none was chosen
-KEYS = ("post_ptr", "post_pt", "post_val", "y_ptr", "y_idx", "k", "pr_ptr", "pr_lab", "pr_val", "pr_norm", "share")
+#: prototype's norm |S_j| float32 [L]) from stores built without them, "share" (the
+#: prototypes' share training chose, float64 [1]) where none was chosen, and "pr_perm"
+#: (int32 [L]: the label each of pr_lab's ids stands for) from stores whose pr_lab holds the
+#: labels themselves
+KEYS = ("post_ptr", "post_pt", "post_val", "y_ptr", "y_idx", "k", "pr_ptr", "pr_lab", "pr_val", "pr_norm", "share",
+        "pr_perm")
 _REQUIRED = KEYS[:5]
 _PROTOTYPES = KEYS[6:10]
+_NO_PERM = np.empty(0, np.int32)
 
 
 @njit(cache=True, inline="always")
@@ -100,16 +104,18 @@ def _touch(seen, touched, m, j):
 
 
 @njit(cache=True, parallel=True)
-def search(q_ptr, q_idx, q_val, post_ptr, post_pt, post_val, n_points, k, n_chunks, out_ids, out_sims):
+def search(q_ptr, q_idx, q_val, post_ptr, post_pt, post_val, n_points, k, n_chunks, perm, out_ids, out_sims):
     """The k training points with the largest dot product with each query row.
 
     q_*: CSR of the queries (int64 ptr [n + 1], int32 idx, float32 val: L2-normalised rows);
     post_*: the store's posting lists (int64 ptr [F + 1], int32 point ids sorted per feature,
     float32 values); out_ids int32 [n, k] (-1 where fewer than k points share a feature),
     out_sims float32 [n, k], best first. The queries are cut into n_chunks contiguous
-    chunks, each with its own accumulator of n_points floats.
+    chunks, each with its own accumulator of n_points floats. perm int32 [n_points]: the id
+    each posting id stands for, in the output and its ties (empty: the posting ids).
     """
     n = q_ptr.shape[0] - 1
+    mapped = perm.shape[0] > 0
     for c in prange(n_chunks):
         acc = np.zeros(n_points, np.float32)
         seen = np.zeros(n_points, np.uint8)
@@ -131,9 +137,11 @@ def search(q_ptr, q_idx, q_val, post_ptr, post_pt, post_val, n_points, k, n_chun
             sims[:] = -np.inf
             for t in range(m):
                 p = touched[t]
-                _insert(ids, sims, k, p, acc[p])
+                s = acc[p]
                 acc[p] = 0.0
                 seen[p] = 0
+                if s >= sims[k - 1]:  # (below it cannot enter: no need for its id)
+                    _insert(ids, sims, k, perm[p] if mapped else p, s)
 
 
 @njit(cache=True, parallel=True)
@@ -258,9 +266,9 @@ def fuse(m_ids, m_logits, nn_ids, nn_sims, y_ptr, y_idx, weight, power, pr_ids, 
                 best_ids[r] = j
 
 
-def _shared_search(Xq, k: int, comm, ptr, pt, val, n_items: int) -> tuple[np.ndarray, np.ndarray]:
-    """`search` of posting lists (ptr, pt, val) over n_items, each rank taking a contiguous
-    share of the query rows, all gathered."""
+def _shared_search(Xq, k: int, comm, ptr, pt, val, n_items: int, perm=_NO_PERM) -> tuple[np.ndarray, np.ndarray]:
+    """`search` of posting lists (ptr, pt, val) over n_items (their ids standing for perm's),
+    each rank taking a contiguous share of the query rows, all gathered."""
     Xq = l2_rows(Xq)
     n = Xq.shape[0]
     size = 1 if comm is None else comm.size
@@ -271,7 +279,7 @@ def _shared_search(Xq, k: int, comm, ptr, pt, val, n_items: int) -> tuple[np.nda
     if hi > lo:
         part = Xq[lo:hi]
         search(part.indptr.astype(np.int64), part.indices.astype(np.int32), part.data, ptr, pt, val, n_items, k,
-               min(hi - lo, 4 * get_num_threads()), ids[:hi - lo], sims[:hi - lo])
+               min(hi - lo, 4 * get_num_threads()), perm, ids[:hi - lo], sims[:hi - lo])
     if size == 1:
         return ids, sims
     all_ids = comm.allgather_rows(ids, kind="evaluation").reshape(size * per, k)[:n]
@@ -281,11 +289,18 @@ def _shared_search(Xq, k: int, comm, ptr, pt, val, n_items: int) -> tuple[np.nda
 
 def label_prototypes(store: dict, n_labels: int, comm=None) -> dict:
     """The labels' prototypes from a store's posting lists and labels (module docstring):
-    {"pr_ptr", "pr_lab", "pr_val", "pr_norm"}; a label without points has norm 0 and no entries.
+    {"pr_ptr", "pr_lab", "pr_val", "pr_norm", "pr_perm"}; a label without points has norm 0
+    and no entries. pr_lab holds the labels renumbered by falling frequency (pr_perm maps
+    them back; pr_norm is by label): a search's accumulator then finds the labels most
+    posting lists hold close together in memory, about a third faster on 670,091 labels.
     With a communicator each rank sums a contiguous range of the features (about 1/P of the
     posting entries) and all gather them: every feature's sums are its own, so the store is
     the same at any number of ranks."""
     ptr, pt, val, y_ptr, y_idx = (store[k] for k in _REQUIRED)
+    perm = np.argsort(-np.bincount(y_idx, minlength=n_labels), kind="stable").astype(np.int32)
+    rank = np.empty(n_labels, np.int32)
+    rank[perm] = np.arange(n_labels, dtype=np.int32)
+    y_idx = rank[y_idx]
     F = ptr.shape[0] - 1
     size = 1 if comm is None else comm.size
     # feature ranges of about equal posting entries (the work)
@@ -310,7 +325,8 @@ def label_prototypes(store: dict, n_labels: int, comm=None) -> dict:
     pr_ptr = counts
     norm = np.sqrt(np.bincount(lab, weights=sums * sums, minlength=n_labels))
     pr_val = (sums / norm[lab]).astype(np.float32)
-    return {"pr_ptr": pr_ptr, "pr_lab": lab, "pr_val": pr_val, "pr_norm": norm.astype(np.float32)}
+    return {"pr_ptr": pr_ptr, "pr_lab": lab, "pr_val": pr_val, "pr_norm": norm[rank].astype(np.float32),
+            "pr_perm": perm}
 
 
 def l2_rows(X: sp.csr_matrix) -> sp.csr_matrix:
@@ -331,7 +347,8 @@ class NeighbourLabels:
     post_ptr int64 [F + 1], post_pt int32 [nnz], post_val float32 [nnz]: the L2-normalised
     training rows by feature (CSC); y_ptr int64 [N + 1], y_idx int32: their labels (CSR).
     Optionally (`build(prototypes=True)`) pr_ptr int64 [F + 1], pr_lab int32, pr_val float32:
-    the label prototypes by feature (labels ascending), and pr_norm float32 [L]: |S_j|.
+    the label prototypes by feature (renumbered labels ascending), pr_norm float32 [L]: |S_j|,
+    and pr_perm int32 [L]: the label of each renumbered id (`label_prototypes`).
     """
 
     def __init__(self, arrays: dict, n_points: int, k: int | None = None, share: float | None = None):
@@ -343,6 +360,8 @@ class NeighbourLabels:
             raise ValueError(f"neighbour labels hold {', '.join(held)} but lack "
                              f"{', '.join(n for n in _PROTOTYPES if n not in held)}")
         self.arrays = {name: np.ascontiguousarray(arrays[name]) for name in _REQUIRED + (_PROTOTYPES if held else ())}
+        if held and "pr_perm" in arrays:  # absent from stores saved before the renumbering
+            self.arrays["pr_perm"] = np.ascontiguousarray(arrays["pr_perm"], np.int32)
         self.n_points = int(n_points)
         if k is None and "k" in arrays:
             k = int(np.asarray(arrays["k"]).reshape(-1)[0])
@@ -391,7 +410,7 @@ class NeighbourLabels:
 
     def drop_prototypes(self) -> None:
         """Forget the label prototypes (a store whose chosen share is 0 need not hold them)."""
-        for name in _PROTOTYPES:
+        for name in _PROTOTYPES + ("pr_perm",):
             self.arrays.pop(name, None)
 
     def nbytes(self) -> int:
@@ -408,7 +427,8 @@ class NeighbourLabels:
         if not self.has_prototypes:
             raise ValueError("this neighbour store has no label prototypes (built with prototypes=False)")
         a = self.arrays
-        return _shared_search(Xq, k, comm, a["pr_ptr"], a["pr_lab"], a["pr_val"], self.n_labels)
+        return _shared_search(Xq, k, comm, a["pr_ptr"], a["pr_lab"], a["pr_val"], self.n_labels,
+                              a.get("pr_perm", _NO_PERM))
 
     def fuse(self, m_ids, m_logits, nn_ids, nn_sims, weight: float, power: float, k: int,
              pr_ids=None, pr_sims=None, share: float = 0.0, pr_power: float = 1.0):

@@ -121,10 +121,11 @@ def neighbour_bytes(n_features: int, n_points: int, nnz_x: int, nnz_y: int, n_la
     """The neighbour store (dslide.fusion.NeighbourLabels): the training rows by feature (int64
     pointers, int32 point ids, float32 values) and their labels (int64 pointers, int32 ids);
     with n_labels > 0 also the label prototypes by feature (int64 pointers, int32 label ids,
-    float32 values) and their norms (float32), counting nnz_xy entries: at most the sum over
-    points of nnz(x_i) |y_i|, which it is where no two points of a label share a feature."""
+    float32 values), their norms (float32) and the labels' renumbering (int32), counting
+    nnz_xy entries: at most the sum over points of nnz(x_i) |y_i|, which it is where no two
+    points of a label share a feature."""
     points = 8 * (n_features + 1) + 8 * nnz_x + 8 * (n_points + 1) + 4 * nnz_y
-    return points + (8 * (n_features + 1) + 8 * nnz_xy + 4 * n_labels if n_labels else 0)
+    return points + (8 * (n_features + 1) + 8 * nnz_xy + 8 * n_labels if n_labels else 0)
 
 
 def data_shape(X, Y) -> tuple[int, int, int, int]:

@@ -162,13 +162,36 @@ def test_label_prototypes_match_numpy_whatever_the_thread_count():
         finally:
             numba.set_num_threads(before)
     a = got[0]
-    dense = sp.csc_matrix((a["pr_val"], a["pr_lab"], a["pr_ptr"]), shape=(Y.shape[1], X.shape[1])).toarray()
+    # pr_lab holds the labels renumbered by falling frequency; pr_perm maps them back
+    counts = np.bincount(Y.indices, minlength=Y.shape[1])
+    assert sorted(a["pr_perm"]) == list(range(Y.shape[1])) and np.all(np.diff(counts[a["pr_perm"]]) <= 0)
+    labels = a["pr_perm"][a["pr_lab"]]
+    dense = sp.csc_matrix((a["pr_val"], labels, a["pr_ptr"]), shape=(Y.shape[1], X.shape[1])).toarray()
     np.testing.assert_allclose(dense, C, rtol=1e-6, atol=1e-7)
     np.testing.assert_allclose(a["pr_norm"], nrm, rtol=1e-6)
-    assert a["pr_norm"][11] == 0 and 11 not in a["pr_lab"]
+    assert a["pr_norm"][11] == 0 and 11 not in labels
     assert all(np.all(np.diff(a["pr_lab"][a["pr_ptr"][f]:a["pr_ptr"][f + 1]]) > 0) for f in range(X.shape[1]))
-    for name in ("pr_ptr", "pr_lab", "pr_val", "pr_norm"):
+    for name in ("pr_ptr", "pr_lab", "pr_val", "pr_norm", "pr_perm"):
         np.testing.assert_array_equal(got[0][name], got[1][name])
+
+
+def test_a_store_without_the_renumbering_searches_alike():
+    """A store saved before the renumbering (pr_lab holding the labels, no pr_perm) finds the
+    same prototypes: ids, similarities and their ties to the lower label."""
+    X, Y = _data()
+    Xq, _ = _data(seed=8, n=30)
+    new = fusion.NeighbourLabels.build(X, Y, prototypes=True)
+    a = dict(new.state_arrays())
+    perm = a.pop("pr_perm")
+    lab, ptr = perm[a["pr_lab"]], a["pr_ptr"]
+    order = np.concatenate([ptr[f] + np.argsort(lab[ptr[f]:ptr[f + 1]]) for f in range(len(ptr) - 1)])
+    a["pr_lab"], a["pr_val"] = lab[order], a["pr_val"][order]
+    old = fusion.NeighbourLabels.from_state(a)
+    assert "pr_perm" not in old.arrays and np.any(perm != np.arange(len(perm)))
+    for k in (3, 6):
+        got, want = new.prototypes(Xq, k), old.prototypes(Xq, k)
+        np.testing.assert_array_equal(got[0], want[0])
+        np.testing.assert_array_equal(got[1], want[1])
 
 
 def test_prototypes_search_is_the_numpy_cosine_ranking():
