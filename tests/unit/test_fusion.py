@@ -176,18 +176,22 @@ def test_label_prototypes_match_numpy_whatever_the_thread_count():
 
 
 def test_a_store_without_the_renumbering_searches_alike():
-    """A store saved before the renumbering (pr_lab holding the labels, no pr_perm) finds the
-    same prototypes: ids, similarities and their ties to the lower label."""
+    """A store saved before the renumbering (pr_lab holding the labels, no pr_perm: what
+    scripts/bench_neighbours.py times it against) finds the same prototypes: ids,
+    similarities and their ties to the lower label."""
+    from scripts.bench_neighbours import unrenumbered
+
     X, Y = _data()
     Xq, _ = _data(seed=8, n=30)
     new = fusion.NeighbourLabels.build(X, Y, prototypes=True)
-    a = dict(new.state_arrays())
-    perm = a.pop("pr_perm")
-    lab, ptr = perm[a["pr_lab"]], a["pr_ptr"]
-    order = np.concatenate([ptr[f] + np.argsort(lab[ptr[f]:ptr[f + 1]]) for f in range(len(ptr) - 1)])
-    a["pr_lab"], a["pr_val"] = lab[order], a["pr_val"][order]
-    old = fusion.NeighbourLabels.from_state(a)
-    assert "pr_perm" not in old.arrays and np.any(perm != np.arange(len(perm)))
+    old = unrenumbered(new)
+    perm, a = new.arrays["pr_perm"], old.arrays
+    assert "pr_perm" not in a and np.any(perm != np.arange(len(perm)))
+    # the labels themselves, ascending per feature, each with its own value
+    assert all(np.all(np.diff(a["pr_lab"][a["pr_ptr"][f]:a["pr_ptr"][f + 1]]) > 0) for f in range(X.shape[1]))
+    C, _ = _reference_prototypes(X, Y)
+    dense = sp.csc_matrix((a["pr_val"], a["pr_lab"], a["pr_ptr"]), shape=(Y.shape[1], X.shape[1])).toarray()
+    np.testing.assert_allclose(dense, C, rtol=1e-6, atol=1e-7)
     for k in (3, 6):
         got, want = new.prototypes(Xq, k), old.prototypes(Xq, k)
         np.testing.assert_array_equal(got[0], want[0])
