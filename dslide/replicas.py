@@ -730,7 +730,7 @@ class Replicas:
         meas = np.array(self._measure[1:AUTO_STEPS], dtype=np.float64)
         compute = float(np.sum(np.maximum(meas[:, 0] - meas[:, 1], 1e-9)))
         net = self.network
-        share = np.diff(net.layers[-1].bounds) / net.layers[-1].n
+        share = np.diff(net.layers[-1].bounds) / net.layers[-1].bounds[-1]  # (rows of a row-split output)
         secs = self.world.allgather_rows(np.array([compute]))[:, 0].reshape(self.n_replicas, self.n_shards)
         sizes = np.tile(share, (self.n_replicas, 1))
         weights = speed_weights(secs, sizes)

@@ -43,6 +43,8 @@ CONFIGS = {
     # an LSH output layer: rows of W and b marked by the block of each step
     "lsh": dict(hidden=(8,), kinds=("dense", "lsh"),
                 lsh_layers=(None, LSHConfig(K=2, L=4, bin_size=4, range_pow=4, min_active=6, max_active=4))),
+    # an output narrower than its hidden layer (23 or 300 labels): split by rows, biases whole
+    "rows": dict(hidden=(320,), exact=True),
 }
 
 
@@ -62,7 +64,7 @@ def _peer_stack(rep, arr):
 
 @needs_replicas
 @pytest.mark.parametrize("mode", ["allreduce", "partial"])
-@pytest.mark.parametrize("kind", ["dense", "lsh"])
+@pytest.mark.parametrize("kind", ["dense", "lsh", "rows"])
 @pytest.mark.parametrize("R", LAYOUTS)
 def test_replicas_fed_identical_data_and_synced_every_step_stay_identical(R, kind, mode):
     """Every replica trains the same batches and averages after each step: every replica
@@ -73,6 +75,7 @@ def test_replicas_fed_identical_data_and_synced_every_step_stay_identical(R, kin
     net = Network(cfg, X.shape[1], Y.shape[1], rep.model, total_steps=10)
     alone = Network(cfg.replace(replicas=1), X.shape[1], Y.shape[1], rep.model, total_steps=10)
     rep.attach(net)
+    assert (net.layers[-1].split == "rows") == (kind == "rows")
     xp, yp, rows = _csr_parts(X), _csr_parts(Y, np.float32), _batches(X, 1)
     for k in range(10):
         net.train_step(make_batch(xp, yp, rows(k), k + 1))
@@ -94,7 +97,7 @@ def test_replicas_fed_identical_data_and_synced_every_step_stay_identical(R, kin
 
 
 @needs_replicas
-@pytest.mark.parametrize("kind", ["dense", "lsh"])
+@pytest.mark.parametrize("kind", ["dense", "lsh", "rows"])
 @pytest.mark.parametrize("R", LAYOUTS)
 def test_allreduce_sets_the_touched_rows_to_their_mean_and_leaves_the_others(R, kind):
     """Replicas train different batches; sync_all must give every replica the numpy mean
@@ -120,7 +123,7 @@ def test_allreduce_sets_the_touched_rows_to_their_mean_and_leaves_the_others(R, 
         assert not np.array_equal(m_out[0], m_out[1]), "replicas' moments differ (different batches)"
     for layer, pre, mask in zip(net.layers, before, masks):
         U = mask.any(axis=0)
-        assert 0 < U.sum() and (kind == "dense" or U.sum() < U.size or layer.index == 0)
+        assert 0 < U.sum() and (kind != "lsh" or U.sum() < U.size or layer.index == 0)
         n_rows = len(layer.sync_arrays()[0])
         for i, (a, b) in enumerate(zip(layer.sync_arrays()[0] + layer.sync_arrays()[1], pre)):
             mean = b.astype(np.float64).mean(axis=0)
@@ -147,7 +150,7 @@ def _arrays(net):
 
 
 @needs_replicas
-@pytest.mark.parametrize("kind", ["dense", "lsh"])
+@pytest.mark.parametrize("kind", ["dense", "lsh", "rows"])
 @pytest.mark.parametrize("R", LAYOUTS)
 def test_partial_pull_averages_each_row_with_the_partners_that_sent_it(R, kind):
     """Replicas train different batches, publish, then (after a barrier) pull every other
@@ -175,7 +178,7 @@ def test_partial_pull_averages_each_row_with_the_partners_that_sent_it(R, kind):
         n_rows = len(layer.sync_arrays()[0])
         others = np.delete(mask, g, axis=0)  # [R - 1, rows]: which partner sent which row
         sent = others.any(axis=0)
-        assert sent.any() and (kind == "dense" or not sent.all() or layer.index == 0)
+        assert sent.any() and (kind != "lsh" or not sent.all() or layer.index == 0)
         for i, (a, b) in enumerate(zip(arrs, pre)):
             b64 = b.astype(np.float64)
             if i < n_rows:
@@ -449,7 +452,7 @@ def test_uneven_checkpoint_loads_on_one_rank_and_on_another_split():
             assert np.array_equal(comm.allgather_columns(np.ascontiguousarray(l.opt_W.m), l.bounds, kind="checks"), m)
 
 
-@pytest.mark.parametrize("kind", ["dense", "lsh"])
+@pytest.mark.parametrize("kind", ["dense", "lsh", "rows"])
 def test_reshard_moves_parameters_and_moments_to_new_shares(kind):
     X, Y = _data()
     cfg = _cfg(kind)
@@ -459,7 +462,9 @@ def test_reshard_moves_parameters_and_moments_to_new_shares(kind):
         net.train_step(make_batch(xp, yp, rows(k), k + 1))
     w = np.array(_uneven(WORLD.size))[::-1] / sum(_uneven(WORLD.size))
     new = reshard(net, w)
-    assert [l.bounds.tolist() for l in new.layers] == [shard_bounds(l.n, WORLD.size, w).tolist() for l in net.layers]
+    # the split axis: neurons, or a row-split output's rows (its hidden layer's columns)
+    assert [l.bounds.tolist() for l in new.layers] == [shard_bounds(int(l.bounds[-1]), WORLD.size, w).tolist()
+                                                       for l in net.layers]
     for (W, b), (W1, b1) in zip(full_parameters(new), full_parameters(net)):
         assert np.array_equal(W, W1) and np.array_equal(b, b1)
     for lo, ln in zip(net.layers, new.layers):
@@ -478,20 +483,23 @@ def test_reshard_moves_parameters_and_moments_to_new_shares(kind):
         float(WORLD.allreduce_sum(np.array([l_old]))[0]), rel=1e-5)
 
 
-def test_auto_shard_weights_reshard_after_measuring():
+@pytest.mark.parametrize("hidden", [(16,), (600,)])
+def test_auto_shard_weights_reshard_after_measuring(hidden):
     """shard_weights = "auto": after AUTO_STEPS steps every replica is re-split by the
-    measured speeds; the run goes on and ends with equal replicas."""
+    measured speeds; the run goes on and ends with equal replicas. (600,) over 500 labels:
+    the output split by rows, whose shares are of its rows."""
     from dslide.datasets.synthetic import generate_split
 
     train, _ = generate_split("tiny", n_train=800, n_test=10, seed=0)
     R = LAYOUTS[0] if LAYOUTS else 1
-    cfg = Config(hidden=(16,), batch_size=16, epochs=2, seed=3, replicas=R, shard_weights="auto", threads=1)
+    cfg = Config(hidden=hidden, batch_size=16, epochs=2, seed=3, replicas=R, shard_weights="auto", threads=1)
     model, _ = fit(train, cfg, comm=WORLD, index=False)
     rep = model.replicas
     w = np.array(model.network.shard_weights)
     assert w.shape == (rep.n_shards,) and w.sum() == pytest.approx(1.0) and np.all(w > 0)
+    assert model.network.layers[-1].split == ("rows" if hidden == (600,) else "columns")
     for layer in model.network.layers:
-        assert layer.bounds.tolist() == shard_bounds(layer.n, rep.n_shards, w).tolist()
+        assert layer.bounds.tolist() == shard_bounds(int(layer.bounds[-1]), rep.n_shards, w).tolist()
     assert model.network.step == 2 * (800 // 16)
 
 
