@@ -67,6 +67,8 @@ def table(config: Config, n_features: int | None = None, n_labels: int | None = 
         value = getattr(resolved, f.name)
         if f.name in ("propensity_a", "propensity_b") and value is None:
             value = resolved.propensity_constants[f.name == "propensity_b"]
+        if f.name == "output_split" and value == "auto" and n_labels is not None:
+            value = f"auto ({'rows' if resolved.output_rows(n_labels) else 'columns'})"
         rows.append((f.name, _show(default, f.name), valid_range(Config, f.name), _show(value, f.name, resolved)))
     out_lc = resolved.layer_lsh(len(resolved.hidden)) if resolved.hidden is not None else resolved.lsh
     for f in dataclasses.fields(LSHConfig):

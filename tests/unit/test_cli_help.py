@@ -68,6 +68,7 @@ def test_config_show_lists_every_setting_with_default_range_and_resolved_value(c
     assert "one of 'fifo', 'reservoir'" in rows["lsh.policy"]
     assert "an integer in [1, 60]" in rows["replicas"]
     assert rows["propensity_b"].split()[-1] == "1.5"
+    assert rows["output_split"].endswith("auto (rows)")  # 500 labels under 512 hidden units
 
 
 def test_k_and_lsh_are_checked_with_a_message(capsys, tmp_path):
