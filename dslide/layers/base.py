@@ -88,12 +88,13 @@ class Layer:
         # an output layer's neighbour labels (dslide.fusion), built after training
         self.neighbour_labels = None
 
-    def _optimiser(self, w_origin) -> None:
-        """Adam state for W (its global layout: w_origin = (r0, c0, stride)) and b."""
+    def _optimiser(self, w_origin, b_origin=None) -> None:
+        """Adam state for W and b (their global layouts: origin = (r0, c0, stride); b's by
+        default this rank's neurons [lo, hi) of n)."""
         md = self.config.moment_dtype
         key = rng.stream_key(self.config.seed, rng.ROUNDING, self.index)
         self.opt_W = Adam(self.W.shape, md, rng.stream_key(key, 0), w_origin)
-        self.opt_b = Adam(self.b.shape, md, rng.stream_key(key, 1), (0, self.lo, self.n))
+        self.opt_b = Adam(self.b.shape, md, rng.stream_key(key, 1), b_origin or (0, self.lo, self.n))
 
     def maintain(self, step: int) -> str | None:
         return None

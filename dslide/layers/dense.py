@@ -9,7 +9,7 @@ from dslide import rng
 from dslide.batch import Act, Batch, Out
 from dslide.layers.base import Layer
 from dslide.loss import label_targets
-from dslide.optim import Adam, Grads
+from dslide.optim import Grads
 from dslide.sharding import shard_bounds
 from dslide.topk import EXACT_BLOCK_BYTES, scores_topk
 
@@ -132,20 +132,17 @@ class RowDenseLayer(DenseLayer):
         rng.init_input_rows(self.init_key, self.lo, self.W, self.scale)
         self.b = np.zeros(self.n, dtype=self.dtype)
         # the same global layout (row-major over [d_in, n]) as the column split's, so the
-        # rounding bits are the same whichever split holds an element
-        md = self.config.moment_dtype
-        key = rng.stream_key(self.config.seed, rng.ROUNDING, self.index)
-        self.opt_W = Adam(self.W.shape, md, rng.stream_key(key, 0), (self.lo, 0, self.n))
-        self.opt_b = Adam(self.b.shape, md, rng.stream_key(key, 1), (0, 0, self.n))
+        # rounding bits are the same whichever split holds an element; b whole
+        self._optimiser((self.lo, 0, self.n), (0, 0, self.n))
         self.touched = np.zeros(self.W.shape[0], dtype=np.uint8)
 
     def labels(self) -> tuple[int, int]:
         return 0, self.n
 
     def _own(self, x: Act) -> np.ndarray:
-        """This rank's rows of the input: x.a as it is, or its columns [lo, hi) of a whole one."""
-        a = x.a if x.ids is None else x.dense()
-        return a if a.shape[1] == self.W.shape[0] else a[:, self.lo:self.hi]
+        """This rank's rows of the input: x.a as it is, or its columns [lo, hi) of a whole one
+        (its input layer is dense: `Config.output_rows`, so x has every column)."""
+        return x.a if x.a.shape[1] == self.W.shape[0] else x.a[:, self.lo:self.hi]
 
     def forward(self, x, batch: Batch, train: bool):
         a = np.ascontiguousarray(self._own(x))
