@@ -1,4 +1,4 @@
-"""The baselines' own venv: PyTorch, omikuji and napkinXC, installed on demand, never into the project's .venv.
+"""The baselines' own venv: PyTorch, omikuji, napkinXC and PECOS, installed on demand, never into the project's .venv.
 
     python -m scripts._baselines            (installs what is missing, prints what each import gives)
 
@@ -30,6 +30,8 @@ REQUIREMENTS = {
     "torch": ("torch==2.13.0", "numpy"),
     "omikuji": ("omikuji==0.5.2", "numpy"),
     "napkinxc": ("napkinxc==0.7.2", "numpy", "scipy"),
+    # PECOS brings torch (about 6 GB, 10 minutes): installed once into this venv and kept
+    "pecos": ("libpecos==1.2.8", "numpy", "scipy", "scikit-learn"),
 }
 INSTALL_TIMEOUT_S = 1800
 PROBE_TIMEOUT_S = 300

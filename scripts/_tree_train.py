@@ -1,4 +1,4 @@
-"""A tree-based extreme classifier trained as a new user would: omikuji (Parabel) or napkinXC (PLT).
+"""A tree-based extreme classifier trained as a new user would: omikuji (Parabel), napkinXC (PLT) or PECOS (XR-Linear).
 
 Runs inside `.venv-baselines` (scripts/_baselines.py) and imports only the
 library, numpy, the standard library (napkinXC brings scipy) and
@@ -20,6 +20,11 @@ the number of trees (its default is 3):
 * napkinXC: `napkinxc.models.PLT` with its defaults (hierarchical 2-means tree,
   liblinear logistic nodes, exact search) and `seed`; data from
   `napkinxc.datasets.load_libsvm_file`.
+
+* PECOS: `XLinearModel.train` on L2-normalised rows (as PECOS asks), PIFA
+  label embedding, hierarchical k-means indexer (`Indexer.gen`), its default
+  training parameters, beam 10 at prediction. The files are parsed here
+  (scipy CSR), so its load time is this module's parser.
 
 Output: --topk, int64 [n_test, 5], each test point's 5 best labels (-1 where
 fewer came back); --result, JSON: system, version, params, load_s (reading
@@ -116,9 +121,73 @@ def run_napkinxc(args):
     return version("napkinxc"), params, load_s, train_s, predict_s, top
 
 
+def read_csr(path):
+    """(X float32 CSR [n, F], Y float32 CSR [n, L]) of an XMC text file, for PECOS."""
+    import scipy.sparse as sp
+
+    xi, xv, xp, yi, yp = [], [], [0], [], [0]
+    with open(path) as f:
+        n, F, L = (int(t) for t in next(f).split()[:3])
+        for line in f:
+            line = line.rstrip("\n")
+            if not line.strip():
+                continue
+            parts = line.split(" ")
+            if parts[0] and ":" not in parts[0]:
+                yi.extend(int(t) for t in parts[0].split(","))
+                feats = parts[1:]
+            else:
+                feats = parts if ":" in parts[0] else parts[1:]
+            for tok in feats:
+                if tok:
+                    i, v = tok.split(":")
+                    xi.append(int(i))
+                    xv.append(float(v))
+            xp.append(len(xi))
+            yp.append(len(yi))
+    m = len(xp) - 1
+    X = sp.csr_matrix((np.asarray(xv, np.float32), np.asarray(xi, np.int64), np.asarray(xp, np.int64)), shape=(m, F))
+    Y = sp.csr_matrix((np.ones(len(yi), np.float32), np.asarray(yi, np.int64), np.asarray(yp, np.int64)),
+                      shape=(m, L))
+    X.sum_duplicates()
+    Y.sum_duplicates()
+    Y.data[:] = 1
+    return X, Y
+
+
+def run_pecos(args):
+    from importlib.metadata import version
+
+    from pecos.xmc import Indexer, LabelEmbeddingFactory
+    from pecos.xmc.xlinear.model import XLinearModel
+    from sklearn.preprocessing import normalize
+
+    t0 = time.perf_counter()
+    X, Y = read_csr(args.train)
+    Xt, _ = read_csr(args.test)
+    X, Xt = normalize(X, norm="l2", copy=False), normalize(Xt, norm="l2", copy=False)
+    load_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    label_feat = LabelEmbeddingFactory.create(Y, X, method="pifa")
+    chain = Indexer.gen(label_feat, indexer_type="hierarchicalkmeans", threads=args.threads, seed=args.seed)
+    model = XLinearModel.train(X, Y, C=chain, threads=args.threads)
+    train_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    P = model.predict(Xt, beam_size=10, only_topk=K, threads=args.threads).tocsr()
+    predict_s = time.perf_counter() - t0
+    top = np.full((Xt.shape[0], K), -1, dtype=np.int64)
+    for i in range(Xt.shape[0]):
+        a, b = P.indptr[i], P.indptr[i + 1]
+        ids, vals = P.indices[a:b], P.data[a:b]
+        order = np.lexsort((ids, -vals))[:K]  # best first, ties to the lower id
+        top[i, :len(order)] = ids[order]
+    params = {"indexer": "hierarchicalkmeans", "label_embedding": "pifa", "beam_size": 10, "rows": "l2"}
+    return version("libpecos"), params, load_s, train_s, predict_s, top
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--system", required=True, choices=("omikuji", "napkinxc"))
+    ap.add_argument("--system", required=True, choices=("omikuji", "napkinxc", "pecos"))
     ap.add_argument("--train", required=True)
     ap.add_argument("--test", required=True)
     ap.add_argument("--threads", type=int, default=2)
@@ -130,7 +199,7 @@ def main(argv=None):
     args = ap.parse_args(argv)
     if args.threads < 1 or args.trees < 1:
         ap.error(f"--threads ({args.threads}) and --trees ({args.trees}) must be >= 1")
-    run = run_omikuji if args.system == "omikuji" else run_napkinxc
+    run = {"omikuji": run_omikuji, "napkinxc": run_napkinxc, "pecos": run_pecos}[args.system]
     version, params, load_s, train_s, predict_s, top = run(args)
     np.save(args.topk, top)
     result = {"system": args.system, "version": version, "params": params, "threads": args.threads,

@@ -4,6 +4,7 @@
 From the repository root:
 
     python -m scripts.bench --suite shapes                     (every data shape against the trees; suites/shapes.py)
+    python -m scripts.bench --suite real                       (the real sets of ../shared/data against PECOS and omikuji)
     python -m scripts.bench --suite quick                      (both parts, about 10 minutes)
     python -m scripts.bench --suite full --parts main          (about 25 minutes on 2 cores)
     python -m scripts.bench --suite full --parts peers         (about 15 minutes)
@@ -48,7 +49,7 @@ PARTS = {"main": main_part.run, "peers": peers.run, "lsh": lsh.run, "schedule": 
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--suite", choices=sorted(common.SUITES) + ["shapes"], default="quick",
+    p.add_argument("--suite", choices=sorted(common.SUITES) + ["shapes", "real"], default="quick",
                    help="quick, full, or shapes: the data-shape suite (scripts/suites/shapes.py), "
                         "dslide against the tree libraries on every member")
     p.add_argument("--parts", default="main,peers",
@@ -70,7 +71,7 @@ def parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     p = parser()
     a = p.parse_args(argv)
-    if a.suite == "shapes":
+    if a.suite in ("shapes", "real"):
         return shapes.run(a)
     parts = [x.strip() for x in a.parts.split(",") if x.strip()]
     bad = sorted(set(parts) - set(PARTS))

@@ -25,7 +25,7 @@ import scipy.sparse as sp
 from . import _baselines as BL
 from . import measure as M
 
-SYSTEMS = ("omikuji", "napkinxc")
+SYSTEMS = ("omikuji", "napkinxc", "pecos")
 K = 5
 
 
@@ -55,7 +55,7 @@ def score(topk: np.ndarray, Y_test, inv_prop=None) -> dict:
 
 def run_tree(system: str, train_path, test_path, *, n_test: int, n_labels: int, threads: int = 2,
              trees: int = 3, seed: int = 0, workdir, python=None, timeout: float | None = None) -> dict:
-    """Train `system` ("omikuji" or "napkinxc") on train_path, predict test_path's top 5.
+    """Train `system` ("omikuji", "napkinxc" or "pecos") on train_path, predict test_path's top 5.
 
     Returns {"available": False, "reason"} when the library cannot be had, else
     {"available": True, system, version, params, load_s, train_s, predict_s,

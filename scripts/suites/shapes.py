@@ -36,21 +36,32 @@ from .. import _bench as B
 from .. import measure as M
 from . import common as C
 
-SYSTEMS = ("dslide", "omikuji3", "omikuji1", "napkinxc")
+#: dslide-net: dslide's defaults with the neighbours' labels off (knn 0), the network alone
+SYSTEMS = ("dslide", "dslide-net", "pecos", "omikuji3", "omikuji1", "napkinxc")
+LIBRARIES = ("pecos", "omikuji3", "omikuji1", "napkinxc")
+#: --suite real: every real set of ../shared/data present, these systems unless --systems says otherwise
+REAL_SYSTEMS = ("dslide", "dslide-net", "pecos", "omikuji3")
 THREADS = 2
-EXTRA = ("bibtex",)  # real sets beside the synthetic members, read from ../shared/data
+#: real sets, read from ../shared/data (NAME_train.txt / NAME_test.txt); skipped with a line where absent
+REAL = ("bibtex", "debian_depends", "wordnet_hypernyms", "debian_tags", "delicious")
 
 
-def members() -> list[str]:
+def members(real_only: bool = False) -> list[str]:
     from dslide.datasets import suite
 
-    return list(suite.MEMBERS) + list(EXTRA)
+    return list(REAL) if real_only else list(suite.MEMBERS) + list(REAL)
+
+
+def real_files(name: str) -> tuple[Path, Path] | None:
+    """A real set's training and test files in ../shared/data, None when absent."""
+    paths = M.SHARED_DATA / f"{name}_train.txt", M.SHARED_DATA / f"{name}_test.txt"
+    return paths if all(p.exists() for p in paths) else None
 
 
 def member_files(name: str, n_train: int | None, n_test: int | None, seed: int = 0) -> tuple[Path, Path] | None:
-    """The member's XMC text files (generated once under runs/bench_data/); None if absent (BibTeX)."""
-    if name == "bibtex":
-        return C.bibtex_files()
+    """The member's XMC text files (generated once under runs/bench_data/); None if a real set is absent."""
+    if name in REAL:
+        return real_files(name)
     from dslide.data import write_xmc
     from dslide.datasets import suite
 
@@ -87,7 +98,7 @@ def tree_row(system: str, paths, workdir: Path) -> dict:
     from dslide.data import read_xmc
     from dslide.metrics import inverse_propensity
 
-    lib, trees = ("omikuji", int(system[-1])) if system.startswith("omikuji") else ("napkinxc", 1)
+    lib, trees = ("omikuji", int(system[-1])) if system.startswith("omikuji") else (system, 1)
     train, test = read_xmc(paths[0]), read_xmc(paths[1])
     try:
         r = TR.run_tree(lib, paths[0], paths[1], n_test=test.n_points, n_labels=test.n_labels, threads=THREADS,
@@ -128,7 +139,7 @@ def suite_table(rows: list[dict]) -> str:
             ("train s", lambda r: fmt(r.get("train_s"), ".1f")), ("predict s", lambda r: fmt(r.get("predict_s"), ".1f")),
             ("P@1", lambda r: fmt(r.get("p@1"))),
             ("P@5", lambda r: fmt(r.get("p@5"))), ("PSP@5", lambda r: fmt(r.get("psp@5"))),
-            ("vs omikuji 3: P@1 / P@5 points", "gap"),
+            ("vs best library: P@1 / P@5 points", "gap"),
             ("samples/s", lambda r: fmt(r.get("samples_per_s"), ",.0f")),
             ("bytes/step/rank", lambda r: fmt(r.get("bytes_per_step"), ",.0f")),
             ("--lsh: recall@10 / P@5 lost", lambda r: (f"{r['lsh']['recall@10']:.3f} / {100 * r['lsh']['p@5_lost']:+.2f}"
@@ -137,26 +148,51 @@ def suite_table(rows: list[dict]) -> str:
     return M.table(rows, cols)
 
 
+def best_library(rows: list[dict]) -> dict:
+    """Per member, the library row of highest P@1."""
+    ref = {}
+    for r in rows:
+        if r["system"] in LIBRARIES and "p@1" in r and (r["member"] not in ref or r["p@1"] > ref[r["member"]]["p@1"]):
+            ref[r["member"]] = r
+    return ref
+
+
 def add_gaps(rows: list[dict]) -> None:
-    """Each row's P@1 / P@5 difference to omikuji (3 trees) on its member, in points."""
-    ref = {r["member"]: r for r in rows if r["system"] == "omikuji3" and "p@1" in r}
+    """Each row's P@1 / P@5 difference to the best library (by P@1) on its member, in points."""
+    ref = best_library(rows)
     for r in rows:
         o = ref.get(r["member"])
         r["gap"] = (f"{100 * (r['p@1'] - o['p@1']):+.1f} / {100 * (r['p@5'] - o['p@5']):+.1f}"
                     if o is not None and "p@1" in r and r is not o else "-")
 
 
-def worst_line(rows: list[dict], system: str = "dslide") -> str:
-    ref = {r["member"]: r for r in rows if r["system"] == "omikuji3" and "p@1" in r}
+def worst_line(rows: list[dict], system: str = "dslide", real: bool | None = None) -> str:
+    """dslide's worst member against the best library there (by P@1); real: only real (True) or
+    synthetic (False) members, None for all."""
+    ref = best_library(rows)
+    kind = {True: "real ", False: "synthetic ", None: ""}[real]
     gaps = [(r["p@1"] - ref[r["member"]]["p@1"], r) for r in rows
-            if r["system"] == system and "p@1" in r and r["member"] in ref]
+            if r["system"] == system and "p@1" in r and r["member"] in ref
+            and (real is None or (r["member"] in REAL) == real)]
     if not gaps:
-        return f"{system}'s worst member against omikuji (3 trees): not measured (no member has both rows)"
+        return f"{system}'s worst {kind}member against the best library: not measured (no member has both rows)"
     g, r = min(gaps, key=lambda t: t[0])
     o = ref[r["member"]]
-    return (f"{system}'s worst member against omikuji (3 trees): {r['member']}, P@1 {r['p@1']:.4f} against "
-            f"{o['p@1']:.4f} ({100 * g:+.1f} points), P@5 {100 * (r['p@5'] - o['p@5']):+.1f} points, "
-            f"training {r['train_s']:.1f} s against {o['train_s']:.1f} s")
+    return (f"{system}'s worst {kind}member against the best library: {r['member']}, P@1 {r['p@1']:.4f} against "
+            f"{o['system']}'s {o['p@1']:.4f} ({100 * g:+.1f} points), P@5 {100 * (r['p@5'] - o['p@5']):+.1f} "
+            f"points, training {r['train_s']:.1f} s against {o['train_s']:.1f} s")
+
+
+def tables(rows: list[dict]) -> str:
+    """The real members' table, then the synthetic members' (each only if it has rows), each
+    followed by dslide's worst member against the best library."""
+    out = []
+    for real, title in ((True, "Real members"), (False, "Synthetic members (speed, memory and scale only)")):
+        part = [r for r in rows if (r["member"] in REAL) == real]
+        if part:
+            out.append(f"{title}:\n\n" + suite_table(part) + "\n\n" + worst_line(rows, real=real) + "\n"
+                       + worst_line(rows, "dslide-net", real=real) + "\n")
+    return "\n".join(out)
 
 
 def parse_variants(items: list[str]) -> dict[str, dict]:
@@ -177,23 +213,27 @@ def parse_variants(items: list[str]) -> dict[str, dict]:
 
 def run(a) -> int:
     t0 = time.time()
-    names = members() if not a.members else [m.strip() for m in a.members.split(",") if m.strip()]
-    valid = members()
+    real_only = a.suite == "real"
+    names = members(real_only) if not a.members else [m.strip() for m in a.members.split(",") if m.strip()]
+    valid = members(real_only)
     bad = [m for m in names if m not in valid]
     if bad:
         raise SystemExit(f"--members: unknown {', '.join(bad)}; valid: {', '.join(valid)}")
-    systems = SYSTEMS if not a.systems else tuple(s.strip() for s in a.systems.split(","))
+    default_systems = REAL_SYSTEMS if real_only else SYSTEMS
+    systems = default_systems if not a.systems else tuple(s.strip() for s in a.systems.split(","))
     bad = [s for s in systems if s not in SYSTEMS]
     if bad:
         raise SystemExit(f"--systems: unknown {', '.join(bad)}; valid: {', '.join(SYSTEMS)}")
     variants = parse_variants(a.variant)
     rows, notes = [], []
-    out_json = M.ROOT / "runs" / f"bench_shapes{('_' + a.tag) if a.tag else ''}.json"
+    suite_name = "real" if real_only else "shapes"
+    out_json = M.ROOT / "runs" / f"bench_{suite_name}{('_' + a.tag) if a.tag else ''}.json"
     out_json.parent.mkdir(exist_ok=True)
     for name in names:
         paths = member_files(name, a.points, a.test_points)
         if paths is None:
             notes.append(f"{name}: its files are not in ../shared/data, skipped")
+            print(f"skipped: {name}: its files are not in ../shared/data", file=sys.stderr, flush=True)
             continue
         shape = shape_of(paths)
         lsh_out = output_is_lsh(paths)
@@ -201,7 +241,8 @@ def run(a) -> int:
         todo = [(s, None) for s in systems] + [(f"dslide {v}", cfg) for v, cfg in variants.items()]
         for system, cfg in todo:
             print(f"running: {name}: {system} ...", file=sys.stderr, flush=True)
-            if system == "dslide" or cfg is not None:
+            if system in ("dslide", "dslide-net") or cfg is not None:
+                cfg = {"knn": 0} if system == "dslide-net" else cfg
                 r = dslide_row(system, paths, cfg or {}, lsh_inference=lsh_out and not a.no_lsh)
             else:
                 r = tree_row(system, paths, work / system)
@@ -215,7 +256,7 @@ def run(a) -> int:
             rows.append(r)
             out_json.write_text(json.dumps(rows, indent=1, default=float))  # kept as it goes
     add_gaps(rows)
-    cmd = M.command("bench", ["--suite shapes"]) + "".join(
+    cmd = M.command("bench", [f"--suite {suite_name}"]) + "".join(
         f" --{k.replace('_', '-')} {v}" for k, v in (("members", a.members), ("systems", a.systems),
                                                       ("points", a.points), ("test_points", a.test_points)) if v)
     cmd += "".join(f" --variant {n}='{json.dumps(c)}'" for n, c in variants.items()) + (" --no-lsh" if a.no_lsh else "")
@@ -223,15 +264,15 @@ def run(a) -> int:
             f"every system on {THREADS} cores (dslide 2 ranks x 1 thread) with its own defaults, one after "
             f"another; P@k and PSP@5 on all test points by dslide.metrics (propensities from the training "
             f"labels, A 0.55, B 1.5); 'train s' leaves out reading the data, compiling and predicting\n\n"
-            + suite_table(rows) + "\n\n" + worst_line(rows) + "\n")
+            + tables(rows))
     for v in variants:
-        text += worst_line(rows, f"dslide {v}") + "\n"
+        text += worst_line(rows, f"dslide {v}", real=True) + "\n"
     if notes:
         text += "\n" + "\n".join(f"- {n}" for n in notes) + "\n"
     text += f"\n({time.time() - t0:.0f} s in all)\n"
     print(text)
     if not a.no_record:
-        M.record("bench.py --suite shapes" + (f" ({a.tag})" if a.tag else ""), text)
+        M.record(f"bench.py --suite {suite_name}" + (f" ({a.tag})" if a.tag else ""), text)
     return 0
 
 
