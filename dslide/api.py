@@ -29,46 +29,27 @@ __all__ = ["Model", "labels_matrix"]
 
 def labels_matrix(Y, n_points: int, n_labels: int | None = None) -> sp.csr_matrix:
     """Labels as csr float32 [n_points, n_labels] (ones): Y a scipy sparse indicator matrix
-    (its non-zero entries are the labels) or a list of n_points label lists (ints >= 0;
-    n_labels None: the largest label + 1)."""
+    (its non-zero entries are the labels; stored zeros are none) or a list of n_points label
+    lists (ints >= 0, or integral floats; n_labels None: the largest label + 1). Checked by
+    dslide.validate: strings, booleans, fractions and ids out of range are refused."""
+    from dslide import validate
+
+    if n_labels is not None:
+        n_labels = validate.count(n_labels, "n_labels", 1)
     if sp.issparse(Y):
-        M = sp.csr_matrix(Y)
-        if M.shape[0] != n_points:
-            raise ValueError(f"Y has {M.shape[0]} rows but X has {n_points}: give one row of labels per point")
-        M = sp.csr_matrix((np.ones(M.nnz, np.float32), M.indices, M.indptr), shape=M.shape)
-        M.eliminate_zeros()
-        M.sum_duplicates()
-        M.data[:] = 1.0
-        if n_labels is not None and n_labels != M.shape[1]:
-            raise ValueError(f"Y has {M.shape[1]} columns but n_labels = {n_labels}")
-        return M
+        if Y.shape[0] != n_points:
+            raise ValueError(f"Y has {Y.shape[0]} rows but X has {n_points}: give one row of labels per point")
+        return validate.labels(Y, "Y", n_labels)
     if isinstance(Y, np.ndarray) and Y.ndim == 2:
         raise ValueError("Y as a dense array is not taken (it would hold every label of every point): "
                          "give a scipy.sparse indicator matrix or a list of label lists")
-    try:
-        rows = [np.unique(np.asarray(list(r), dtype=np.int64)) for r in Y]
-    except (TypeError, ValueError):
-        raise ValueError("Y must be a scipy.sparse indicator matrix [n_points, n_labels] or a list of "
-                         "label lists (integers >= 0), one per point") from None
-    if len(rows) != n_points:
-        raise ValueError(f"Y has {len(rows)} label lists but X has {n_points} rows: give one per point")
-    flat = np.concatenate(rows) if rows else np.empty(0, np.int64)
-    if flat.size and flat.min() < 0:
-        raise ValueError(f"Y holds label {int(flat.min())}: labels are integers >= 0")
-    width = int(flat.max()) + 1 if flat.size else 0
-    if n_labels is None:
-        n_labels = width
-    elif width > n_labels:
-        raise ValueError(f"Y holds label {width - 1} but n_labels = {n_labels}: labels are in [0, n_labels)")
-    indptr = np.concatenate([[0], np.cumsum([r.size for r in rows])]).astype(np.int64)
-    return sp.csr_matrix((np.ones(flat.size, np.float32), flat.astype(np.int32), indptr), shape=(n_points, n_labels))
+    return validate.label_lists(Y, n_points, n_labels)
 
 
 def _features(X, what: str = "X") -> sp.csr_matrix:
-    if not sp.issparse(X):
-        raise ValueError(f"{what} must be a scipy.sparse matrix [n_points, n_features] (csr preferred), "
-                         f"got {type(X).__name__}")
-    return sp.csr_matrix(X, dtype=np.float32)
+    from dslide import validate
+
+    return validate.features(X, what)
 
 
 def settings_config(settings: dict):
@@ -98,10 +79,8 @@ class Model:
     """
 
     def __init__(self, *, comm=None, **settings):
-        from dslide.comm import Comm
-
         self.config = settings_config(settings)
-        self.comm = comm if comm is not None else Comm.world()
+        self.comm = _comm(comm)
         self._model = None  # dslide.train.Model once fitted or loaded
         self._props = None  # the training labels' propensities (dslide.propensity), or None
         self.history: list = []
@@ -234,9 +213,8 @@ class Model:
         the ranks of `comm` (default: the MPI world), with this process's threads."""
         from dslide import propensity
         from dslide.cli import load_model
-        from dslide.comm import Comm
 
-        comm = comm if comm is not None else Comm.world()
+        comm = _comm(comm)
         self = cls.__new__(cls)
         self.comm = comm
         self._model = load_model(os.fspath(run_dir), comm)
@@ -260,6 +238,18 @@ class Model:
             return f"dslide.Model(untrained, {self.comm.size} rank(s))"
         return (f"dslide.Model({self.n_features:,} features -> {self.n_labels:,} labels, step "
                 f"{self._model.network.step}, {self.comm.size} rank(s))")
+
+
+def _comm(comm):
+    """The communicator a Model runs on: a dslide.comm.Comm, or None for the MPI world."""
+    from dslide.comm import Comm
+
+    if comm is None:
+        return Comm.world()
+    if not isinstance(comm, Comm):
+        raise ValueError(f"comm = {comm!r} must be a dslide.comm.Comm (e.g. dslide.comm.Comm(mpi4py_comm)) "
+                         f"or None (the MPI world)")
+    return comm
 
 
 def check_k(k, n_labels: int) -> int:

@@ -39,6 +39,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from dslide import data as D
+from dslide import validate
 from dslide import xmc_parse as P
 from dslide.data import XMCData, XMCFormatError
 
@@ -122,26 +123,16 @@ def read_data(path: str, fmt: str | None = None, *, n_features: int | None = Non
         X = read_sparse_file(xpath, progress)
         Y = read_sparse_file(ypath, progress) if ypath else None
     else:
-        X, Y = (_load_npz(xpath), _load_npz(ypath) if ypath else None)
+        # checked before any kernel sees them (dslide.validate): a data file may come from anyone
+        X = validate.load_npz(xpath)
+        Y = validate.load_npz(ypath, index_name="label id") if ypath else None
     if Y is None:
         Y = sp.csr_matrix((X.shape[0], n_labels or 0), dtype=np.float32)
     if X.shape[0] != Y.shape[0]:
         raise ValueError(f"{xpath} has {X.shape[0]} points but {ypath} has {Y.shape[0]}: a features "
                          f"file and its labels file must have one row per point each")
-    Y = sp.csr_matrix((np.ones(Y.nnz, np.float32), Y.indices, Y.indptr), shape=Y.shape)
-    Y.eliminate_zeros()
-    return XMCData(X, Y)
-
-
-def _load_npz(path: str) -> sp.csr_matrix:
-    try:
-        M = sp.load_npz(path)
-    except (ValueError, KeyError, OSError) as e:
-        raise ValueError(f"{path}: not a scipy sparse .npz file (scipy.sparse.save_npz): {e}") from None
-    M = sp.csr_matrix(M, dtype=np.float32)
-    if not M.has_canonical_format:
-        M.sum_duplicates()
-    return M
+    # stored zeros dropped before the ones: an entry of value 0 is no label
+    return XMCData(X, validate.labels(Y, ypath or xpath))
 
 
 def _parse_lines(path: str, body_from_header: int, n_features: int, n_labels: int, progress=None):
