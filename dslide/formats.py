@@ -25,10 +25,13 @@ name with `X_Xf` or a pair of text files is "split". Otherwise the first line
 decides: three integers "xmc", two "split", anything else "libsvm".
 
 Predictions (:func:`write_predictions`): "text" writes a header line
-`n_points n_labels` and then per point `label:score` pairs, best first (the
-sparse-matrix text that pyxclib's `read_sparse_file` reads with its default
-header=True); "npz" a CSR float32 [n_points, n_labels] of the top-k scores
-(`scipy.sparse.load_npz` reads it back).
+`n_points n_labels` and then per point its top-k `label:score` pairs in label
+order (the sparse-matrix text that pyxclib's `read_sparse_file` reads with its
+defaults: header=True, safe_read=True wants sorted, unique indices); "npz" a CSR
+float64 [n_points, n_labels] of the top-k scores (`scipy.sparse.load_npz`).
+Both hold the top k as a set: the ranking is by score, ties to the lower label
+id (dslide.topk), which :func:`read_predictions` restores. Scores are written
+to full float64 precision, so that ranking is the one `predict` returned.
 """
 
 from __future__ import annotations
@@ -266,30 +269,74 @@ def _write_text(path: str, M, Y, header: str | None, ones: bool = False) -> None
 
 
 def predictions_csr(ids: np.ndarray, scores: np.ndarray, n_labels: int) -> sp.csr_matrix:
-    """The top-k predictions as csr float32 [n, n_labels]: row i holds scores[i, j] at column
-    ids[i, j] (entries with id -1, fewer than k scored, left out), columns sorted."""
+    """The top-k predictions as csr float64 [n, n_labels]: row i holds scores[i, j] at column
+    ids[i, j] (entries with id -1, fewer than k scored, left out), columns sorted. float64, as
+    predict's scores: a float32 copy could make two scores equal and so change the ranking."""
     keep = ids >= 0
     indptr = np.concatenate([[0], np.cumsum(keep.sum(axis=1))]).astype(np.int64)
-    M = sp.csr_matrix((scores[keep].astype(np.float32), ids[keep], indptr), shape=(ids.shape[0], n_labels))
+    M = sp.csr_matrix((np.asarray(scores, np.float64)[keep], ids[keep], indptr), shape=(ids.shape[0], n_labels))
     M.sort_indices()
     return M
 
 
+def ranked(P: sp.csr_matrix, k: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """The top k entries of each row of the score matrix P (csr [n, n_labels]), ranked by
+    score and ties to the lower label id: (ids int64 [n, k], scores float64 [n, k]), -1 and
+    -inf past a row's entries. k None: the longest row's length."""
+    from dslide.metrics import topk_of_sparse
+
+    P = sp.csr_matrix(P)
+    if k is None:
+        k = int(np.diff(P.indptr).max()) if P.shape[0] else 0
+    ids = topk_of_sparse(P, max(k, 1))[:, :k]
+    rows = np.broadcast_to(np.arange(P.shape[0])[:, None], ids.shape)
+    found = np.asarray(P[rows.ravel(), np.maximum(ids, 0).ravel()], dtype=np.float64).reshape(ids.shape)
+    return ids, np.where(ids >= 0, found, -np.inf)
+
+
+def read_predictions(path: str, k: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """A prediction file of :func:`write_predictions` (text or npz, by its first bytes) as
+    (ids int64 [n, k], scores float64 [n, k]), each row best first, ties to the lower label
+    id: what `predict` returned. k None: the k written."""
+    path = os.fspath(path)
+    with open(path, "rb") as f:
+        is_zip = f.read(4) == b"PK\x03\x04"
+    if is_zip:
+        return ranked(sp.load_npz(path), k)
+    with open(path, encoding="latin-1") as f:
+        head = f.readline().split()
+        if len(head) != 2 or not all(t.isdigit() for t in head):
+            raise XMCFormatError(f"{path}:1: expected the header 'n_points n_labels' of a prediction file")
+        n, n_labels = int(head[0]), int(head[1])
+        rows, cols, vals = [], [], []
+        for r, line in enumerate(f):
+            for tok in line.split():
+                i, v = tok.split(":")
+                rows.append(r), cols.append(int(i)), vals.append(float(v))
+    P = sp.csr_matrix((np.array(vals, np.float64), (np.array(rows, np.int64), np.array(cols, np.int64))),
+                      shape=(n, n_labels))
+    return ranked(P, k)
+
+
 def write_predictions(path: str, ids: np.ndarray, scores: np.ndarray, n_labels: int, fmt: str = "text") -> None:
     """Write top-k predictions (ids int64 [n, k], -1 for none; scores float [n, k]) to `path`:
-    "text" (a header `n n_labels`, then `label:score` best first per line) or "npz"
-    (:func:`predictions_csr` saved with scipy.sparse.save_npz). Written atomically
-    (dslide.rundir.replacing): a reader sees the old file or the new one."""
+    "text" (a header `n n_labels`, then per line the `label:score` pairs in label order, the
+    scores to full precision) or "npz" (:func:`predictions_csr` saved with
+    scipy.sparse.save_npz). :func:`read_predictions` gives back ids and scores best first.
+    Written atomically (dslide.rundir.replacing): a reader sees the old file or the new one."""
     from dslide.rundir import replacing
 
     _check_format(fmt, PREDICTION_FORMATS)
     # a fresh temporary file (mkstemp: exclusive, so never through a symlink planted at any
     # name), fsynced and renamed over `path` (which replaces a link there, never follows it)
+    P = predictions_csr(ids, scores, n_labels)
     if fmt == "npz":
         with replacing(path, binary=True) as f:  # a file object: save_npz would append ".npz" to a bare name
-            sp.save_npz(f, predictions_csr(ids, scores, n_labels))
+            sp.save_npz(f, P)
     else:
         with replacing(path, binary=False) as f:
             f.write(f"{ids.shape[0]} {n_labels}\n")
-            for row_i, row_s in zip(ids, scores):
-                f.write(" ".join(f"{i}:{s:.6g}" for i, s in zip(row_i, row_s) if i >= 0) + "\n")
+            for r in range(P.shape[0]):
+                a, b = P.indptr[r], P.indptr[r + 1]
+                # repr: the shortest text that reads back as the same float64
+                f.write(" ".join(f"{i}:{float(v)!r}" for i, v in zip(P.indices[a:b], P.data[a:b])) + "\n")

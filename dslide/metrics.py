@@ -24,7 +24,8 @@ Predictions come in three forms, all reduced first to a top-k index array
 * a scipy sparse matrix ``[n, L]``: scores, and only stored entries (even stored
   zeros) are candidates; a row with fewer than ``k`` entries is padded with -1.
 
-Score ties are broken by the lower label index, so results never depend on sort
+Score ties are broken by the lower label index (dslide.topk, the one order of ties
+used by predict and the prediction files too), so results never depend on sort
 internals. Everything is vectorised over points (no Python loop per point): true
 labels are looked up with one ``searchsorted`` over the row-major keys
 ``i * L + j`` of ``Y`` (O(n k log nnz(Y))); top-k from scores is a row-wise
@@ -36,6 +37,8 @@ from __future__ import annotations
 
 import numpy as np
 import scipy.sparse as sp
+
+from dslide.topk import best_columns
 
 __all__ = [
     "precision_at_k",
@@ -127,33 +130,6 @@ def _topk_from_indices(pred: np.ndarray, n: int, L: int, k: int) -> np.ndarray:
     return top
 
 
-def _topk_block(B: np.ndarray, ke: int) -> np.ndarray:
-    """Columns of the ke largest entries of each row of B, by (value desc, column asc).
-
-    B: float [c, m] without NaN, 1 <= ke <= m. Returns int64 [c, ke], best first.
-    O(m) per row (a partition), plus O(m) extra only for rows whose ke-th value is tied
-    across the cut.
-    """
-    m = B.shape[1]
-    cols = np.argpartition(B, m - ke, axis=1)[:, m - ke :]
-    v = np.take_along_axis(B, cols, axis=1).min(axis=1)
-    # argpartition picks the right multiset of values but an arbitrary subset of
-    # the entries equal to the cut value v; redo exactly only the rows where the
-    # entries >= v overflow ke (the boundary tie straddles the cut).
-    straddle = np.flatnonzero(np.count_nonzero(B >= v[:, None], axis=1) > ke)
-    if straddle.size:
-        Bs, vs = B[straddle], v[straddle, None]
-        above = Bs > vs
-        at = Bs == vs
-        need = ke - np.count_nonzero(above, axis=1)
-        take = above | (at & (np.cumsum(at, axis=1, dtype=np.int32) <= need[:, None]))
-        cols[straddle] = np.nonzero(take)[1].reshape(straddle.size, ke)
-    cols = np.sort(cols, axis=1)
-    # Stable sort on columns already ascending: equal values keep the lower column first.
-    order = np.argsort(-np.take_along_axis(B, cols, axis=1), axis=1, kind="stable")
-    return np.take_along_axis(cols, order, axis=1).astype(np.int64, copy=False)
-
-
 def _check_no_nan(values: np.ndarray, where) -> None:
     if np.isnan(values).any():
         first = np.flatnonzero(np.isnan(values.ravel()))[0]
@@ -179,7 +155,7 @@ def _topk_from_dense(S: np.ndarray, n: int, L: int, k: int) -> np.ndarray:
         if B.dtype == np.bool_:
             B = B.astype(np.float32)
         _check_no_nan(B, lambda e: f"[{lo + e // L}, {e % L}]")
-        out[lo : lo + B.shape[0], :ke] = _topk_block(B, ke)
+        out[lo : lo + B.shape[0], :ke] = best_columns(B, ke)
     return out
 
 
@@ -211,7 +187,7 @@ def _topk_rows_sparse(indptr, indices, data, n: int, k: int) -> np.ndarray:
             a, b = int(indptr[lo]), int(indptr[hi])
             B = np.full((hi - lo, width), -np.inf)
             B[row[a:b] - lo, pos[a:b]] = data[a:b]
-            top = _topk_block(B, ke)
+            top = best_columns(B, ke)
             first = indptr[lo:hi, None].astype(np.int64)
             real = top < counts[lo:hi, None]
             out[lo:hi, :ke] = np.where(real, indices[np.minimum(first + top, nnz - 1)], -1)
@@ -238,6 +214,13 @@ def _topk_from_sparse(P, n: int, L: int, k: int) -> np.ndarray:
     data = np.asarray(P.data, dtype=np.float64)
     _check_no_nan(data, lambda e: f"[{np.searchsorted(P.indptr, e, side='right') - 1}, {P.indices[e]}]")
     return _topk_rows_sparse(P.indptr, P.indices, data, n, k)
+
+
+def topk_of_sparse(P, k: int) -> np.ndarray:
+    """The top k column indices of each row of the sparse score matrix P [n, L], best first,
+    ties to the lower index, -1 past a row's stored entries: int64 [n, k] (as the metrics
+    rank a sparse `pred`)."""
+    return _topk_from_sparse(P, P.shape[0], P.shape[1], _check_k(k))
 
 
 def _topk(pred, n: int, L: int, k: int) -> np.ndarray:

@@ -1,5 +1,10 @@
-"""Top k over neurons split over ranks.
+"""Top k over neurons split over ranks, and the one order of tied scores.
 
+Everywhere in dslide (the ids of predict, the prediction files, dslide.metrics) a
+ranking is by score descending and, on equal scores, by label id ascending:
+`best_columns` is that order for a score block, `merge_topk` for candidates.
+
+    best_columns   the k best columns of each row of a score block, in that order
     blocked_topk   exact: every neuron of a rank's slice scored, column block by block
     merge_topk     the ranks' candidates merged into the global top k
     order_keys, kth_largest
@@ -49,11 +54,39 @@ def _none(B: int, k: int):
     return np.full((B, k), -np.inf), np.full((B, k), -1, dtype=np.int64)
 
 
+def best_columns(B: np.ndarray, k: int) -> np.ndarray:
+    """Columns of the k largest entries of each row of B, by (value desc, column asc).
+
+    B: float [c, m] without NaN, 1 <= k <= m. Returns int64 [c, k], best first.
+    O(m) per row (a partition), plus O(m) extra only for rows whose k-th value is tied
+    across the cut.
+    """
+    m = B.shape[1]
+    # the k largest sit at the end after partitioning at m - k (no negated copy of B)
+    cols = np.argpartition(B, m - k, axis=1)[:, m - k:]
+    v = np.take_along_axis(B, cols, axis=1).min(axis=1)
+    # argpartition picks the right multiset of values but an arbitrary subset of the
+    # entries equal to the cut value v: redo the rows where the entries >= v overflow k
+    # (a tie straddles the cut), keeping the lowest columns of the tie
+    straddle = np.flatnonzero(np.count_nonzero(B >= v[:, None], axis=1) > k)
+    if straddle.size:
+        Bs, vs = B[straddle], v[straddle, None]
+        above = Bs > vs
+        at = Bs == vs
+        need = k - np.count_nonzero(above, axis=1)
+        take = above | (at & (np.cumsum(at, axis=1, dtype=np.int32) <= need[:, None]))
+        cols[straddle] = np.nonzero(take)[1].reshape(straddle.size, k)
+    cols = np.sort(cols, axis=1)
+    # stable on columns already ascending: equal values keep the lower column first
+    order = np.argsort(-np.take_along_axis(B, cols, axis=1), axis=1, kind="stable")
+    return np.take_along_axis(cols, order, axis=1).astype(np.int64, copy=False)
+
+
 def _merge_block(best, s, k, first):
-    """The top k of `best` (scores, ids [B, k]) and of the block s [B, c] of neurons first.."""
+    """The top k of `best` (scores, ids [B, k]) and of the block s [B, c] of neurons first..;
+    ties to the lower id, also where a tie straddles the k-th place."""
     kk = min(k, s.shape[1])
-    # the kk largest sit at the end after partitioning at c - kk (no negated copy of s)
-    part = np.argpartition(s, s.shape[1] - kk, axis=1)[:, s.shape[1] - kk:]
+    part = best_columns(s, kk)
     cand_s = np.concatenate([best[0], np.take_along_axis(s, part, axis=1).astype(np.float64)], axis=1)
     cand_i = np.concatenate([best[1], part + first], axis=1)
     order = np.lexsort((cand_i, -cand_s), axis=1)[:, :k]

@@ -6,7 +6,7 @@ import pytest
 import scipy.sparse as sp
 
 import dslide
-from dslide import cli
+from dslide import cli, formats
 from dslide.data import read_xmc
 
 SETTINGS = {"epochs": 2, "hidden": 32, "lr": 1e-2, "batch_size": 64, "dropout": 0.0, "seed": 3}
@@ -36,10 +36,8 @@ def fitted(tiny):
 def _cli_predictions(run_dir, data_path, out, k=5):
     assert cli.main(["predict", "--model", str(run_dir), "--data", str(data_path), "--k", str(k),
                      "--out", str(out)]) == 0
-    lines = out.read_text().splitlines()
-    ids = np.array([[int(t.split(":")[0]) for t in l.split()] for l in lines[1:]])
-    scores = np.array([[float(t.split(":")[1]) for t in l.split()] for l in lines[1:]])
-    return lines[0], ids, scores
+    ids, scores = formats.read_predictions(str(out))  # pairs in label order: ranked again by score
+    return out.read_text().splitlines()[0], ids, scores
 
 
 def test_the_public_surface_is_named():
@@ -55,7 +53,7 @@ def test_fit_predicts_what_the_command_line_model_predicts(tiny, cli_run, fitted
     ids, scores = fitted.predict(test.X, k=5)
     assert ids.shape == (test.n_points, 5) and ids.dtype == np.int64
     np.testing.assert_array_equal(ids, ids_cli)
-    np.testing.assert_allclose(scores, scores_cli, rtol=1e-5)  # the text keeps 6 digits
+    np.testing.assert_array_equal(scores, scores_cli)  # the text keeps every digit
 
 
 def test_save_and_load_round_trip_both_ways(tiny, cli_run, fitted, tmp_path):

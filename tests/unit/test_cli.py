@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dslide import cli
+from dslide import cli, formats
 from dslide.config import (BIAS_INITS, DTYPES, INPUT_NORMS, LAYER_KINDS, LR_SCHEDULES, PARALLEL, POLICIES, SELECT_MODES,
                            SYNC_MODES, Config, LSHConfig)
 from dslide.candidates import SOURCES
@@ -317,7 +317,7 @@ def test_train_eval_predict_end_to_end(trained, tiny, capsys, tmp_path):
     header, *lines = pred.read_text().splitlines()
     assert header == "500 500"  # pyxclib's read_sparse_file reads it: points, labels
     assert code == 0 and len(lines) == 500 and all(len(l.split()) == 3 for l in lines)
-    top1 = np.array([int(l.split()[0].split(":")[0]) for l in lines])
+    top1 = formats.read_predictions(str(pred))[0][:, 0]  # pairs in label order: ranked by score again
     hits = np.mean([Y[i, top1[i]] > 0 for i in range(500)])
     assert hits == pytest.approx(m["p@1"])
 

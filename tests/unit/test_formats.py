@@ -101,7 +101,8 @@ def test_prediction_files_text_with_header_and_csr(tmp_path):
     ids = np.array([[3, 0, -1], [1, 2, 0]])
     scores = np.array([[2.5, -1.0, 0.0], [0.75, 0.5, -3.0]])
     formats.write_predictions(str(tmp_path / "p.txt"), ids, scores, 4)
-    assert (tmp_path / "p.txt").read_text().splitlines() == ["2 4", "3:2.5 0:-1", "1:0.75 2:0.5 0:-3"]
+    # pairs in label order (pyxclib's read_sparse_file wants them sorted), scores to full precision
+    assert (tmp_path / "p.txt").read_text().splitlines() == ["2 4", "0:-1.0 3:2.5", "0:-3.0 1:0.75 2:0.5"]
     want = np.array([[-1.0, 0, 0, 2.5], [-3.0, 0.75, 0.5, 0]])
     np.testing.assert_array_equal(_pyxclib_read_sparse_file(tmp_path / "p.txt").toarray(), want)
     formats.write_predictions(str(tmp_path / "p.npz"), ids, scores, 4, fmt="npz")

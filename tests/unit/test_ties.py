@@ -1,0 +1,109 @@
+"""The one order of tied scores (dslide.topk): higher score first, then the lower label id, the
+same in the exact top k, the merge over ranks, the prediction files and every metric.
+
+Before it was pinned, the exact top k kept an arbitrary member of a tie straddling the k-th
+place (argpartition's choice), so `predict` and a metric computed from the score matrix
+could rank different labels first."""
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+from dslide import formats, metrics
+from dslide.topk import best_columns, blocked_topk, merge_topk, scores_topk
+
+
+def _reference(S: np.ndarray, k: int) -> np.ndarray:
+    """Per row: the k best columns by (score desc, column asc), by one full lexsort."""
+    cols = np.arange(S.shape[1])
+    return np.array([np.lexsort((cols, -row))[:k] for row in S], dtype=np.int64)
+
+
+def _tied_scores(seed=0, n=40, m=60):
+    # few distinct values: most rows tie across the k-th place
+    return np.round(np.random.default_rng(seed).random((n, m)) * 3).astype(np.float32)
+
+
+@pytest.mark.parametrize("k", [1, 3, 7])
+def test_the_exact_top_k_keeps_the_lower_ids_of_a_tie_across_the_cut(k):
+    S = _tied_scores()
+    want = _reference(S, k)
+    np.testing.assert_array_equal(best_columns(S, k), want)
+    _, ids = scores_topk(S, k, 0)
+    np.testing.assert_array_equal(ids, want)
+    # blocked over column blocks: x = I, neuron-major W = S^T gives x W^T + 0 = S
+    n, m = S.shape
+    _, ids = blocked_topk(np.eye(n, dtype=np.float32), np.ascontiguousarray(S.T), np.zeros(m, np.float32), k, 0,
+                          block=max(k, 8))
+    np.testing.assert_array_equal(ids, want)
+
+
+def test_the_merge_over_ranks_gives_what_one_rank_gives():
+    S = _tied_scores(1)
+    k = 5
+    bounds = [0, 17, 31, S.shape[1]]  # uneven slices, as three ranks own them
+    parts = [scores_topk(S[:, lo:hi], k, lo) for lo, hi in zip(bounds[:-1], bounds[1:])]
+    s, ids = merge_topk(np.stack([p[0] for p in parts]), np.stack([p[1] for p in parts]), k)
+    np.testing.assert_array_equal(ids, _reference(S, k))
+    np.testing.assert_array_equal(s, np.take_along_axis(S, ids, axis=1))
+
+
+def test_ids_text_csr_and_scores_give_the_same_metrics(tmp_path):
+    S = _tied_scores(2).astype(np.float64)
+    n, L = S.shape
+    k = 5
+    scores, ids = scores_topk(S, k, 0)
+    rng = np.random.default_rng(3)
+    Y = sp.csr_matrix((rng.random((n, L)) < 0.1).astype(np.float32))
+    want = metrics.evaluate(Y, ids, k=k)
+    assert metrics.evaluate(Y, S, k=k) == want  # the dense score matrix, every label a candidate
+    assert metrics.evaluate(Y, formats.predictions_csr(ids, scores, L), k=k) == want
+    for fmt in ("text", "npz"):
+        path = tmp_path / f"p.{fmt}"
+        formats.write_predictions(str(path), ids, scores, L, fmt=fmt)
+        back_ids, back_scores = formats.read_predictions(str(path))
+        np.testing.assert_array_equal(back_ids, ids)
+        np.testing.assert_array_equal(back_scores, scores)
+        assert metrics.evaluate(Y, back_ids, k=k) == want
+
+
+def test_scores_a_float32_copy_would_tie_keep_their_order_in_the_files(tmp_path):
+    # fused scores are float64: two that differ below float32's precision must not swap
+    ids = np.array([[7, 3]])
+    scores = np.array([[0.31093752000001, 0.31093752]])
+    assert np.float32(scores[0, 0]) == np.float32(scores[0, 1])
+    for fmt in ("text", "npz"):
+        path = tmp_path / f"p.{fmt}"
+        formats.write_predictions(str(path), ids, scores, 10, fmt=fmt)
+        np.testing.assert_array_equal(formats.read_predictions(str(path))[0], ids)
+    assert metrics.precision_at_k(sp.csr_matrix(([1.0], ([0], [7])), shape=(1, 10)),
+                                  formats.predictions_csr(ids, scores, 10), k=1)[0] == 1.0
+
+
+def _pyxclib_read_sparse_file(path):
+    """pyxclib's `read_sparse_file` with its defaults (header=True, safe_read=True): a header
+    `n_rows n_cols`, then per row `i:v` pairs whose indices must be sorted and unique."""
+    with open(path) as f:
+        n, m = (int(t) for t in f.readline().split())
+        rows, cols, vals = [], [], []
+        for r, line in enumerate(f):
+            idx = [int(t.split(":")[0]) for t in line.split()]
+            if any(b <= a for a, b in zip(idx, idx[1:])):
+                raise ValueError(f"Feature indices at row {r} should be sorted and unique")
+            for tok in line.split():
+                i, v = tok.split(":")
+                rows.append(r), cols.append(int(i)), vals.append(np.float32(v))
+    assert r == n - 1
+    return sp.csr_matrix((vals, (rows, cols)), shape=(n, m), dtype=np.float32)
+
+
+def test_the_text_file_is_what_pyxclib_reads_with_its_defaults(tmp_path):
+    ids = np.array([[3, 0, -1], [1, 2, 0]])
+    scores = np.array([[2.5, -1.0, 0.0], [0.75, 0.5, -3.0]])
+    formats.write_predictions(str(tmp_path / "p.txt"), ids, scores, 4)
+    assert (tmp_path / "p.txt").read_text().splitlines() == ["2 4", "0:-1.0 3:2.5", "0:-3.0 1:0.75 2:0.5"]
+    P = _pyxclib_read_sparse_file(tmp_path / "p.txt")
+    np.testing.assert_array_equal(P.toarray(), [[-1.0, 0, 0, 2.5], [-3.0, 0.75, 0.5, 0]])
+    back_ids, back_scores = formats.read_predictions(str(tmp_path / "p.txt"), k=3)
+    np.testing.assert_array_equal(back_ids, ids)  # best first again, -1 past the row's entries
+    np.testing.assert_array_equal(back_scores[ids >= 0], scores[ids >= 0])
