@@ -611,6 +611,10 @@ def load_into(net: Network, path, comm: Comm, verify: bool = True, weights_only:
     except KeyError as e:  # an array the network needs that the manifest does not list
         raise CheckpointError(f"{path / 'manifest.json'} lists no {e.args[0]!r}, which this network "
                               f"needs: not a checkpoint of this network") from None
+    except CheckpointError:
+        raise
+    except ValueError as e:  # an array that fails its checks (dslide.validate), whatever its hash
+        raise CheckpointError(f"{path}: {e}") from None
 
 
 def _load_into(net: Network, path: Path, manifest: dict, comm: Comm, verify: bool, weights_only: bool) -> dict:

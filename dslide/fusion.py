@@ -71,9 +71,10 @@ from dslide import _numba_cache  # noqa: F401  (before any kernel: the cache is 
 #: prototype's norm |S_j| float32 [L]) from stores built without them, "share" (the
 #: prototypes' share training chose, float64 [1]) where none was chosen, and "pr_perm"
 #: (int32 [L]: the label each of pr_lab's ids stands for) from stores whose pr_lab holds the
-#: labels themselves
+#: labels themselves; "weight" (the fusion weight chosen on the validation split, float64 [1])
+#: where none was chosen
 KEYS = ("post_ptr", "post_pt", "post_val", "y_ptr", "y_idx", "k", "pr_ptr", "pr_lab", "pr_val", "pr_norm", "share",
-        "pr_perm")
+        "pr_perm", "weight")
 _REQUIRED = KEYS[:5]
 _PROTOTYPES = KEYS[6:10]
 _NO_PERM = np.empty(0, np.int32)
@@ -269,6 +270,8 @@ def fuse(m_ids, m_logits, nn_ids, nn_sims, y_ptr, y_idx, weight, power, pr_ids, 
 def _shared_search(Xq, k: int, comm, ptr, pt, val, n_items: int, perm=_NO_PERM) -> tuple[np.ndarray, np.ndarray]:
     """`search` of posting lists (ptr, pt, val) over n_items (their ids standing for perm's),
     each rank taking a contiguous share of the query rows, all gathered."""
+    if Xq.shape[1] != ptr.shape[0] - 1:  # the kernel reads ptr[f + 1] for each feature f of a query
+        raise ValueError(f"queries have {Xq.shape[1]} features but the neighbour store holds {ptr.shape[0] - 1}")
     Xq = l2_rows(Xq)
     n = Xq.shape[0]
     size = 1 if comm is None else comm.size
@@ -351,7 +354,8 @@ class NeighbourLabels:
     and pr_perm int32 [L]: the label of each renumbered id (`label_prototypes`).
     """
 
-    def __init__(self, arrays: dict, n_points: int, k: int | None = None, share: float | None = None):
+    def __init__(self, arrays: dict, n_points: int, k: int | None = None, share: float | None = None,
+                 weight: float | None = None):
         missing = [name for name in _REQUIRED if name not in arrays]
         if missing:
             raise ValueError(f"neighbour labels lack {', '.join(missing)}")
@@ -371,6 +375,10 @@ class NeighbourLabels:
             share = float(np.asarray(arrays["share"]).reshape(-1)[0])
         #: the prototypes' share of the neighbour term (None: not chosen; proto_weight decides)
         self.share = share
+        if weight is None and "weight" in arrays:
+            weight = float(np.asarray(arrays["weight"]).reshape(-1)[0])
+        #: the neighbours' weight in the fused score (None: not chosen; knn_weight decides)
+        self.weight = weight
 
     @classmethod
     def build(cls, X, Y, prototypes: bool = False, comm=None) -> "NeighbourLabels":
@@ -397,7 +405,15 @@ class NeighbourLabels:
         return int(self.arrays["pr_norm"].shape[0]) if self.has_prototypes else 0
 
     @classmethod
-    def from_state(cls, arrays: dict) -> "NeighbourLabels":
+    def from_state(cls, arrays: dict, n_labels: int | None = None, where: str = "neighbour store") -> "NeighbourLabels":
+        """The store of `state_arrays()` output (a checkpoint's), checked first (dslide.validate:
+        pointers, ids below n_labels, finite values, k and share in range), whatever its hash."""
+        from dslide import validate
+
+        missing = [name for name in _REQUIRED if name not in arrays]
+        if missing:
+            raise ValueError(f"{where}: neighbour labels lack {', '.join(missing)}")
+        validate.neighbour_store(arrays, where, n_labels)
         return cls(arrays, len(arrays["y_ptr"]) - 1)
 
     def state_arrays(self) -> dict:
@@ -406,6 +422,8 @@ class NeighbourLabels:
             out["k"] = np.array([self.k], np.int64)
         if self.share is not None:
             out["share"] = np.array([self.share], np.float64)
+        if self.weight is not None:
+            out["weight"] = np.array([self.weight], np.float64)
         return out
 
     def drop_prototypes(self) -> None:

@@ -142,6 +142,10 @@ class InferenceIndex:
         tables = lsh.AnchorTables(W.shape[1], 1, anchors.shape[1], 1, seed)
         index = cls(tables, bucket_target=int(np.asarray(arrays["index.bucket"])[0]))
         if same_layout:
+            from dslide import validate
+
+            validate.anchor_tables({k[len("index."):]: v for k, v in arrays.items() if k.startswith("index.")},
+                                   "the inference index", W.shape[0], tables.anchors.shape)
             tables.load_state_arrays({k[len("index."):]: v for k, v in arrays.items()
                                       if k.startswith("index.") and k != "index.bucket"})
         else:
@@ -149,8 +153,15 @@ class InferenceIndex:
             tables.ready = True
             index.fill(W, b, comm, index.bucket_target, lc)
         if "nn.points" in arrays:  # the same on every rank: each reads the labels of its own slice
-            index.neighbors = lsh.NeighborIndex.from_state({k[len("nn."):]: v for k, v in arrays.items()
-                                                            if k.startswith("nn.")})
+            from dslide import validate
+
+            nn = {k[len("nn."):]: v for k, v in arrays.items() if k.startswith("nn.")}
+            missing = [k for k in lsh.NeighborIndex.KEYS if k not in nn]
+            if missing:
+                raise ValueError(f"the inference index lacks nn.{', nn.'.join(missing)}")
+            # whatever the manifest's hash says, what the search kernel indexes with is checked
+            validate.neighbor_index(nn, "the inference index", dim=W.shape[1], n_cells=anchors.shape[1])
+            index.neighbors = lsh.NeighborIndex.from_state(nn)
         return index
 
     @property

@@ -365,3 +365,20 @@ def neighbor_index(arrays: dict, where: str, dim: int | None = None, n_cells: in
     del cell_ptr
     label_ids = ids(arrays["label_ids"], w + "label_ids", INDEX_MAX + 1, name="label id")
     pointer(arrays["label_ptr"], w + "label_ptr", n, total=label_ids.shape[0])
+
+
+def anchor_tables(arrays: dict, where: str, n_items: int, shape: tuple) -> None:
+    """The arrays of an lsh.AnchorTables (`index.*` or `anchor.*` of a checkpoint), checked:
+    anchors float32 finite of `shape` [L, A, d]; fill int [L, A] in [0, T]; the first fill
+    entries of each bucket (buckets int [L, A, T]) ids in [0, n_items), the kernels' rows."""
+    anchors = finite(arrays["anchors"], f"{where}.anchors")
+    if anchors.shape != tuple(shape):
+        raise ValueError(f"{where}.anchors has shape {anchors.shape}; expected {tuple(shape)}")
+    buckets = integer_array(arrays["buckets"], f"{where}.buckets", ndim=3)
+    fill = integer_array(arrays["fill"], f"{where}.fill", ndim=2)
+    if buckets.shape[:2] != anchors.shape[:2] or fill.shape != anchors.shape[:2]:
+        raise ValueError(f"{where}: buckets {buckets.shape} and fill {fill.shape}; expected "
+                         f"[{shape[0]}, {shape[1]}, T] and [{shape[0]}, {shape[1]}]")
+    ids(fill, f"{where}.fill", buckets.shape[2] + 1, name="bucket fill")
+    used = np.arange(buckets.shape[2])[None, None, :] < fill[:, :, None]
+    ids(buckets[used], f"{where}.buckets", n_items, name="id")

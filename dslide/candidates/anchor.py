@@ -84,6 +84,10 @@ class AnchorCandidates(CandidateSource):
         schedule and refill the buckets from this rank's weights."""
         self._load_dirty(arrays, same_layout)
         if same_layout:
+            from dslide import validate
+
+            validate.anchor_tables({k[len("anchor."):]: v for k, v in arrays.items() if k.startswith("anchor.")},
+                                   "the training hash tables: anchor", W.shape[0], self.tables.anchors.shape)
             self.tables.load_state_arrays({k[len("anchor."):]: v for k, v in arrays.items()
                                            if k.startswith("anchor.") and k not in ("anchor.schedule",
                                                                                      "anchor.filled")})

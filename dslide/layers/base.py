@@ -185,7 +185,8 @@ class Layer:
             from dslide import fusion
 
             self.neighbour_labels = fusion.NeighbourLabels.from_state(
-                {k[len("knn."):]: v for k, v in arrays.items() if k.startswith("knn.")})
+                {k[len("knn."):]: v for k, v in arrays.items() if k.startswith("knn.")},
+                n_labels=self.n if self.is_output else None, where=f"layer {self.index}")
         for name, arr in Layer.state(self, weights_only).items():
             if name.startswith("knn."):
                 continue
