@@ -327,8 +327,9 @@ def neighbour_store(arrays: dict, where: str, n_labels: int | None = None) -> No
         raise ValueError(f"{w}post_val has shape {val.shape}; expected {np.shape(arrays['post_pt'])} (one per post_pt)")
     if "k" in arrays:
         one(arrays["k"], w + "k", 1, 1024, integer=True)
-    if "share" in arrays:
-        one(arrays["share"], w + "share", 0.0, 1.0, integer=False)
+    for name in ("share", "weight"):  # the chosen shares of the fused score
+        if name in arrays:
+            one(arrays[name], w + name, 0.0, 1.0, integer=False)
     if "pr_ptr" in arrays:
         norm = finite(arrays["pr_norm"], w + "pr_norm")
         L = norm.shape[0] if norm.ndim == 1 else -1
