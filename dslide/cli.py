@@ -873,7 +873,8 @@ def cmd_predict(args, comm) -> int:
         # a fresh temporary file renamed into place, never through a planted link (dslide.rundir)
         formats.write_predictions(args.out, ids, scores, model.n_labels, out_fmt)
         what = ("a CSR matrix of the top-k scores, scipy.sparse.load_npz" if out_fmt == "npz" else
-                "a header line 'points labels', then label:score per line, pyxclib's read_sparse_file")
+                "a header line 'points labels', then label:score pairs in label order per line, pyxclib's "
+                "read_sparse_file")
         print(f"wrote the top {args.k} labels of {data.n_points:,} points to {args.out} ({what}; "
               f"{100 * stats['scored_share']:.2f}% of the labels scored per point)")
         print(f"{data.n_points:,} points in {dt:.2f}s ({'lsh' if args.lsh else 'exact'} scoring), after "
@@ -976,7 +977,8 @@ class _Help(argparse.RawDescriptionHelpFormatter):
 _FORMAT_HELP = ("data format: xmc (one file with header 'points features labels'), split (the repository's "
                 "X_Xf.txt + X_Y.txt), libsvm (headerless 'l1,l2 f:v ...'), npz (scipy CSR pair X.npz,Y.npz); "
                 "default: by the file's name and first line")
-_DATA_HELP = "FEATURES[,LABELS]: an XMC file, or a pair (the labels file is found beside X_Xf / X* files by name)"
+_DATA_HELP = ("FEATURES[,LABELS]: an XMC file, or a pair (the labels file is found beside X_Xf / X* / NAME files by "
+              "name: X_Y / Y* / NAME_Y)")
 
 _EXAMPLES = {
     "dslide": """examples:
@@ -1048,11 +1050,19 @@ def parser() -> argparse.ArgumentParser:
     t.add_argument("--quiet", action="store_true", help="no progress bar and no log lines; the final figures only")
     t.add_argument("--verbose", action="store_true", help="also print the effective configuration first")
 
+    def add_in_format(c, what):
+        # the input's format beside an output's (--out-format): named apart; --format, its old
+        # name, still works but is not listed
+        c.add_argument("--in-format", dest="format", choices=FORMATS,
+                       help=f"format of {what}, the input (--format is the same option; the output's is "
+                            f"--out-format): " + _FORMAT_HELP)
+        c.add_argument("--format", dest="format", choices=FORMATS, help=argparse.SUPPRESS)
+
     def model_command(name, help_text, exact_flag):
         c = command(name, help_text)
         c.add_argument("--model", required=True, metavar="RUN_DIR", help="run directory of dslide train (or export)")
         c.add_argument("--data", required=True, metavar="DATA", help=_DATA_HELP)
-        c.add_argument("--format", choices=FORMATS, help=_FORMAT_HELP)
+        add_in_format(c, "--data")
         c.add_argument("--k", type=int, default=5, help="labels per point: P@1..k, or the top k written")
         g = c.add_mutually_exclusive_group()
         if exact_flag:
@@ -1072,9 +1082,11 @@ def parser() -> argparse.ArgumentParser:
                    help="write the metrics here (default: the model's metrics.json, where it can be written)")
     r = model_command("predict", "write the top-k labels of each point", exact_flag=False)
     r.add_argument("--out", required=True, metavar="PRED",
-                   help="output file: text ('points labels' header, then label:score per line) or, for .npz, "
-                        "a scipy CSR matrix of the top-k scores")
-    r.add_argument("--out-format", choices=PREDICTION_FORMATS, help="format of --out (default: npz for a .npz name)")
+                   help="output file: text ('points labels' header, then the top k's label:score pairs per line "
+                        "in label order, as pyxclib's read_sparse_file reads them) or, for .npz, a scipy CSR "
+                        "matrix of the top-k scores; ranked by score, ties to the lower label id")
+    r.add_argument("--out-format", choices=PREDICTION_FORMATS,
+                   help="format of --out, the output (the input's is --in-format; default: npz for a .npz name)")
 
     x = command("export", "copy a run's latest checkpoint without optimiser state (for eval/predict)")
     x.add_argument("--model", required=True, metavar="RUN_DIR", help="run directory to export")
@@ -1102,7 +1114,7 @@ def parser() -> argparse.ArgumentParser:
     conv.add_argument("input", metavar="IN", help="input: " + _DATA_HELP + ", or a mulan .arff file")
     conv.add_argument("output", metavar="OUT", help="output (format by name: .npz, .svm, X_Xf, else XMC text), "
                                                     "or 'cache' for IN's binary cache")
-    conv.add_argument("--format", choices=FORMATS, help="format of IN: " + _FORMAT_HELP)
+    add_in_format(conv, "IN")
     conv.add_argument("--out-format", choices=FORMATS, help="format of OUT (default: by its name)")
     conv.add_argument("--labels", type=int, help="ARFF: the last N attributes are the labels")
     conv.add_argument("--labels-xml", help="ARFF: mulan's XML file naming the labels")

@@ -18,7 +18,9 @@ Read (:func:`read_data`), chosen by `fmt` or else by the file name and its first
 A pair of files is named either explicitly, `FEATURES,LABELS`, or by the
 features file alone, its labels file found beside it by name: `X_Xf` -> `X_Y`
 (`trn_X_Xf.txt` -> `trn_X_Y.txt`), or a leading `X` -> `Y` (`X.trn.npz` ->
-`Y.trn.npz`). Without a labels file (what `predict` needs) Y has no entries.
+`Y.trn.npz`), or else `_Y` before the extension (`mydata.npz` -> `mydata_Y.npz`):
+the names :func:`write_data` gives, so that what it writes reads back as the same
+pair. Without a labels file (what `predict` needs) Y has no entries.
 
 By name: `.npz` is "npz"; `.svm`, `.libsvm`, `.svmlight` are "libsvm"; a
 name with `X_Xf` or a pair of text files is "split". Otherwise the first line
@@ -66,6 +68,8 @@ def partner(path: str) -> str | None:
         cands.append(base.replace("X_Xf", "X_Y"))
     if base.startswith("X"):
         cands.append("Y" + base[1:])
+    stem, ext = os.path.splitext(base)
+    cands.append(stem + "_Y" + ext)  # the name write_data gives otherwise
     for c in cands:
         p = os.path.join(head, c)
         if c != base and os.path.exists(p):
@@ -122,6 +126,9 @@ def read_data(path: str, fmt: str | None = None, *, n_features: int | None = Non
     if fmt == "libsvm":
         return read_libsvm(path, n_features=n_features, n_labels=n_labels, progress=progress)
     xpath, ypath = split_pair(path)
+    if fmt == "npz":
+        for p in (xpath, ypath) if ypath else (xpath,):
+            _check_zip(p)
     if fmt == "split":
         X = read_sparse_file(xpath, progress)
         Y = read_sparse_file(ypath, progress) if ypath else None
@@ -136,6 +143,18 @@ def read_data(path: str, fmt: str | None = None, *, n_features: int | None = Non
                          f"file and its labels file must have one row per point each")
     # stored zeros dropped before the ones: an entry of value 0 is no label
     return XMCData(X, validate.labels(Y, ypath or xpath))
+
+
+def _check_zip(path: str) -> None:
+    """A one-line ValueError unless `path` begins as a zip archive (what save_npz writes), so
+    that a text file read as npz is named as such, not by numpy's message about pickles."""
+    with open(path, "rb") as f:
+        head = f.read(64)
+    if not head.startswith(b"PK"):
+        begin = head.split(b"\n", 1)[0][:40].decode("latin-1")
+        raise XMCFormatError(f"{path} was read as format 'npz' but is not a scipy sparse .npz file (save_npz "
+                             f"writes a zip archive); it begins {begin!r}: give its format (xmc, split or "
+                             f"libsvm) or none, to detect it")
 
 
 def _parse_lines(path: str, body_from_header: int, n_features: int, n_labels: int, progress=None):
