@@ -595,6 +595,8 @@ def _train(args, comm, config, run_dir: Path, train, test, path) -> int:
     if None not in startup:
         metrics["startup_s"] = max(startup)
     if comm.rank == 0:
+        if test is not None:  # the file the figures above are of
+            metrics["test_data"] = data_files(args.test)
         write_atomic(run_dir / "metrics.json", dumps(metrics, indent=1) + "\n")
     _say(comm, _summary(metrics, run_dir))
     return 0
@@ -798,11 +800,34 @@ def cmd_eval(args, comm) -> int:
     return 0
 
 
+def data_files(path: str) -> dict:
+    """What a data argument (FILE or FEATURES,LABELS) names: {"data": path, "files": [{"path":
+    absolute path, "sha256": hex digest}, ...]}, features file first, so that figures saved from
+    it say which data they are of."""
+    import hashlib
+
+    from dslide import formats
+
+    files = []
+    for p in (q for q in formats.split_pair(path) if q):
+        h = hashlib.sha256()
+        with open(p, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                h.update(chunk)
+        files.append({"path": os.path.abspath(p), "sha256": h.hexdigest()})
+    return {"data": path, "files": files}
+
+
 def _save_eval(args, m: dict) -> None:
     """The evaluation into --out, or into the model's metrics.json where that can be written
-    (the directory writable, no run holding its lock); otherwise a note on stderr."""
+    (the directory writable, no run holding its lock); otherwise a note on stderr.
+
+    metrics.json keeps one evaluation per data file under "evals" (keyed by its absolute path,
+    "FEATURES,LABELS" for a pair), and the latest under "eval": an eval of another file never
+    replaces the figures of the test file. Each names its file(s) and their sha256."""
     from dslide import rundir
 
+    m = {**data_files(args.data), **m}
     if args.out:
         rundir.write_atomic(args.out, rundir.dumps({"model": str(args.model), "eval": m}, indent=1) + "\n")
         return
@@ -813,7 +838,11 @@ def _save_eval(args, m: dict) -> None:
     else:
         try:
             with rundir.RunLock.acquire(args.model, "dslide eval"):
-                rundir.write_atomic(target, rundir.dumps({**_old_metrics(args.model), "eval": m}, indent=1) + "\n")
+                old = _old_metrics(args.model)
+                evals = old.get("evals") if isinstance(old.get("evals"), dict) else {}
+                key = ",".join(f["path"] for f in m["files"])
+                new = {**old, "eval": m, "evals": {**evals, key: m}}
+                rundir.write_atomic(target, rundir.dumps(new, indent=1) + "\n")
         except (ValueError, OSError) as e:
             why = str(e)
     if why is not None:
@@ -1049,6 +1078,14 @@ def parser() -> argparse.ArgumentParser:
     t.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its last checkpoint")
     t.add_argument("--quiet", action="store_true", help="no progress bar and no log lines; the final figures only")
     t.add_argument("--verbose", action="store_true", help="also print the effective configuration first")
+
+    def add_in_format(c, what):
+        # the input's format beside an output's (--out-format): named apart; --format, its old
+        # name, still works but is not listed
+        c.add_argument("--in-format", dest="format", choices=FORMATS,
+                       help=f"format of {what}, the input (--format is the same option; the output's is "
+                            f"--out-format): " + _FORMAT_HELP)
+        c.add_argument("--format", dest="format", choices=FORMATS, help=argparse.SUPPRESS)
 
     def add_in_format(c, what):
         # the input's format beside an output's (--out-format): named apart; --format, its old
