@@ -376,81 +376,29 @@ RESUME_SETTABLE = {"epochs", "eval_every", "eval_points", "log_every", "checkpoi
                    "threads", "replicas", "sync", "sync_every", "shard_weights",  # the layout: any, on resume
                    "stall_timeout"}
 
-#: what a run directory holds, all of it written by dslide (`--overwrite` deletes these)
-RUN_FILES = ("config.toml", "log.jsonl", "metrics.json", "propensity.npz", "checkpoints")
-
-
-def _ours(name: str) -> bool:
-    """A run directory's entry that dslide wrote: RUN_FILES, the lock, a temporary file."""
-    from dslide.rundir import LOCK_NAME
-
-    return name in RUN_FILES or name == LOCK_NAME or (name.startswith(".") and name.endswith(".tmp"))
+def _out_hint(run_dir: Path) -> str:
+    return f"continue it with --resume {run_dir}, replace it with --overwrite, or choose another --out"
 
 
 def _check_new_run(run_dir: Path, overwrite: bool) -> None:
     """Before anything is read or written: `--out` must be new, empty, or (with --overwrite)
-    a run dslide may replace; never one in use."""
+    a dslide run (its marker: dslide.rundir.MARKER) that may be replaced; never one in use."""
     from dslide import rundir
 
-    if not run_dir.exists() and not run_dir.is_symlink():
-        return
-    if not run_dir.is_dir():
-        raise UsageError(f"--out {run_dir} exists and is not a directory")
-    holder = rundir.holder_of(run_dir)
-    if holder is not None:
-        raise rundir.RunDirError(f"{run_dir} is in use by {rundir.describe(holder)}; wait for it to end "
-                                 f"(one run directory has one writer)")
-    entries = sorted(p.name for p in run_dir.iterdir() if p.name != rundir.LOCK_NAME)
-    if entries and not overwrite:
-        listed = ", ".join(entries[:6]) + (", ..." if len(entries) > 6 else "")
-        raise UsageError(f"--out {run_dir} already holds a run ({listed}): continue it with --resume "
-                         f"{run_dir}, replace it with --overwrite, or choose another --out")
+    rundir.check_new(run_dir, overwrite, "--out", _out_hint(run_dir))
 
 
 def _open_run(run_dir: Path, resume: bool, overwrite: bool):
     """On rank 0: the run directory made and locked (dslide.rundir.RunLock, returned); for a
-    new run, checked again under the lock and, with --overwrite, emptied of the old run's files."""
-    import shutil
-
+    new run, checked again under the lock, with --overwrite emptied of the old run's files,
+    and marked as a run (dslide.rundir.open_new)."""
     from dslide import rundir
 
-    if resume and not run_dir.is_dir():
+    if not resume:
+        return rundir.open_new(run_dir, overwrite, "dslide train", "--out", _out_hint(run_dir))
+    if not run_dir.is_dir():
         raise UsageError(f"--resume {run_dir}: run directory {run_dir} does not exist")
-    created = not run_dir.exists()
-    run_dir.mkdir(parents=True, exist_ok=True)
-    try:
-        lock = rundir.RunLock.acquire(run_dir, "dslide train" + (" --resume" if resume else ""))
-    except BaseException:
-        if created:
-            _rmdir_quietly(run_dir)
-        raise
-    try:
-        if not resume:
-            entries = sorted(p.name for p in run_dir.iterdir() if p.name != rundir.LOCK_NAME)
-            if entries and not overwrite:  # another run finished here since the first check
-                raise UsageError(f"--out {run_dir} already holds a run ({', '.join(entries[:6])}): continue "
-                                 f"it with --resume {run_dir}, replace it with --overwrite, or choose another --out")
-            for name in entries:  # --overwrite: the old run's files go (never through a link)
-                if not _ours(name):
-                    continue  # someone else's file (a plot, notes): kept
-                p = run_dir / name
-                if p.is_dir() and not p.is_symlink():
-                    shutil.rmtree(p)
-                else:
-                    p.unlink()
-    except BaseException:
-        lock.release()
-        if created:
-            _rmdir_quietly(run_dir)
-        raise
-    return lock
-
-
-def _rmdir_quietly(path: Path) -> None:
-    try:
-        path.rmdir()  # only when empty: what this run made and nothing else
-    except OSError:
-        pass
+    return rundir.RunLock.acquire(run_dir, "dslide train --resume")
 
 
 def cmd_train(args, comm) -> int:
@@ -752,6 +700,7 @@ def cmd_eval(args, comm) -> int:
     from dslide import train as T
     from dslide.metrics import evaluate
 
+    _check_out(args)
     t_load = time.perf_counter()
     model = _load_model(args.model, comm, args.k)
     load_s = time.perf_counter() - t_load
@@ -798,6 +747,14 @@ def cmd_eval(args, comm) -> int:
               f"start-up ({m['load_model_s']:.1f}s loading the model)", flush=True)
         _save_eval(args, m)
     return 0
+
+
+def _check_out(args) -> None:
+    """eval's and predict's --out: never one of their inputs (the data, a pair's labels file,
+    the model's files) nor inside a run's checkpoints; checked before anything is read."""
+    from dslide import formats, rundir
+
+    rundir.check_output(args.out, [*formats.split_pair(args.data or ""), *rundir.run_inputs(args.model)])
 
 
 def data_files(path: str) -> dict:
@@ -872,6 +829,7 @@ def cmd_predict(args, comm) -> int:
 
     import dslide
 
+    _check_out(args)
     t_load = time.perf_counter()
     model = _load_model(args.model, comm, args.k)
     load_s = time.perf_counter() - t_load
@@ -963,6 +921,7 @@ def _convert(args) -> int:
     src, dst = args.input, args.output
     if not os.path.exists(formats.split_pair(src)[0]):
         raise UsageError(f"input {src} does not exist")
+    _check_convert_outputs(src, dst, args)
     if src.endswith(".arff") or src.endswith(".arff.gz"):
         from dslide.datasets.arff import read_arff
 
@@ -983,6 +942,23 @@ def _convert(args) -> int:
     print(f"wrote {' and '.join(paths)}: {data.n_points:,} points, {data.n_features:,} features, "
           f"{data.n_labels:,} labels")
     return 0
+
+
+def _check_convert_outputs(src: str, dst: str, args) -> None:
+    """Every file convert would write (a pair format's two: dslide.formats.write_data) is none of
+    its inputs (a pair's second file included) and lies in no run's checkpoints."""
+    from dslide import formats, rundir
+
+    inputs = [*formats.split_pair(src), getattr(args, "labels_xml", None)]
+    outputs = [dst]
+    name = dst.split(",", 1)[0].lower()
+    fmt = args.out_format or ("npz" if name.endswith(".npz") else "libsvm" if name.endswith(formats.LIBSVM_SUFFIXES)
+                              else "split" if ("x_xf" in os.path.basename(name) or "," in dst) else "xmc")
+    is_arff = src.endswith(".arff") or src.endswith(".arff.gz")
+    if fmt in ("npz", "split") and not is_arff and dst != "cache":
+        outputs = list(formats._pair_names(dst))
+    for out in outputs:
+        rundir.check_output(out, inputs, "output")
 
 
 # ----------------------------------------------------------------------------
@@ -1087,14 +1063,6 @@ def parser() -> argparse.ArgumentParser:
                             f"--out-format): " + _FORMAT_HELP)
         c.add_argument("--format", dest="format", choices=FORMATS, help=argparse.SUPPRESS)
 
-    def add_in_format(c, what):
-        # the input's format beside an output's (--out-format): named apart; --format, its old
-        # name, still works but is not listed
-        c.add_argument("--in-format", dest="format", choices=FORMATS,
-                       help=f"format of {what}, the input (--format is the same option; the output's is "
-                            f"--out-format): " + _FORMAT_HELP)
-        c.add_argument("--format", dest="format", choices=FORMATS, help=argparse.SUPPRESS)
-
     def model_command(name, help_text, exact_flag):
         c = command(name, help_text)
         c.add_argument("--model", required=True, metavar="RUN_DIR", help="run directory of dslide train (or export)")
@@ -1189,7 +1157,26 @@ def cmd_config(args, comm) -> int:
     return 0
 
 
+def _thread_setting_error() -> str | None:
+    """What is wrong with NUMBA_NUM_THREADS (numba refuses it with a traceback on import), or None."""
+    raw = os.environ.get("NUMBA_NUM_THREADS")
+    if raw is None or raw.strip() == "":
+        return None
+    try:
+        n = int(raw)
+    except ValueError:
+        n = None
+    if n is None or n < 1:
+        return (f"NUMBA_NUM_THREADS={raw!r} must be a positive integer (the threads of each process); "
+                f"unset it for one per core")
+    return None
+
+
 def main(argv=None) -> int:
+    bad = _thread_setting_error()  # before anything imports numba, which would raise on it
+    if bad is not None:
+        print(f"dslide: error: {bad}", file=sys.stderr, flush=True)
+        raise SystemExit(EXIT_USAGE)
     args = parser().parse_args(argv)
     from dslide.comm import Comm, StallError
 

@@ -310,3 +310,123 @@ def holder_of(run_dir):
     if holder and holder.get("host") == socket.gethostname() and not _alive(holder):
         return None
     return holder or {"command": "an unknown process"}
+
+
+# ----------------------------------------------------------------------------
+# what is a run, and what may be written where
+# ----------------------------------------------------------------------------
+
+#: the file that marks a directory as a dslide run (written when the run directory is opened):
+#: only a directory holding it is ever emptied by `--overwrite` or `Model.save(overwrite=True)`
+MARKER = "dslide-run.json"
+#: what a run directory holds, all of it written by dslide (an overwrite deletes these)
+RUN_FILES = ("config.toml", "log.jsonl", "metrics.json", "propensity.npz", "checkpoints", MARKER)
+
+
+def ours(name: str) -> bool:
+    """A run directory's entry that dslide wrote: RUN_FILES, the lock, a temporary file."""
+    return name in RUN_FILES or name == LOCK_NAME or (name.startswith(".") and name.endswith(".tmp"))
+
+
+def holds_run(run_dir) -> bool:
+    """Whether run_dir holds a dslide run: its marker (a regular file, not a link), or, for a
+    run from before markers, checkpoints/LATEST naming a checkpoint with a manifest."""
+    run_dir = Path(run_dir)
+    marker = run_dir / MARKER
+    if marker.is_file() and not marker.is_symlink():
+        return True
+    latest = run_dir / "checkpoints" / "LATEST"
+    try:
+        name = latest.read_text().strip() if latest.is_file() and not latest.is_symlink() else ""
+    except (OSError, UnicodeDecodeError):
+        return False
+    return bool(name) and "/" not in name and (run_dir / "checkpoints" / name / "manifest.json").is_file()
+
+
+def mark(run_dir) -> None:
+    """Mark run_dir as a dslide run (MARKER, written whole)."""
+    write_atomic(Path(run_dir) / MARKER, dumps({"dslide": "run", "since": time.strftime("%Y-%m-%d %H:%M:%S")}) + "\n")
+
+
+def check_new(run_dir, overwrite: bool, what: str, hint: str, locked: bool = False) -> None:
+    """A run directory to write a new run into: new, empty, or (overwrite) a dslide run not in use.
+    what: how the caller names it (`--out`); hint: how to continue or replace a run there;
+    locked: this process holds its lock (the check is repeated under it)."""
+    run_dir = Path(run_dir)
+    if not run_dir.exists() and not run_dir.is_symlink():
+        return
+    if not run_dir.is_dir():
+        raise RunDirError(f"{what} {run_dir} exists and is not a directory")
+    holder = None if locked else holder_of(run_dir)
+    if holder is not None:
+        raise RunDirError(f"{run_dir} is in use by {describe(holder)}; wait for it to end "
+                          f"(one run directory has one writer)")
+    entries = sorted(p.name for p in run_dir.iterdir() if p.name != LOCK_NAME)
+    if not entries:
+        return
+    listed = ", ".join(entries[:6]) + (", ..." if len(entries) > 6 else "")
+    if not holds_run(run_dir):
+        raise RunDirError(f"{what} {run_dir} is not empty ({listed}) and holds no dslide run (no {MARKER}); "
+                          f"dslide replaces only its own runs: choose another directory")
+    if not overwrite:
+        raise RunDirError(f"{what} {run_dir} already holds a run ({listed}): {hint}")
+
+
+def open_new(run_dir, overwrite: bool, command: str, what: str, hint: str) -> RunLock:
+    """run_dir made (parents too) and locked for a new run: checked again under the lock
+    (`check_new`), with overwrite emptied of the old run's files (never through a link; files
+    dslide did not write are kept), and marked. Returns the lock; on an error nothing this
+    call created is left."""
+    import shutil
+
+    run_dir = Path(run_dir)
+    created = not run_dir.exists()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        lock = RunLock.acquire(run_dir, command)
+    except BaseException:
+        if created:
+            _rmdir_quietly(run_dir)
+        raise
+    try:
+        check_new(run_dir, overwrite, what, hint, locked=True)  # another run may have finished here since
+        for p in sorted(run_dir.iterdir()):
+            if p.name == LOCK_NAME or not ours(p.name) or p.name == MARKER:
+                continue  # the lock is ours now; someone else's file (a plot, notes) is kept
+            if p.is_dir() and not p.is_symlink():
+                shutil.rmtree(p)
+            else:
+                p.unlink()
+        mark(run_dir)
+    except BaseException:
+        lock.release()
+        if created:
+            _rmdir_quietly(run_dir)
+        raise
+    return lock
+
+
+def _rmdir_quietly(path: Path) -> None:
+    with contextlib.suppress(OSError):
+        path.rmdir()  # only when empty: what this call made and nothing else
+
+
+def check_output(out, inputs, what: str = "--out") -> None:
+    """Refuse to write `out` onto any of `inputs` (compared as resolved paths, links followed)
+    or into a run's checkpoints (a run's files are its own: dslide.checkpoint)."""
+    if not out:
+        return
+    target = os.path.realpath(out)
+    for p in inputs:
+        if p and os.path.realpath(p) == target:
+            raise RunDirError(f"{what} {out} is also an input ({p}); writing it would destroy it: choose another file")
+    for d in Path(target).parents:
+        if d.name == "checkpoints" and holds_run(d.parent):
+            raise RunDirError(f"{what} {out} lies in the checkpoints of the run in {d.parent}; they are that "
+                              f"run's own files: choose a file outside {d}")
+
+
+def run_inputs(run_dir) -> list:
+    """The files of a run that reading its model uses or that belong to the run (eval's and
+    predict's inputs): its RUN_FILES and lock (metrics.json is eval's own default target)."""
+    return [os.path.join(run_dir, n) for n in RUN_FILES + (LOCK_NAME,) if n not in ("metrics.json", "checkpoints")]

@@ -9,6 +9,7 @@ removed anywhere under the case's directory or the shared data and run
 """
 
 import gzip
+import hashlib
 import json
 import os
 import shutil
@@ -18,7 +19,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
+import scipy.sparse as sp
 
 from dslide import cli
 from dslide.data import read_xmc
@@ -37,11 +40,15 @@ def world(tmp_path_factory):
     run = d / "run"
     assert cli.main(["train", "--train", str(d / "t_train.txt"), "--test", str(d / "t_test.txt"),
                      "--out", str(run), *S]) == 0
+    knn_run = d / "knn_run"  # with a neighbour store (knn.*) and an inference index (index.*, nn.*)
+    assert cli.main(["train", "--train", str(d / "t_train.txt"), "--out", str(knn_run), *S, "--set", "knn=5",
+                     "--set", 'kinds=["dense","lsh"]', "--set", "lsh.index_anchors=16",
+                     "--set", "lsh.index_points=300"]) == 0
     for f in (d / "t_train.txt", d / "t_test.txt", other):
         read_xmc(f)  # the caches exist before any case runs
     sleeper = subprocess.Popen(["sleep", "600"])  # a live process for the lock cases
     yield {"dir": d, "train": d / "t_train.txt", "test": d / "t_test.txt", "other": other, "run": run,
-           "live_pid": sleeper.pid}
+           "knn_run": knn_run, "live_pid": sleeper.pid}
     sleeper.kill()
     sleeper.wait()
 
@@ -94,6 +101,56 @@ def _truncated_gzip(w, tmp):
     return p
 
 
+def _npz(tmp, change, name="X.bad.npz", labels=None):
+    """A features file (save_npz's csr arrays, 2 points of 1000 features) edited by change(parts)
+    and, beside it, its labels file (`labels`: its csr parts over 500 labels)."""
+    parts = {"data": np.ones(3, np.float32), "indices": np.array([1, 5, 7], np.int32),
+             "indptr": np.array([0, 2, 3], np.int32), "format": np.array(b"csr"), "shape": np.array([2, 1000])}
+    change(parts)
+    np.savez(tmp / name, **parts)
+    y = {"data": np.ones(2, np.float32), "indices": np.array([3, 4], np.int32), "indptr": np.array([0, 1, 2], np.int32),
+         "format": np.array(b"csr"), "shape": np.array([2, 500]), **(labels or {})}
+    np.savez(tmp / ("Y" + name[1:]), **y)
+    return tmp / name
+
+
+def _set(key, value):
+    return lambda p: p.__setitem__(key, value) if not callable(value) else value(p[key])
+
+
+def _tamper(w, tmp, key, change):
+    """A copy of the run with neighbours whose array `key` is edited by change(a) and its manifest's
+    SHA-256 rewritten to match: the hash proves the files match the manifest, not that they are sane."""
+    run = tmp / "run"
+    shutil.copytree(w["knn_run"], run)
+    ckpt = run / "checkpoints" / (run / "checkpoints" / "LATEST").read_text().strip()
+    m = json.loads((ckpt / "manifest.json").read_text())
+    entry = m["ranks"][0]["arrays"][key]
+    f = ckpt / m["ranks"][0]["dir"] / entry["file"]
+    a = np.load(f).copy()
+    out = change(a)
+    a = a if out is None else out
+    np.save(f, a)
+    entry.update(sha256=hashlib.sha256(f.read_bytes()).hexdigest(), shape=list(a.shape),
+                 dtype=np.lib.format.dtype_to_descr(a.dtype))
+    (ckpt / "manifest.json").write_text(json.dumps(m))
+    return run
+
+
+def _edit(index, value):
+    def change(a):
+        a[index] = value
+    return change
+
+
+def _not_a_run(tmp):
+    """A project directory that never held a dslide run, with files named as a run's are."""
+    (tmp / "proj" / "checkpoints").mkdir(parents=True)
+    (tmp / "proj" / "checkpoints" / "model.pt").write_text("w")
+    (tmp / "proj" / "config.toml").write_text("c")
+    return tmp / "proj"
+
+
 def _train(w, data, *extra):
     return ["train", "--train", str(data), "--out", str(w["case"] / "new"), *S, *extra]
 
@@ -137,6 +194,54 @@ CASES = [
     ("data-eval-shape", lambda w, t: _eval(w, w["run"], w["other"]), "{other} has 7 features; the model was trained on 1000"),
     ("data-eval-no-points", lambda w, t: _eval(w, w["run"], _text(t, "z.txt", "0 1000 500\n")),
      "--data {case}/z.txt holds no data points"),
+    # -- npz data: checked before any kernel reads an index (dslide.validate) ------------------
+    ("npz-feature-index-1e7", lambda w, t: _train(w, _npz(t, lambda p: p["indices"].__setitem__(0, 10**7))),
+     "X.bad.npz: feature index 10000000 (row 0) is not in [0, 1000)"),
+    ("npz-feature-index-negative", lambda w, t: _train(w, _npz(t, lambda p: p["indices"].__setitem__(0, -5))),
+     "X.bad.npz: feature index -5 (row 0) is not in [0, 1000)"),
+    ("npz-indptr-decreasing", lambda w, t: _train(w, _npz(t, lambda p: p["indptr"].__setitem__(1, 4))),
+     "X.bad.npz: indptr decreases at row 1"),
+    ("npz-indptr-past-the-end", lambda w, t: _train(w, _npz(t, lambda p: p["indptr"].__setitem__(2, 9))),
+     "X.bad.npz: indptr ends at 9; expected 3"),
+    ("npz-nan-value", lambda w, t: _train(w, _npz(t, lambda p: p["data"].__setitem__(1, np.nan))),
+     "X.bad.npz: value nan (entry 1) is not a finite number"),
+    ("npz-float64-beyond-float32", lambda w, t: _train(w, _npz(t, lambda p: p.__setitem__("data", np.array([1, 1e39, 1])))),
+     "X.bad.npz: value 1e+39 (entry 1) is beyond float32's range"),
+    ("npz-label-id-range", lambda w, t: _train(w, _npz(t, lambda p: None, labels={"indices": np.array([3, 10**6])})),
+     "Y.bad.npz: label id 1000000 (row 1) is not in [0, 500)"),
+    ("npz-eval-feature-index", lambda w, t: _eval(w, w["run"], _npz(t, lambda p: p["indices"].__setitem__(2, 10**7))),
+     "X.bad.npz: feature index 10000000 (row 1)"),
+    # -- model directories: every array a kernel indexes with is checked, whatever its hash ------
+    *[(f"model-{key.split('/')[1]}", (lambda key, ch: lambda w, t: _eval(w, _tamper(w, t, key, ch)))(key, ch), m)
+      for key, ch, m in [
+          ("layer1/knn.post_ptr", _edit(3, 10**6), "layer 1: knn.post_ptr decreases at row 3"),
+          ("layer1/knn.post_pt", _edit(0, 10**6), "layer 1: knn.post_pt: point id 1000000 (entry 0) is not in [0, 300)"),
+          ("layer1/knn.y_idx", _edit(0, -1), "layer 1: knn.y_idx: label id -1 (entry 0) is not in [0, 500)"),
+          ("layer1/knn.share", _edit(0, np.nan), "layer 1: knn.share: value nan (entry 0) is not a finite number"),
+          ("layer1/nn.graph", _edit((0, 0), 10**6), "nn.graph: point id 1000000 (entry 0) is not in [-1, 300)"),
+          ("layer1/nn.cell_ptr", _edit(2, 10**6), "nn.cell_ptr decreases at row 2"),
+          ("layer1/index.buckets", _edit((0, 0, 0), 10**6), "index.buckets: id 1000000 (entry 0) is not in [0, 500)"),
+          ("layer1/index.fill", _edit((0, 0), 10**6), "index.fill: bucket fill 1000000 (entry 0)"),
+      ]],
+    ("model-knn.share-above-1", lambda w, t: _eval(w, _tamper(w, t, "layer1/knn.share", lambda a: np.array([2.0]))),
+     "layer 1: knn.share = 2.0 is not in [0.0, 1.0]"),
+    # -- nothing destroys what is not its own ---------------------------------------------------
+    ("overwrite-not-a-run", lambda w, t: ["train", "--train", str(w["train"]), "--out", str(_not_a_run(t)), *S,
+                                          "--overwrite"], "--out {case}/proj is not empty (checkpoints, config.toml) "
+                                                          "and holds no dslide run"),
+    ("convert-onto-own-labels", lambda w, t: ["data", "convert", str(_npz(t, lambda p: None, name="X.in.npz")),
+                                              str(t / "Y.in.npz")], "output {case}/Y.in.npz is also an input"),
+    ("convert-onto-itself", lambda w, t: ["data", "convert", str(_text(t, "s.svm", "1 0:1\n")), str(t / "s.svm"),
+                                          "--out-format", "xmc"], "output {case}/s.svm is also an input"),
+    ("predict-out-is-data", lambda w, t: ["predict", "--model", str(w["run"]), "--data", str(w["test"]), "--k", "3",
+                                          "--out", str(w["test"])], "--out {test} is also an input"),
+    ("predict-out-is-latest", lambda w, t: ["predict", "--model", str(w["run"]), "--data", str(w["test"]), "--k", "3",
+                                            "--out", str(w["run"] / "checkpoints" / "LATEST")],
+     "lies in the checkpoints of the run in {run}"),
+    ("eval-out-is-a-manifest", lambda w, t: _eval(w, w["run"], None, "--out", str(
+        next((w["run"] / "checkpoints").glob("step-*")) / "manifest.json")), "lies in the checkpoints of the run"),
+    ("eval-out-is-config", lambda w, t: _eval(w, w["run"], None, "--out", str(w["run"] / "config.toml")),
+     "--out {run}/config.toml is also an input"),
     # -- settings ---------------------------------------------------------------------------
     *[(f"set-{s.split('=')[0]}-{s.split('=')[1]}", (lambda s: lambda w, t: _train(w, w["train"], "--set", s))(s), m)
       for s, m in [
@@ -268,7 +373,8 @@ def test_a_bad_input_exits_2_with_one_line_naming_it_and_writes_nothing(case, ar
     assert code == 2, (code, err)
     assert len(lines) == 1 and "Traceback" not in err, err
     assert lines[0].startswith("dslide: error: "), err
-    want = culprit.format(case=tmp_path, other=world["other"], live_pid=world["live_pid"], run=world["run"])
+    want = culprit.format(case=tmp_path, other=world["other"], live_pid=world["live_pid"], run=world["run"],
+                          test=world["test"])
     assert want in lines[0], (want, lines[0])
     assert out == "", out
     after = _snapshot(tmp_path, world["dir"])
@@ -284,3 +390,125 @@ def test_the_suite_holds_in_a_process_of_its_own(world, tmp_path):
     assert p.returncode == 2 and p.stdout == ""
     assert p.stderr.strip().splitlines() == ["dslide: error: lr = nan must be a finite number in (0.0, 10.0]"]
     assert not (tmp_path / "r").exists()
+
+
+# -- the API: matrices, label lists, the communicator, save -------------------------------------
+
+
+@pytest.fixture(scope="module")
+def model(world):
+    import dslide
+
+    return dslide.Model.load(world["run"])
+
+
+def _csr(values, indices, indptr, shape=(2, 1000)):
+    return sp.csr_matrix((np.asarray(values), np.asarray(indices), np.asarray(indptr)), shape=shape)
+
+
+@pytest.mark.parametrize("X, message", [
+    (_csr(np.ones(2, np.float32), [5, 10**7], [0, 1, 2]), "X: feature index 10000000 (row 1) is not in [0, 1000)"),
+    (_csr(np.ones(2, np.float32), [5, -5], [0, 1, 2]), "X: feature index -5 (row 1) is not in [0, 1000)"),
+    (_csr([1.0, np.nan], [5, 6], [0, 1, 2]), "X: value nan (entry 1) is not a finite number"),
+    (_csr([1.0, np.inf], [5, 6], [0, 1, 2]), "X: value inf (entry 1) is not a finite number"),
+    (_csr([1.0, 1e39], [5, 6], [0, 1, 2]), "beyond float32's range"),
+    (_csr([1.0, 1j], [5, 6], [0, 1, 2]), "X is complex"),
+    (_csr(np.ones(2, np.float32), [5, 6], [0, 1, 2], shape=(2, 2000)), "data has 2000 features"),
+], ids=["index-1e7", "index-negative", "nan", "inf", "beyond-float32", "complex", "wider"])
+def test_predict_refuses_a_crafted_matrix(model, X, message):
+    with pytest.raises(ValueError) as e:
+        model.predict(X, k=3)
+    assert message in str(e.value)
+
+
+def test_predict_refuses_a_crafted_indptr(model):
+    X = _csr(np.ones(2, np.float32), [5, 6], [0, 1, 2])
+    X.indptr[1] = 5  # past the entries: the kernel would read beyond them
+    with pytest.raises(ValueError, match=r"X: indptr decreases at row 1 \(5 -> 2\)"):
+        model.predict(X, k=3)
+
+
+def test_predict_sums_duplicates_as_scipy_means_them(model, world):
+    from dslide.data import read_xmc
+
+    X = sp.csr_matrix(read_xmc(world["test"]).X[:40])
+    # every row's entries twice, the copies reversed (unsorted): scipy's meaning is their sum, 2 X
+    halves = [(X.indices[a:b], X.data[a:b]) for a, b in zip(X.indptr[:-1], X.indptr[1:])]
+    dup = sp.csr_matrix((np.concatenate([np.concatenate([v, v[::-1] * 0.5]) for _, v in halves]),
+                         np.concatenate([np.concatenate([i, i[::-1]]) for i, _ in halves]), X.indptr * 2),
+                        shape=X.shape)
+    ref = dup.copy()
+    ref.sum_duplicates()
+    want_ids, want_scores = model.predict(ref, k=5)
+    ids, scores = model.predict(dup, k=5)
+    np.testing.assert_array_equal(ids, want_ids)
+    np.testing.assert_array_equal(scores, want_scores)
+
+
+@pytest.mark.parametrize("Y, message", [
+    (["499"], "Y[0] = '499' is a string"),
+    ([[1.7, 2.2]], "holds a label that is not an integer"),
+    ([[True, False]], "got booleans"),
+    ([[2**40]], "labels are integers in [0, 2147483646]"),
+    ([[-1]], "holds label -1"),
+], ids=["string", "fractions", "booleans", "2**40", "negative"])
+def test_label_lists_are_refused_not_converted(Y, message):
+    from dslide.api import labels_matrix
+
+    with pytest.raises(ValueError) as e:
+        labels_matrix(Y, 1)
+    assert message in str(e.value)
+
+
+def test_stored_zeros_in_Y_are_no_labels_and_duplicates_count_once(tmp_path):
+    from dslide import formats
+    from dslide.api import labels_matrix
+
+    Y = sp.csr_matrix((np.array([1.0, 0.0, 2.0, 0.0]), np.array([3, 1, 3, 4]), np.array([0, 3, 4])), shape=(2, 5))
+    ref = Y.copy()
+    ref.sum_duplicates()
+    ref.eliminate_zeros()  # scipy's matrix: labels where it is non-zero
+    want = (ref != 0).astype(np.float32).toarray()
+    np.testing.assert_array_equal(labels_matrix(Y, 2).toarray(), want)
+    sp.save_npz(tmp_path / "Y.z.npz", Y)
+    sp.save_npz(tmp_path / "X.z.npz", sp.csr_matrix(np.eye(2, 3, dtype=np.float32)))
+    np.testing.assert_array_equal(formats.read_data(str(tmp_path / "X.z.npz")).Y.toarray(), want)
+
+
+def test_api_arguments_of_the_wrong_kind_are_value_errors(world):
+    import dslide
+    from dslide.data import read_xmc
+
+    with pytest.raises(ValueError, match="comm = 'world' must be a dslide.comm.Comm"):
+        dslide.Model(comm="world")
+    train = read_xmc(world["train"])
+    with pytest.raises(ValueError, match=r"n_labels = 500.7 must be an integer"):
+        dslide.Model(hidden=[16], epochs=1).fit(train.X, [[1]] * train.n_points, n_labels=500.7)
+
+
+def test_save_over_a_run_refuses_unless_told_and_never_replaces_what_is_not_a_run(model, world, tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(world["run"], run)
+    before = _snapshot(run)
+    with pytest.raises(ValueError, match=r"run_dir .* already holds a run .*overwrite=True"):
+        model.save(run)
+    assert _snapshot(run) == before  # not a byte changed, no lock left
+    proj = _not_a_run(tmp_path)
+    before = _snapshot(proj)
+    with pytest.raises(ValueError, match="holds no dslide run"):
+        model.save(proj, overwrite=True)
+    assert _snapshot(proj) == before
+    (run / "notes.txt").write_text("mine")
+    model.save(run, overwrite=True)  # a run: replaced, its old log and metrics gone, other files kept
+    assert not (run / "log.jsonl").exists() and not (run / "metrics.json").exists()
+    assert (run / "notes.txt").read_text() == "mine" and len(list((run / "checkpoints").glob("step-*"))) == 1
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "x"])
+def test_a_bad_thread_count_is_one_line(value, world):
+    env = {**os.environ, "NUMBA_NUM_THREADS": value}
+    p = subprocess.run([sys.executable, "-m", "dslide", "eval", "--model", str(world["run"]), "--data",
+                        str(world["test"])], capture_output=True, text=True, timeout=300, env=env)
+    assert p.returncode == 2 and p.stdout == ""
+    assert p.stderr.strip().splitlines() == [f"dslide: error: NUMBA_NUM_THREADS={value!r} must be a positive "
+                                             f"integer (the threads of each process); unset it for one per core"]
