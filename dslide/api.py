@@ -3,8 +3,8 @@
     import dslide
     model = dslide.Model(epochs=5, hidden=128)           # the keys of --set
     model.fit(X, Y)                                       # scipy CSR, CSR or label lists
-    ids, scores = model.predict(X_test, k=5)              # int64 [n, k], float64 [n, k]; top_k=5 alike
-    P = model.predict_csr(X_test, k=5)                    # csr [n, n_labels] of top-k scores, as PECOS
+    ids, scores = model.predict(X_test, k=5)              # int64 [n, k], float64 [n, k]
+    P = model.predict(X_test, k=5, sparse=True)           # csr [n, n_labels] of top-k scores
     model.evaluate(X_test, Y_test)                        # {"p@1": ..., "psp@5": ...}
     model.save("runs/mine")                               # the run directory `dslide train` writes
     model = dslide.Model.load("runs/mine")                # also a run directory of `dslide train`
@@ -14,13 +14,6 @@ layers are split over the ranks, each rank gets the whole result of
 `predict` and `evaluate`, `save` writes every rank's slices, and `load`
 splits a saved model over however many ranks load it. No files are written
 unless `save` is called.
-
-scikit-learn's conventions: `get_params()` gives the settings as passed to
-`Model(...)`, `set_params(**settings)` changes them, so `sklearn.base.clone`
-and grid search work (scikit-learn is not needed otherwise). `fit` never
-changes them: it resolves the settings left unset from its data into
-`config_`, so a second `fit` on other data resolves them again. After `fit`
-(or `load`), `n_features_in_` is the number of features.
 """
 
 from __future__ import annotations
@@ -92,28 +85,6 @@ class Model:
         self._props = None  # the training labels' propensities (dslide.propensity), or None
         self.history: list = []
 
-    # -- settings (scikit-learn's estimator interface) -------------------------------
-
-    def get_params(self, deep: bool = True) -> dict:
-        """The settings given to `Model(...)` or `set_params`, unchanged by `fit`: {key: value}.
-        deep: accepted for scikit-learn (a Model holds no sub-estimators)."""
-        return dict(self._settings)
-
-    def set_params(self, **settings) -> "Model":
-        """Change settings (the keys of `Model(...)`), checked as there; the fitted model, if
-        any, is kept until the next `fit`. Returns self."""
-        merged = {**self._settings, **settings}
-        self.config = settings_config(merged)
-        self._settings = merged
-        return self
-
-    def __sklearn_clone__(self) -> "Model":
-        # scikit-learn >= 1.3: an unfitted copy on the same communicator (the generic clone
-        # would deep-copy settings alike but start on the MPI world)
-        import copy
-
-        return type(self)(comm=self.comm, **copy.deepcopy(self._settings))
-
     # -- training ------------------------------------------------------------------
 
     def fit(self, X, Y, *, X_val=None, Y_val=None, n_labels: int | None = None, progress: bool = False) -> "Model":
@@ -151,9 +122,7 @@ class Model:
                                    index_progress=progress and self.comm.rank == 0)
         finally:
             bar.close()
-        # the settings stay as given: a second fit resolves them from its own data
-        self._model, self.config_, self.history = model, model.config, history
-        self.n_features_in_ = train.n_features
+        self._model, self.config, self.history = model, model.config, history
         self._props = propensity.compute(train.Y, *config.propensity_constants) if train.n_points >= 3 else None
         return self
 
@@ -253,9 +222,7 @@ class Model:
         self = cls.__new__(cls)
         self.comm = comm
         self._model = load_model(os.fspath(run_dir), comm)
-        self.config = self.config_ = self._model.config
-        self._settings = {}
-        self.n_features_in_ = self._model.n_features
+        self.config = self._model.config
         self._props = propensity.load(run_dir, self._model.n_labels)
         self.history = list(self._model.history)
         return self
