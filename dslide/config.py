@@ -330,18 +330,22 @@ class Config:
         lr                  1e-2            1e-2
         batch_size          512 (at least   128
                             8 steps/epoch)
-        epochs              12              1.5 (the neighbours' labels carry the tail)
+        epochs              12              up to 10, stopped early on the validation
+                                            split (1.5 without one: dslide.validation)
+        early_stop          off             on where the data has a validation split
         init_input_scale    0.1             0.3
-        knn                 0               chosen by training from 10, 5, 20 (0 from
-                                            20 points per label; knn_default)
-        knn_weight          0.6             0.6
-        proto_weight        -               chosen by training from 0, 0.25, 0.5,
-                                            0.75 (where knn is on)
+        knn                 0               chosen on the validation split from 10, 5,
+                                            20 (0 from 20 points per label, or without
+                                            a split; knn_default)
+        knn_weight          -               chosen on the validation split from 0 (the
+                                            network alone), 0.2, 0.4, 0.6, 0.8
+        proto_weight        -               chosen on the validation split from 0, 0.25,
+                                            0.5, 0.75 (where knn is on)
         lsh.max_active      -               0 where knn is on (uniform negatives
                                             only: the neighbours carry the tail)
 
-    (Measured on BibTeX, 159 labels, and the data-shape suite of
-    dslide.datasets.suite: scripts/bench.py --suite shapes, docs/benchmarks.md.)
+    (Measured on the real sets of ../shared/data against PECOS and omikuji:
+    scripts/bench.py --suite real, docs/benchmarks.md and docs/accuracy.md.)
 
     hidden: widths of the hidden layers (ReLU); the output layer (softmax) has
         one neuron per label.
@@ -415,9 +419,17 @@ class Config:
         vote weighed by its similarity to the power `knn_power`. 0: the model
         alone. None: from the data (`knn_default`): on for wide outputs whose
         training data has few points per label, where the network's tail is
-        weak and the neighbours' labels strong; the count is then chosen at the
-        end of training from KNN_CHOICES by leave-one-out on the training points
-        (kept with the model's neighbour store).
+        weak and the neighbours' labels strong; the count, the prototypes'
+        share and knn_weight are then chosen at the end of training on the
+        validation split (dslide.validation: the network alone, weight 0, is
+        always a candidate), kept with the model's neighbour store.
+    knn_weight: the neighbours' weight in the fused score; None: chosen on the
+        validation split from FUSION_WEIGHTS (0 drops the store).
+    early_stop: score the network on the validation split after every epoch and
+        stop once it no longer gains, keeping the best epoch's weights
+        (dslide.validation.EarlyStop); `epochs` is then the most it trains.
+        None: on for wide outputs whose data has a validation split when
+        `epochs` is left to the data (up to EARLY_STOP_MAX_EPOCHS), else off.
     proto_weight: where the neighbours' labels are fused, the share of their
         term given to the label prototypes (normalised sums of each label's
         training rows): v = (1 - proto_weight) v_points + proto_weight v_protos,
@@ -475,6 +487,7 @@ class Config:
     propensity: str = "default"
     propensity_a: float | None = None
     propensity_b: float | None = None
+    early_stop: bool | None = None
     knn: int | None = None
     knn_weight: float | None = None
     knn_power: float = 4.0
@@ -511,6 +524,8 @@ class Config:
         object.__setattr__(self, "lsh_layers", tuple(_layer_lsh(i, x) for i, x in enumerate(lsh_layers)))
         object.__setattr__(self, "exact", _bool("exact", self.exact))
         object.__setattr__(self, "checkpoint_moments", _bool("checkpoint_moments", self.checkpoint_moments))
+        if self.early_stop is not None:
+            object.__setattr__(self, "early_stop", _bool("early_stop", self.early_stop))
         for i, h in enumerate(self.hidden or ()):
             _int_range(f"hidden[{i}]", h, 1)
         n_layers = len(self.hidden) + 1 if self.hidden is not None else None
@@ -589,8 +604,8 @@ class Config:
     # -- defaults from the data ---------------------------------------------------------
 
     #: the settings that `resolve` takes from the data when left at None (`dslide config show`)
-    FROM_DATA = ("hidden", "dropout", "lr", "batch_size", "epochs", "init_input_scale", "knn", "knn_weight",
-                 "proto_weight")  # proto_weight: chosen by training (PROTO_CHOICES)
+    FROM_DATA = ("hidden", "dropout", "lr", "batch_size", "epochs", "early_stop", "init_input_scale", "knn",
+                 "knn_weight", "proto_weight")  # knn_weight, proto_weight: chosen on the validation split
 
     def resolve(self, n_labels: int, points_per_label: float | None = None,
                 n_points: int | None = None) -> "Config":
@@ -607,9 +622,18 @@ class Config:
         auto = {"hidden": (NARROW_HIDDEN,) if narrow else (128,), "dropout": 0.6 if narrow else 0.0,
                 "lr": 1e-2, "batch_size": narrow_batch(n_points) if narrow else 128,
                 "epochs": NARROW_EPOCHS if narrow else WIDE_EPOCHS, "init_input_scale": 0.1 if narrow else 0.3,
-                "knn": knn_default(n_labels, points_per_label), "knn_weight": KNN_WEIGHT}
-        if points_per_label is None or auto["knn"]:
-            del auto["knn"]  # on (or undecided): training chooses the count
+                "knn": knn_default(n_labels, points_per_label)}
+        from dslide.validation import EARLY_STOP_MAX_EPOCHS, validation_size
+
+        has_split = n_points is not None and validation_size(n_points) > 0
+        if self.early_stop is None:
+            auto["early_stop"] = bool(not narrow and has_split and self.epochs is None and self.replicas == 1)
+        if auto.get("early_stop") and self.epochs is None:
+            auto["epochs"] = EARLY_STOP_MAX_EPOCHS
+        if n_points is not None and not has_split:
+            auto["knn"] = 0  # no held-out points to check the neighbours' labels on: the no-op
+        elif points_per_label is None or auto["knn"]:
+            del auto["knn"]  # on (or undecided): chosen on the validation split
         changes = {k: v for k, v in auto.items() if getattr(self, k) is None}
         knn = changes.get("knn", self.knn)
         fused = knn if knn is not None else knn_default(n_labels, points_per_label)
@@ -625,6 +649,13 @@ class Config:
         if self.knn is not None:
             return self.knn
         return KNN if chosen is None else int(chosen)
+
+    def fusion_weight(self, chosen: float | None = None) -> float:
+        """The neighbours' weight a model with them fuses: knn_weight, else the weight training
+        chose on the validation split (`chosen`, kept with the store), else KNN_WEIGHT."""
+        if self.knn_weight is not None:
+            return float(self.knn_weight)
+        return KNN_WEIGHT if chosen is None else float(chosen)
 
     def proto_share(self, chosen: float | None = None) -> float:
         """The prototypes' share a model with them fuses: proto_weight, else the share training

@@ -71,9 +71,10 @@ from dslide import _numba_cache  # noqa: F401  (before any kernel: the cache is 
 #: prototype's norm |S_j| float32 [L]) from stores built without them, "share" (the
 #: prototypes' share training chose, float64 [1]) where none was chosen, and "pr_perm"
 #: (int32 [L]: the label each of pr_lab's ids stands for) from stores whose pr_lab holds the
-#: labels themselves
+#: labels themselves; "weight" (the fusion weight chosen on the validation split, float64 [1])
+#: where none was chosen
 KEYS = ("post_ptr", "post_pt", "post_val", "y_ptr", "y_idx", "k", "pr_ptr", "pr_lab", "pr_val", "pr_norm", "share",
-        "pr_perm")
+        "pr_perm", "weight")
 _REQUIRED = KEYS[:5]
 _PROTOTYPES = KEYS[6:10]
 _NO_PERM = np.empty(0, np.int32)
@@ -353,7 +354,8 @@ class NeighbourLabels:
     and pr_perm int32 [L]: the label of each renumbered id (`label_prototypes`).
     """
 
-    def __init__(self, arrays: dict, n_points: int, k: int | None = None, share: float | None = None):
+    def __init__(self, arrays: dict, n_points: int, k: int | None = None, share: float | None = None,
+                 weight: float | None = None):
         missing = [name for name in _REQUIRED if name not in arrays]
         if missing:
             raise ValueError(f"neighbour labels lack {', '.join(missing)}")
@@ -373,6 +375,10 @@ class NeighbourLabels:
             share = float(np.asarray(arrays["share"]).reshape(-1)[0])
         #: the prototypes' share of the neighbour term (None: not chosen; proto_weight decides)
         self.share = share
+        if weight is None and "weight" in arrays:
+            weight = float(np.asarray(arrays["weight"]).reshape(-1)[0])
+        #: the neighbours' weight in the fused score (None: not chosen; knn_weight decides)
+        self.weight = weight
 
     @classmethod
     def build(cls, X, Y, prototypes: bool = False, comm=None) -> "NeighbourLabels":
@@ -416,6 +422,8 @@ class NeighbourLabels:
             out["k"] = np.array([self.k], np.int64)
         if self.share is not None:
             out["share"] = np.array([self.share], np.float64)
+        if self.weight is not None:
+            out["weight"] = np.array([self.weight], np.float64)
         return out
 
     def drop_prototypes(self) -> None:

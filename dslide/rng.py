@@ -39,6 +39,8 @@ INIT, DROPOUT, NEGATIVES, ROUNDING = 1, 2, 3, 6
 CANDIDATES, TABLES, INDEX = 7, 8, 9
 # The training points on which the neighbour count is chosen (dslide.fusion.choose_k).
 NEIGHBOURS = 10
+# The held-out validation rows (dslide.validation.validation_rows).
+VALIDATION = 11
 
 
 @njit(cache=True, inline="always")

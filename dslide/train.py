@@ -31,6 +31,7 @@ from threadpoolctl import threadpool_limits
 
 import dslide
 from dslide import kernels as K
+from dslide import validation
 from dslide.comm import Comm, allreduce_bytes, default_threads
 from dslide.config import Config
 from dslide.data import XMCData
@@ -243,13 +244,33 @@ def fit(train: XMCData, config: Config | None = None, test: XMCData | None = Non
                          f"the model {net.n_features} and {net.n_labels}")
     threads = _threads(config)
     numba.set_num_threads(threads)
+    # the held-out points that judge the choices made from the data (dslide.validation)
+    fit_data, val = train, None
+    if config.early_stop or fusion_pending(config, train):
+        fit_data, val, _ = validation.split(train, config.seed)
+    early = None
+    if config.early_stop and val is not None and model.replicas is None:
+        early = validation.EarlyStop(val, -(-fit_data.n_points // config.batch_size))
+        callback = early.callback(callback)
     with threadpool_limits(_blas_threads(net, threads), user_api="blas"):
-        model, history = _fit(model, train, test, callback, verbose, threads, stop_at, checkpoint)
+        model, history = _fit(model, fit_data, test, callback, verbose, threads, stop_at, checkpoint)
+        if early is not None:
+            model.index_info["early_stop"] = early.finish(model)
     if index:
         with threadpool_limits(threads, user_api="blas"):
             build_index(model, train, progress=index_progress)
-    build_neighbours(model, train, progress=index_progress)
+    with threadpool_limits(threads, user_api="blas"):
+        build_neighbours(model, train, progress=index_progress, val=val, fit_data=fit_data)
     return model, history
+
+
+def fusion_pending(config: Config, train: XMCData) -> bool:
+    """Whether the end of training fuses the neighbours' labels with something left to choose
+    (the count, the prototypes' share or the weight)."""
+    from dslide.config import knn_default
+
+    k = config.knn if config.knn is not None else knn_default(train.n_labels, points_per_label(train.Y))
+    return bool(k) and (config.knn is None or config.knn_weight is None or config.proto_weight is None)
 
 
 def points_per_label(Y) -> float:
@@ -261,17 +282,23 @@ def points_per_label(Y) -> float:
     return label_points(np.unique(Y.indices, return_counts=True)[1])
 
 
-def build_neighbours(model: Model, train: XMCData, progress: bool = False) -> None:
+def build_neighbours(model: Model, train: XMCData, progress: bool = False, val: XMCData | None = None,
+                     fit_data: XMCData | None = None) -> None:
     """The output layer's neighbour labels (dslide.fusion) from the training data, when
     `knn` > 0 or left to the data and on: every rank builds the same store, a function of
-    the data alone, with the label prototypes unless proto_weight is 0. What is left at
-    None is chosen by leave-one-out on `choice_points` training points (drawn by the
-    seed) and kept with the store: the count from KNN_CHOICES (`knn`), then the prototypes'
-    share from PROTO_CHOICES (`proto_weight`; a chosen 0 drops the prototypes).
-    model.index_info gets the scores behind each choice and the seconds taken.
-    progress: a progress bar (tqdm, stderr) of its stages (the store, then each choice)."""
-    from dslide import fusion, rng
-    from dslide.config import KNN_CHOICE_MARGIN, KNN_CHOICES, PROTO_CHOICES, PROTO_P1_TOLERANCE, knn_default
+    the data alone, with the label prototypes unless proto_weight is 0.
+
+    What is left at None (the count from KNN_CHOICES, the prototypes' share from
+    PROTO_CHOICES, the weight from FUSION_WEIGHTS) is chosen on the validation points `val`
+    (dslide.validation.choose_fusion) with a store of the gradient's points `fit_data`; the
+    no-op, weight 0 (the network alone), is always a candidate and, when chosen, no store
+    is kept. Otherwise the store is rebuilt from every training point with the choice kept
+    in it. Without validation points nothing can be checked: a store whose settings are
+    all given is built, and one with anything left to choose is not (the network alone).
+    model.index_info gets the figures behind the choice and the seconds taken.
+    progress: a progress bar (tqdm, stderr) of its stages."""
+    from dslide import fusion
+    from dslide.config import KNN_CHOICES, PROTO_CHOICES, knn_default
 
     t0 = time.perf_counter()
     cfg = model.config
@@ -280,32 +307,42 @@ def build_neighbours(model: Model, train: XMCData, progress: bool = False) -> No
     out.neighbour_labels = None
     if not k:
         return
-    choosing = cfg.knn is None or cfg.proto_weight is None
-    bar = _stage_bar(["store"] + ["leave-one-out neighbours"] * choosing + ["neighbour count"] * (cfg.knn is None)
-                     + ["prototypes' share"] * (cfg.proto_weight is None), "neighbour labels") if progress else None
-    store = fusion.NeighbourLabels.build(train.X, train.Y, prototypes=cfg.proto_weight != 0, comm=model.comm)
-    _advance(bar)
+    choosing = cfg.knn is None or cfg.proto_weight is None or cfg.knn_weight is None
+    if choosing and val is None:
+        model.index_info["fusion_choice"] = {"chosen": "off", "why": "no validation split to check it on"}
+        return
+    bar = _stage_bar(["store"] + ["validation choice", "store of every point"] * choosing,
+                     "neighbour labels") if progress else None
+    protos = cfg.proto_weight != 0
     if choosing:
-        n = train.n_points
-        pick = np.random.default_rng(rng.lsh_seed(cfg.seed, rng.NEIGHBOURS))
-        rows = np.sort(pick.choice(n, min(n, cfg.choice_points), replace=False))
-        top = max(KNN_CHOICES) if cfg.knn is None else cfg.knn
-        left_out = store.left_out_neighbours(train.X, rows, top, model.comm)
+        store = fusion.NeighbourLabels.build(fit_data.X, fit_data.Y, prototypes=protos, comm=model.comm)
         _advance(bar)
-        if cfg.knn is None:
-            store.k, scores = store.choose_k(train.X, train.Y, rows, KNN_CHOICES, cfg.knn_power,
-                                             KNN_CHOICE_MARGIN, left_out=left_out)
-            model.index_info["knn_choice"] = {"k": store.k, "p@1/p@5": {c: list(v) for c, v in scores.items()}}
-            _advance(bar)
-        if cfg.proto_weight is None:
-            store.share, scores = store.choose_share(
-                train.X, train.Y, rows, cfg.neighbours(store.k), cfg.knn_power, PROTO_CHOICES, cfg.proto_candidates,
-                cfg.proto_power, PROTO_P1_TOLERANCE, comm=model.comm, left_out=left_out)
-            model.index_info["proto_choice"] = {"share": store.share,
-                                                "p@1/p@5": {a: list(v) for a, v in scores.items()}}
-            if store.share == 0:
-                store.drop_prototypes()
-            _advance(bar)
+        counts = KNN_CHOICES if cfg.knn is None else (cfg.knn,)
+        shares = PROTO_CHOICES if cfg.proto_weight is None else (cfg.proto_weight,)
+        weights = validation.FUSION_WEIGHTS if cfg.knn_weight is None else (0.0, cfg.knn_weight)
+        kk = max(5, cfg.knn_candidates)
+        m_ids, m_logits = predict_topk_scores(model, val.X, kk, exact=True)
+        nn_ids, nn_sims = store.neighbours(val.X, max(counts), model.comm)
+        pr_ids, pr_sims = (store.prototypes(val.X, cfg.proto_candidates, model.comm) if protos
+                           else (None, None))
+        (c, a, w), figures = validation.choose_fusion(
+            store, sp.csr_matrix(val.Y), m_ids, m_logits, nn_ids, nn_sims, pr_ids, pr_sims, counts=counts,
+            shares=shares, weights=weights, power=cfg.knn_power, pr_power=cfg.proto_power)
+        _advance(bar)
+        model.index_info["fusion_choice"] = {
+            "chosen": "off" if w == 0 else {"knn": c, "proto_weight": a, "knn_weight": w},
+            "validation_points": val.n_points,
+            "p@1/p@5": {f"knn {kc} share {ka} weight {kw}": list(v) for (kc, ka, kw), v in figures.items()}}
+        if w == 0:
+            if bar is not None:
+                bar.close()
+            model.index_info["neighbours_s"] = time.perf_counter() - t0
+            return
+        store = fusion.NeighbourLabels.build(train.X, train.Y, prototypes=protos and a > 0, comm=model.comm)
+        store.k, store.share, store.weight = c, a, w
+    else:
+        store = fusion.NeighbourLabels.build(train.X, train.Y, prototypes=protos, comm=model.comm)
+    _advance(bar)
     if bar is not None:
         bar.close()
     out.neighbour_labels = store
@@ -676,7 +713,8 @@ def predict_topk_scores(model: Model, X: sp.csr_matrix, k: int, exact: bool = Tr
             nn_ids, nn_sims = store.neighbours(X[s:s + len(rows)], n_neighbours, net.comm)
             pr_ids, pr_sims = (store.prototypes(X[s:s + len(rows)], cfg.proto_candidates, net.comm) if protos
                                else (None, None))
-            mi, ms = store.fuse(mi, ms, nn_ids, nn_sims, cfg.knn_weight, cfg.knn_power, k, pr_ids, pr_sims,
+            mi, ms = store.fuse(mi, ms, nn_ids, nn_sims, cfg.fusion_weight(store.weight), cfg.knn_power, k,
+                                pr_ids, pr_sims,
                                 share, cfg.proto_power)
         scores[rows], ids[rows] = ms, mi
         scored += int(ln.sum())

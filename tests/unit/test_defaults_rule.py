@@ -50,6 +50,14 @@ def test_wide_outputs_train_fewer_epochs_and_explicit_settings_win():
     assert WIDE_EPOCHS == 1.5
     wide = Config().resolve(670_091, 1.3, 30_000)
     assert (wide.batch_size, wide.lr, wide.hidden) == (128, 1e-2, (128,))
+    # with a validation split: up to EARLY_STOP_MAX_EPOCHS, stopped early on it
+    from dslide.validation import EARLY_STOP_MAX_EPOCHS
+
+    assert wide.early_stop and wide.epochs == EARLY_STOP_MAX_EPOCHS
+    assert not Config(epochs=2.0).resolve(670_091, 1.3, 30_000).early_stop  # epochs given: trained as asked
+    assert Config(epochs=2.0, early_stop=True).resolve(670_091, 1.3, 30_000).epochs == 2.0
+    assert not Config().resolve(670_091, 1.3, 1_000).early_stop  # no split
+    assert not Config().resolve(159, 73.1, 30_000).early_stop  # narrow outputs train their epochs
     c = Config(knn=3, knn_weight=0.1, epochs=7.0).resolve(670_091, 1.3)
     assert (c.knn, c.knn_weight, c.epochs) == (3, 0.1, 7.0)
 
@@ -70,77 +78,68 @@ def test_narrow_outputs_train_large_batches_for_a_few_epochs(n_points, batch):
     assert (explicit.batch_size, explicit.lr, explicit.epochs) == (64, 1e-3, 30.0)
 
 
-def test_fit_resolves_knn_from_the_training_labels():
+def _wide(n, per_label, seed=0):
+    r = np.random.default_rng(seed)
+    X = sp.random(n, 50, density=0.1, format="csr", random_state=r, dtype=np.float32)
+    Y = sp.csr_matrix((np.ones(n, np.float32), (np.arange(n), np.arange(n) % max(1, n // per_label))),
+                      shape=(n, NARROW_OUTPUT + 1))
+    return X, Y
+
+
+def test_fit_resolves_knn_from_the_training_labels_and_the_split():
     from dslide import train as T
     from dslide.data import XMCData
 
-    rng = np.random.default_rng(0)
-    X = sp.random(60, 20, density=0.3, format="csr", random_state=rng, dtype=np.float32)
-    L = NARROW_OUTPUT + 1  # a wide output
-    few = sp.csr_matrix((np.ones(60, np.float32), (np.arange(60), np.arange(60) % 30)), shape=(60, L))  # 2 a label
-    many = sp.csr_matrix((np.ones(60, np.float32), (np.arange(60), np.arange(60) % 2)), shape=(60, L))  # 30 a label
-    cfg = Config(hidden=(4,), epochs=1.0, batch_size=30)
-    model = T.fit(XMCData(X, few), cfg, index=False)[0]
-    store = model.network.layers[-1].neighbour_labels
-    assert model.config.knn is None and store.k in KNN_CHOICES  # chosen from the training points
-    assert model.config.proto_weight is None and store.share in PROTO_CHOICES  # the prototypes' share, chosen too
-    assert model.index_info["knn_choice"]["k"] == store.k
-    many_model = T.fit(XMCData(X, many), cfg, index=False)[0]
-    assert many_model.config.knn == 0 and many_model.network.layers[-1].neighbour_labels is None
-    # an explicit count is kept as it is, and no choice is made
-    fixed = T.fit(XMCData(X, few), cfg.replace(knn=3), index=False)[0]
-    assert fixed.config.knn == 3 and "knn_choice" not in fixed.index_info
+    cfg = Config(hidden=(4,), epochs=1.0, batch_size=200)
+    # too few points for a validation split: nothing can be checked, the network alone
+    X, Y = _wide(60, 2)
+    small = cfg.resolve(Y.shape[1], T.points_per_label(Y), 60)
+    assert small.knn == 0 and not small.early_stop
+    # a split, few points per label: fusion is chosen on it (the no-op among the candidates)
+    X, Y = _wide(2400, 2)
+    model = T.fit(XMCData(X, Y), cfg.resolve(Y.shape[1], T.points_per_label(Y), 2400), index=False)[0]
+    assert model.config.knn is None and model.config.knn_weight is None
+    choice = model.index_info["fusion_choice"]
+    assert choice["validation_points"] == 600 and "knn 0 share 0.0 weight 0.0" in choice["p@1/p@5"]
+    # many points per label: no neighbours
+    X, Y = _wide(2400, 30)
+    many = T.fit(XMCData(X, Y), cfg, index=False)[0]
+    assert many.config.knn == 0 and many.network.layers[-1].neighbour_labels is None
+    # every fusion setting given: the store is built as asked, and no choice is made
+    fixed = T.fit(XMCData(*_wide(60, 2)), cfg.replace(knn=3, knn_weight=0.5, proto_weight=0.0), index=False)[0]
+    store = fixed.network.layers[-1].neighbour_labels
+    assert store is not None and fixed.config.knn == 3 and "fusion_choice" not in fixed.index_info
 
 
 def test_the_neighbour_store_shows_its_stages_and_chooses_alike_with_a_bar(capsys):
     from dslide import train as T
     from dslide.data import XMCData
 
-    rng = np.random.default_rng(0)
-    X = sp.random(60, 20, density=0.3, format="csr", random_state=rng, dtype=np.float32)
-    Y = sp.csr_matrix((np.ones(60, np.float32), (np.arange(60), np.arange(60) % 30)), shape=(60, NARROW_OUTPUT + 1))
-    cfg = Config(hidden=(4,), epochs=1.0, batch_size=30)
+    X, Y = _wide(2400, 2)
+    cfg = Config(hidden=(4,), epochs=1.0, batch_size=200, early_stop=False)
     quiet = T.fit(XMCData(X, Y), cfg, index=False)[0]
     assert "neighbour labels" not in capsys.readouterr().err
     shown = T.fit(XMCData(X, Y), cfg, index=False, index_progress=True)[0]
     err = capsys.readouterr().err
-    assert "neighbour labels" in err and "/4 " in err
-    for stage in ("store", "leave-one-out neighbours", "neighbour count", "prototypes' share"):
+    assert "neighbour labels" in err and "/3 " in err
+    for stage in ("store", "validation choice", "store of every point"):
         assert stage in err
-    a, b = (m.network.layers[-1].neighbour_labels for m in (quiet, shown))
-    assert (a.k, a.share) == (b.k, b.share)
-    assert quiet.index_info["proto_choice"] == shown.index_info["proto_choice"]
+    assert quiet.index_info["fusion_choice"] == shown.index_info["fusion_choice"]
 
 
-def test_the_count_choice_depends_on_the_seed_and_data_only():
-    """The sample of training points behind the choice is drawn by the seed: two fits agree,
-    and the scores are those of choose_k on that sample."""
-    from dslide import fusion, rng
+def test_the_fusion_choice_depends_on_the_seed_and_data_only():
+    """The validation points behind the choice are drawn by the seed: two fits agree, and
+    another seed draws other points."""
     from dslide import train as T
-    from dslide.config import KNN_CHOICE_MARGIN, KNN_CHOICE_POINTS
     from dslide.data import XMCData
 
-    r = np.random.default_rng(1)
-    n, L = 400, NARROW_OUTPUT + 1
-    X = sp.random(n, 50, density=0.1, format="csr", random_state=r, dtype=np.float32)
-    Y = sp.csr_matrix((np.ones(n, np.float32), (np.arange(n), r.integers(0, 150, n))), shape=(n, L))
-    cfg = Config(hidden=(4,), epochs=1.0, batch_size=50, seed=3)
-    a = T.fit(XMCData(X, Y), cfg, index=False)[0].index_info["knn_choice"]
-    b = T.fit(XMCData(X, Y), cfg, index=False)[0].index_info["knn_choice"]
+    X, Y = _wide(2400, 2, seed=1)
+    cfg = Config(hidden=(4,), epochs=1.0, batch_size=200, seed=3, early_stop=False)
+    a = T.fit(XMCData(X, Y), cfg, index=False)[0].index_info["fusion_choice"]
+    b = T.fit(XMCData(X, Y), cfg, index=False)[0].index_info["fusion_choice"]
     assert a == b
-    rows = np.sort(np.random.default_rng(rng.lsh_seed(3, rng.NEIGHBOURS)).choice(n, min(n, KNN_CHOICE_POINTS),
-                                                                                  replace=False))
-    k, scores = fusion.NeighbourLabels.build(X, Y).choose_k(X, Y, rows, KNN_CHOICES, cfg.knn_power,
-                                                           KNN_CHOICE_MARGIN)
-    assert a == {"k": k, "p@1/p@5": {c: list(v) for c, v in scores.items()}}
-    # fewer points (choice_points): the sample of that many, drawn alike
-    few = T.fit(XMCData(X, Y), cfg.replace(choice_points=37), index=False)[0].index_info["knn_choice"]
-    rows = np.sort(np.random.default_rng(rng.lsh_seed(3, rng.NEIGHBOURS)).choice(n, 37, replace=False))
-    k, scores = fusion.NeighbourLabels.build(X, Y).choose_k(X, Y, rows, KNN_CHOICES, cfg.knn_power,
-                                                           KNN_CHOICE_MARGIN)
-    assert few == {"k": k, "p@1/p@5": {c: list(v) for c, v in scores.items()}} and few != a
-    with pytest.raises(ValueError, match="choice_points = 0"):
-        Config(choice_points=0)
+    c = T.fit(XMCData(X, Y), cfg.replace(seed=4), index=False)[0].index_info["fusion_choice"]
+    assert c["p@1/p@5"] != a["p@1/p@5"]
 
 
 def test_where_the_neighbours_are_fused_the_output_takes_uniform_negatives_only():

@@ -321,7 +321,7 @@ def test_store_survives_a_checkpoint(tmp_path):
     from dslide.comm import Comm
     from dslide.train import build_network
 
-    T, model, tr, te = _fit_tiny(knn=3)
+    T, model, tr, te = _fit_tiny(knn=3, proto_weight=0.5)
     before = T.predict_topk_scores(model, te.X, 5)
     ck.save(model.network, tmp_path / "run", Comm(), weights_only=True)
     fresh = build_network((tr.n_features, tr.n_labels), model.config, Comm())
@@ -495,20 +495,12 @@ def test_choose_share_is_the_numpy_leave_one_out_with_the_p1_tolerance():
         store.choose_share(X, Y, rows, 5, 4.0, (1.5,), 8, 16.0)
 
 
-def test_training_chooses_the_share_keeps_it_and_a_chosen_zero_drops_the_prototypes(monkeypatch):
-    from dslide import config as C
-
+def test_without_a_validation_split_a_store_with_something_to_choose_is_not_built():
+    """400 training points: too few for a validation split, so the share left to the data
+    cannot be checked and the no-op is taken (the network alone)."""
     T, model, tr, te = _fit_tiny(knn=4)
-    store = model.network.layers[-1].neighbour_labels
-    choice = model.index_info["proto_choice"]
-    assert model.config.proto_weight is None and store.share == choice["share"] in C.PROTO_CHOICES
-    assert store.has_prototypes == (store.share > 0)
-    again = fusion.NeighbourLabels.from_state(store.state_arrays())
-    assert again.share == store.share
-    assert model.config.proto_share(again.share) == store.share
-    assert C.Config(proto_weight=0.25).proto_share(again.share) == 0.25
-    assert C.Config().proto_share(None) == C.PROTO_WEIGHT  # a store saved before the share was kept
-    monkeypatch.setattr(C, "PROTO_CHOICES", (0.0,))
-    _, zero, _, _ = _fit_tiny(knn=4)
-    z = zero.network.layers[-1].neighbour_labels
-    assert z.share == 0.0 and not z.has_prototypes and "pr_lab" not in z.state_arrays()
+    assert model.network.layers[-1].neighbour_labels is None
+    assert model.index_info["fusion_choice"]["chosen"] == "off"
+    _, alone, _, _ = _fit_tiny(knn=0)
+    np.testing.assert_array_equal(T.predict_topk(model, te.X, 5), T.predict_topk(alone, te.X, 5))
+

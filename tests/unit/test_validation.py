@@ -1,0 +1,167 @@
+"""The validation split and the choices made on it (dslide.validation): the split is a
+function of the seed alone and disjoint from the gradient's points; each choice keeps its
+no-op on data built so that the no-op is best, and takes the other candidate on data built
+so that it helps; early stopping keeps the best epoch's weights."""
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+from dslide import fusion, validation as V
+
+
+def test_the_split_is_a_function_of_the_seed_and_its_size_follows_the_rule():
+    assert V.validation_size(1999) == 0
+    assert V.validation_size(2000) == 500  # at most a quarter
+    assert V.validation_size(4000) == 1000
+    assert V.validation_size(45_697) == 2285  # 5 %
+    a, b = V.validation_rows(10_000, 7), V.validation_rows(10_000, 7)
+    np.testing.assert_array_equal(a, b)
+    assert a.size == 1000 and np.all(np.diff(a) > 0) and a[0] >= 0 and a[-1] < 10_000
+    assert not np.array_equal(a, V.validation_rows(10_000, 8))
+    assert V.validation_rows(1500, 7).size == 0
+
+
+def test_split_parts_are_disjoint_and_cover_the_data():
+    rng = np.random.default_rng(0)
+    n = 3000
+    X = sp.csr_matrix(np.arange(n, dtype=np.float32)[:, None] + 1)  # row i holds the value i + 1
+    Y = sp.csr_matrix((np.ones(n, np.float32), rng.integers(0, 50, n), np.arange(n + 1)), shape=(n, 50))
+    from dslide.data import XMCData
+
+    fit, val, rows = V.split(XMCData(X, Y), seed=3)
+    got_fit = set(fit.X.toarray()[:, 0].astype(int) - 1)
+    got_val = set(val.X.toarray()[:, 0].astype(int) - 1)
+    assert got_val == set(rows.tolist()) and not (got_fit & got_val) and len(got_fit | got_val) == n
+    np.testing.assert_array_equal(val.Y.toarray(), Y[rows].toarray())
+
+
+def _duplicates(n_labels=300, per=6, f=400, seed=0):
+    """Clusters of near-duplicate rows, one label each: a point's nearest training points hold its label."""
+    rng = np.random.default_rng(seed)
+    centres = rng.random((n_labels, f)) * (rng.random((n_labels, f)) < 0.05)
+    rows, labels = [], []
+    for j in range(n_labels):
+        for _ in range(per):
+            rows.append(centres[j] + 0.01 * rng.random(f) * (centres[j] > 0))
+            labels.append(j)
+    X = sp.csr_matrix(np.asarray(rows, np.float32))
+    Y = sp.csr_matrix((np.ones(len(labels), np.float32), labels, np.arange(len(labels) + 1)),
+                      shape=(len(labels), n_labels))
+    return X, Y
+
+
+def _choose(store, Xq, Yq, m_ids, m_logits):
+    nn_ids, nn_sims = store.neighbours(Xq, 20)
+    pr_ids, pr_sims = store.prototypes(Xq, 8)
+    return V.choose_fusion(store, Yq, m_ids, m_logits, nn_ids, nn_sims, pr_ids, pr_sims, counts=(10, 5, 20),
+                           shares=(0.0, 0.5), weights=V.FUSION_WEIGHTS, power=4.0, pr_power=16.0)
+
+
+def test_fusion_is_chosen_where_the_neighbours_know_and_the_network_does_not():
+    X, Y = _duplicates()
+    n = X.shape[0]
+    q = np.arange(0, n, 6)  # one point of every cluster held out
+    keep = np.setdiff1d(np.arange(n), q)
+    store = fusion.NeighbourLabels.build(X[keep], Y[keep], prototypes=True)
+    rng = np.random.default_rng(1)
+    m_ids = np.stack([rng.permutation(Y.shape[1])[:20] for _ in q]).astype(np.int64)  # a network that knows nothing
+    m_logits = np.sort(rng.random(m_ids.shape))[:, ::-1].copy()
+    (c, a, w), figures = _choose(store, X[q], Y[q], m_ids, m_logits)
+    assert w > 0
+    assert sum(figures[(c, a, w)]) > sum(figures[(0, 0.0, 0.0)]) + V.CHOICE_MARGIN
+    assert figures[(c, a, w)][0] > 0.9  # the held-out points' clusters vote their label
+
+
+def test_the_network_alone_is_chosen_where_the_labels_are_independent_of_the_neighbours():
+    X, Y = _duplicates()
+    n, L = Y.shape
+    rng = np.random.default_rng(2)
+    shuffled = sp.csr_matrix((np.ones(n, np.float32), rng.integers(0, L, n), np.arange(n + 1)), shape=(n, L))
+    q = np.arange(0, n, 6)
+    keep = np.setdiff1d(np.arange(n), q)
+    store = fusion.NeighbourLabels.build(X[keep], shuffled[keep], prototypes=True)
+    truth = shuffled[q]
+    # a network whose first candidate is the true label, the rest random
+    m_ids = np.stack([np.r_[t, rng.permutation(np.setdiff1d(np.arange(L), [t]))[:19]]
+                      for t in truth.indices]).astype(np.int64)
+    m_logits = np.tile(np.r_[3.0, np.linspace(1, 0, 19)], (len(q), 1))
+    (c, a, w), figures = _choose(store, X[q], truth, m_ids, m_logits)
+    assert (c, a, w) == (0, 0.0, 0.0)
+    assert figures[(0, 0.0, 0.0)][0] == 1.0
+    assert all(v[0] < 1.0 for k, v in figures.items() if k[2] >= 0.6)  # heavy fusion would cost P@1
+
+
+def test_pick_keeps_the_noop_within_the_margin():
+    assert V.pick({"off": 1.0, "on": 1.0 + V.CHOICE_MARGIN / 2}, "off") == "off"
+    assert V.pick({"off": 1.0, "on": 1.0 + 2 * V.CHOICE_MARGIN}, "off") == "on"
+    assert V.pick({"off": 1.0, "a": 0.5}, "off") == "off"
+
+
+class _Layer:
+    def __init__(self):
+        self.W, self.b = np.zeros((2, 2), np.float32), np.zeros(2, np.float32)
+
+
+class _Net:
+    def __init__(self):
+        self.layers, self.step = [_Layer()], 0
+
+
+class _Model:
+    def __init__(self):
+        self.network = _Net()
+
+
+def test_early_stopping_stops_after_patience_and_puts_back_the_best_weights(monkeypatch):
+    import dslide.train as T
+
+    # the validation score rises, peaks at the second epoch, then falls
+    script = iter([(0.30, 0.10), (0.40, 0.15), (0.35, 0.12), (0.20, 0.05)])
+
+    def fake_evaluate(model, data, k=5, exact=True):
+        p1, p5 = next(script)
+        return {"p@1": p1, "p@5": p5}
+
+    monkeypatch.setattr(T, "evaluate", fake_evaluate)
+    model = _Model()
+    early = V.EarlyStop(val=None, steps_per_epoch=10, patience=1)
+    cb = early.callback()
+    stopped_at = None
+    for step in range(1, 100):
+        model.network.step = step
+        model.network.layers[0].W[:] = step  # the weights of each step
+        if cb("step", model, step) == "stop":
+            stopped_at = step
+            break
+    assert stopped_at == 30  # epoch 3 did not beat epoch 2
+    info = early.finish(model)
+    assert info["kept_step"] == 20 and len(info["curve"]) == 3
+    assert np.all(model.network.layers[0].W == 20)  # epoch 2's weights are back
+
+
+def test_fit_holds_the_validation_points_out_and_picks_the_noop_on_independent_labels():
+    """A wide output (5,000 labels) whose labels are independent of the features: the
+    neighbours' labels cannot help, so training keeps the network alone; the network's
+    gradient steps cover only the points outside the validation split."""
+    from dslide import train as T
+    from dslide.config import Config
+    from dslide.data import XMCData
+
+    rng = np.random.default_rng(5)
+    n, f, L = 2400, 300, 5000
+    X = sp.random(n, f, density=0.03, format="csr", dtype=np.float32, random_state=5)
+    X.data[:] = 1.0
+    labels = (np.minimum(rng.zipf(1.3, n), 999) * 5).astype(np.int64)  # a long tail, few points per label
+    Y = sp.csr_matrix((np.ones(n, np.float32), labels, np.arange(n + 1)), shape=(n, L))
+    cfg = Config(hidden=(16,), batch_size=100, threads=1)
+    resolved = cfg.resolve(L, T.points_per_label(Y), n)
+    assert resolved.early_stop and resolved.knn is None and resolved.knn_weight is None
+    model = T.build_network((f, L), resolved)
+    model, history = T.fit(XMCData(X, Y), resolved, model=model, index=False)
+    n_val = V.validation_size(n)
+    steps_per_epoch = -(-(n - n_val) // 100)
+    assert model.index_info["early_stop"]["curve"][0][0] == steps_per_epoch
+    choice = model.index_info["fusion_choice"]
+    assert choice["validation_points"] == n_val and choice["chosen"] == "off"
+    assert model.network.layers[-1].neighbour_labels is None
