@@ -622,9 +622,12 @@ def _final_metrics(model, history, test, wall, inv_prop) -> dict:
 
 def _summary(m: dict, run_dir: Path) -> str:
     s = []
+    choices = choice_lines(m.get("index") or {})
     if "p@1" in m:
+        what = choices[0] if choices else ""
         s.append(f"P@1 {m['p@1']:.4f}  P@3 {m['p@3']:.4f}  P@5 {m['p@5']:.4f}  "
-                 f"nDCG@5 {m['ndcg@5']:.4f}  PSP@5 {m.get('psp@5', float('nan')):.4f}")
+                 f"nDCG@5 {m['ndcg@5']:.4f}  PSP@5 {m.get('psp@5', float('nan')):.4f}" + (f"  ({what})" if what else ""))
+    s.extend(choices[1:])
     ratio = m["bytes_per_step"] / m["bytes_per_step_data_parallel"] if m["bytes_per_step_data_parallel"] else 0.0
     s.append(f"{m['samples_per_s']:,.0f} samples/s over {m['steps']} steps ({m['world_size']} rank(s) x "
              f"{m['threads']} thread(s)); {m['bytes_per_step']:,.0f} bytes/step per rank"
@@ -634,6 +637,33 @@ def _summary(m: dict, run_dir: Path) -> str:
                  f"{m['warmup_s']:.1f}s of it in that step)")
     s.append(f"run directory: {run_dir} (metrics.json, log.jsonl, config.toml, propensity.npz, checkpoints/)")
     return "\n".join(s)
+
+
+def choice_lines(info: dict) -> list[str]:
+    """What the end-of-training summary says of the choices made on the validation split
+    (`model.index_info`): first what the final scores are ("network alone" or "with neighbour
+    labels ..."), then a line per choice with its validation figures."""
+    fc, es = info.get("fusion_choice"), info.get("early_stop")
+    out = []
+    if fc is not None:
+        c = fc["chosen"]
+        out.append("network alone" if c == "off" else
+                   f"with neighbour labels: knn {c['knn']}, prototypes' share {c['proto_weight']}, weight {c['knn_weight']}")
+        figs = fc.get("p@1/p@5") or {}
+        off = figs.get("knn 0 share 0.0 weight 0.0")
+        if off is not None:
+            key = "knn 0 share 0.0 weight 0.0" if c == "off" else \
+                f"knn {c['knn']} share {float(c['proto_weight'])} weight {float(c['knn_weight'])}"
+            got = figs.get(key, off)
+            out.append(f"fusion chosen on {fc['validation_points']:,} validation points: network alone P@1 "
+                       f"{off[0]:.4f} P@5 {off[1]:.4f}; chosen P@1 {got[0]:.4f} P@5 {got[1]:.4f}")
+        else:
+            out.append(f"neighbour labels off: {fc.get('why', 'chosen on the validation split')}")
+    if es is not None and es.get("curve"):
+        best = next((c for c in es["curve"] if c[0] == es["kept_step"]), es["curve"][-1])
+        out.append(f"early stopping: kept step {es['kept_step']} of {es['curve'][-1][0]} (validation P@1 "
+                   f"{best[1]:.4f} P@5 {best[2]:.4f}, network alone)")
+    return out
 
 
 # ----------------------------------------------------------------------------

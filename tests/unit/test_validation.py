@@ -165,3 +165,21 @@ def test_fit_holds_the_validation_points_out_and_picks_the_noop_on_independent_l
     choice = model.index_info["fusion_choice"]
     assert choice["validation_points"] == n_val and choice["chosen"] == "off"
     assert model.network.layers[-1].neighbour_labels is None
+
+
+def test_the_summary_names_what_its_figures_are_and_the_choices_behind_them():
+    from dslide.cli import choice_lines
+
+    info = {"fusion_choice": {"chosen": {"knn": 20, "proto_weight": 0.25, "knn_weight": 0.2},
+                              "validation_points": 2285,
+                              "p@1/p@5": {"knn 0 share 0.0 weight 0.0": [0.68, 0.34],
+                                          "knn 20 share 0.25 weight 0.2": [0.70, 0.36]}},
+            "early_stop": {"kept_step": 680, "curve": [[340, 0.61, 0.31], [680, 0.68, 0.34], [1020, 0.67, 0.35]]}}
+    lines = choice_lines(info)
+    assert lines[0] == "with neighbour labels: knn 20, prototypes' share 0.25, weight 0.2"
+    assert "network alone P@1 0.6800 P@5 0.3400; chosen P@1 0.7000 P@5 0.3600" in lines[1]
+    assert "2,285 validation points" in lines[1]
+    assert lines[2].startswith("early stopping: kept step 680 of 1020 (validation P@1 0.6800 P@5 0.3400")
+    info["fusion_choice"]["chosen"] = "off"
+    assert choice_lines(info)[0] == "network alone"
+    assert choice_lines({}) == []
