@@ -3,8 +3,8 @@
     import dslide
     model = dslide.Model(epochs=5, hidden=128)           # the keys of --set
     model.fit(X, Y)                                       # scipy CSR, CSR or label lists
-    ids, scores = model.predict(X_test, k=5)              # int64 [n, k], float64 [n, k]
-    P = model.predict(X_test, k=5, sparse=True)           # csr [n, n_labels] of top-k scores
+    ids, scores = model.predict(X_test, k=5)              # int64 [n, k], float64 [n, k]; top_k=5 alike
+    P = model.predict_csr(X_test, k=5)                    # csr [n, n_labels] of top-k scores, as PECOS
     model.evaluate(X_test, Y_test)                        # {"p@1": ..., "psp@5": ...}
     model.save("runs/mine")                               # the run directory `dslide train` writes
     model = dslide.Model.load("runs/mine")                # also a run directory of `dslide train`
@@ -14,6 +14,13 @@ layers are split over the ranks, each rank gets the whole result of
 `predict` and `evaluate`, `save` writes every rank's slices, and `load`
 splits a saved model over however many ranks load it. No files are written
 unless `save` is called.
+
+scikit-learn's conventions: `get_params()` gives the settings as passed to
+`Model(...)`, `set_params(**settings)` changes them, so `sklearn.base.clone`
+and grid search work (scikit-learn is not needed otherwise). `fit` never
+changes them: it resolves the settings left unset from its data into
+`config_`, so a second `fit` on other data resolves them again. After `fit`
+(or `load`), `n_features_in_` is the number of features.
 """
 
 from __future__ import annotations
@@ -76,14 +83,40 @@ class Model:
     Model(**settings): the settings of `dslide train --set` (the same keys, defaults and
     checks; ValueError names a bad value and the valid range). Settings left unset take
     their value from the data in `fit`, as on the command line.
+
+    config: the Config of the settings (unset ones None); config_: the resolved one `fit`
+    trained with (or the loaded model's). comm is not a setting: `get_params` leaves it out.
     """
 
     def __init__(self, *, comm=None, **settings):
         self.config = settings_config(settings)
+        self._settings = settings  # as given: get_params returns these very objects (sklearn's clone checks)
         self.comm = _comm(comm)
         self._model = None  # dslide.train.Model once fitted or loaded
         self._props = None  # the training labels' propensities (dslide.propensity), or None
         self.history: list = []
+
+    # -- settings (scikit-learn's estimator interface) -------------------------------
+
+    def get_params(self, deep: bool = True) -> dict:
+        """The settings given to `Model(...)` or `set_params`, unchanged by `fit`: {key: value}.
+        deep: accepted for scikit-learn (a Model holds no sub-estimators)."""
+        return dict(self._settings)
+
+    def set_params(self, **settings) -> "Model":
+        """Change settings (the keys of `Model(...)`), checked as there; the fitted model, if
+        any, is kept until the next `fit`. Returns self."""
+        merged = {**self._settings, **settings}
+        self.config = settings_config(merged)
+        self._settings = merged
+        return self
+
+    def __sklearn_clone__(self) -> "Model":
+        # scikit-learn >= 1.3: an unfitted copy on the same communicator (the generic clone
+        # would deep-copy settings alike but start on the MPI world)
+        import copy
+
+        return type(self)(comm=self.comm, **copy.deepcopy(self._settings))
 
     # -- training ------------------------------------------------------------------
 
@@ -122,7 +155,9 @@ class Model:
                                    index_progress=progress and self.comm.rank == 0)
         finally:
             bar.close()
-        self._model, self.config, self.history = model, model.config, history
+        # the settings stay as given: a second fit resolves them from its own data
+        self._model, self.config_, self.history = model, model.config, history
+        self.n_features_in_ = train.n_features
         self._props = propensity.compute(train.Y, *config.propensity_constants) if train.n_points >= 3 else None
         return self
 
@@ -133,22 +168,34 @@ class Model:
             raise ValueError("this Model is not trained: call fit(X, Y) or Model.load(run_dir) first")
         return self._model
 
-    def predict(self, X, k: int = 5, lsh: bool = False, sparse: bool = False):
-        """The top k labels of each row of X csr [n, n_features], best first.
+    def predict(self, X, k: int | None = None, lsh: bool = False, sparse: bool = False, *,
+                top_k: int | None = None):
+        """The top k labels of each row of X csr [n, n_features], best first (ties to the
+        lower label id, dslide.topk).
 
+        k: default 5; top_k is the same (napkinXC's and omikuji's name), give one of them.
         Returns (ids int64 [n, k], scores float64 [n, k]; -1 where fewer than k labels were
-        scored), or with sparse=True a csr float32 [n, n_labels] holding each row's top-k
-        scores (logits). lsh: score only what the output layer's inference index retrieves
-        (a model with an LSH output layer only).
+        scored), or with sparse=True a csr float64 [n, n_labels] holding each row's top-k
+        scores (as `predict_csr`). lsh: score only what the output layer's inference index
+        retrieves (a model with an LSH output layer only).
         """
         from dslide import formats
         from dslide import train as T
 
         model = self._fitted()
-        k = check_k(k, model.n_labels)
+        if k is not None and top_k is not None and k != top_k:
+            raise ValueError(f"k = {k!r} and top_k = {top_k!r}: they are the same setting, give one of them")
+        k = check_k(next((v for v in (k, top_k) if v is not None), 5), model.n_labels)
         check_lsh(model, lsh)
         ids, scores = T.predict_topk_scores(model, _features(X), k, exact=not lsh)
         return formats.predictions_csr(ids, scores, model.n_labels) if sparse else (ids, scores)
+
+    def predict_csr(self, X, k: int | None = None, lsh: bool = False, *, top_k: int | None = None):
+        """The top-k scores as PECOS's `predict` returns them: csr float64 [n, n_labels], row i
+        holding the scores (logits, or the fused scores with neighbour labels) of its k best
+        labels, columns sorted; ranked by score, ties to the lower label id, as `predict`'s ids.
+        Arguments as `predict`."""
+        return self.predict(X, k, lsh, sparse=True, top_k=top_k)
 
     def evaluate(self, X, Y, k: int = 5, lsh: bool = False, propensity: str | tuple | None = None) -> dict:
         """P@1..k, nDCG@1..k and (with the training labels' propensities) PSP@k and PSnDCG@k.
@@ -222,7 +269,9 @@ class Model:
         self = cls.__new__(cls)
         self.comm = comm
         self._model = load_model(os.fspath(run_dir), comm)
-        self.config = self._model.config
+        self.config = self.config_ = self._model.config
+        self._settings = {}
+        self.n_features_in_ = self._model.n_features
         self._props = propensity.load(run_dir, self._model.n_labels)
         self.history = list(self._model.history)
         return self
