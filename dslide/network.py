@@ -179,6 +179,10 @@ class Network:
         out.b[:] = prior.astype(self.dtype)
         out.maintain(0)  # tables that rank by score see the new biases
 
+    #: a multiplier of the schedule's learning rate that training may lower on a plateau of the
+    #: validation score (dslide.validation.EarlyStop)
+    lr_scale = 1.0
+
     def set_total_steps(self, total: int) -> None:
         """The length of the run, for the learning-rate schedule."""
         self.total_steps = int(total)
@@ -194,7 +198,8 @@ class Network:
 
     def adam_params(self, step: int):
         c = self.config
-        return kernels.adam_params(c.lr * self.lr_factor(step), c.beta1, c.beta2, c.eps, step, self.dtype)
+        return kernels.adam_params(c.lr * self.lr_factor(step) * self.lr_scale, c.beta1, c.beta2, c.eps, step,
+                                   self.dtype)
 
     def train_step(self, batch: Batch) -> float:
         """Forward, backward and update on one batch; returns this rank's partial loss

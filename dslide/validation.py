@@ -48,6 +48,10 @@ FUSION_WEIGHTS = (0.0, 0.2, 0.4, 0.6, 0.8)
 EARLY_STOP_MAX_EPOCHS = 10.0
 EARLY_STOP_PATIENCE = 1
 EARLY_STOP_MIN_GAIN = 0.002
+#: on the first plateau the best epoch's weights are put back and the learning rate scaled by
+#: this; training stops at the next plateau (after EARLY_STOP_DECAYS of them)
+EARLY_STOP_DECAY = 0.25
+EARLY_STOP_DECAYS = 1
 
 
 def validation_size(n_points: int) -> int:
@@ -129,9 +133,12 @@ class EarlyStop:
     scoring is collective) and gets the same answer."""
 
     def __init__(self, val, steps_per_epoch: int, patience: int = EARLY_STOP_PATIENCE,
-                 min_gain: float = EARLY_STOP_MIN_GAIN):
+                 min_gain: float = EARLY_STOP_MIN_GAIN, decay: float = EARLY_STOP_DECAY,
+                 decays: int = EARLY_STOP_DECAYS):
         self.val, self.every = val, max(1, int(steps_per_epoch))
         self.patience, self.min_gain = int(patience), float(min_gain)
+        self.decay, self.decays_left = float(decay), int(decays)
+        self.decayed_at = []
         self.best, self.best_step, self.bad = -np.inf, 0, 0
         self.snapshot = None
         self.curve = []  # (step, P@1, P@5) of every check
@@ -148,7 +155,24 @@ class EarlyStop:
             self.snapshot = [(layer.W.copy(), layer.b.copy()) for layer in model.network.layers]
             return False
         self.bad += 1
-        return self.bad >= self.patience
+        if self.bad < self.patience:
+            return False
+        if self.decays_left > 0:  # a plateau: back to the best epoch, at a lower learning rate
+            self.decays_left -= 1
+            self.bad = 0
+            self._restore(model)
+            model.network.lr_scale *= self.decay
+            self.decayed_at.append(int(step))
+            return False
+        return True
+
+    def _restore(self, model) -> None:
+        for layer, (W, b) in zip(model.network.layers, self.snapshot):
+            layer.W[...] = W
+            layer.b[...] = b
+        for layer in model.network.layers:
+            if hasattr(layer, "maintain"):
+                layer.maintain(0)  # tables that rank by the weights see the ones put back
 
     def callback(self, inner=None):
         """A `fit` callback: `inner`'s, with a check at every epoch's end."""
@@ -168,8 +192,8 @@ class EarlyStop:
         if not self.curve or self.curve[-1][0] != step:
             self.check(model, step)
         if self.snapshot is not None and self.best_step != step:
-            for layer, (W, b) in zip(model.network.layers, self.snapshot):
-                layer.W[...] = W
-                layer.b[...] = b
+            self._restore(model)
         self.snapshot = None
-        return {"kept_step": self.best_step, "curve": [list(c) for c in self.curve]}
+        model.network.lr_scale = 1.0
+        return {"kept_step": self.best_step, "curve": [list(c) for c in self.curve],
+                "lr_lowered_at": self.decayed_at}

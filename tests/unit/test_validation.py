@@ -105,7 +105,7 @@ class _Layer:
 
 class _Net:
     def __init__(self):
-        self.layers, self.step = [_Layer()], 0
+        self.layers, self.step, self.lr_scale = [_Layer()], 0, 1.0
 
 
 class _Model:
@@ -125,7 +125,7 @@ def test_early_stopping_stops_after_patience_and_puts_back_the_best_weights(monk
 
     monkeypatch.setattr(T, "evaluate", fake_evaluate)
     model = _Model()
-    early = V.EarlyStop(val=None, steps_per_epoch=10, patience=1)
+    early = V.EarlyStop(val=None, steps_per_epoch=10, patience=1, decays=0)
     cb = early.callback()
     stopped_at = None
     for step in range(1, 100):
@@ -138,6 +138,29 @@ def test_early_stopping_stops_after_patience_and_puts_back_the_best_weights(monk
     info = early.finish(model)
     assert info["kept_step"] == 20 and len(info["curve"]) == 3
     assert np.all(model.network.layers[0].W == 20)  # epoch 2's weights are back
+
+
+def test_a_plateau_first_lowers_the_learning_rate_from_the_best_epoch(monkeypatch):
+    import dslide.train as T
+
+    script = iter([(0.30, 0.10), (0.40, 0.15), (0.35, 0.12), (0.45, 0.16), (0.44, 0.16)])
+    monkeypatch.setattr(T, "evaluate", lambda model, data, k=5, exact=True: dict(zip(("p@1", "p@5"), next(script))))
+    model = _Model()
+    early = V.EarlyStop(val=None, steps_per_epoch=10, patience=1, decay=0.25, decays=1)
+    cb = early.callback()
+    seen = {}
+    for step in range(1, 100):
+        model.network.step = step
+        model.network.layers[0].W[:] = step
+        out = cb("step", model, step)
+        seen[step] = (model.network.lr_scale, model.network.layers[0].W[0, 0])
+        if out == "stop":
+            break
+    assert seen[30] == (0.25, 20)  # epoch 3 lost: epoch 2's weights back, a quarter of the learning rate
+    assert step == 50  # epoch 4 (after the decay) gained, epoch 5 did not: stop
+    info = early.finish(model)
+    assert info["kept_step"] == 40 and info["lr_lowered_at"] == [30]
+    assert model.network.lr_scale == 1.0 and np.all(model.network.layers[0].W == 40)
 
 
 def test_fit_holds_the_validation_points_out_and_picks_the_noop_on_independent_labels():
