@@ -40,23 +40,18 @@ LR_SCHEDULES = ("linear", "constant")
 #: rule, docs/accuracy.md the measurements behind it
 KNN = 10
 KNN_MAX_POINTS_PER_LABEL = 20.0
-#: knn left at None where the rule turns fusion on: training takes the count of KNN_CHOICES
-#: whose votes best predict a sample of KNN_CHOICE_POINTS of its own points, each left out of
-#: its neighbours (dslide.fusion `choose_k`; the first, KNN, unless another's P@5 is more than
-#: KNN_CHOICE_MARGIN higher)
+#: the leave-one-out choices of dslide.fusion (`choose_k`, `choose_share`), kept for the
+#: benchmarks that compare them with the validation split; training itself chooses the count,
+#: the prototypes' share and the weight on held-out points (dslide.validation)
 KNN_CHOICES = (KNN, 5, 20)
 KNN_CHOICE_POINTS = 5000
 KNN_CHOICE_MARGIN = 0.0025
 #: lsh.max_active left at None where the neighbours' labels are fused (knn on): no candidates
 FUSED_MAX_ACTIVE = 0
-KNN_WEIGHT = 0.6  # knn_weight left at None
-#: proto_weight left at None where the neighbours' labels are fused: training takes the share
-#: of the label prototypes in the neighbour term from PROTO_CHOICES by leave-one-out on the
-#: same points as the count (dslide.fusion `choose_share`: the best P@5 among the shares
-#: whose P@1 is at most PROTO_P1_TOLERANCE below the points' alone, the first choice);
-#: a store without a chosen share uses PROTO_WEIGHT
+KNN_WEIGHT = 0.6  # the weight of a store saved without a chosen one and knn_weight left at None
 PROTO_CHOICES = (0.0, 0.25, 0.5, 0.75)
 PROTO_P1_TOLERANCE = 0.005
+#: the share of a store saved without a chosen one and proto_weight left at None
 PROTO_WEIGHT = 0.5
 WIDE_EPOCHS = 1.5  # epochs left at None, outputs wider than NARROW_OUTPUT
 #: hidden, epochs and batch_size left at None in outputs of at most NARROW_OUTPUT labels:
@@ -338,9 +333,9 @@ class Config:
                                             20 (0 from 20 points per label, or without
                                             a split; knn_default)
         knn_weight          -               chosen on the validation split from 0 (the
-                                            network alone), 0.2, 0.4, 0.6, 0.8
+                                            network alone), 0.1, 0.2, ..., 0.9
         proto_weight        -               chosen on the validation split from 0, 0.25,
-                                            0.5, 0.75 (where knn is on)
+                                            0.5, 0.75, 1 (where knn is on)
         lsh.max_active      -               0 where knn is on (uniform negatives
                                             only: the neighbours carry the tail)
 

@@ -288,8 +288,8 @@ def build_neighbours(model: Model, train: XMCData, progress: bool = False, val: 
     `knn` > 0 or left to the data and on: every rank builds the same store, a function of
     the data alone, with the label prototypes unless proto_weight is 0.
 
-    What is left at None (the count from KNN_CHOICES, the prototypes' share from
-    PROTO_CHOICES, the weight from FUSION_WEIGHTS) is chosen on the validation points `val`
+    What is left at None (the count from FUSION_COUNTS, the prototypes' share from
+    FUSION_SHARES, the weight from FUSION_WEIGHTS) is chosen on the validation points `val`
     (dslide.validation.choose_fusion) with a store of the gradient's points `fit_data`; the
     no-op, weight 0 (the network alone), is always a candidate and, when chosen, no store
     is kept. Otherwise the store is rebuilt from every training point with the choice kept
@@ -298,7 +298,7 @@ def build_neighbours(model: Model, train: XMCData, progress: bool = False, val: 
     model.index_info gets the figures behind the choice and the seconds taken.
     progress: a progress bar (tqdm, stderr) of its stages."""
     from dslide import fusion
-    from dslide.config import KNN_CHOICES, PROTO_CHOICES, knn_default
+    from dslide.config import knn_default
 
     t0 = time.perf_counter()
     cfg = model.config
@@ -317,8 +317,8 @@ def build_neighbours(model: Model, train: XMCData, progress: bool = False, val: 
     if choosing:
         store = fusion.NeighbourLabels.build(fit_data.X, fit_data.Y, prototypes=protos, comm=model.comm)
         _advance(bar)
-        counts = KNN_CHOICES if cfg.knn is None else (cfg.knn,)
-        shares = PROTO_CHOICES if cfg.proto_weight is None else (cfg.proto_weight,)
+        counts = validation.FUSION_COUNTS if cfg.knn is None else (cfg.knn,)
+        shares = validation.FUSION_SHARES if cfg.proto_weight is None else (cfg.proto_weight,)
         weights = validation.FUSION_WEIGHTS if cfg.knn_weight is None else (0.0, cfg.knn_weight)
         kk = max(5, cfg.knn_candidates)
         m_ids, m_logits = predict_topk_scores(model, val.X, kk, exact=True)

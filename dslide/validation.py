@@ -44,7 +44,11 @@ VALIDATION_MIN_POINTS = 2000
 #: a candidate replaces the no-op only when its P@1 + P@5 is higher by more than this
 CHOICE_MARGIN = 0.004
 #: the fusion weights tried (0: the network alone, always a candidate)
-FUSION_WEIGHTS = (0.0, 0.2, 0.4, 0.6, 0.8)
+FUSION_WEIGHTS = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
+#: the label prototypes' shares of the neighbour term tried (0: the points alone; 1: the prototypes alone)
+FUSION_SHARES = (0.0, 0.25, 0.5, 0.75, 1.0)
+#: the neighbour counts tried
+FUSION_COUNTS = (10, 5, 20)
 EARLY_STOP_MAX_EPOCHS = 10.0
 EARLY_STOP_PATIENCE = 1
 EARLY_STOP_MIN_GAIN = 0.002
