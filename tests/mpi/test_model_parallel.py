@@ -255,23 +255,32 @@ def test_label_prototypes_summed_over_p_ranks_are_the_one_rank_store_bit_for_bit
         assert world.bytes_sent.get("neighbours", 0) > 0
 
 
-def test_the_neighbour_count_chosen_at_p_ranks_is_the_one_rank_choice():
-    """knn left to the data on a wide output: the leave-one-out search is shared over the ranks,
-    and every rank keeps the 1-rank count and scores."""
+def test_the_validation_choices_at_p_ranks_are_the_one_rank_choices():
+    """Fusion and early stopping left to the data on a wide output: the validation split is
+    drawn by the seed alone, so P ranks hold out the 1-rank points, score them alike (the
+    1-rank figures, float ties aside) and make the 1-rank choices, every rank the same."""
+    import json
+
     from dslide import train as T
     from dslide.config import NARROW_OUTPUT
     from dslide.data import XMCData
 
     rng = np.random.default_rng(8)
-    n, L = 300, NARROW_OUTPUT + 1
+    n, L = 2400, NARROW_OUTPUT + 1
     X = sp.random(n, 40, density=0.12, format="csr", random_state=rng, dtype=np.float32)
-    Y = sp.csr_matrix((np.ones(n, np.float32), (np.arange(n), rng.integers(0, 100, n))), shape=(n, L))
-    cfg = Config(hidden=(4,), batch_size=50, seed=2, epochs=1.0)
+    labels = np.where(rng.random(n) < 0.5, rng.integers(0, 5, n), rng.integers(0, 800, n))
+    Y = sp.csr_matrix((np.ones(n, np.float32), (np.arange(n), labels)), shape=(n, L))
+    cfg = Config(hidden=(4,), batch_size=200, seed=2, epochs=3.0, early_stop=True, exact=True)
     world = Comm(MPI.COMM_WORLD)
     model_p, _ = T.fit(XMCData(X, Y), cfg, comm=world, index=False)
     model_1, _ = T.fit(XMCData(X, Y), cfg, comm=Comm(), index=False)
-    assert model_p.config.knn is None
-    assert model_p.index_info["knn_choice"] == model_1.index_info["knn_choice"]
-    assert model_p.index_info["proto_choice"] == model_1.index_info["proto_choice"]
-    assert world.allgather_object(model_p.network.layers[-1].neighbour_labels.k) == \
-        [model_1.network.layers[-1].neighbour_labels.k] * world.size
+    a, b = model_p.index_info["fusion_choice"], model_1.index_info["fusion_choice"]
+    assert a["validation_points"] == b["validation_points"] == 600
+    assert a["chosen"] == b["chosen"]
+    assert a["p@1/p@5"].keys() == b["p@1/p@5"].keys()
+    for key, v in a["p@1/p@5"].items():
+        np.testing.assert_allclose(v, b["p@1/p@5"][key], atol=2.5 / 600)
+    ea, eb = model_p.index_info["early_stop"], model_1.index_info["early_stop"]
+    assert [c[0] for c in ea["curve"]] == [c[0] for c in eb["curve"]]
+    np.testing.assert_allclose(np.array(ea["curve"])[:, 1:], np.array(eb["curve"])[:, 1:], atol=2.5 / 600)
+    assert len(set(world.allgather_object(json.dumps(a, sort_keys=True)))) == 1

@@ -41,7 +41,7 @@ def world(tmp_path_factory):
     assert cli.main(["train", "--train", str(d / "t_train.txt"), "--test", str(d / "t_test.txt"),
                      "--out", str(run), *S]) == 0
     knn_run = d / "knn_run"  # with a neighbour store (knn.*) and an inference index (index.*, nn.*)
-    assert cli.main(["train", "--train", str(d / "t_train.txt"), "--out", str(knn_run), *S, "--set", "knn=5",
+    assert cli.main(["train", "--train", str(d / "t_train.txt"), "--out", str(knn_run), *S, "--set", "knn=5", "--set", "knn_weight=0.6", "--set", "proto_weight=0.5",
                      "--set", 'kinds=["dense","lsh"]', "--set", "lsh.index_anchors=16",
                      "--set", "lsh.index_points=300"]) == 0
     for f in (d / "t_train.txt", d / "t_test.txt", other):
@@ -267,6 +267,13 @@ CASES = [
           ("lrr=1e-3", "unknown configuration key 'lrr'; did you mean 'lr'?"),
           ("lsh.KK=3", "unknown configuration key 'lsh.KK'"),
       ]],
+    # -- refused before the run directory is made: the layout, data without labels -------------
+    ("set-replicas-2-on-1-rank", lambda w, t: _train(w, w["train"], "--set", "replicas=2"),
+     "world size (1) is not divisible by replicas (2)"),
+    ("set-shard-weights-3-on-1-rank", lambda w, t: _train(w, w["train"], "--set", "shard_weights=1,2,3"),
+     "shard_weights has 3 entries but a replica has 1 ranks"),
+    ("split-without-labels", lambda w, t: _train(w, _text(t, "trn_X_Xf.txt", "2 5\n0:1 1:0.5\n2:1\n")),
+     "--train {case}/trn_X_Xf.txt has 0 labels (its labels file trn_X_Y.txt is missing beside it)"),
     ("set-no-equals", lambda w, t: _train(w, w["train"], "--set", "lr"), "--set 'lr': expected key=value"),
     ("config-missing", lambda w, t: _train(w, w["train"], "--config", str(t / "c.toml")), "c.toml does not exist"),
     ("config-not-toml", lambda w, t: _train(w, w["train"], "--config", str(_text(t, "c.toml", "lr = = 3\n"))),
