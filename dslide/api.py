@@ -235,28 +235,48 @@ class Model:
 
         model = self._fitted()
         run_dir = Path(run_dir)
-        lock, error = None, None
+        hint = "pass overwrite=True to replace it, or choose another directory"
+
+        def replace(d):  # under run_dir's lock, when it is not new: the rules again
+            rundir.check_new(d, bool(overwrite), "run_dir", hint, locked=True)
+
+        # the run is built whole in a directory beside run_dir and then moved into place, so a
+        # save that fails midway leaves no half-built run_dir and an old run there untouched
+        tmp, error = None, None
         if self.comm.rank == 0:
-            try:  # one writer (dslide.rundir's lock); whole files, never through a planted link
-                hint = "pass overwrite=True to replace it, or choose another directory"
-                lock = rundir.open_new(run_dir, bool(overwrite), "dslide.Model.save", "run_dir", hint)
-                rundir.write_atomic(run_dir / "config.toml", config_toml(model.config))
+            try:  # whole files, never through a planted link (dslide.rundir)
+                rundir.check_new(run_dir, bool(overwrite), "run_dir", hint)
+                tmp = rundir.begin_build(run_dir)
+                rundir.mark(tmp)
+                rundir.write_atomic(tmp / "config.toml", config_toml(model.config))
                 if self._props is not None:
-                    propensity.save(run_dir, self._props)
+                    propensity.save(tmp, self._props)
             except (ValueError, OSError) as e:
                 error = e
         message = self.comm.bcast_object(None if error is None else str(error))
+        built = Path(self.comm.bcast_object(None if tmp is None else str(tmp)) or ".")
         try:
             if message is not None:  # every rank raises, none waits in a collective below
                 raise error if error is not None else ValueError(message)
             out = []
-            T.save_model(model, lambda m, c: out.append(ck.save(m.network, run_dir, c,
+            T.save_model(model, lambda m, c: out.append(ck.save(m.network, built, c,
                                                                 extra={"history": m.history})))
             self.comm.barrier()
-            return self.comm.bcast_object(str(out[0]) if out else None)
+            path = self.comm.bcast_object(str(out[0]) if out else None)
+            error = None
+            if self.comm.rank == 0:
+                try:
+                    rundir.finish_build(built, run_dir, "dslide.Model.save", replace)
+                except (ValueError, OSError) as e:
+                    error = e
+                tmp = None  # finish_build removed it on an error
+            message = self.comm.bcast_object(None if error is None else str(error))
+            if message is not None:
+                raise error if error is not None else ValueError(message)
+            return str(run_dir / Path(path).relative_to(built))
         finally:
-            if lock is not None:
-                lock.release()
+            if tmp is not None:
+                rundir.abandon_build(tmp)
 
     @classmethod
     def load(cls, run_dir, *, comm=None) -> "Model":

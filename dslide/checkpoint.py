@@ -392,11 +392,18 @@ def export(run_dir, out_dir) -> Path:
     out_dir = Path(out_dir)
     if out_dir.exists() and any(out_dir.iterdir()):
         raise CheckpointError(f"{out_dir} exists and is not empty; export writes a new run directory")
-    out_dir.mkdir(parents=True, exist_ok=True)
-    with rundir.RunLock.acquire(out_dir, "dslide export"):
-        if any(p.name != rundir.LOCK_NAME for p in out_dir.iterdir()):  # another export got there first
-            raise CheckpointError(f"{out_dir} exists and is not empty; export writes a new run directory")
-        return _export(Path(run_dir), src, manifest, out_dir)
+    # built beside out_dir and renamed into place: a failed export leaves no half-built directory
+    tmp = rundir.begin_build(out_dir)
+    try:
+        target = _export(Path(run_dir), src, manifest, tmp)
+    except BaseException:
+        rundir.abandon_build(tmp)
+        raise
+    try:
+        rundir.finish_build(tmp, out_dir, "dslide export")
+    except rundir.RunDirError:  # another export got there first
+        raise CheckpointError(f"{out_dir} exists and is not empty; export writes a new run directory") from None
+    return out_dir / target.relative_to(tmp)
 
 
 def _export(run_dir: Path, src: Path, manifest: dict, out_dir: Path) -> Path:

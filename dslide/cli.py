@@ -27,6 +27,7 @@ a run unless `--overwrite` (which deletes that run's files) or `--resume`.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -436,6 +437,7 @@ def _cmd_train(args, comm, held) -> int:
                              f"{', '.join(sorted(RESUME_SETTABLE))} may change (got {', '.join(bad) or '--config'})")
         config = base.replace(**changes) if changes else base
         run_dir = Path(args.resume)
+        _check_layout(config, comm)
     else:
         config = make_config(args.config, args.set)
         run_dir = Path(args.out) if args.out else None
@@ -447,9 +449,11 @@ def _cmd_train(args, comm, held) -> int:
                 n += 1
                 run_dir = Path("runs") / f"run-{stamp}-{n}"
             run_dir = Path(comm.bcast_object(str(run_dir)))
+        _check_layout(config, comm)
         _on_rank0(comm, lambda: _check_new_run(run_dir, args.overwrite))  # before the data is even read
     comm.stall_timeout = config.stall_timeout
     train = _read(args.train, "--train", args.format, comm=comm, quiet=args.quiet)
+    _check_labels(train, args.train)
     test = _read(args.test, "--test", args.format, train.n_features, train.n_labels, comm=comm,
                  quiet=args.quiet) if args.test else None
     if test is not None and (test.n_features, test.n_labels) != (train.n_features, train.n_labels):
@@ -470,15 +474,46 @@ def _cmd_train(args, comm, held) -> int:
         write_caches(held)
         return _train(args, comm, config, run_dir, train, test, path)
     lock = _on_rank0(comm, lambda: _open_run(run_dir, False, args.overwrite))  # nothing was written before
+    begun, written = [], []
     try:
-        write_caches(held)
-        return _train(args, comm, config, run_dir, train, test, None)
+        written = write_caches(held)
+        return _train(args, comm, config, run_dir, train, test, None, begun)
+    except BaseException:
+        if not begun:  # refused before its first step: a rerun must find nothing of this one
+            from dslide import rundir
+            from dslide.xmc_cache import remove_caches
+
+            remove_caches(written)
+            if lock is not None:
+                rundir.discard_new(lock, run_dir)
+        raise
     finally:
         if lock is not None:
             lock.release()
 
 
-def _train(args, comm, config, run_dir: Path, train, test, path) -> int:
+def _check_layout(config, comm) -> None:
+    """The ranks form the configuration's replicas and shard weights: checked before any file
+    is written (dslide.sharding.check_layout)."""
+    from dslide.sharding import check_layout
+
+    check_layout(comm.size, config.replicas, config.shard_weights)
+
+
+def _check_labels(train, path: str) -> None:
+    """Training data must have labels: a features file read without its labels file has none."""
+    from dslide import formats
+
+    if train.n_labels == 0:
+        first, second = formats.split_pair(path)
+        hint = ("its labels file " + os.path.basename(first).replace("X_Xf", "X_Y") + " is missing beside it"
+                if second is None and "X_Xf" in os.path.basename(first) else "the data has no labels")
+        raise UsageError(f"--train {path} has 0 labels ({hint}); training needs labels: give FEATURES,LABELS "
+                         f"or a file with labels")
+
+
+def _train(args, comm, config, run_dir: Path, train, test, path, begun=None) -> int:
+    """Train and save the run; begun (a list) gets an entry once the first step is done."""
     import dslide
     from dslide import checkpoint as ck
     from dslide import train as T
@@ -509,7 +544,7 @@ def _train(args, comm, config, run_dir: Path, train, test, path) -> int:
     index_bar = comm.rank == 0 and not args.quiet and sys.stderr.isatty()
 
     fault = os.environ.get("DSLIDE_FAULT", "")
-    first_step_done = []
+    first_step_done = [] if begun is None else begun
 
     def callback(event, m, info):
         if event == "step" and not first_step_done:
@@ -1157,6 +1192,9 @@ def parser() -> argparse.ArgumentParser:
     st.add_argument("file", metavar="DATA", help=_DATA_HELP)
     st.add_argument("--format", choices=FORMATS, help=_FORMAT_HELP)
 
+
+        .add_argument("--verbose", action="store_true", help="list every kernel")
+
     c = command("config", "list the settings: default, valid range, and the value for a data set")
     csub = c.add_subparsers(dest="config_cmd", required=True, metavar="CONFIG_COMMAND")
     show = csub.add_parser("show", help="every setting with its default and valid range (and with --data the value "
@@ -1207,14 +1245,17 @@ def main(argv=None) -> int:
     if bad is not None:
         print(f"dslide: error: {bad}", file=sys.stderr, flush=True)
         raise SystemExit(EXIT_USAGE)
+    for stream in (sys.stdout, sys.stderr):  # a path the terminal's encoding lacks is escaped, not an error
+        with contextlib.suppress(AttributeError, ValueError):
+            stream.reconfigure(errors="backslashreplace")
     args = parser().parse_args(argv)
     from dslide.comm import Comm, StallError
 
     comm = Comm.world()
+
     commands = {"train": cmd_train, "eval": cmd_eval, "predict": cmd_predict, "export": cmd_export,
-                "data": cmd_data, "config": cmd_config}
     try:
-        return commands[args.cmd](args, comm)
+            return commands[args.cmd](args, comm)
     except KeyboardInterrupt:
         _fail(comm, "interrupted", EXIT_CRASH)
     except StallError as e:  # another rank stopped answering: every live rank says which, then all end

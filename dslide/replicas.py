@@ -132,7 +132,7 @@ import time
 import numpy as np
 
 from dslide.comm import Board, Comm, Mailbox
-from dslide.sharding import speed_weights
+from dslide.sharding import check_layout, speed_weights
 from dslide.timings import Timings
 
 AUTO_STEPS = 20  # local steps whose times measure each rank's speed (the first, which compiles, left out)
@@ -194,10 +194,7 @@ class Replicas:
 
     def __init__(self, config, world: Comm, timings: Timings | None = None):
         R = config.replicas
-        if world.size % R:
-            raise ValueError(f"world size ({world.size}) is not divisible by replicas ({R}): a world of "
-                             f"R x P ranks forms R replicas of P shards; use replicas in "
-                             f"{[r for r in range(1, world.size + 1) if world.size % r == 0]}")
+        check_layout(world.size, R)
         self.config = config
         self.world = world
         self.n_replicas, self.n_shards = R, world.size // R

@@ -31,6 +31,7 @@ import fcntl
 import json
 import math
 import os
+import shutil
 import socket
 import tempfile
 import time
@@ -192,6 +193,8 @@ def _read(path: Path):
 
 class RunLock:
     """The lock of one run directory, held by this process (see the module docstring)."""
+
+    made_dir = False  #: open_new made the directory (discard_new then removes it)
 
     def __init__(self, path: Path, holder: dict):
         self.path, self.holder = path, holder
@@ -377,8 +380,6 @@ def open_new(run_dir, overwrite: bool, command: str, what: str, hint: str) -> Ru
     (`check_new`), with overwrite emptied of the old run's files (never through a link; files
     dslide did not write are kept), and marked. Returns the lock; on an error nothing this
     call created is left."""
-    import shutil
-
     run_dir = Path(run_dir)
     created = not run_dir.exists()
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -390,20 +391,90 @@ def open_new(run_dir, overwrite: bool, command: str, what: str, hint: str) -> Ru
         raise
     try:
         check_new(run_dir, overwrite, what, hint, locked=True)  # another run may have finished here since
-        for p in sorted(run_dir.iterdir()):
-            if p.name == LOCK_NAME or not ours(p.name) or p.name == MARKER:
-                continue  # the lock is ours now; someone else's file (a plot, notes) is kept
-            if p.is_dir() and not p.is_symlink():
-                shutil.rmtree(p)
-            else:
-                p.unlink()
+        _remove_run(run_dir)
         mark(run_dir)
     except BaseException:
         lock.release()
         if created:
             _rmdir_quietly(run_dir)
         raise
+    lock.made_dir = created
     return lock
+
+
+def _remove_run(run_dir: Path) -> None:
+    """Delete the run files in run_dir (RUN_FILES and temporaries, never through a link) but its
+    marker and lock; someone else's file (a plot, notes) is kept. The caller holds the lock."""
+
+    for p in sorted(run_dir.iterdir()):
+        if p.name == LOCK_NAME or not ours(p.name) or p.name == MARKER:
+            continue
+        if p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p)
+        else:
+            p.unlink()
+
+
+def begin_build(run_dir) -> Path:
+    """A fresh private directory beside run_dir (its parents made) to build a whole run in, so
+    that a failure midway leaves no half-built run_dir: `finish_build` moves it into place,
+    `abandon_build` removes it."""
+    run_dir = Path(run_dir)
+    run_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=run_dir.parent, prefix="." + run_dir.name + ".", suffix=".tmp"))
+    os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp's 0700 becomes an ordinary directory's mode
+    return tmp
+
+
+def abandon_build(tmp) -> None:
+    """Remove a directory of `begin_build` and all in it."""
+
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
+def finish_build(tmp, run_dir, command: str, replace=None) -> None:
+    """Put the run built in `tmp` at run_dir: one rename when run_dir is new or empty; else,
+    under run_dir's lock, replace(run_dir) checks that it may be replaced (raising if not; None:
+    never), the old run's files go and the new ones are moved in. On an error tmp is removed
+    and run_dir keeps what it held."""
+    tmp, run_dir = Path(tmp), Path(run_dir)
+    try:
+        if not run_dir.is_symlink():  # a link is kept, its directory filled below
+            try:
+                os.rename(tmp, run_dir)  # atomic; replaces only an empty directory
+                return
+            except OSError as e:
+                if e.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+                    raise
+        if replace is None:
+            raise RunDirError(f"{run_dir} exists and is not empty; a new run directory was expected")
+        with RunLock.acquire(run_dir, command):
+            replace(run_dir)
+            _remove_run(run_dir)
+            for p in sorted(tmp.iterdir()):
+                os.replace(p, run_dir / p.name)
+        tmp.rmdir()
+    except BaseException:
+        abandon_build(tmp)
+        raise
+
+
+def discard_new(lock: RunLock, run_dir) -> None:
+    """Undo `open_new` for a run refused before it began: the run's files removed (RUN_FILES;
+    a link is removed, never followed; files dslide did not write are kept), the lock
+    released, and the directory removed when open_new made it."""
+
+    run_dir = Path(run_dir)
+    for name in RUN_FILES:
+        p = run_dir / name
+        if p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p, ignore_errors=True)
+        else:
+            with contextlib.suppress(FileNotFoundError):
+                p.unlink()
+    lock.release()
+    if lock.made_dir:
+        _rmdir_quietly(run_dir)
 
 
 def _rmdir_quietly(path: Path) -> None:

@@ -43,6 +43,18 @@ def check_weights(weights, world: int) -> np.ndarray:
     return w
 
 
+def check_layout(world: int, replicas: int, weights=()) -> None:
+    """Whether `world` ranks form `replicas` replicas of world / replicas ranks each, with
+    `weights` (empty, "auto" or one weight per rank of a replica): a ValueError naming the
+    valid choices otherwise. Arithmetic only, so a command can check it before it writes."""
+    if replicas < 1 or world % replicas:
+        raise ValueError(f"world size ({world}) is not divisible by replicas ({replicas}): a world of "
+                         f"R x P ranks forms R replicas of P shards; use replicas in "
+                         f"{[r for r in range(1, world + 1) if world % r == 0]}")
+    if weights is not None and len(weights) and not isinstance(weights, str):
+        check_weights(weights, world // replicas)
+
+
 def shard_bounds(n: int, world: int, weights=None) -> np.ndarray:
     """int64 [world + 1]: rank r owns [bounds[r], bounds[r + 1]).
 

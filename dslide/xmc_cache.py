@@ -164,8 +164,9 @@ def _cache_modes(st: os.stat_result, gid: int) -> tuple[int, int]:
     return mode, mode | (mode & 0o444) >> 2
 
 
-def _save_cache(cdir: str, st: os.stat_result, arrays) -> None:
+def _save_cache(cdir: str, st: os.stat_result, arrays) -> bool:
     """Write the cache directory atomically; skip silently where the directory is not writable.
+    True when this call wrote cdir.
 
     The arrays go, one plain .npy each, into a fresh temporary directory that is
     then renamed to cdir, so a reader sees a complete cache or none. A cache
@@ -178,10 +179,10 @@ def _save_cache(cdir: str, st: os.stat_result, arrays) -> None:
         # A directory without any write bit is meant to be read-only even where
         # root could write to it (e.g. a shared data directory): leave it alone.
         if not os.access(directory, os.W_OK) or not os.stat(directory).st_mode & 0o222:
-            return
+            return False
         tmp = tempfile.mkdtemp(dir=directory, prefix=os.path.basename(cdir) + ".", suffix=".tmp")
     except OSError:
-        return  # read-only directory or file system: no cache, by design
+        return False  # read-only directory or file system: no cache, by design
     source = _source_of(cdir)
     old = None
     try:
@@ -210,7 +211,7 @@ def _save_cache(cdir: str, st: os.stat_result, arrays) -> None:
                     raise
             if _is_valid_cache(cdir, st, source):  # another process wrote the same cache meanwhile
                 shutil.rmtree(tmp, ignore_errors=True)
-                return
+                return False
             old = old or tempfile.mkdtemp(dir=directory, prefix=os.path.basename(cdir) + ".", suffix=".old")
             try:
                 os.rename(cdir, os.path.join(old, str(attempt)))
@@ -219,9 +220,11 @@ def _save_cache(cdir: str, st: os.stat_result, arrays) -> None:
         legacy = cdir + ".npz"  # the single-file cache of CACHE_VERSION <= 2: replaced by this one
         if os.path.isfile(legacy):
             os.unlink(legacy)
+        return True
     except OSError as e:
         shutil.rmtree(tmp, ignore_errors=True)
         warnings.warn(f"could not write the cache {cdir}: {e}", XMCCacheWarning, stacklevel=3)
+        return False
     finally:
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
@@ -250,8 +253,16 @@ def caches_held():
         _held = outer
 
 
-def write_caches(held: list) -> None:
-    """Write the caches `caches_held` kept (and forget them)."""
-    for cdir, st, arrays in held:
-        _save_cache(cdir, st, arrays)
+def write_caches(held: list) -> list:
+    """Write the caches `caches_held` kept (and forget them); returns the cache directories
+    written, for `remove_caches` should the command fail before it has begun."""
+    written = [cdir for cdir, st, arrays in held if _save_cache(cdir, st, arrays)]
     held.clear()
+    return written
+
+
+def remove_caches(written: list) -> None:
+    """Remove cache directories that write_caches wrote (a refused command leaves none)."""
+    for cdir in written:
+        if os.path.isdir(cdir) and not os.path.islink(cdir):
+            shutil.rmtree(cdir, ignore_errors=True)
