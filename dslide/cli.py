@@ -11,6 +11,8 @@ The same command runs on one process and under `mpiexec -n P`:
                                              (dslide.datasets.suite.all_presets())
     dslide data convert IN OUT
     dslide data stats F
+    dslide plot RUN_DIR [RUN_DIR ...] --out PNG     P@1 and loss against time (needs matplotlib)
+    dslide warm                              compile the kernels once after an install, with progress
 
 Errors (a missing file, malformed data, a bad setting, an incompatible
 checkpoint, a model larger than the memory available, a run directory in
@@ -1192,7 +1194,10 @@ def parser() -> argparse.ArgumentParser:
     st.add_argument("file", metavar="DATA", help=_DATA_HELP)
     st.add_argument("--format", choices=FORMATS, help=_FORMAT_HELP)
 
+    from dslide.plot import add_parser as add_plot
 
+    add_plot(sub, command)
+    command("warm", "compile dslide's numba kernels now (once after an install), with progress lines") \
         .add_argument("--verbose", action="store_true", help="list every kernel")
 
     c = command("config", "list the settings: default, valid range, and the value for a data set")
@@ -1252,9 +1257,13 @@ def main(argv=None) -> int:
     from dslide.comm import Comm, StallError
 
     comm = Comm.world()
+    from dslide import plot, warm
 
     commands = {"train": cmd_train, "eval": cmd_eval, "predict": cmd_predict, "export": cmd_export,
+                "data": cmd_data, "config": cmd_config, "plot": plot.cmd_plot,
+                "warm": lambda a, c: warm.main(["--verbose"] if a.verbose else [])}
     try:
+        with warm.notice(args.cmd, comm.rank, getattr(args, "quiet", False)):
             return commands[args.cmd](args, comm)
     except KeyboardInterrupt:
         _fail(comm, "interrupted", EXIT_CRASH)

@@ -33,6 +33,6 @@ NUMBA_NUM_THREADS=1 OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 \
     --set epochs="$EPOCHS" --set eval_every=40 --set log_every=20 "$@"
 
 if "$PY" -c 'import matplotlib' >/dev/null 2>&1; then
-    "$PY" -m scripts.plot_run "$RUN" --out "$RUN/progress.png" --labels "dslide: $RANKS ranks x 1 thread" >/dev/null
+    "$PY" -m dslide plot "$RUN" --out "$RUN/progress.png" --labels "dslide: $RANKS ranks x 1 thread" >/dev/null
     echo "plot of P@1 and loss against time: $RUN/progress.png"
 fi
