@@ -320,6 +320,24 @@ def save(net: Network, run_dir, comm: Comm, extra: dict | None = None, keep: int
         (root / name).mkdir()
     name = comm.bcast_object(name)
     target = root / name
+    try:
+        _save_into(net, target, comm, extra, weights_only)
+    except OSError:
+        # a fresh directory, never the one LATEST names: a failed save (a full disk) leaves none of it
+        shutil.rmtree(target, ignore_errors=True)
+        raise
+    if comm.rank == 0:
+        # older checkpoints, and leftovers of saves that died, go only now
+        old = sorted(p for p in root.glob("step-*") if p.is_dir() and p.name != name)
+        for p in old[: max(0, len(old) - (keep - 1))]:
+            shutil.rmtree(p, ignore_errors=True)
+    comm.barrier()
+    return target
+
+
+def _save_into(net: Network, target: Path, comm: Comm, extra, weights_only: bool) -> None:
+    """save's writing: each rank's files in target, then (rank 0) the manifest and LATEST."""
+    root, name = target.parent, target.name
     own = target / f"rank-{comm.rank:04d}"
     own.mkdir()
     listing = {}
@@ -355,12 +373,6 @@ def save(net: Network, run_dir, comm: Comm, extra: dict | None = None, keep: int
         _write_atomic(target / "manifest.json", json.dumps(manifest, indent=1).encode())
         _fault("checkpoint-before-latest")
         _write_atomic(root / "LATEST", (name + "\n").encode())
-        # older checkpoints, and leftovers of saves that died, go only now
-        old = sorted(p for p in root.glob("step-*") if p.is_dir() and p.name != name)
-        for p in old[: max(0, len(old) - (keep - 1))]:
-            shutil.rmtree(p, ignore_errors=True)
-    comm.barrier()
-    return target
 
 
 #: the arrays a save checks for NaN and inf: parameters and Adam's moments (others, such as

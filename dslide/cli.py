@@ -348,8 +348,7 @@ class Progress:
         if self.log is not None:
             from dslide.rundir import dumps
 
-            self.log.write(dumps(record) + "\n")  # strict JSON: a NaN is written null
-            self.log.flush()
+            self.log.write(dumps(record) + "\n")  # strict JSON: a NaN is written null; whole or not at all
         now = time.perf_counter()
         rate = (record["step"] - self.last_step) * self.batch / max(now - self.last_t, 1e-9)
         self.last_t, self.last_step = now, record["step"]

@@ -6,7 +6,9 @@ a symlink planted at any name cannot be opened through), fsynced and moved
 into place with `os.replace`, which replaces a symlink at the target rather
 than writing through it. A reader sees the old file or the new one, never
 half of one. Appending (log.jsonl) opens with O_NOFOLLOW: a symlink there is
-an error, not a way to write elsewhere.
+an error, not a way to write elsewhere; each line is appended whole or not at
+all (a full disk cuts the file back to its last whole line). An error writing
+a file names it.
 
 The lock: `RunLock.acquire(run_dir, command)` creates RUN_DIR/dslide.lock
 holding the holder's pid, host, start time and command (written to a
@@ -75,11 +77,13 @@ def replacing(path, binary: bool = True, mode: int | None = None):
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         if fd is not None:
             os.close(fd)
         with contextlib.suppress(OSError):
             os.unlink(tmp)
+        if isinstance(e, OSError) and e.filename is None and e.errno is not None:  # a full disk names no file
+            raise type(e)(e.errno, e.strerror, str(path)) from None
         raise
 
 
@@ -89,15 +93,42 @@ def write_atomic(path, data, mode: int | None = None) -> None:
         f.write(data.encode() if isinstance(data, str) else data)
 
 
-def open_append(path):
-    """`path` opened for appending text, created if missing; a symlink there is refused."""
+class LineLog:
+    """A file of whole lines, appended to by this process alone (the run's lock): `write(line)`
+    appends one line whole or not at all; after a short or failed write (a full disk) the file
+    is cut back to where it was and the OSError names it."""
+
+    def __init__(self, fd: int, path):
+        self.fd, self.path = fd, str(path)
+
+    def write(self, line: str) -> None:
+        data = line.encode()
+        start = os.fstat(self.fd).st_size
+        done = 0
+        try:
+            while done < len(data):
+                done += os.write(self.fd, data[done:])  # O_APPEND: at the end, whatever the offset
+        except OSError as e:
+            with contextlib.suppress(OSError):
+                os.ftruncate(self.fd, start)  # no cut record: the file ends with its last whole line
+            raise OSError(e.errno, f"{e.strerror} (the record was not written; the file keeps its whole "
+                                   f"lines)", self.path) from None
+
+    def close(self) -> None:
+        if self.fd is not None:
+            fd, self.fd = self.fd, None
+            os.close(fd)
+
+
+def open_append(path) -> LineLog:
+    """`path` opened for appending lines (LineLog), created if missing; a symlink there is refused."""
     try:
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
     except OSError as e:
         if e.errno == errno.ELOOP:
             raise RunDirError(f"{path} is a symbolic link; dslide does not write through links") from None
         raise
-    return os.fdopen(fd, "a")
+    return LineLog(fd, path)
 
 
 def json_safe(obj):
