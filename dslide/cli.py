@@ -542,7 +542,8 @@ def _train(args, comm, config, run_dir: Path, train, test, path, begun=None) -> 
         _say(comm, f"resumed from {path} at step {model.network.step} (saved by {manifest['world_size']} rank(s))")
     total = T.total_steps(config, train.n_points)
     progress = Progress(comm, total, model.network.step, args.quiet, run_dir / "log.jsonl", config.batch_size)
-    index_bar = comm.rank == 0 and not args.quiet and sys.stderr.isatty()
+    # also without a terminal: the index and the neighbours' choice take tens of seconds in silence
+    index_bar = comm.rank == 0 and not args.quiet
 
     fault = os.environ.get("DSLIDE_FAULT", "")
     first_step_done = [] if begun is None else begun
@@ -722,9 +723,39 @@ def load_model(run_dir: str, comm, k: int | None = None):
     for inference, with this process's threads. k: the --k to check against the model's
     labels first, before anything is allocated."""
     from dslide import checkpoint as ck
+
+    # a run still training replaces its checkpoint: LATEST may name a newer one by the time the
+    # one resolved is read (its files then gone). One process tries the newest again; ranks
+    # read the checkpoint rank 0 resolved (a retry would need every rank to agree mid-load)
+    if comm.size > 1:
+        return _load_checkpoint(run_dir, Path(comm.bcast_object(str(_on_rank0(comm, lambda: ck.latest(run_dir))))),
+                                comm, k)
+    for attempt in range(LOAD_TRIES):
+        path = ck.latest(run_dir)
+        try:
+            return _load_checkpoint(run_dir, path, comm, k)
+        except (ck.CheckpointError, OSError):
+            if attempt + 1 == LOAD_TRIES or _latest_or_none(run_dir) in (None, path):
+                raise  # not replaced meanwhile: the checkpoint itself is at fault
+
+
+#: how many checkpoints load_model tries while a run replaces them (each attempt reads the newest)
+LOAD_TRIES = 5
+
+
+def _latest_or_none(run_dir):
+    from dslide import checkpoint as ck
+
+    try:
+        return ck.latest(run_dir)
+    except ck.CheckpointError:
+        return None
+
+
+def _load_checkpoint(run_dir, path, comm, k):
+    from dslide import checkpoint as ck
     from dslide import train as T
 
-    path = ck.latest(run_dir)
     # the layout it was trained on is not the model's: eval and predict split it over every rank,
     # each with the threads this process has (NUMBA_NUM_THREADS), not those of the training run
     config = ck.config_of(path).replace(replicas=1, shard_weights=(), threads=0)
