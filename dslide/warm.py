@@ -39,11 +39,11 @@ def _say(out, text: str) -> None:
 
 
 @contextlib.contextmanager
-def heartbeat(out=None, every: float = 8.0, prefix: str = "[dslide]"):
+def heartbeat(out=None, every: float = 6.0, prefix: str = "[dslide]"):
     """While the block runs, print to `out` (default stderr) a line every `every` seconds
-    (8: within the 10 s a silent terminal is allowed) for as long as numba keeps compiling,
-    naming the kernel it compiles and the seconds compiled so far. Nothing is printed where
-    numba compiles for less than `every` seconds."""
+    (6: well within the 10 s a terminal may stay silent) for as long as numba keeps compiling,
+    naming the kernel it compiles and the seconds compiled so far. Nothing is printed while
+    nothing compiles, nor for a compile within `every` seconds of the last line."""
     global _active
     if _active:  # one heartbeat at a time (`dslide warm` runs dslide commands under its own)
         yield

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The main job: install what is missing into .venv, make the built-in data set
+# The main job: install what is missing into .venv, compile the kernels (dslide warm), make the built-in data set
 # (the `small` synthetic preset: 20,000 training points, 50,000 features,
 # 20,000 labels) if it is not there yet, train on it with 2 MPI ranks of one
 # thread each, evaluate, and draw the run's progress.
@@ -18,6 +18,9 @@ if ! "$PY" -c 'import matplotlib' >/dev/null 2>&1; then
     echo "[dslide] installing the plotting extra (matplotlib) into $VENV"
     "$PY" -m pip install --quiet -e "$ROOT[test,plot]" || echo "[dslide] matplotlib could not be installed: no plot"
 fi
+# Compile the kernels in one process, with progress lines, before the ranks need them (minutes
+# once after an install or a code change; seconds to load them afterwards).
+"$PY" -m dslide warm
 if [ ! -f "${DATA}_train.txt" ] || [ ! -f "${DATA}_test.txt" ]; then
     mkdir -p "$(dirname "$DATA")"
     "$PY" -m dslide data gen --preset small --out "$DATA"

@@ -14,6 +14,10 @@ status=0
 echo "== unit tests"
 "$PY" -m pytest tests/unit -q "$@" || status=1
 
+echo "== first run: silent for at most 10 s while numba compiles (an empty cache)"
+"$PY" -m scripts.first_run_check -- "$PY" -m dslide data gen --preset tiny --points 500 \
+    --out "$(mktemp -d)/tiny" || status=1
+
 if [ -z "$MPIEXEC" ]; then
     echo "== MPI tests: no mpiexec found beside $PY or on PATH" >&2
     exit 1
