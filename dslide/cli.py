@@ -425,6 +425,7 @@ def cmd_train(args, comm) -> int:
 def _cmd_train(args, comm, held) -> int:
     from dslide import checkpoint as ck
     from dslide import train as T
+    from dslide.data import checksum as data_checksum
     from dslide.data import write_caches
 
     path = None
@@ -467,18 +468,22 @@ def _cmd_train(args, comm, held) -> int:
                              f"labels; the run in {args.resume} was trained on {saved['n_features']:,} and "
                              f"{saved['n_labels']:,}")
     config = config.resolve(train.n_labels, T.points_per_label(train.Y), train.n_points)
+    train_checksum = comm.bcast_object(data_checksum(train) if comm.rank == 0 else None)
+    if args.resume:
+        _resume_plan(comm, args, saved, {k: (getattr(base, k), getattr(config, k)) for k in changes},
+                     config, train, train_checksum)
     _check_memory(comm, _model_bytes(config, train.n_features, train.n_labels, comm,
                                      data=_data_shape(train)),
                   f"a model of {train.n_features:,} features, hidden {list(config.hidden)} and "
                   f"{train.n_labels:,} labels")
     if args.resume:
         write_caches(held)
-        return _train(args, comm, config, run_dir, train, test, path)
+        return _train(args, comm, config, run_dir, train, test, path, checksum=train_checksum)
     lock = _on_rank0(comm, lambda: _open_run(run_dir, False, args.overwrite))  # nothing was written before
     begun, written = [], []
     try:
         written = write_caches(held)
-        return _train(args, comm, config, run_dir, train, test, None, begun)
+        return _train(args, comm, config, run_dir, train, test, None, begun, checksum=train_checksum)
     except BaseException:
         if not begun:  # refused before its first step: a rerun must find nothing of this one
             from dslide import rundir
@@ -491,6 +496,28 @@ def _cmd_train(args, comm, held) -> int:
     finally:
         if lock is not None:
             lock.release()
+
+
+def _resume_plan(comm, args, saved: dict, changed: dict, config, train, checksum: str) -> None:
+    """Before a resume rewrites anything: refuse one that would train no step; say what it
+    will do when its settings (changed: {key: (saved, now)}) or its data differ from the run's."""
+    from dslide import train as T
+
+    step, total = int(saved["step"]), T.total_steps(config, train.n_points)
+    if step >= total:
+        per_epoch = max(1, -(-train.n_points // config.batch_size))
+        raise UsageError(f"--resume {args.resume}: the run is at step {step:,} and {config.epochs:g} epoch(s) of "
+                         f"{train.n_points:,} points end at step {total:,}, so it would train no step; give more "
+                         f"epochs to continue it (--set epochs={step // per_epoch + 1} or more)")
+    moved = [f"{k} {a!r} -> {b!r}" for k, (a, b) in sorted(changed.items()) if a != b]
+    if moved:
+        _say(comm, f"resuming {args.resume} with changed settings: {', '.join(moved)}; the others as saved",
+             file=sys.stderr)
+    before = (saved.get("extra") or {}).get("train_checksum")
+    if before is not None and before != checksum:
+        _say(comm, f"--train {args.train} has the run's shape but not the content it was trained on (data "
+                   f"checksum {checksum[:12]}, the run's {before[:12]}): resuming trains the saved model further "
+                   f"on this data", file=sys.stderr)
 
 
 def _check_layout(config, comm) -> None:
@@ -513,8 +540,9 @@ def _check_labels(train, path: str) -> None:
                          f"or a file with labels")
 
 
-def _train(args, comm, config, run_dir: Path, train, test, path, begun=None) -> int:
-    """Train and save the run; begun (a list) gets an entry once the first step is done."""
+def _train(args, comm, config, run_dir: Path, train, test, path, begun=None, checksum=None) -> int:
+    """Train and save the run; begun (a list) gets an entry once the first step is done;
+    checksum: the training data's (dslide.data.checksum), kept in every checkpoint."""
     import dslide
     from dslide import checkpoint as ck
     from dslide import train as T
@@ -563,7 +591,7 @@ def _train(args, comm, config, run_dir: Path, train, test, path, begun=None) -> 
         return None
 
     def save(m, c):
-        ck.save(m.network, run_dir, c, extra={"history": m.history})
+        ck.save(m.network, run_dir, c, extra={"history": m.history, "train_checksum": checksum})
 
     t0 = time.perf_counter()
     try:

@@ -56,6 +56,7 @@ Throughput is measured by scripts/bench_io.py (docs/benchmarks.md).
 from __future__ import annotations
 
 import gzip
+import hashlib
 import os
 import warnings
 import zlib
@@ -96,6 +97,18 @@ class XMCData:
     @property
     def n_labels(self) -> int:
         return self.Y.shape[1]
+
+
+def checksum(data: XMCData) -> str:
+    """SHA-256 (hex) of what a data set holds: its shape, X's rows of (feature, value) and Y's
+    labels, whatever the file format or index dtype it was read from. A run stores it with
+    its checkpoints; a resume compares it with the data it is given."""
+    h = hashlib.sha256(np.asarray([*data.X.shape, data.Y.shape[1]], np.int64).tobytes())
+    for a, dtype in ((data.X.indptr, np.int64), (data.X.indices, np.int64), (data.X.data, np.float32),
+                     (data.Y.indptr, np.int64), (data.Y.indices, np.int64)):
+        for s in range(0, a.size, 1 << 22):  # converted a block at a time: no copy of a whole array
+            h.update(np.ascontiguousarray(a[s:s + (1 << 22)], dtype))
+    return h.hexdigest()
 
 
 class XMCFormatWarning(UserWarning):

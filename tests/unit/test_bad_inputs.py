@@ -340,6 +340,12 @@ CASES = [
                                                "--set", "hidden=32"], "only checkpoint_every"),
     ("run-resume-other-data", lambda w, t: ["train", "--train", str(w["other"]), "--resume", str(w["run"])],
      "--train {other} has 7 features and 500 labels; the run in {run} was trained on 1,000 and 500"),
+    ("run-resume-0-steps", lambda w, t: ["train", "--train", str(w["train"]), "--resume", str(_run_copy(w, t)[0]),
+                                         "--quiet"], "the run is at step 10 and 1 epoch(s) of 300 points end at step 10, "
+                                                     "so it would train no step; give more epochs"),
+    ("run-resume-fewer-epochs", lambda w, t: ["train", "--train", str(w["train"]), "--resume",
+                                              str(_run_copy(w, t)[0]), "--set", "epochs=0.5", "--quiet"],
+     "so it would train no step; give more epochs to continue it (--set epochs=2 or more)"),
     ("eval-no-checkpoint", lambda w, t: _eval(w, (t / "empty").mkdir() or t / "empty"), "holds no checkpoint"),
     ("export-not-empty", lambda w, t: (_text((t / "exported").mkdir() or t / "exported", "x", "x"),
                                        _export(w, w["run"]))[1], "{case}/exported exists and is not empty"),
