@@ -3,11 +3,12 @@
 import json
 import os
 import re
-import subprocess
-import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
+
+from scripts.first_run_check import longest_gap, timed_output
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -17,10 +18,10 @@ def demo(tmp_path_factory):
     """One run of demo.sh (1 epoch, 2 ranks) in a temporary directory: (process, run directory)."""
     tmp = tmp_path_factory.mktemp("demo")
     env = {**os.environ, "DEMO_EPOCHS": "1", "DEMO_DATA": str(tmp / "data" / "small"), "DEMO_RUN": str(tmp / "run")}
-    t = time.perf_counter()
-    p = subprocess.run(["bash", str(ROOT / "scripts" / "demo.sh"), "--quiet"], capture_output=True, text=True,
-                       env=env, timeout=300)
-    p.wall_s = time.perf_counter() - t
+    # its output as a terminal would show it (stdout and stderr, in order), each line timed
+    code, lines = timed_output(["bash", str(ROOT / "scripts" / "demo.sh")], env)
+    p = SimpleNamespace(returncode=code, stdout="\n".join(text for _, text in lines), stderr="",
+                        wall_s=lines[-1][0], gap=longest_gap(lines))
     return p, tmp / "run"
 
 
@@ -49,3 +50,14 @@ def test_demo_draws_the_runs_progress(demo):
         pytest.skip("demo.sh could not install matplotlib (no package index?), so it drew no plot")
     assert f"plot of P@1 and loss against time: {run / 'progress.png'}" in p.stdout
     assert (run / "progress.png").stat().st_size > 10_000
+
+
+@pytest.mark.xfail(reason="the inference index's progress bar (dslide.train.build_index) advances once, at "
+                          "the end of its ~11 s build: issue 36 item 7, left open", strict=False)
+def test_demo_is_never_silent_for_more_than_10_seconds(demo):
+    """Here with numba's cache as it is (warm after the first run; scripts/test.sh checks a
+    command on an empty cache with scripts/first_run_check.py)."""
+    p, _ = demo
+    assert p.returncode == 0, p.stdout[-2000:]
+    gap, after = p.gap
+    assert gap <= 10.0, f"{gap:.1f}s without output, before {after!r}"
