@@ -90,10 +90,10 @@ def draw(runs: dict[str, dict], out, title: str | None = None) -> None:
 def add_parser(sub, command) -> None:
     """The `plot` subcommand's options (`command(name, help)` makes a subparser of `sub`)."""
     c = command("plot", "draw P@1 and loss against training time from run directories (needs matplotlib)")
-    c.add_argument("runs", nargs="+", metavar="RUN_DIR")
+    c.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run directories of dslide train (their log.jsonl)")
     c.add_argument("--out", required=True, metavar="PNG", help="image file to write")
     c.add_argument("--labels", help="comma-separated legend labels (default: the run directories' names)")
-    c.add_argument("--title")
+    c.add_argument("--title", help="a title above both panels")
 
 
 def cmd_plot(args, comm) -> int:
