@@ -134,6 +134,9 @@ class Model:
 
         X = _features(X)
         train = XMCData(X, labels_matrix(Y, X.shape[0], n_labels))
+        if train.n_labels == 0:
+            raise ValueError("Y has 0 labels (no label id in any list, or a matrix of 0 columns); training needs "
+                             "labels: pass n_labels or labels in Y")
         test = None
         if X_val is not None or Y_val is not None:
             if X_val is None or Y_val is None:

@@ -34,6 +34,7 @@ import json
 import os
 import re
 import socket
+import stat
 import sys
 import time
 import traceback
@@ -198,6 +199,9 @@ def _read(path: str, what: str, fmt: str | None = None, n_features: int | None =
             raise UsageError(f"{what} {p} is a directory, expected a data file")
         if not os.access(p, os.R_OK):
             raise UsageError(f"{what} {p} is not readable")
+        if not stat.S_ISREG(os.stat(p).st_mode):  # a pipe cannot be read twice (format, then data)
+            raise UsageError(f"{what} {p} is not a regular file (a pipe or a device); dslide reads data "
+                             f"files more than once: save it to a file first")
     size = sum(os.path.getsize(p) for p in (first, second) if p)
     t0 = time.perf_counter()
     loud = comm is not None and comm.rank == 0 and size >= LOUD_READ_BYTES and not quiet
@@ -955,6 +959,9 @@ def cmd_predict(args, comm) -> int:
     import dslide
 
     _check_out(args)
+    from dslide import rundir
+
+    _on_rank0(comm, lambda: rundir.check_writable(args.out))  # before the model and the scoring
     t_load = time.perf_counter()
     model = _load_model(args.model, comm, args.k)
     load_s = time.perf_counter() - t_load

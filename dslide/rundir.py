@@ -35,6 +35,7 @@ import math
 import os
 import shutil
 import socket
+import stat
 import tempfile
 import time
 from pathlib import Path
@@ -213,6 +214,11 @@ def _read(path: Path):
         if e.errno == errno.ELOOP:
             raise RunDirError(f"{path} is a symbolic link, not a lock dslide wrote; remove it") from None
         raise
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):  # a directory, a pipe: not the errno of a read on a bare fd
+        os.close(fd)
+        raise RunDirError(f"{path} is {'a directory' if stat.S_ISDIR(mode) else 'not a regular file'}, not a "
+                          f"lock dslide wrote; if no run uses {path.parent}, remove it")
     with os.fdopen(fd, "rb") as f:
         raw = f.read(4096)
     try:
@@ -334,11 +340,9 @@ class RunLock:
 
 def holder_of(run_dir):
     """The live holder of run_dir's lock (its record), or None when it is not locked (or the
-    lock is stale)."""
-    try:
-        holder = _read(Path(run_dir) / LOCK_NAME)
-    except RunDirError:
-        return {"command": "an unknown process (a symbolic link as its lock)"}
+    lock is stale); RunDirError naming the lock when it is not a file dslide wrote (a link,
+    a directory)."""
+    holder = _read(Path(run_dir) / LOCK_NAME)
     if holder is None:
         return None
     if holder and holder.get("host") == socket.gethostname() and not _alive(holder):
@@ -526,6 +530,23 @@ def check_output(out, inputs, what: str = "--out") -> None:
         if d.name == "checkpoints" and holds_run(d.parent):
             raise RunDirError(f"{what} {out} lies in the checkpoints of the run in {d.parent}; they are that "
                               f"run's own files: choose a file outside {d}")
+
+
+def check_writable(out, what: str = "--out") -> None:
+    """Refuse, before any work, an output whose directory is missing or cannot be written (a
+    read-only directory or file system): a trial file is made there and removed at once."""
+    if not out:
+        return
+    parent = os.path.dirname(os.path.abspath(out))
+    if not os.path.isdir(parent):
+        raise RunDirError(f"{what} {out}: its directory {parent} does not exist")
+    try:
+        fd, tmp = tempfile.mkstemp(dir=parent, prefix="." + os.path.basename(out) + ".", suffix=".tmp")
+    except OSError as e:
+        raise RunDirError(f"{what} {out} cannot be written: {parent}: {e.strerror}; choose a writable "
+                          f"directory") from None
+    os.close(fd)
+    os.unlink(tmp)
 
 
 def run_inputs(run_dir) -> list:
