@@ -342,6 +342,7 @@ def build_neighbours(model: Model, train: XMCData, progress: bool = False, val: 
         store.k, store.share, store.weight = c, a, w
     else:
         store = fusion.NeighbourLabels.build(train.X, train.Y, prototypes=protos, comm=model.comm)
+        store.k, store.share, store.weight = k, cfg.proto_share(), cfg.fusion_weight()  # as given, kept with it
     _advance(bar)
     if bar is not None:
         bar.close()

@@ -75,7 +75,14 @@ def test_gaps_and_the_worst_member_line():
     S.add_gaps(rows)
     assert rows[1]["gap"] == "+5.0 / -1.0" and rows[3]["gap"] == "-6.0 / +1.0" and rows[0]["gap"] == "-"
     line = S.worst_line(rows)
-    assert line.startswith("dslide's worst member against omikuji (3 trees): b, P@1 0.7400 against 0.8000 (-6.0")
+    assert line.startswith("dslide's worst member against the best library: b, P@1 0.7400 against omikuji3's "
+                           "0.8000 (-6.0")
+    # the best library by P@1 on each member is the reference, whichever it is
+    rows.append({"member": "a", "system": "pecos", "p@1": 0.60, "p@5": 0.31, "train_s": 3.0})
+    S.add_gaps(rows)
+    assert rows[1]["gap"] == "-5.0 / -2.0" and rows[0]["gap"] == "-10.0 / -1.0" and rows[4]["gap"] == "-"
+    assert S.worst_line(rows).startswith("dslide's worst member against the best library: b,")
+    assert S.worst_line(rows, real=True).endswith("not measured (no member has both rows)")
 
 
 def test_variants_must_be_json_objects():

@@ -233,7 +233,7 @@ def test_run_torch_end_to_end(tmp_path):
     test = _random_data(rng, 50, 40, 12)
     r = bvt.run_torch(train, test, hidden=16, lr=1e-2, batch_size=32, epochs=2.0, threads=1,
                       eval_every=5, eval_points=30, workdir=tmp_path, omp_wait_policy="PASSIVE")
-    assert r["available"] is True and r["torch_version"].startswith("2.13.0")
+    assert r["available"] is True and r["torch_version"].startswith("2.")  # the baselines' venv's torch
     steps = 2 * 10  # ceil(300 / 32) = 10 per epoch
     assert r["steps"] == steps and r["samples"] == 600 and r["stopped_by"] == "steps"
     assert [rec["step"] for rec in r["log"] if "p@1" in rec] == [5, 10, 15, 20]
