@@ -1091,6 +1091,8 @@ def _check_convert_outputs(src: str, dst: str, args) -> None:
         outputs = list(formats._pair_names(dst))
     for out in outputs:
         rundir.check_output(out, inputs, "output")
+        if dst != "cache":
+            rundir.check_writable(out, "output")  # before the input is read
 
 
 # ----------------------------------------------------------------------------

@@ -353,6 +353,8 @@ CASES = [
     ("predict-out-no-directory", lambda w, t: ["predict", "--model", str(w["run"]), "--data", str(w["test"]), "--k", "3",
                                                "--out", str(t / "nodir" / "p.txt")],
      "--out {case}/nodir/p.txt: its directory {case}/nodir does not exist"),
+    ("convert-into-no-directory", lambda w, t: ["data", "convert", str(w["test"]), str(t / "nodir" / "trn_X_Xf.txt")],
+     "output {case}/nodir/trn_X_Xf.txt: its directory {case}/nodir does not exist"),
     ("eval-no-checkpoint", lambda w, t: _eval(w, (t / "empty").mkdir() or t / "empty"), "holds no checkpoint"),
     ("export-not-empty", lambda w, t: (_text((t / "exported").mkdir() or t / "exported", "x", "x"),
                                        _export(w, w["run"]))[1], "{case}/exported exists and is not empty"),
