@@ -31,6 +31,8 @@ from pathlib import Path
 import numpy as np
 import scipy.sparse as sp
 
+from dslide.session import Progress, check_k, check_lsh, config_toml, load_model, normalise_values, notice_threads
+
 __all__ = ["Model", "labels_matrix"]
 
 
@@ -62,7 +64,6 @@ def _features(X, what: str = "X") -> sp.csr_matrix:
 def settings_config(settings: dict):
     """A Config from keyword settings: the keys of `--set` (dslide config show), a dotted key
     for a table (`**{"lsh.K": 8}`) or the table as a dict (`lsh={"K": 8}`)."""
-    from dslide.cli import normalise_values
     from dslide.config import Config
 
     values: dict = {}
@@ -129,7 +130,6 @@ class Model:
         """
         from dslide import propensity
         from dslide import train as T
-        from dslide.cli import Progress
         from dslide.data import XMCData
 
         X = _features(X)
@@ -146,9 +146,7 @@ class Model:
                 raise ValueError(f"X_val has {Xv.shape[1]} features, X has {X.shape[1]}")
             test = XMCData(Xv, labels_matrix(Y_val, Xv.shape[0], train.n_labels))
         config = self.config.resolve(train.n_labels, T.points_per_label(train.Y), train.n_points)
-        from dslide.cli import _notice_threads
-
-        _notice_threads(self.comm, config)
+        notice_threads(self.comm, config)
         model = T.build_network((train.n_features, train.n_labels), config, self.comm)
         T.init_from_data(model, train)
         bar = Progress(self.comm, T.total_steps(config, train.n_points), 0, not progress, None,
@@ -230,11 +228,8 @@ class Model:
         hold a dslide run and overwrite=True (its files are then replaced, other files kept);
         a directory holding anything else is refused, as is one in use."""
         from dslide import checkpoint as ck
-        from dslide import propensity
+        from dslide import propensity, rundir
         from dslide import train as T
-        from dslide.cli import config_toml
-
-        from dslide import rundir
 
         model = self._fitted()
         run_dir = Path(run_dir)
@@ -286,7 +281,6 @@ class Model:
         """A trained model from a run directory (of `save` or `dslide train`), split over
         the ranks of `comm` (default: the MPI world), with this process's threads."""
         from dslide import propensity
-        from dslide.cli import load_model
 
         comm = _comm(comm)
         self = cls.__new__(cls)
@@ -326,27 +320,6 @@ def _comm(comm):
         raise ValueError(f"comm = {comm!r} must be a dslide.comm.Comm (e.g. dslide.comm.Comm(mpi4py_comm)) "
                          f"or None (the MPI world)")
     return comm
-
-
-def check_k(k, n_labels: int) -> int:
-    """k of the top-k: an integer in [1, n_labels], else ValueError naming the range."""
-    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or not 1 <= k <= max(1, n_labels):
-        raise ValueError(f"k = {k!r} must be an integer in [1, {n_labels}] (the model has {n_labels} labels)")
-    return int(k)
-
-
-def check_lsh(model, lsh: bool) -> None:
-    """Refuse LSH scoring of a model whose output layer has no inference index."""
-    if not lsh:
-        return
-    out = model.network.layers[-1]
-    if out.kind != "lsh":
-        raise ValueError("lsh scoring needs an LSH output layer, and this model's output layer is dense "
-                         "(every label is scored exactly anyway); score without lsh, or train with "
-                         "kinds ending in 'lsh'")
-    if out.lc.index_anchors == 0:
-        raise ValueError("lsh scoring needs the output layer's inference index, and this model was trained "
-                         "with lsh.index_anchors = 0 (no index); score without lsh")
 
 
 def propensity_constants(value) -> tuple[float, float]:

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dslide import cli, formats
+from dslide import cli, formats, session
 from dslide.config import (BIAS_INITS, DTYPES, INPUT_NORMS, LAYER_KINDS, LR_SCHEDULES, PARALLEL, POLICIES, SELECT_MODES,
                            SYNC_MODES, Config, LSHConfig)
 from dslide.candidates import SOURCES
@@ -153,7 +153,7 @@ def test_lsh_layers_are_written_as_toml_not_as_a_comment(tmp_path):
 @given(v=st.text() | st.floats() | st.integers(-2**63, 2**63 - 1) | st.booleans()
        | st.lists(st.integers(-5, 5)) | st.dictionaries(st.text(min_size=1), st.integers(0, 3), max_size=3))
 def test_toml_values_read_back_as_written(v):
-    back = tomllib.loads(f"v = {cli._toml_value(v)}")["v"]
+    back = tomllib.loads(f"v = {session._toml_value(v)}")["v"]
     if isinstance(v, float):
         assert np.float64(back).tobytes() == np.float64(v).tobytes() or (np.isnan(v) and np.isnan(back))
     else:

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
-from dslide import cli, rundir
+from dslide import cli, rundir, session
 from dslide import checkpoint as ck
 from dslide import data as D
 from dslide import xmc_cache as C
@@ -496,7 +496,7 @@ def test_a_model_larger_than_the_memory_available_is_refused_with_both_figures(d
     from dslide import memory
 
     cfg = cli.make_config(None, ["hidden=16", "batch_size=32", "epochs=1"]).resolve(500)
-    need = memory.account(cfg, 1000, 500, threads=cli._threads_of(cfg))["peak"] + 4 * 8 * 500
+    need = memory.account(cfg, 1000, 500, threads=session._threads_of(cfg))["peak"] + 4 * 8 * 500
     monkeypatch.setattr(memory, "available_bytes", lambda: need // 2)
     code, _, err = run(["train", "--train", str(data.a), "--out", str(tmp_path / "r"), "--set", "epochs=1", *S],
                        capsys)
