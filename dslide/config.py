@@ -25,6 +25,9 @@ DTYPES = ("float32", "float64")
 ADAM_DTYPES = ("float32", "float64", "bfloat16")
 PARALLEL = ("model", "data")
 OUTPUT_SPLITS = ("auto", "columns", "rows")
+#: lsh.family: where an LSH layer's candidates come from. The names live here, where they are
+#: validated; dslide.candidates.SOURCES holds one source for each and checks that it does
+FAMILIES = ("anchor", "dwta", "srp", "wta")
 #: lsh.max_active left at None: this many candidates per sample in a layer of at least
 #: CANDIDATES_MIN_WIDTH neurons, none in a narrower one (LSHConfig.active_count)
 MAX_ACTIVE = 512
@@ -171,7 +174,7 @@ class LSHConfig:
     epoch for fewer samples/s (docs/lsh.md "Per-sample candidates" has the
     measurements).
 
-    family: where candidates come from (a key of dslide.candidates.SOURCES):
+    family: where candidates come from (one of FAMILIES, a source each in dslide.candidates):
       "anchor" (default): `anchors` k-means centres of the layer's inputs,
         learnt online from the batches; a sample's candidates are the
         `max_active` neurons scoring highest (w.x + b, biases included) at its
@@ -242,15 +245,12 @@ class LSHConfig:
     index_search: int = 96
 
     def __post_init__(self):
-        from dslide.candidates import SOURCES
-
-        LAYER_FAMILIES = tuple(SOURCES)
         if self.family == "minhash":
             # lsh.FAMILIES has it for sparse sets; a weight row's non-zero set is every input
             raise ValueError("lsh.family = 'minhash' hashes sets (the non-zero features of sparse inputs) and "
                              "cannot tell dense weight rows apart; an LSH layer takes one of: "
-                             + ", ".join(LAYER_FAMILIES))
-        _choice("lsh.family", self.family, LAYER_FAMILIES)
+                             + ", ".join(FAMILIES))
+        _choice("lsh.family", self.family, FAMILIES)
         if self.K is None:
             object.__setattr__(self, "K", 6)
         if self.L is None:
