@@ -58,7 +58,7 @@ from pathlib import Path
 
 import numpy as np
 
-from dslide import rundir
+from dslide import hooks, rundir
 from dslide.comm import Comm
 from dslide.config import Config
 from dslide.network import Network
@@ -69,12 +69,6 @@ CHUNK = 64 << 20  # bytes per read/write call: the extra memory a save or load n
 
 class CheckpointError(ValueError):
     """A checkpoint that cannot be used: missing, incomplete, corrupt or of another network."""
-
-
-def _fault(point: str) -> None:
-    """Test hook: DSLIDE_FAULT=<point> makes the process die at that point (as a kill would)."""
-    if os.environ.get("DSLIDE_FAULT") == point:
-        os._exit(75)
 
 
 def _sha256(path: Path) -> str:
@@ -351,7 +345,7 @@ def _save_into(net: Network, target: Path, comm: Comm, extra, weights_only: bool
                              "dtype": np.lib.format.dtype_to_descr(np.asarray(arr).dtype),
                              "inference": key in inference}
     _fsync_dir(own)
-    _fault("checkpoint-rank-file")
+    hooks.call(hooks.CHECKPOINT, "rank-file")
     listings = comm.allgather_object(listing)
     if comm.rank == 0:
         manifest = {
@@ -371,7 +365,7 @@ def _save_into(net: Network, target: Path, comm: Comm, extra, weights_only: bool
             "extra": extra or {},
         }
         _write_atomic(target / "manifest.json", json.dumps(manifest, indent=1).encode())
-        _fault("checkpoint-before-latest")
+        hooks.call(hooks.CHECKPOINT, "before-latest")
         _write_atomic(root / "LATEST", (name + "\n").encode())
 
 

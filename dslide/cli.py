@@ -38,6 +38,7 @@ import time
 import traceback
 from pathlib import Path
 
+from dslide import hooks
 from dslide.session import (Progress, UsageError, check_k, check_lsh, config_toml, load_model,
                             normalise_values)
 from dslide.session import check_memory as _check_memory
@@ -389,20 +390,13 @@ def _train(args, comm, config, run_dir: Path, train, test, path, begun=None, che
     # also without a terminal: the index and the neighbours' choice take tens of seconds in silence
     index_bar = comm.rank == 0 and not args.quiet
 
-    fault = os.environ.get("DSLIDE_FAULT", "")
     first_step_done = [] if begun is None else begun
 
     def callback(event, m, info):
         if event == "step" and not first_step_done:
             first_step_done.append(time.perf_counter())
-        if event == "step" and fault == f"raise-rank{comm.rank}-step{info}":  # test hook
-            raise RuntimeError(f"injected fault on rank {comm.rank} at step {info}")
-        if event == "step" and fault == f"stop-rank{comm.rank}-step{info}":  # test hook: a stopped rank
-            import signal
-
-            os.kill(os.getpid(), signal.SIGSTOP)
-        if event == "step" and fault == f"nan-step{info}":  # test hook: the output biases become NaN
-            m.network.layers[-1].b[:] = float("nan")
+        if event == "step":
+            hooks.call(hooks.STEP, comm, m, info)
         progress(event, m, info)
         return None
 
@@ -1056,6 +1050,7 @@ def main(argv=None) -> int:
         with contextlib.suppress(AttributeError, ValueError):
             stream.reconfigure(errors="backslashreplace")
     args = parser().parse_args(argv)
+    hooks.load_plugin()  # a test's hooks (dslide.hooks), before the command runs
     from dslide.comm import Comm, StallError
 
     comm = Comm.world()

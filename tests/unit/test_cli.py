@@ -17,6 +17,7 @@ from dslide import cli, formats, session
 from dslide.config import (BIAS_INITS, DTYPES, INPUT_NORMS, LAYER_KINDS, LR_SCHEDULES, PARALLEL, POLICIES, SELECT_MODES,
                            SYNC_MODES, Config, LSHConfig)
 from dslide.candidates import SOURCES
+from tests import faults
 
 try:
     import tomllib
@@ -353,7 +354,7 @@ def test_a_checkpoint_write_killed_midway_leaves_the_previous_one(trained, tiny,
     shutil.copytree(trained, run_dir)
     before = (run_dir / "checkpoints" / "LATEST").read_text()
     for point in ("checkpoint-rank-file", "checkpoint-before-latest"):
-        env = dict(os.environ, DSLIDE_FAULT=point)
+        env = dict(os.environ, **faults.env(point))
         p = subprocess.run([sys.executable, "-m", "dslide", "train", "--train", str(tiny[0]), "--resume", str(run_dir),
                             "--set", "epochs=5", "--quiet"], env=env, capture_output=True, text=True, timeout=300)
         assert p.returncode == 75, p.stderr

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from dslide.datasets.synthetic import generate_split, write
+from tests import faults
 
 MPIEXEC = Path(sys.executable).with_name("mpiexec")
 
@@ -18,7 +19,7 @@ def test_an_exception_on_one_rank_ends_all_ranks(tmp_path):
     train, test = generate_split("tiny", n_train=800, n_test=100, seed=0)
     tr, te = write(str(tmp_path / "t"), train, test)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "HYDRA_", "MPI_"))}
-    env.update(DSLIDE_FAULT="raise-rank1-step3", NUMBA_NUM_THREADS="1")
+    env.update(faults.env("raise-rank1-step3"), NUMBA_NUM_THREADS="1")
     t0 = time.monotonic()
     # no `-m mpi4py` here: the dslide command's own hook must end the other rank
     p = subprocess.run([str(MPIEXEC), "-n", "2", sys.executable, "-m", "dslide", "train", "--train", tr,

@@ -17,6 +17,7 @@ import pytest
 import scipy.sparse as sp
 
 from dslide import cli
+from tests import faults
 
 S = ["--set", "hidden=16", "--set", "epochs=1", "--set", "batch_size=32", "--quiet"]
 
@@ -72,7 +73,7 @@ def test_an_error_after_the_run_directory_is_made_leaves_nothing_and_a_rerun_wor
 
 def test_an_error_after_the_first_step_keeps_the_run(world, tmp_path, capsys, monkeypatch):
     """Once training has begun, its log and config are the record of what happened: kept."""
-    monkeypatch.setenv("DSLIDE_FAULT", "raise-rank0-step2")
+    faults.inject(monkeypatch, "raise-rank0-step2")
     out = tmp_path / "r"
     code, _, err = _main(["train", "--train", str(world / "t_train.txt"), "--out", str(out), *S], capsys)
     assert code != 0 and "injected fault" in err

@@ -27,6 +27,7 @@ from dslide import xmc_cache as C
 from dslide.comm import Comm
 from dslide.config import Config, LSHConfig
 from dslide.data import XMCCacheWarning, cache_path, read_xmc, write_xmc
+from tests import faults
 
 ROOT = Path(__file__).resolve().parents[2]
 MPIEXEC = Path(sys.executable).with_name("mpiexec")
@@ -141,7 +142,7 @@ def test_the_float_settings_are_all_checked():
 def test_a_loss_that_becomes_nan_stops_training_naming_the_step_and_keeps_the_last_good_checkpoint(
         data, tmp_path, capsys, monkeypatch):
     out = tmp_path / "nan"
-    monkeypatch.setenv("DSLIDE_FAULT", "nan-step7")  # the output biases become NaN after step 7
+    faults.inject(monkeypatch, "nan-step7")  # the output biases become NaN after step 7
     # 300 points, batch 32: 10 steps an epoch; checkpoints at 5, 10, 15
     code, _, err = run(["train", "--train", str(data.a), "--out", str(out), "--set", "epochs=2",
                         "--set", "checkpoint_every=5", "--set", "log_every=1", *S], capsys)
@@ -188,7 +189,7 @@ def test_log_and_metrics_are_strict_json():
 
 
 def _dslide(*args, **kw):
-    env = {k: v for k, v in os.environ.items() if k != "DSLIDE_FAULT"}
+    env = {k: v for k, v in os.environ.items() if k not in (faults.VARIABLE, "DSLIDE_TEST_PLUGIN")}
     return subprocess.Popen([sys.executable, "-m", "dslide", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, env=env, **kw)
 
@@ -644,7 +645,7 @@ def _procs_with(marker: str) -> list:
 @pytest.mark.parametrize("ranks, stopped", [(2, 1), (3, 0)])
 def test_a_stopped_rank_ends_every_rank_with_a_message_naming_it(data, tmp_path, ranks, stopped):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "HYDRA_", "MPI_"))}
-    env.update(DSLIDE_FAULT=f"stop-rank{stopped}-step3", NUMBA_NUM_THREADS="1")
+    env.update(faults.env(f"stop-rank{stopped}-step3"), NUMBA_NUM_THREADS="1")
     out = tmp_path / f"stall-{ranks}"
     t0 = time.monotonic()
     p = subprocess.run([str(MPIEXEC), "-n", str(ranks), sys.executable, "-m", "dslide", "train", "--train",
