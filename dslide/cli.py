@@ -1058,7 +1058,7 @@ def main(argv=None) -> int:
 
     commands = {"train": cmd_train, "eval": cmd_eval, "predict": cmd_predict, "export": cmd_export,
                 "data": cmd_data, "config": cmd_config, "plot": plot.cmd_plot,
-                "warm": lambda a, c: warm.main(["--verbose"] if a.verbose else [])}
+                "warm": lambda a, c: warm.main(["--verbose"] if a.verbose else [], run_command=main)}
     try:
         with warm.notice(args.cmd, comm.rank, getattr(args, "quiet", False)):
             return commands[args.cmd](args, comm)

@@ -137,12 +137,11 @@ def _counts(d) -> tuple[int, int]:
     return sum(stats.cache_misses.values()), sum(stats.cache_hits.values())
 
 
-def _stages(tmp: Path):
+def _stages(tmp: Path, run_command):
     """(what, function) of the demo's pipeline on a small generated data set in `tmp`: the
     kinds of data, layers and inference the demo uses (an LSH output, the neighbours' labels
-    chosen by training, the inference index), in a few seconds once compiled."""
-    from dslide import cli
-
+    chosen by training, the inference index), in a few seconds once compiled. run_command:
+    the dslide command's entry point (dslide.cli.main: argv -> exit status)."""
     prefix = tmp / "warm"
     train, test = f"{prefix}_train.txt", f"{prefix}_test.txt"
     run = tmp / "run"
@@ -156,7 +155,7 @@ def _stages(tmp: Path):
         synthetic.write(str(prefix), *pair)
 
     def command(*argv):
-        return lambda: cli.main(list(argv))
+        return lambda: run_command(list(argv))
 
     sets = ["--set", "kinds=dense,lsh", "--set", "epochs=1", "--set", "eval_every=10", "--set", "log_every=10"]
     return [
@@ -171,10 +170,11 @@ def _stages(tmp: Path):
     ]
 
 
-def warm(out=None, verbose: bool = False) -> list[Kernel]:
+def warm(out=None, verbose: bool = False, *, run_command) -> list[Kernel]:
     """Compile (or load from numba's cache) the kernels of the demo's pipeline, with a line
     per stage on `out` (default stdout) and a heartbeat while compiling. Returns every
-    dslide kernel used, with the signatures compiled and loaded."""
+    dslide kernel used, with the signatures compiled and loaded. run_command: the dslide
+    command's entry point, dslide.cli.main (which runs `dslide warm` through `main` here)."""
     import io
 
     out = sys.stdout if out is None else out
@@ -182,7 +182,7 @@ def warm(out=None, verbose: bool = False) -> list[Kernel]:
     _say(out, "[dslide warm] compiling dslide's kernels, or loading them from numba's cache "
               "(minutes once after an install or a code change, seconds afterwards)")
     with tempfile.TemporaryDirectory(prefix="dslide-warm-") as tmp, heartbeat(out, prefix="[dslide warm]"):
-        for what, run in _stages(Path(tmp)):
+        for what, run in _stages(Path(tmp), run_command):
             t = time.perf_counter()
             _say(out, f"[dslide warm] {what} ...")
             captured = io.StringIO()  # the commands' own figures are not the point here
@@ -205,13 +205,14 @@ def warm(out=None, verbose: bool = False) -> list[Kernel]:
     return report
 
 
-def main(argv=None) -> int:
+def main(argv=None, *, run_command) -> int:
+    """`dslide warm [--verbose]`; run_command: as `warm`'s."""
     import argparse
 
     p = argparse.ArgumentParser(prog="dslide warm", description=__doc__.splitlines()[0])
     p.add_argument("--verbose", action="store_true", help="list every kernel")
     a = p.parse_args(argv)
-    warm(verbose=a.verbose)
+    warm(verbose=a.verbose, run_command=run_command)
     return 0
 
 

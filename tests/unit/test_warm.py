@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 from numba.core import event as ev
 
-from dslide import warm
+from dslide import cli, warm
 
 # kernels every demo run calls: the parser, the step, the candidate tables, the inference
 # index and the neighbours' labels
@@ -48,7 +48,7 @@ def test_the_heartbeat_is_silent_when_nothing_compiles_or_a_compile_is_short():
 
 def test_warm_loads_or_compiles_the_kernels_it_names_and_prints_each_stage():
     out = io.StringIO()
-    report = warm.warm(out, verbose=True)
+    report = warm.warm(out, verbose=True, run_command=cli.main)
     text = out.getvalue()
     stages = re.findall(r"^\[dslide warm\] (.+) \.\.\.$", text, re.M)
     assert len(stages) == 5, text
