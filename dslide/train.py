@@ -248,9 +248,11 @@ def fit(train: XMCData, config: Config | None = None, test: XMCData | None = Non
     fit_data, val = train, None
     if config.early_stop or fusion_pending(config, train):
         fit_data, val, _ = validation.split(train, config.seed)
-    early = None
+    early = probe = None
+    if val is not None and fusion_pending(config, train):
+        probe = _fusion_probe(model, fit_data, val)
     if config.early_stop and val is not None and model.replicas is None:
-        early = validation.EarlyStop(val, -(-fit_data.n_points // config.batch_size))
+        early = validation.EarlyStop(_epoch_scorer(model, val, probe), -(-fit_data.n_points // config.batch_size))
         callback = early.callback(callback)
     with threadpool_limits(_blas_threads(net, threads), user_api="blas"):
         model, history = _fit(model, fit_data, test, callback, verbose, threads, stop_at, checkpoint)
@@ -260,8 +262,42 @@ def fit(train: XMCData, config: Config | None = None, test: XMCData | None = Non
         with threadpool_limits(threads, user_api="blas"):
             build_index(model, train, progress=index_progress)
     with threadpool_limits(threads, user_api="blas"):
-        build_neighbours(model, train, progress=index_progress, val=val, fit_data=fit_data)
+        build_neighbours(model, train, progress=index_progress, val=val, fit_data=fit_data, probe=probe)
     return model, history
+
+
+def _fusion_counts(cfg: Config) -> tuple:
+    return validation.FUSION_COUNTS if cfg.knn is None else (cfg.knn,)
+
+
+def _fusion_probe(model: Model, fit_data: XMCData, val: XMCData) -> "validation.FusionProbe":
+    """The neighbour store of the gradient's points and the validation points' neighbours and
+    prototypes, for the epoch checks and the fusion choice (dslide.validation)."""
+    cfg = model.config
+    t0 = time.perf_counter()
+    probe = validation.FusionProbe.build(fit_data, val, _fusion_counts(cfg), cfg.proto_weight != 0,
+                                         cfg.proto_candidates, model.comm)
+    model.index_info["probe_s"] = time.perf_counter() - t0
+    return probe
+
+
+def _epoch_scorer(model: Model, val: XMCData, probe):
+    """scorer(model) -> (P@1, P@5) on the validation rows the epoch checks score
+    (`validation.check_rows`): the network alone, or with a probe the best of its fusion grid."""
+    from dslide.metrics import evaluate as score_top
+
+    rows = validation.check_rows(val.n_points, val.n_labels)
+    X, truth = sp.csr_matrix(val.X)[rows], sp.csr_matrix(val.Y)[rows]
+    cfg = model.config
+
+    def scorer(m: Model) -> tuple[float, float]:
+        if probe is None:
+            r = score_top(truth, predict_topk(m, X, 5), k=5)
+            return float(r["p@1"]), float(r["p@5"])
+        ids, logits = predict_topk_scores(m, X, max(5, cfg.knn_candidates), exact=True)
+        return probe.best(ids, logits, rows, cfg.knn_power, cfg.proto_power)
+
+    return scorer
 
 
 def fusion_pending(config: Config, train: XMCData) -> bool:
@@ -283,7 +319,7 @@ def points_per_label(Y) -> float:
 
 
 def build_neighbours(model: Model, train: XMCData, progress: bool = False, val: XMCData | None = None,
-                     fit_data: XMCData | None = None) -> None:
+                     fit_data: XMCData | None = None, probe=None) -> None:
     """The output layer's neighbour labels (dslide.fusion) from the training data, when
     `knn` > 0 or left to the data and on: every rank builds the same store, a function of
     the data alone, with the label prototypes unless proto_weight is 0.
@@ -315,18 +351,17 @@ def build_neighbours(model: Model, train: XMCData, progress: bool = False, val: 
                      "neighbour labels") if progress else None
     protos = cfg.proto_weight != 0
     if choosing:
-        store = fusion.NeighbourLabels.build(fit_data.X, fit_data.Y, prototypes=protos, comm=model.comm)
+        if probe is None:
+            probe = _fusion_probe(model, fit_data, val)
         _advance(bar)
-        counts = validation.FUSION_COUNTS if cfg.knn is None else (cfg.knn,)
+        counts = _fusion_counts(cfg)
         shares = validation.FUSION_SHARES if cfg.proto_weight is None else (cfg.proto_weight,)
         weights = validation.FUSION_WEIGHTS if cfg.knn_weight is None else (0.0, cfg.knn_weight)
         kk = max(5, cfg.knn_candidates)
         m_ids, m_logits = predict_topk_scores(model, val.X, kk, exact=True)
-        nn_ids, nn_sims = store.neighbours(val.X, max(counts), model.comm)
-        pr_ids, pr_sims = (store.prototypes(val.X, cfg.proto_candidates, model.comm) if protos
-                           else (None, None))
         (c, a, w), figures = validation.choose_fusion(
-            store, sp.csr_matrix(val.Y), m_ids, m_logits, nn_ids, nn_sims, pr_ids, pr_sims, counts=counts,
+            probe.store, probe.truth, m_ids, m_logits, probe.nn_ids, probe.nn_sims, probe.pr_ids, probe.pr_sims,
+            counts=counts,
             shares=shares, weights=weights, power=cfg.knn_power, pr_power=cfg.proto_power)
         _advance(bar)
         model.index_info["fusion_choice"] = {

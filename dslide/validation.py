@@ -56,6 +56,52 @@ EARLY_STOP_MIN_GAIN = 0.002
 #: this; training stops at the next plateau (after EARLY_STOP_DECAYS of them)
 EARLY_STOP_DECAY = 0.25
 EARLY_STOP_DECAYS = 1
+#: the epoch checks score at most this many (point, label) pairs: clip(it / n_labels,
+#: EARLY_STOP_MIN_POINTS, the split) of the validation points, the same ones every check
+EARLY_STOP_LABEL_SCORES = 1e8
+EARLY_STOP_MIN_POINTS = 500
+#: where the neighbours' labels are fused, each epoch check scores the best of this small grid
+#: (count 10; the network alone among them), so training stops when the model as it will be
+#: used stops gaining
+PROBE_WEIGHTS = (0.0, 0.2, 0.4, 0.6, 0.8)
+PROBE_SHARES = (0.0, 0.5)
+PROBE_COUNT = 10
+
+
+def check_rows(n_val: int, n_labels: int) -> np.ndarray:
+    """The validation rows (of n_val) the epoch checks score: evenly spaced, a function of the
+    data's shape alone, so that every rank and every run scores the same ones."""
+    m = int(min(n_val, max(EARLY_STOP_MIN_POINTS, EARLY_STOP_LABEL_SCORES // max(1, n_labels))))
+    return np.unique(np.linspace(0, n_val - 1, m).round().astype(np.int64)) if n_val else np.empty(0, np.int64)
+
+
+class FusionProbe:
+    """What scoring a model fused on the validation points needs, computed once before training:
+    the neighbour store of the gradient's points (`fusion.NeighbourLabels`), each validation
+    point's `max(counts)` nearest of them and `pr_k` nearest label prototypes (None without)."""
+
+    def __init__(self, store, truth, nn_ids, nn_sims, pr_ids, pr_sims):
+        self.store, self.truth = store, sp.csr_matrix(truth)
+        self.nn_ids, self.nn_sims, self.pr_ids, self.pr_sims = nn_ids, nn_sims, pr_ids, pr_sims
+
+    @classmethod
+    def build(cls, fit_data, val, counts, prototypes: bool, pr_k: int, comm=None) -> "FusionProbe":
+        from dslide import fusion
+
+        store = fusion.NeighbourLabels.build(fit_data.X, fit_data.Y, prototypes=prototypes, comm=comm)
+        nn_ids, nn_sims = store.neighbours(val.X, max(counts), comm)
+        pr_ids, pr_sims = store.prototypes(val.X, pr_k, comm) if prototypes else (None, None)
+        return cls(store, val.Y, nn_ids, nn_sims, pr_ids, pr_sims)
+
+    def best(self, m_ids, m_logits, rows, power: float, pr_power: float) -> tuple[float, float]:
+        """(P@1, P@5) of the best of the probe's small grid on validation rows `rows`, from the
+        network's candidates of those rows (m_ids, m_logits)."""
+        pr = (self.pr_ids[rows], self.pr_sims[rows]) if self.pr_ids is not None else (None, None)
+        k = min(PROBE_COUNT, self.nn_ids.shape[1])
+        _, figures = choose_fusion(self.store, self.truth[rows], m_ids, m_logits, self.nn_ids[rows][:, :k],
+                                   self.nn_sims[rows][:, :k], *pr, counts=(k,), shares=PROBE_SHARES,
+                                   weights=PROBE_WEIGHTS, power=power, pr_power=pr_power)
+        return max(figures.values(), key=sum)
 
 
 def validation_size(n_points: int) -> int:
@@ -131,15 +177,16 @@ def choose_fusion(store, truth: sp.csr_matrix, m_ids, m_logits, nn_ids, nn_sims,
 
 
 class EarlyStop:
-    """Scores the network alone on the validation points after every epoch (a "step" callback
-    of `train.fit`), keeps the best epoch's weights, and asks to stop after
-    EARLY_STOP_PATIENCE epochs without a gain. Every rank calls it at the same steps (the
-    scoring is collective) and gets the same answer."""
+    """Scores the model on validation points after every epoch (a "step" callback of
+    `train.fit`), keeps the best epoch's weights, lowers the learning rate on a first plateau
+    and asks to stop at the next. scorer(model) -> (P@1, P@5): the network alone, or where the
+    neighbours' labels are fused the best of a small fusion grid (`FusionProbe`). Every rank
+    calls it at the same steps (the scoring is collective) and gets the same answer."""
 
-    def __init__(self, val, steps_per_epoch: int, patience: int = EARLY_STOP_PATIENCE,
+    def __init__(self, scorer, steps_per_epoch: int, patience: int = EARLY_STOP_PATIENCE,
                  min_gain: float = EARLY_STOP_MIN_GAIN, decay: float = EARLY_STOP_DECAY,
                  decays: int = EARLY_STOP_DECAYS):
-        self.val, self.every = val, max(1, int(steps_per_epoch))
+        self.scorer, self.every = scorer, max(1, int(steps_per_epoch))
         self.patience, self.min_gain = int(patience), float(min_gain)
         self.decay, self.decays_left = float(decay), int(decays)
         self.decayed_at = []
@@ -149,11 +196,9 @@ class EarlyStop:
 
     def check(self, model, step: int) -> bool:
         """Score the model at `step`; True when training should stop."""
-        from dslide.train import evaluate
-
-        r = evaluate(model, self.val, k=5, exact=True)
-        s = score(r)
-        self.curve.append((int(step), float(r["p@1"]), float(r["p@5"])))
+        p1, p5 = self.scorer(model)
+        s = float(p1) + float(p5)
+        self.curve.append((int(step), float(p1), float(p5)))
         if s > self.best + self.min_gain or self.snapshot is None:
             self.best, self.best_step, self.bad = max(s, self.best), int(step), 0
             self.snapshot = [(layer.W.copy(), layer.b.copy()) for layer in model.network.layers]

@@ -31,14 +31,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 #: (importer, imported): function-level imports that close a cycle today, and what removes them
-KNOWN_DODGES = {
-    ("dslide.config", "dslide.validation"):
-        "Config.resolve reads validation_size and EARLY_STOP_MAX_EPOCHS; move 2 (every data rule "
-        "and choice constant in one module) takes them out of dslide.validation",
-    ("dslide.validation", "dslide.train"):
-        "EarlyStop.check calls train.evaluate; moves 3-4 (the inference pipeline, dslide/train/) "
-        "give it the scoring function instead",
-}
+KNOWN_DODGES = {}
 
 #: modules outside dslide and the standard library that dslide imports inside functions, and why
 LAZY_OUTSIDE = {

@@ -113,19 +113,11 @@ class _Model:
         self.network = _Net()
 
 
-def test_early_stopping_stops_after_patience_and_puts_back_the_best_weights(monkeypatch):
-    import dslide.train as T
-
+def test_early_stopping_stops_after_patience_and_puts_back_the_best_weights():
     # the validation score rises, peaks at the second epoch, then falls
     script = iter([(0.30, 0.10), (0.40, 0.15), (0.35, 0.12), (0.20, 0.05)])
-
-    def fake_evaluate(model, data, k=5, exact=True):
-        p1, p5 = next(script)
-        return {"p@1": p1, "p@5": p5}
-
-    monkeypatch.setattr(T, "evaluate", fake_evaluate)
     model = _Model()
-    early = V.EarlyStop(val=None, steps_per_epoch=10, patience=1, decays=0)
+    early = V.EarlyStop(lambda m: next(script), steps_per_epoch=10, patience=1, decays=0)
     cb = early.callback()
     stopped_at = None
     for step in range(1, 100):
@@ -140,13 +132,10 @@ def test_early_stopping_stops_after_patience_and_puts_back_the_best_weights(monk
     assert np.all(model.network.layers[0].W == 20)  # epoch 2's weights are back
 
 
-def test_a_plateau_first_lowers_the_learning_rate_from_the_best_epoch(monkeypatch):
-    import dslide.train as T
-
+def test_a_plateau_first_lowers_the_learning_rate_from_the_best_epoch():
     script = iter([(0.30, 0.10), (0.40, 0.15), (0.35, 0.12), (0.45, 0.16), (0.44, 0.16)])
-    monkeypatch.setattr(T, "evaluate", lambda model, data, k=5, exact=True: dict(zip(("p@1", "p@5"), next(script))))
     model = _Model()
-    early = V.EarlyStop(val=None, steps_per_epoch=10, patience=1, decay=0.25, decays=1)
+    early = V.EarlyStop(lambda m: next(script), steps_per_epoch=10, patience=1, decay=0.25, decays=1)
     cb = early.callback()
     seen = {}
     for step in range(1, 100):
@@ -206,3 +195,31 @@ def test_the_summary_names_what_its_figures_are_and_the_choices_behind_them():
     info["fusion_choice"]["chosen"] = "off"
     assert choice_lines(info)[0] == "network alone"
     assert choice_lines({}) == []
+
+
+def test_the_epoch_checks_score_a_budget_of_the_validation_points_chosen_by_shape():
+    assert V.check_rows(2285, 41_488).size == 2285  # 1e8 label scores cover the whole split
+    rows = V.check_rows(1500, 670_091)
+    assert rows.size == V.EARLY_STOP_MIN_POINTS and rows[0] == 0 and rows[-1] == 1499
+    np.testing.assert_array_equal(rows, V.check_rows(1500, 670_091))
+    assert np.all(np.diff(rows) > 0)
+
+
+def test_the_probe_scores_the_best_of_its_grid_the_network_alone_included():
+    X, Y = _duplicates()
+    n = X.shape[0]
+    q = np.arange(0, n, 6)
+    keep = np.setdiff1d(np.arange(n), q)
+    from dslide.data import XMCData
+
+    probe = V.FusionProbe.build(XMCData(X[keep], Y[keep]), XMCData(X[q], Y[q]), (10, 5, 20), True, 8)
+    rng = np.random.default_rng(1)
+    m_ids = np.stack([rng.permutation(Y.shape[1])[:20] for _ in q]).astype(np.int64)
+    m_logits = np.sort(rng.random(m_ids.shape))[:, ::-1].copy()
+    rows = np.arange(len(q))
+    best = probe.best(m_ids, m_logits, rows, 4.0, 16.0)
+    alone = V.choose_fusion(probe.store, probe.truth, m_ids, m_logits, probe.nn_ids[:, :10], probe.nn_sims[:, :10],
+                            None, None, counts=(10,), shares=(0.0,), weights=(0.0,), power=4.0, pr_power=16.0)[1]
+    assert sum(best) > sum(alone[(0, 0.0, 0.0)]) + 0.5  # the neighbours know the clusters, the network does not
+    half = np.arange(0, len(q), 2)
+    assert probe.best(m_ids[half], m_logits[half], half, 4.0, 16.0)[0] > 0.9
