@@ -51,7 +51,7 @@ FUSION_SHARES = (0.0, 0.25, 0.5, 0.75, 1.0)
 FUSION_COUNTS = (10, 5, 20)
 EARLY_STOP_MAX_EPOCHS = 10.0
 EARLY_STOP_PATIENCE = 1
-EARLY_STOP_MIN_GAIN = 0.002
+EARLY_STOP_MIN_GAIN = CHOICE_MARGIN  # below it an epoch is a plateau: the checks measure no finer
 #: on the first plateau the best epoch's weights are put back and the learning rate scaled by
 #: this; training stops at the next plateau (after EARLY_STOP_DECAYS of them)
 EARLY_STOP_DECAY = 0.25
