@@ -1,4 +1,4 @@
-"""Shared test fixtures: the optional real data sets beside the project."""
+"""Shared test helpers: the optional real data sets beside the project, and a tiny trained run."""
 
 from pathlib import Path
 
@@ -19,3 +19,19 @@ def shared_data():
         return path
 
     return get
+
+
+#: the settings of a small, fast run (the command line's --set form)
+TINY = ["--set", "hidden=16", "--set", "epochs=1", "--set", "batch_size=32", "--quiet"]
+
+
+def tiny_run(tmp_path_factory, name: str) -> Path:
+    """A folder holding `t_train.txt` / `t_test.txt` (the tiny preset, 300 / 60 points) and `run`,
+    a run trained on them with TINY: each module that asks gets its own copy to change."""
+    from dslide import cli
+
+    d = tmp_path_factory.mktemp(name)
+    assert cli.main(["data", "gen", "--preset", "tiny", "--points", "300", "--test-points", "60",
+                     "--out", str(d / "t")]) == 0
+    assert cli.main(["train", "--train", str(d / "t_train.txt"), "--out", str(d / "run"), *TINY]) == 0
+    return d

@@ -10,15 +10,12 @@ import pytest
 from dslide import checkpoint as ck
 from dslide import cli
 
-S = ["--set", "hidden=16", "--set", "epochs=1", "--set", "batch_size=32", "--quiet"]
+from tests.conftest import TINY as S, tiny_run  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
-    d = tmp_path_factory.mktemp("live_run")
-    assert cli.main(["data", "gen", "--preset", "tiny", "--points", "300", "--test-points", "60",
-                     "--out", str(d / "t")]) == 0
-    assert cli.main(["train", "--train", str(d / "t_train.txt"), "--out", str(d / "run"), *S]) == 0
+    d = tiny_run(tmp_path_factory, "live_run")
     return d
 
 

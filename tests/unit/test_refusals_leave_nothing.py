@@ -19,7 +19,7 @@ import scipy.sparse as sp
 from dslide import cli
 from tests import faults
 
-S = ["--set", "hidden=16", "--set", "epochs=1", "--set", "batch_size=32", "--quiet"]
+from tests.conftest import TINY as S, tiny_run  # noqa: E402
 
 
 def _main(argv, capsys):
@@ -34,10 +34,7 @@ def _main(argv, capsys):
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
-    d = tmp_path_factory.mktemp("leave_nothing")
-    assert cli.main(["data", "gen", "--preset", "tiny", "--points", "300", "--test-points", "60",
-                     "--out", str(d / "t")]) == 0
-    assert cli.main(["train", "--train", str(d / "t_train.txt"), "--out", str(d / "run"), *S]) == 0
+    d = tiny_run(tmp_path_factory, "leave_nothing")
     return d
 
 

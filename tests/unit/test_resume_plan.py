@@ -9,15 +9,12 @@ import pytest
 from dslide import cli
 from dslide.data import checksum, read_xmc
 
-S = ["--set", "hidden=16", "--set", "epochs=1", "--set", "batch_size=32", "--quiet"]
+from tests.conftest import TINY as S, tiny_run  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
-    d = tmp_path_factory.mktemp("resume_plan")
-    assert cli.main(["data", "gen", "--preset", "tiny", "--points", "300", "--test-points", "60",
-                     "--out", str(d / "t")]) == 0
-    assert cli.main(["train", "--train", str(d / "t_train.txt"), "--out", str(d / "run"), *S]) == 0
+    d = tiny_run(tmp_path_factory, "resume_plan")
     lines = (d / "t_train.txt").read_text().split("\n")
     first = lines[1].split(" ")
     first[1] = first[1].split(":")[0] + ":0.123"  # one value changed: the same shape, other content
