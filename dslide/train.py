@@ -19,8 +19,11 @@ The run's timings (dslide.timings) live in one object, `Model.timings`.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import resource
+import sys
+import threading
 import time
 from dataclasses import dataclass, field
 
@@ -358,7 +361,8 @@ def build_neighbours(model: Model, train: XMCData, progress: bool = False, val: 
         shares = validation.FUSION_SHARES if cfg.proto_weight is None else (cfg.proto_weight,)
         weights = validation.FUSION_WEIGHTS if cfg.knn_weight is None else (0.0, cfg.knn_weight)
         kk = max(5, cfg.knn_candidates)
-        m_ids, m_logits = predict_topk_scores(model, val.X, kk, exact=True)
+        with _busy("neighbour labels: scoring the validation points", bar is not None):
+            m_ids, m_logits = predict_topk_scores(model, val.X, kk, exact=True)
         (c, a, w), figures = validation.choose_fusion(
             probe.store, probe.truth, m_ids, m_logits, probe.nn_ids, probe.nn_sims, probe.pr_ids, probe.pr_sims,
             counts=counts,
@@ -383,6 +387,28 @@ def build_neighbours(model: Model, train: XMCData, progress: bool = False, val: 
         bar.close()
     out.neighbour_labels = store
     model.index_info["neighbours_s"] = time.perf_counter() - t0
+
+
+@contextlib.contextmanager
+def _busy(what: str, on: bool, every: float = 6.0):
+    """While the block runs (when `on`), a line on stderr every `every` seconds saying `what` is
+    still going: a stage with no progress of its own never leaves a log silent for long."""
+    if not on:
+        yield
+        return
+    stop, t0 = threading.Event(), time.perf_counter()
+
+    def beat():
+        while not stop.wait(every):
+            print(f"[dslide] {what} ({time.perf_counter() - t0:.0f}s)", file=sys.stderr, flush=True)
+
+    thread = threading.Thread(target=beat, name="dslide-busy", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
 
 
 def _stage_bar(stages: list[str], desc: str):
@@ -436,10 +462,12 @@ def build_index(model: Model, train: XMCData, progress: bool = False) -> dict:
     labels = (Y.indptr.astype(np.int64), Y.indices.astype(np.int32))
     if bar is not None:
         bar.set_postfix_str("anchors, buckets, neighbour graph")
-    info = out.build_index(H, net.comm, labels)
+    with _busy("inference index: anchors, buckets, neighbour graph", bar is not None):
+        info = out.build_index(H, net.comm, labels)
     share = info.pop("share")
     t1 = time.perf_counter()
-    warm_index(model)
+    with _busy("inference index: loading its query kernels", bar is not None):
+        warm_index(model)
     info["warm_s"] = time.perf_counter() - t1
     if bar is not None:
         bar.update(m)

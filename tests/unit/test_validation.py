@@ -223,3 +223,17 @@ def test_the_probe_scores_the_best_of_its_grid_the_network_alone_included():
     assert sum(best) > sum(alone[(0, 0.0, 0.0)]) + 0.5  # the neighbours know the clusters, the network does not
     half = np.arange(0, len(q), 2)
     assert probe.best(m_ids[half], m_logits[half], half, 4.0, 16.0)[0] > 0.9
+
+
+def test_a_busy_stage_says_so_every_few_seconds(capsys):
+    import time
+
+    from dslide.train import _busy
+
+    with _busy("building something", True, every=0.2):
+        time.sleep(0.5)
+    err = capsys.readouterr().err
+    assert err.count("[dslide] building something (") >= 1
+    with _busy("quiet", False, every=0.1):
+        time.sleep(0.25)
+    assert capsys.readouterr().err == ""
