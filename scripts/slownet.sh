@@ -151,6 +151,11 @@ cleanup() {
         for _ in 1 2 3 4 5 6 7 8 9 10; do kill -0 "$child" 2>/dev/null || break; sleep 0.2; done
         kill -KILL "$child" 2>/dev/null
     fi
+    # a signal between the fork and `child=$!` leaves the command unnamed: end whatever runs in
+    # the namespace (it would hold our pipes open for as long as it runs)
+    local pids
+    pids="$(ip netns pids "$ns" 2>/dev/null)"
+    [ -n "$pids" ] && kill -TERM $pids 2>/dev/null
     ip netns del "$ns" 2>/dev/null
     exit "$code"
 }
