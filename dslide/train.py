@@ -473,7 +473,7 @@ def build_index(model: Model, train: XMCData, progress: bool = False) -> dict:
         bar.update(m)
         bar.close()
     info.update({"points": m, "index_s": time.perf_counter() - t0, "share": share})
-    model.index_info = info
+    model.index_info.update(info)
     return info
 
 

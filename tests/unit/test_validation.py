@@ -237,3 +237,19 @@ def test_a_busy_stage_says_so_every_few_seconds(capsys):
     with _busy("quiet", False, every=0.1):
         time.sleep(0.25)
     assert capsys.readouterr().err == ""
+
+
+def test_the_index_build_keeps_what_training_recorded():
+    """build_index adds its timings to model.index_info; the early-stopping record stays."""
+    from dslide import train as T
+    from dslide.config import Config, LSHConfig
+    from dslide.data import XMCData
+
+    rng = np.random.default_rng(6)
+    n, f, L = 2400, 200, 5000
+    X = sp.random(n, f, density=0.05, format="csr", dtype=np.float32, random_state=6)
+    Y = sp.csr_matrix((np.ones(n, np.float32), rng.integers(0, 2000, n), np.arange(n + 1)), shape=(n, L))
+    lsh = LSHConfig(anchors=8, index_anchors=16, index_points=300, index_neighbors=3, index_search=8, index_degree=4)
+    cfg = Config(hidden=(8,), kinds=("dense", "lsh"), batch_size=200, epochs=2.0, early_stop=True, knn=0, lsh=lsh)
+    model, _ = T.fit(XMCData(X, Y), cfg.resolve(L, T.points_per_label(Y), n), index=True)
+    assert "index_s" in model.index_info and len(model.index_info["early_stop"]["curve"]) >= 1
