@@ -61,6 +61,9 @@ WIDE_EPOCHS = 1.5  # epochs left at None, outputs wider than NARROW_OUTPUT
 #: batches of NARROW_BATCH (fewer where the data would give fewer than NARROW_MIN_STEPS steps
 #: per epoch: `narrow_batch`) through a NARROW_HIDDEN-wide layer reach in a few epochs what 30
 #: epochs of 64 at 1e-3 through a 1,024-wide one reached (docs/accuracy.md)
+#: lr left at None, outputs wider than NARROW_OUTPUT: on both wide real members it beat 1e-2 on
+#: P@1 and P@5 (docs/benchmarks.md, `bench.py --suite real (levers)`); narrow ones lost with it
+WIDE_LR = 5e-3
 NARROW_HIDDEN = 512
 NARROW_EPOCHS = 12.0
 NARROW_BATCH = 512
@@ -322,7 +325,7 @@ class Config:
         setting             narrow output   wide output
         hidden              (512,)          (128,)
         dropout             0.6             0.0
-        lr                  1e-2            1e-2
+        lr                  1e-2            5e-3
         batch_size          512 (at least   128
                             8 steps/epoch)
         epochs              12              up to 10, stopped early on the validation
@@ -615,7 +618,7 @@ class Config:
         (`narrow_batch`)."""
         narrow = n_labels <= NARROW_OUTPUT
         auto = {"hidden": (NARROW_HIDDEN,) if narrow else (128,), "dropout": 0.6 if narrow else 0.0,
-                "lr": 1e-2, "batch_size": narrow_batch(n_points) if narrow else 128,
+                "lr": 1e-2 if narrow else WIDE_LR, "batch_size": narrow_batch(n_points) if narrow else 128,
                 "epochs": NARROW_EPOCHS if narrow else WIDE_EPOCHS, "init_input_scale": 0.1 if narrow else 0.3,
                 "knn": knn_default(n_labels, points_per_label)}
         from dslide.validation import EARLY_STOP_MAX_EPOCHS, validation_size

@@ -49,7 +49,7 @@ def test_wide_outputs_train_fewer_epochs_and_explicit_settings_win():
     assert Config().resolve(670_091, 1.3).epochs == WIDE_EPOCHS
     assert WIDE_EPOCHS == 1.5
     wide = Config().resolve(670_091, 1.3, 30_000)
-    assert (wide.batch_size, wide.lr, wide.hidden) == (128, 1e-2, (128,))
+    assert (wide.batch_size, wide.lr, wide.hidden) == (128, 5e-3, (128,))  # WIDE_LR
     # with a validation split: up to EARLY_STOP_MAX_EPOCHS, stopped early on it
     from dslide.validation import EARLY_STOP_MAX_EPOCHS
 
