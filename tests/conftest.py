@@ -35,3 +35,16 @@ def tiny_run(tmp_path_factory, name: str) -> Path:
                      "--out", str(d / "t")]) == 0
     assert cli.main(["train", "--train", str(d / "t_train.txt"), "--out", str(d / "run"), *TINY]) == 0
     return d
+
+
+def run_cli(argv, capsys) -> tuple[int, str, str]:
+    """`dslide ARGV` in this process: (exit code, stdout, stderr), a SystemExit's code included."""
+    from dslide import cli
+
+    capsys.readouterr()
+    try:
+        code = cli.main(argv)
+    except SystemExit as e:
+        code = e.code
+    out, err = capsys.readouterr()
+    return code, out, err

@@ -24,6 +24,7 @@ import pytest
 import scipy.sparse as sp
 
 from dslide import cli
+from tests.conftest import run_cli  # noqa: E402
 from dslide.data import read_xmc
 
 S = ["--set", "hidden=16", "--set", "epochs=1", "--set", "batch_size=32", "--quiet"]
@@ -385,12 +386,7 @@ def test_a_bad_input_exits_2_with_one_line_naming_it_and_writes_nothing(case, ar
     w = {**world, "case": tmp_path}
     argv = argv_of(w, tmp_path)
     before = _snapshot(tmp_path, world["dir"])
-    capsys.readouterr()
-    try:
-        code = cli.main(argv)
-    except SystemExit as e:
-        code = e.code
-    out, err = capsys.readouterr()
+    code, out, err = run_cli(argv, capsys)
     lines = err.strip().splitlines()
     assert code == 2, (code, err)
     assert len(lines) == 1 and "Traceback" not in err, err

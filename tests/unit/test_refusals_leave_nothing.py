@@ -16,20 +16,9 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
-from dslide import cli
 from tests import faults
 
-from tests.conftest import TINY as S, tiny_run  # noqa: E402
-
-
-def _main(argv, capsys):
-    capsys.readouterr()
-    try:
-        code = cli.main(argv)
-    except SystemExit as e:
-        code = e.code
-    out, err = capsys.readouterr()
-    return code, out, err
+from tests.conftest import TINY as S, run_cli as _main, tiny_run  # noqa: E402
 
 
 @pytest.fixture(scope="module")
