@@ -423,8 +423,10 @@ class Config:
         always a candidate), kept with the model's neighbour store.
     knn_weight: the neighbours' weight in the fused score; None: chosen on the
         validation split from FUSION_WEIGHTS (0 drops the store).
-    early_stop: score the network on the validation split after every epoch and
-        stop once it no longer gains, keeping the best epoch's weights
+    early_stop: score the model on the validation split after every epoch (the
+        network alone, or where the neighbours' labels are fused the best of a
+        small fusion grid) and stop once it no longer gains, keeping the best
+        epoch's weights
         (dslide.validation.EarlyStop); `epochs` is then the most it trains.
         None: on for wide outputs whose data has a validation split when
         `epochs` is left to the data (up to EARLY_STOP_MAX_EPOCHS), else off.
@@ -433,12 +435,11 @@ class Config:
         training rows): v = (1 - proto_weight) v_points + proto_weight v_protos,
         each query's `proto_candidates` prototypes of largest cosine voting
         with their cosine to the power `proto_power`. 0: the points alone (and
-        no prototypes built). None: chosen at the end of training from
-        PROTO_CHOICES by leave-one-out on the points the count is chosen on
-        (the best P@5 among the shares that keep P@1 within half a point of
-        the points alone), kept with the store.
-    choice_points: the training points (drawn by the seed) whose leave-one-out
-        predictions choose the count and the share; fewer is faster and noisier.
+        no prototypes built). None: chosen with the count and the weight on
+        the validation split (dslide.validation), kept with the store.
+    choice_points: no longer read by training (the choices are made on the
+        validation split); kept so that older config.toml files still load,
+        and read by scripts/bench_neighbours.py's leave-one-out study.
     propensity: the preset of the constants A, B of the label propensities
         behind PSP@k (Jain et al. 2016; see dslide.metrics.inverse_propensity),
         computed from the training labels and saved with the run

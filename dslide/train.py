@@ -249,10 +249,11 @@ def fit(train: XMCData, config: Config | None = None, test: XMCData | None = Non
     numba.set_num_threads(threads)
     # the held-out points that judge the choices made from the data (dslide.validation)
     fit_data, val = train, None
-    if config.early_stop or fusion_pending(config, train):
+    fusing = fusion_pending(config, train)
+    if config.early_stop or fusing:
         fit_data, val, _ = validation.split(train, config.seed)
     early = probe = None
-    if val is not None and fusion_pending(config, train):
+    if val is not None and fusing:
         probe = _fusion_probe(model, fit_data, val)
     if config.early_stop and val is not None and model.replicas is None:
         early = validation.EarlyStop(_epoch_scorer(model, val, probe), -(-fit_data.n_points // config.batch_size))

@@ -19,15 +19,17 @@ that only matches the no-op must not change the model.
 
 Early stopping (`EarlyStop`): with `early_stop` on, training runs for up to
 `epochs` (EARLY_STOP_MAX_EPOCHS when the epochs are left to the data) and
-scores the network alone on the validation points after every epoch; it stops
-after EARLY_STOP_PATIENCE epochs without a gain of EARLY_STOP_MIN_GAIN, and
-the weights of the best epoch are put back.
+scores the model after every epoch on `check_rows` of the validation points:
+the network alone, or, where the neighbours' labels will be fused, the best of
+a small fusion grid (`FusionProbe`), so that training stops when the model as
+it will be used stops gaining. On the first plateau the best epoch's weights
+come back at a lower learning rate; on the next training stops with them.
 
-Fusion (`choose_fusion`): after training, the neighbour store is built from the
-gradient's points; the network's top candidates, each validation point's
-nearest training points and its nearest label prototypes are computed once,
-and every (count, share, weight) of the grid is scored by fusing those arrays
-(dslide.fusion). Weight 0 is the network alone.
+Fusion (`choose_fusion`): before training, the neighbour store is built from
+the gradient's points and each validation point's nearest training points and
+label prototypes are found once (`FusionProbe`); after training the network's
+top candidates are scored once and every (count, share, weight) of the grid
+is scored by fusing those arrays (dslide.fusion). Weight 0 is the network alone.
 """
 
 from __future__ import annotations
