@@ -37,6 +37,9 @@ CANDIDATES_MIN_WIDTH = 250_000  # between a width where candidates lose and one 
 SCOPES = ("batch", "sample")
 NARROW_OUTPUT = 4096  # labels: at most this many take the "narrow output" defaults
 LR_SCHEDULES = ("linear", "constant")
+#: loss: "softmax" over the labels (sampled in an LSH output), or "bce": one binary classifier
+#: per label, against the block's other neurons as negatives
+LOSSES = ("softmax", "bce")
 #: knn left at None: this many neighbours' labels fused at inference in outputs wider than
 #: NARROW_OUTPUT whose training data has fewer than KNN_MAX_POINTS_PER_LABEL points per label
 #: (none elsewhere: the network alone learns such labels well); `knn_default` states the
@@ -366,6 +369,13 @@ class Config:
         run's `epochs` (the last steps refine rather than jump: on small data
         sets the final model is then about as good as the best epoch's);
         "constant" keeps `lr`.
+    loss: "softmax": cross-entropy of the softmax over the labels, each of a point's
+        labels taking an equal share of its unit of target mass (in an LSH output the
+        softmax runs over the step's block, its random neurons standing for the rest of
+        the layer: sampled softmax). "bce": binary cross-entropy of one sigmoid per
+        label, every label of the point a positive and every other neuron of the step's
+        block a negative (in an LSH output: the batch's other labels, the candidates,
+        the random neurons; negative sampling, as per-label classifiers are trained).
     init_input_scale: the first hidden layer starts from U(-s, s); with
         L2-normalised input rows this is the scale of its pre-activations.
     output_bias_init: "log_prior" starts each label's bias at the log of its
@@ -470,6 +480,7 @@ class Config:
     batch_size: int | None = None
     lr: float | None = None
     lr_schedule: str = "linear"
+    loss: str = "softmax"
     beta1: float = 0.9
     beta2: float = 0.999
     eps: float = 1e-8
@@ -549,6 +560,7 @@ class Config:
         if self.lr is not None:
             _float_range("lr", self.lr, 0.0, 10.0, lo_open=True)
         _choice("lr_schedule", self.lr_schedule, LR_SCHEDULES)
+        _choice("loss", self.loss, LOSSES)
         _float_range("beta1", self.beta1, 0.0, 1.0, hi_open=True)
         _float_range("beta2", self.beta2, 0.0, 1.0, hi_open=True)
         _float_range("eps", self.eps, 0.0, 1.0, lo_open=True)

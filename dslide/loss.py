@@ -1,15 +1,21 @@
-"""Softmax cross-entropy over logits split over ranks.
+"""The output layer's losses over logits split over ranks.
+
+Softmax cross-entropy (`loss = "softmax"`):
 
 Each rank computes its local statistics (`softmax_stats`), the network
 exchanges them (one all-reduce of per-sample max and sum of exponentials,
 `Comm.allreduce_logsumexp`), and each rank finishes its own slice
 (`softmax_finish`). `label_targets` says which of the batch's labels a rank's
 columns hold.
+
+Binary cross-entropy (`loss = "bce"`, `bce_finish`): one sigmoid per label, so each
+rank finishes its own slice with no exchange.
 """
 
 from __future__ import annotations
 
 import numpy as np
+from numba import njit, prange
 
 from dslide import kernels
 
@@ -64,3 +70,44 @@ def softmax_finish(e, m, gmax, gsum, targets, y_logit, lab_ptr, mean_over: int) 
     np.subtract.at(e, (rows, cols), (w / N).astype(e.dtype))
     return float(np.sum(w * (np.log(gsum[rows]) + gmax[rows] - y_logit))) / N
 
+
+
+@njit(parallel=True, cache=True)
+def _sigmoid_softplus(z):
+    """In place z <- sigmoid(z) (values below kernels.TINY flushed to 0); returns the
+    sum of softplus(z) = log(1 + e^z) over every entry, in float64. An entry of -inf
+    (a padding slot) becomes 0 and adds 0."""
+    B, m = z.shape
+    part = np.zeros(B)
+    for i in prange(B):
+        acc = 0.0
+        for j in range(m):
+            v = np.float64(z[i, j])
+            if v == -np.inf:
+                z[i, j] = 0.0
+                continue
+            if v >= 0.0:
+                e = np.exp(-v)
+                acc += v + np.log1p(e)
+                z[i, j] = 1.0 / (1.0 + e)
+            else:
+                e = np.exp(v)
+                acc += np.log1p(e)
+                p = e / (1.0 + e)
+                z[i, j] = p if p >= 1e-30 else 0.0
+        part[i] = acc
+    return part.sum()
+
+
+def bce_finish(z, targets, mean_over: int) -> float:
+    """dz = (sigmoid(z) - y) / N in place of the logits z [B, m], y = 1 at the targets
+    (rows, cols, _: each sample's labels among the columns) and 0 elsewhere; returns
+    this rank's share of the batch's loss sum_ij (log(1 + e^z_ij) - y_ij z_ij) / N
+    (N = mean_over). Every column is a negative of every sample it is not a label of."""
+    rows, cols, _ = targets
+    N = mean_over
+    y_sum = float(np.sum(z[rows, cols], dtype=np.float64))
+    total = _sigmoid_softplus(z)
+    np.subtract.at(z, (rows, cols), z.dtype.type(1.0))
+    z *= z.dtype.type(1.0 / N)
+    return (total - y_sum) / N

@@ -48,7 +48,7 @@ from dslide.comm import Comm
 from dslide.config import Config
 from dslide.layers import KINDS, Layer, make_layer
 from dslide.layers.dense import RowDenseLayer
-from dslide.loss import softmax_finish, softmax_stats
+from dslide.loss import bce_finish, softmax_finish, softmax_stats
 from dslide.memory import n_params
 from dslide.sharding import shard_range
 from dslide.timings import STEP_PHASES, Timings
@@ -216,7 +216,7 @@ class Network:
         out_layer = self.layers[-1]
         out, tape = out_layer.forward(x, batch, True)
         tapes.append(tape)
-        loss, g = self._softmax(out, batch)
+        loss, g = self._bce(out, batch) if self.config.loss == "bce" else self._softmax(out, batch)
         t1 = time.perf_counter()
         for layer in reversed(self.layers):
             dx, grads = layer.backward(g, tapes[layer.index])
@@ -247,6 +247,13 @@ class Network:
         gmax, gsum = self.comm.allreduce_logsumexp(m, se)
         loss = softmax_finish(z, m, gmax, gsum, out.targets, y_logit, batch.Y[0], batch.mean_over)
         return loss, z
+
+    def _bce(self, out: Out, batch: Batch):
+        """The loss share and dz = (sigmoid(z) - y) / N of the output slice: each label its own
+        classifier, so no exchange (a row-split output's ranks all hold every logit: the loss
+        counts on rank 0)."""
+        loss = bce_finish(out.a, out.targets, batch.mean_over)
+        return (loss if not self.output_rows or self.comm.rank == 0 else 0.0), out.a
 
     def _own(self, layer: Layer) -> bool:
         """Whether layer's output stays on its rank: the last hidden layer before a row-split output."""

@@ -93,6 +93,9 @@ class LSHLayer(Layer):
         self._optimiser((self.lo, 0, self.d_in))  # W [n_r, d_in]: row r is neuron lo + r
         self.max_active, self.max_candidates, self.n_random = block_counts(lc, self.n, self.n_local)
         self.own = self.is_output and lc.scope == "sample" and self.max_active > 0
+        # the softmax's random neurons stand for the rest of the slice (log-Q correction);
+        # a binary loss takes them as plain negatives
+        self.log_q = self.config.loss == "softmax"
         seed = self.config.seed
         # Hash functions and anchors derive from the seed and the layer only, never from the rank.
         self.candidates = self._make_candidates()
@@ -145,10 +148,10 @@ class LSHLayer(Layer):
                 if cnt is None:
                     own_ids, cnt = own_ids[:, :0], np.zeros(x.shape[0], np.int64)
             row_corr = np.zeros(x.shape[0], dtype=self.dtype)
-            if rand.size:
+            if rand.size and self.log_q:
                 row_corr[:] = np.log((self.n_local - exact.size - cnt) / rand.size)
             own, n_cand = (own_ids, row_corr), (float(cnt.mean()) if cnt.size else 0.0)
-        elif self.is_output and rand.size:
+        elif self.is_output and rand.size and self.log_q:
             # the random neurons stand for every neuron of the slice not scored exactly
             corr[exact.size:] = np.log((self.n_local - exact.size) / rand.size)
         self.block_sum += (labels.size, n_cand, rand.size)

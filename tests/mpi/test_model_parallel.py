@@ -37,12 +37,14 @@ def _train(cfg, X, Y, comm, steps):
     return net, losses
 
 
-@pytest.mark.parametrize("hidden", [(7,), (9, 5), (20,), (9, 20)])
-def test_exact_mode_p_ranks_equal_one_rank(hidden):
+@pytest.mark.parametrize("hidden,loss", [((7,), "softmax"), ((9, 5), "softmax"), ((20,), "softmax"),
+                                         ((9, 20), "softmax"), ((7,), "bce"), ((20,), "bce")])
+def test_exact_mode_p_ranks_equal_one_rank(hidden, loss):
     """(20,) and (9, 20) over 13 labels: an output narrower than the last hidden layer,
-    split by rows (output_split = "auto")."""
+    split by rows (output_split = "auto"); both losses."""
     X, Y = _data()
-    cfg = Config(hidden=hidden, exact=True, batch_size=32, input_norm="none", seed=11, lr=1e-2, dropout=0.25)
+    cfg = Config(hidden=hidden, exact=True, batch_size=32, input_norm="none", seed=11, lr=1e-2, dropout=0.25,
+                 loss=loss)
     world = Comm(MPI.COMM_WORLD)
     net_p, loss_p = _train(cfg, X, Y, world, steps=6)
     net_1, loss_1 = _train(cfg, X, Y, Comm(), steps=6)

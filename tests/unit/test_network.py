@@ -52,13 +52,16 @@ def _grads(net, beta1):
     return out
 
 
-def _ref_loss(params, X, Y):
-    """Mean softmax cross-entropy with labels spread evenly, in plain numpy float64."""
+def _ref_loss(params, X, Y, kind="softmax"):
+    """Mean softmax cross-entropy with labels spread evenly (kind "softmax") or the summed binary
+    cross-entropy of every label's sigmoid ("bce"), over the points, in plain numpy float64."""
     a = X.toarray()
     for W, b in params[:-1]:
         a = np.maximum(a @ W + b, 0.0)
     W, b = params[-1]
     z = a @ W + b
+    if kind == "bce":
+        return float(np.mean((np.logaddexp(0.0, z) - Y.toarray() * z).sum(axis=1)))
     m = z.max(axis=1, keepdims=True)
     lse = (m + np.log(np.exp(z - m).sum(axis=1, keepdims=True))).ravel()
     Yd = Y.toarray().astype(np.float64)
@@ -67,14 +70,15 @@ def _ref_loss(params, X, Y):
     return float(np.mean((w * (lse[:, None] - z)).sum(axis=1)))
 
 
-def test_exact_gradients_match_central_finite_differences():
+@pytest.mark.parametrize("kind", ["softmax", "bce"])
+def test_exact_gradients_match_central_finite_differences(kind):
     X, Y = _tiny_problem()
     cfg = Config(hidden=(6, 5), exact=True, dtype="float64", input_norm="none", seed=3, dropout=0.0,
-                 lr_schedule="constant")
+                 lr_schedule="constant", loss=kind)
     net = Network(cfg, X.shape[1], Y.shape[1])
     params = _params_dense(net)
     loss = net.train_step(_batch(X, Y))
-    assert loss == pytest.approx(_ref_loss(params, X, Y), rel=1e-12)
+    assert loss == pytest.approx(_ref_loss(params, X, Y, kind), rel=1e-12)
     grads = _grads(net, cfg.beta1)
     h = 1e-6
     for li, (W, b) in enumerate(params):
@@ -83,9 +87,9 @@ def test_exact_gradients_match_central_finite_differences():
             for idx in np.ndindex(arr.shape):
                 old = arr[idx]
                 arr[idx] = old + h
-                up = _ref_loss(params, X, Y)
+                up = _ref_loss(params, X, Y, kind)
                 arr[idx] = old - h
-                down = _ref_loss(params, X, Y)
+                down = _ref_loss(params, X, Y, kind)
                 arr[idx] = old
                 fd[idx] = (up - down) / (2 * h)
             np.testing.assert_allclose(g, fd, rtol=1e-5, atol=1e-8, err_msg=f"layer {li}")
@@ -188,23 +192,29 @@ def test_lsh_layer_with_every_neuron_active_equals_exact_mode():
         np.testing.assert_allclose(gbs, gbe, rtol=1e-10, atol=1e-14)
 
 
-def _assert_matches_block_softmax(net, loss, A0, z0, W1, b1, labels, block_of):
-    """A dense-then-output network's step against numpy: sample i's softmax runs over the output
-    neurons S with logits shifted by `shift`, (S, shift) = block_of(i); the loss and both layers'
+def _assert_matches_block_softmax(net, loss, A0, z0, W1, b1, labels, block_of, kind="softmax"):
+    """A dense-then-output network's step against numpy: sample i's softmax (kind "softmax") runs
+    over the output neurons S with logits shifted by `shift`, (S, shift) = block_of(i), or each
+    neuron of S is a binary classifier, positive for i's labels ("bce"); the loss and both layers'
     gradients (read back from the optimiser) must match. Returns the output weights' gradient."""
     h = np.maximum(z0, 0)
     n = A0.shape[0]
     gW1, gb1, dh = np.zeros_like(W1), np.zeros_like(b1), np.zeros_like(h)
     ref_loss = 0.0
     for i in range(n):
-        if labels[i].size == 0:
+        if labels[i].size == 0 and kind == "softmax":
             continue
         S, shift = block_of(i)
         z = h[i] @ W1[:, S] + b1[S] + shift
-        p = np.exp(z - z.max())
-        p /= p.sum()
-        t = np.isin(S, labels[i]) / labels[i].size
-        ref_loss += -(t * np.log(p)).sum() / n
+        if kind == "bce":
+            t = np.isin(S, labels[i]).astype(np.float64)
+            ref_loss += (np.logaddexp(0.0, z) - t * z).sum() / n
+            p = 1.0 / (1.0 + np.exp(-z))
+        else:
+            p = np.exp(z - z.max())
+            p /= p.sum()
+            t = np.isin(S, labels[i]) / labels[i].size
+            ref_loss += -(t * np.log(p)).sum() / n
         dz = (p - t) / n
         gW1[:, S] += np.outer(h[i], dz)
         gb1[S] += dz
@@ -219,14 +229,16 @@ def _assert_matches_block_softmax(net, loss, A0, z0, W1, b1, labels, block_of):
     return g1
 
 
-def test_own_candidates_gradient_is_each_samples_softmax_over_its_own_set():
+@pytest.mark.parametrize("kind", ["softmax", "bce"])
+def test_own_candidates_gradient_is_each_samples_softmax_over_its_own_set(kind):
     """lsh.scope = "sample": sample i's softmax runs over the shared block (the batch's labels,
     then random neurons) and its own candidates, the first k of its anchor's bucket not in the
-    block; the random neurons' logits carry log((n - |labels| - |own_i|) / |random|)."""
+    block; the random neurons' logits carry log((n - |labels| - |own_i|) / |random|). With loss
+    "bce" the same set are sample i's binary classifiers, unshifted; its unused slots add nothing."""
     X, Y = _tiny_problem(n=40, L=300, density=0.4, label_density=0.008)
     n_out, k = Y.shape[1], 10
     cfg = Config(hidden=(8,), kinds=("dense", "lsh"), dtype="float64", input_norm="none", seed=2, dropout=0.0,
-                 lr_schedule="constant", lsh=_lsh_config(6, k, family="anchor", anchors=4, scope="sample"))
+                 lr_schedule="constant", lsh=_lsh_config(6, k, family="anchor", anchors=4, scope="sample"), loss=kind)
     net = Network(cfg, X.shape[1], n_out)
     out = net.layers[1]
     (W0, b0), (W1, b1) = _params_dense(net)
@@ -257,10 +269,11 @@ def test_own_candidates_gradient_is_each_samples_softmax_over_its_own_set():
 
     def own_set(i):
         S = np.concatenate([C, own[i]]).astype(np.int64)
-        corr = np.log((n_out - U.size - len(own[i])) / rand.size)
+        corr = np.log((n_out - U.size - len(own[i])) / rand.size) if kind == "softmax" else 0.0
         return S, np.concatenate([np.zeros(U.size), np.full(rand.size, corr), np.zeros(len(own[i]))])
 
-    _assert_matches_block_softmax(net, loss, A0, z0, W1, b1, labels, own_set)
+    assert any(len(o) < k for o in own), "some sample has unused slots"
+    _assert_matches_block_softmax(net, loss, A0, z0, W1, b1, labels, own_set, kind)
 
 
 def test_random_negatives_per_step_are_capped_by_the_share_of_the_layer():
@@ -282,15 +295,17 @@ def test_random_negatives_per_step_are_capped_by_the_share_of_the_layer():
         assert (n_rand == 0) == (expected == 0)
 
 
-@pytest.mark.parametrize("family", ["anchor", "dwta"])
-def test_sparse_gradient_is_the_restricted_softmax_gradient_and_zero_elsewhere(family):
+@pytest.mark.parametrize("family,kind", [("anchor", "softmax"), ("dwta", "softmax"), ("anchor", "bce")])
+def test_sparse_gradient_is_the_restricted_softmax_gradient_and_zero_elsewhere(family, kind):
     """The step's block: every label of the batch, the union of the samples' candidates (scored
     exactly, no correction), then random neurons whose logits carry the log-Q correction
-    log((n - |labels + candidates|) / |random|); every sample's softmax runs over the block."""
+    log((n - |labels + candidates|) / |random|); every sample's softmax runs over the block.
+    With loss "bce" every neuron of the block is a binary classifier of every sample (its
+    labels positive, the rest negative) and the random neurons' logits are not shifted."""
     X, Y = _tiny_problem(n=40, L=300, density=0.4, label_density=0.008)
     n_out = Y.shape[1]
     cfg = Config(hidden=(8,), kinds=("dense", "lsh"), dtype="float64", input_norm="none", seed=2, dropout=0.0,
-                 lr_schedule="constant", lsh=_lsh_config(6, 10, family=family, anchors=4))
+                 lr_schedule="constant", lsh=_lsh_config(6, 10, family=family, anchors=4), loss=kind)
     net = Network(cfg, X.shape[1], n_out)
     out = net.layers[1]
     if family == "anchor":  # place the anchors and fill the buckets: candidates from the first step on
@@ -308,15 +323,15 @@ def test_sparse_gradient_is_the_restricted_softmax_gradient_and_zero_elsewhere(f
     cand, rand = C[U.size:U.size + n_cand], C[U.size + n_cand:]
     assert n_cand > 0 and np.all(np.diff(cand) > 0) and not np.isin(cand, U).any()
     assert 0 < rand.size <= 6 and not np.isin(rand, C[:U.size + n_cand]).any()
-    corr = np.log((n_out - U.size - n_cand) / rand.size)
+    corr = np.log((n_out - U.size - n_cand) / rand.size) if kind == "softmax" else 0.0
     labels = [Y.indices[Y.indptr[i]:Y.indptr[i + 1]] for i in range(X.shape[0])]
 
-    # numpy reference: softmax over the block only
+    # numpy reference: the loss over the block only
     (W0, b0), (W1, b1) = params
     A0 = X.toarray()
     z0 = A0 @ W0 + b0
     shift = np.concatenate([np.zeros(U.size + n_cand), np.full(rand.size, corr)])
-    g1 = _assert_matches_block_softmax(net, loss, A0, z0, W1, b1, labels, lambda i: (C, shift))
+    g1 = _assert_matches_block_softmax(net, loss, A0, z0, W1, b1, labels, lambda i: (C, shift), kind)
     never = np.setdiff1d(np.arange(n_out), C)
     assert never.size > 0 and not g1[:, never].any(), "inactive neurons get no gradient"
 
