@@ -3,7 +3,7 @@
 `account(config, n_features, n_labels, world_size, rank)` gives one rank's
 bytes by part, each layer reporting its own slice (`estimate` of the layer
 kinds in dslide.layers, which ask their candidate source and the inference
-index, dslide.index, for theirs); this module adds them up:
+index, dslide.infer.index, for theirs); this module adds them up:
 
     weights     W and b of every layer slice
     moments     Adam's m and v (2 bytes a value for bfloat16)
@@ -118,7 +118,7 @@ def available_bytes() -> int | None:
 
 def neighbour_bytes(n_features: int, n_points: int, nnz_x: int, nnz_y: int, n_labels: int = 0,
                     nnz_xy: int = 0) -> int:
-    """The neighbour store (dslide.fusion.NeighbourLabels): the training rows by feature (int64
+    """The neighbour store (dslide.infer.fusion.NeighbourLabels): the training rows by feature (int64
     pointers, int32 point ids, float32 values) and their labels (int64 pointers, int32 ids);
     with n_labels > 0 also the label prototypes by feature (int64 pointers, int32 label ids,
     float32 values), their norms (float32) and the labels' renumbering (int32), counting

@@ -54,7 +54,7 @@ from dslide.sharding import shard_range
 from dslide.timings import STEP_PHASES, Timings
 
 # Kept for scripts/_lsh_eval.py, which imports them from here (issue 26, move 5, moves it).
-from dslide.index import index_bucket  # noqa: E402,F401
+from dslide.infer.index import index_bucket  # noqa: E402,F401
 from dslide.topk import kth_largest, merge_topk  # noqa: E402,F401
 from dslide.topk import order_keys as _order_keys  # noqa: E402,F401
 

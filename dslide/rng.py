@@ -37,7 +37,7 @@ INIT, DROPOUT, NEGATIVES, ROUNDING = 1, 2, 3, 6
 # The seeds of an LSH layer's candidate source (its hash family or anchors; its
 # tables' own draws) and of its inference index (`lsh_seed`).
 CANDIDATES, TABLES, INDEX = 7, 8, 9
-# The training points on which the neighbour count is chosen (dslide.fusion.choose_k).
+# The training points on which the neighbour count is chosen (dslide.infer.fusion.choose_k).
 NEIGHBOURS = 10
 # The held-out validation rows (dslide.validation.validation_rows).
 VALIDATION = 11

@@ -337,7 +337,7 @@ def build_neighbours(model: Model, train: XMCData, progress: bool = False, val: 
     all given is built, and one with anything left to choose is not (the network alone).
     model.index_info gets the figures behind the choice and the seconds taken.
     progress: a progress bar (tqdm, stderr) of its stages."""
-    from dslide import fusion
+    from dslide.infer import fusion
     from dslide.config import knn_default
 
     t0 = time.perf_counter()

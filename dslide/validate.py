@@ -15,7 +15,7 @@ kernels assume:
     labels     csr float32 [n, n_labels] of ones: the same structure; stored zeros dropped
                (an entry of value 0 is no label), duplicates counted once
     pointers   int [n + 1], ids in a range, finite values: the arrays of a model directory
-               (dslide.fusion's neighbour store, lsh.NeighborIndex), whatever their hash says
+               (dslide.infer.fusion's neighbour store, lsh.NeighborIndex), whatever their hash says
 
 The XMC text reader checks the same while it parses (dslide.xmc_parse) and is not
 checked twice. Every check is one vectorised pass over an array (min, max, diff):
@@ -313,7 +313,7 @@ def one(a, what: str, lo: float, hi: float, integer: bool) -> float | int:
 
 
 def neighbour_store(arrays: dict, where: str, n_labels: int | None = None) -> None:
-    """The arrays of a dslide.fusion store (`knn.*` of a checkpoint), checked in place:
+    """The arrays of a dslide.infer.fusion store (`knn.*` of a checkpoint), checked in place:
     post_ptr int [F + 1] over post_pt ids in [0, N) with finite post_val; y_ptr [N + 1] over
     y_idx in [0, n_labels); k in [1, 1024]; share in [0, 1]; the prototypes likewise."""
     w = f"{where}: knn."

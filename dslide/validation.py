@@ -29,7 +29,7 @@ Fusion (`choose_fusion`): before training, the neighbour store is built from
 the gradient's points and each validation point's nearest training points and
 label prototypes are found once (`FusionProbe`); after training the network's
 top candidates are scored once and every (count, share, weight) of the grid
-is scored by fusing those arrays (dslide.fusion). Weight 0 is the network alone.
+is scored by fusing those arrays (dslide.infer.fusion). Weight 0 is the network alone.
 """
 
 from __future__ import annotations
@@ -88,7 +88,7 @@ class FusionProbe:
 
     @classmethod
     def build(cls, fit_data, val, counts, prototypes: bool, pr_k: int, comm=None) -> "FusionProbe":
-        from dslide import fusion
+        from dslide.infer import fusion
 
         store = fusion.NeighbourLabels.build(fit_data.X, fit_data.Y, prototypes=prototypes, comm=comm)
         nn_ids, nn_sims = store.neighbours(val.X, max(counts), comm)

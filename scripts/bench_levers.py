@@ -2,13 +2,13 @@
 
     python -m scripts.bench_levers --members amazon-tail,baskets-tail-40k --epochs 1,5
 
-With --shares, the label prototypes (dslide.fusion) share the neighbour
+With --shares, the label prototypes (dslide.infer.fusion) share the neighbour
 term: one more row per share (0: the points alone).
 
 For each member (dslide.datasets.suite, or bibtex from ../shared/data) the
 network is trained once per epoch count with knn = 0 (1 process, 2 threads),
 its 100 best labels per test point scored exactly, and the nearest training
-points found once (dslide.fusion); then the fused top 5 is computed for every
+points found once (dslide.infer.fusion); then the fused top 5 is computed for every
 (knn, knn_power, knn_weight) of the grid from those same candidates, so each
 row differs from the next by the fusion setting alone. Weight 0 is the
 network alone, weight 1 the neighbours' labels alone. P@1 / P@5 / PSP@5 on
@@ -46,7 +46,7 @@ def member_rows(name: str, epochs: list[float], threads: int, settings: dict | N
     import dslide  # noqa: F401  (first: the thread variables)
     import scipy.sparse as sp
 
-    from dslide import fusion
+    from dslide.infer import fusion
     from dslide import train as T
     from dslide.config import Config
     from dslide.metrics import evaluate, inverse_propensity

@@ -3,7 +3,7 @@
     python -m scripts.bench_neighbours [--members amazon-like,a670k-tail,baskets-tail-40k]
                                        [--points 5000] [--tag NAME] [--no-record]
 
-Where a wide output fuses the neighbours' labels (dslide.fusion), training
+Where a wide output fuses the neighbours' labels (dslide.infer.fusion), training
 ends by building the neighbour store with its label prototypes and by
 choosing the neighbour count and the prototypes' share from leave-one-out
 predictions on `--points` training points (`choice_points`). This times
@@ -31,7 +31,7 @@ def unrenumbered(store):
     renumbering (pr_lab holding the labels, no pr_perm)."""
     import numpy as np
 
-    from dslide import fusion
+    from dslide.infer import fusion
 
     a = dict(store.state_arrays())
     perm = a.pop("pr_perm")
@@ -45,7 +45,8 @@ def unrenumbered(store):
 def measure_member(name: str, points: int, k: int, pr_k: int) -> dict:
     import numpy as np
 
-    from dslide import fusion, rng
+    from dslide import rng
+    from dslide.infer import fusion
     from dslide.data import read_xmc
 
     from .suites.shapes import member_files

@@ -20,7 +20,7 @@ import dslide
 from dslide import cli
 from dslide import train as T
 from dslide.comm import Comm
-from dslide.index import _nearest_points
+from dslide.infer.index import _nearest_points
 
 
 def main(run_dir: str, data_path: str) -> None:

@@ -171,7 +171,7 @@ class Layer:
         """For each array of `state`: the axis along which ranks split it (the neuron axis),
         None for an array every rank holds whole and alike; arrays not named here are
         this rank's own derived state, rebuilt when the layout changes."""
-        from dslide import fusion
+        from dslide.infer import fusion
 
         c = self.neuron_axis
         return {"W": c, "W.m": c, "W.v": c, "b": 0, "b.m": 0, "b.v": 0, **{f"knn.{k}": None for k in fusion.KEYS}}
@@ -182,7 +182,7 @@ class Layer:
         itself (from `state()`) was filled in place. weights_only: the arrays of
         `state(weights_only=True)` only; the optimiser state is left as it is."""
         if "knn.y_ptr" in arrays:  # the same on every rank
-            from dslide import fusion
+            from dslide.infer import fusion
 
             self.neighbour_labels = fusion.NeighbourLabels.from_state(
                 {k[len("knn."):]: v for k, v in arrays.items() if k.startswith("knn.")},

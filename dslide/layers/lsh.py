@@ -12,7 +12,7 @@ from dslide.batch import Batch, Out
 from dslide.candidates import SOURCES, make_candidates
 from dslide.comm import Comm
 from dslide.config import Config, LSHConfig
-from dslide.index import InferenceIndex
+from dslide.infer.index import InferenceIndex
 from dslide.layers.base import Layer
 from dslide.loss import label_targets
 from dslide.optim import Grads

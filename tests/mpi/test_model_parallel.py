@@ -147,7 +147,7 @@ def test_lsh_inference_index_gives_the_same_topk_and_share_at_p_ranks_as_at_one(
     agreed across ranks, and re-ranks exactly: P ranks retrieve and return what 1 rank does,
     whether the 16 anchors are filled at once or 5 at a time (chunks of 5, 5, 5, 1), and with
     the nearest training points' labels added (a graph whose rows the ranks share out)."""
-    from dslide import index as I
+    from dslide.infer import index as I
     from dslide import train as T
 
     monkeypatch.setattr(I, "INDEX_CHUNK", chunk)
@@ -237,7 +237,7 @@ def test_fused_predictions_at_p_ranks_equal_one_rank():
 def test_label_prototypes_summed_over_p_ranks_are_the_one_rank_store_bit_for_bit():
     """Each rank sums the prototypes of a range of the features and all gather them; the
     ranges are cut by posting entries, so a skewed feature distribution leaves some narrow."""
-    from dslide import fusion
+    from dslide.infer import fusion
 
     X, Y = _data(n=300, F=60, L=23)
     X = sp.csr_matrix(X.multiply(np.linspace(3.0, 0.1, 60)[None, :] ** 2))  # more weight, not more entries

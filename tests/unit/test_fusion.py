@@ -1,10 +1,10 @@
-"""Neighbour-label fusion (dslide.fusion) against plain numpy references."""
+"""Neighbour-label fusion (dslide.infer.fusion) against plain numpy references."""
 
 import numpy as np
 import pytest
 import scipy.sparse as sp
 
-from dslide import fusion
+from dslide.infer import fusion
 from dslide.comm import Comm
 
 

@@ -125,12 +125,12 @@ def test_account_matches_measured_resident_memory(adam):
 
 
 def test_the_account_holds_the_neighbour_store_where_knn_is_on():
-    """The store every rank holds (dslide.fusion) is counted from the training set's size, and
+    """The store every rank holds (dslide.infer.fusion) is counted from the training set's size, and
     matches the arrays a built store allocates."""
     import numpy as np
     import scipy.sparse as sp
 
-    from dslide import fusion
+    from dslide.infer import fusion
     from dslide.memory import neighbour_bytes
 
     rng = np.random.default_rng(0)

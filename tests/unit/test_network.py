@@ -639,7 +639,7 @@ def test_inference_index_buckets_are_each_anchors_top_labels_by_id_in_any_chunki
     """InferenceIndex.fill, anchors taken `chunk` at a time (and score_top's block of scores cut to a
     few anchors): every bucket holds exactly the T labels scoring highest at its anchor
     (numpy: C @ W.T + b, ties to the lower id), sorted by id, fill T."""
-    from dslide import index as I
+    from dslide.infer import index as I
     from dslide.comm import Comm
     from dslide.lsh import anchors as LA
 
