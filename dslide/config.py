@@ -102,6 +102,19 @@ def label_points(label_counts) -> float:
     counts = np.asarray(label_counts)
     seen = int(np.count_nonzero(counts))
     return float(counts.sum()) / seen if seen else 0.0
+
+
+def points_per_label(Y) -> float:
+    """`label_points` of a label matrix Y (csr [n, L]): training points per label, over the
+    labels that occur (Config.resolve's data shape)."""
+    import numpy as np
+    import scipy.sparse as sp
+
+    Y = sp.csr_matrix(Y)
+    # the counts of the labels that occur only: no array of n_labels before the memory check
+    return label_points(np.unique(Y.indices, return_counts=True)[1])
+
+
 BIAS_INITS = ("log_prior", "zero")
 SYNC_MODES = ("allreduce", "partial")
 #: propensity presets, (A, B) of the label propensities behind PSP@k (Jain et al. 2016):

@@ -33,12 +33,11 @@ import scipy.sparse as sp
 from threadpoolctl import threadpool_limits
 
 import dslide
-from dslide import kernels as K
 from dslide import validation
 from dslide.comm import Comm, allreduce_bytes, default_threads
-from dslide.config import Config
+from dslide.config import Config, points_per_label
 from dslide.data import XMCData
-from dslide.batch import Batch
+from dslide.inputs import csr_parts, input_norms, make_batch
 from dslide.network import Network
 from dslide.replicas import Replicas
 from dslide.timings import Timings
@@ -75,48 +74,6 @@ class Model:
 
 class TrainingDiverged(ValueError):
     """The loss became NaN or infinite: training stopped there, and no checkpoint holds that state."""
-
-
-def normalise_inputs(X: sp.csr_matrix, how: str, dtype) -> sp.csr_matrix:
-    """Rows scaled to unit L2 norm ("l2") or left as they are ("none"); float `dtype`, sorted indices."""
-    X = sp.csr_matrix(X, dtype=dtype, copy=True)
-    X.sort_indices()
-    if how == "l2":
-        norms = input_norms(X, how)  # float64: squares of float32 values overflow float32
-        X.data /= np.repeat(norms, np.diff(X.indptr))
-    return X
-
-
-def input_norms(X: sp.csr_matrix, how: str):
-    """Per row, what `normalise_inputs` divides it by: float64 [n] L2 norms (1 for an empty
-    row), or None for "none". float64, because a row's norm overflows float32 once its values
-    come near float32's maximum (3.4e38), which would zero the row. With these, batches are
-    normalised as they are gathered (`make_batch`) and the data set is never copied: one CSR
-    per rank, mapped from the cache where it came from one."""
-    if how == "none":
-        return None
-    out = np.empty(X.shape[0], np.float64)
-    K.row_norms(X.indptr, X.data, out)
-    return out
-
-
-def _csr_parts(M: sp.csr_matrix, dtype=None):
-    indptr = M.indptr.astype(np.int64, copy=False)
-    indices = M.indices.astype(np.int32, copy=False)
-    data = M.data if dtype is None else M.data.astype(dtype, copy=False)
-    return indptr, indices, data
-
-
-def make_batch(X_parts, Y_parts, rows: np.ndarray, step: int, n_global: int = 0, norms=None) -> Batch:
-    """The batch of data rows `rows`; norms (from `input_norms`): divide each row by its norm."""
-    xp, xi, xd = K.gather_rows(*X_parts, rows)
-    if norms is not None:
-        xd /= np.repeat(norms[rows], np.diff(xp))  # divided in float64, stored in xd's dtype
-    if Y_parts is None:
-        yp, yi = np.zeros(rows.shape[0] + 1, dtype=np.int64), np.empty(0, dtype=np.int32)
-    else:
-        yp, yi, _ = K.gather_rows(*Y_parts, rows)
-    return Batch((xp, xi, xd), (yp, yi), rows.astype(np.int64), step, n_global)
 
 
 def epoch_order(seed: int, epoch: int, n: int) -> np.ndarray:
@@ -313,15 +270,6 @@ def fusion_pending(config: Config, train: XMCData) -> bool:
     return bool(k) and (config.knn is None or config.knn_weight is None or config.proto_weight is None)
 
 
-def points_per_label(Y) -> float:
-    """Training points per label, over the labels that occur (Config.resolve's data shape)."""
-    from dslide.config import label_points
-
-    Y = sp.csr_matrix(Y)
-    # the counts of the labels that occur only: no array of n_labels before the memory check
-    return label_points(np.unique(Y.indices, return_counts=True)[1])
-
-
 def build_neighbours(model: Model, train: XMCData, progress: bool = False, val: XMCData | None = None,
                      fit_data: XMCData | None = None, probe=None) -> None:
     """The output layer's neighbour labels (dslide.fusion) from the training data, when
@@ -445,7 +393,7 @@ def build_index(model: Model, train: XMCData, progress: bool = False) -> dict:
         return {}
     t0 = time.perf_counter()
     rows = np.sort(np.random.default_rng([model.config.seed, 0x1DE]).choice(n, m, replace=False))
-    parts = _csr_parts(train.X, net.dtype)
+    parts = csr_parts(train.X, net.dtype)
     norms = input_norms(train.X, model.config.input_norm)
     H = np.empty((m, out.d_in), np.float32)  # filled in place: no list of blocks to concatenate
     bar = None
@@ -576,9 +524,9 @@ class _Loop:
         self.callback, self.verbose, self.threads, self.checkpoint = callback, verbose, threads, checkpoint
         self.schedule = model.replicas if model.replicas is not None else Alone()
         X = sp.csr_matrix(train.X)
-        self.X_parts = _csr_parts(X, model.network.dtype)  # no copy: normalised batch by batch
+        self.X_parts = csr_parts(X, model.network.dtype)  # no copy: normalised batch by batch
         self.norms = input_norms(X, self.config.input_norm)
-        self.Y_parts = _csr_parts(sp.csr_matrix(train.Y), np.float32)
+        self.Y_parts = csr_parts(sp.csr_matrix(train.Y), np.float32)
         self.n = X.shape[0]
         self.total = total_steps(self.config, self.n)
         self.last = self.total if stop_at is None else min(self.total, stop_at)
@@ -754,7 +702,7 @@ def predict_topk_scores(model: Model, X: sp.csr_matrix, k: int, exact: bool = Tr
     if X.shape[1] != net.n_features:
         raise ValueError(f"data has {X.shape[1]} features but the model was trained on {net.n_features}")
     X = sp.csr_matrix(X)
-    parts = _csr_parts(X, net.dtype)
+    parts = csr_parts(X, net.dtype)
     norms = input_norms(X, model.config.input_norm)
     n = X.shape[0]
     ids = np.empty((n, k), dtype=np.int64)

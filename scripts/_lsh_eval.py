@@ -23,6 +23,7 @@ import time
 import numpy as np
 import scipy.sparse as sp
 
+from dslide import inputs as I
 from dslide import train as T
 from dslide.metrics import evaluate
 from dslide.network import _order_keys, kth_largest, merge_topk
@@ -37,13 +38,13 @@ def static_topk(model, X, k: int, m: int, batch_size: int = 1024):
     theta = kth_largest(keys, m, net.comm)[0]
     head = np.flatnonzero(_order_keys(out.b[None, :].astype(np.float32))[0] >= theta)
     Wh, bh = np.ascontiguousarray(out.neuron_major()[head]), out.b[head]
-    Xn = T.normalise_inputs(X, model.config.input_norm, net.dtype)
-    parts = T._csr_parts(Xn)
+    Xn = I.normalise_inputs(X, model.config.input_norm, net.dtype)
+    parts = I.csr_parts(Xn)
     n = Xn.shape[0]
     ids = np.empty((n, k), np.int64)
     for s in range(0, n, batch_size):
         rows = np.arange(s, min(n, s + batch_size))
-        h = net.hidden(T.make_batch(parts, None, rows, net.step)).dense()
+        h = net.hidden(I.make_batch(parts, None, rows, net.step)).dense()
         S = h @ Wh.T
         S += bh
         kk = min(k, head.size)

@@ -176,6 +176,7 @@ def describe(s):
 def trained_layer(args) -> None:
     """The --model mode (see the module docstring)."""
     from dslide import checkpoint as ck
+    from dslide import inputs as I
     from dslide import train as T
     from dslide.comm import Comm
     from dslide.data import read_xmc
@@ -190,9 +191,9 @@ def trained_layer(args) -> None:
     n = W.shape[0]
 
     def hidden(X):
-        Xn = T.normalise_inputs(X, model.config.input_norm, net.dtype)
-        parts = T._csr_parts(Xn)
-        H = [net.hidden(T.make_batch(parts, None, np.arange(s, min(Xn.shape[0], s + 4096)), net.step)).dense()
+        Xn = I.normalise_inputs(X, model.config.input_norm, net.dtype)
+        parts = I.csr_parts(Xn)
+        H = [net.hidden(I.make_batch(parts, None, np.arange(s, min(Xn.shape[0], s + 4096)), net.step)).dense()
              for s in range(0, Xn.shape[0], 4096)]
         return np.ascontiguousarray(np.concatenate(H), dtype=np.float32)
 

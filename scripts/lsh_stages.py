@@ -18,7 +18,7 @@ import scipy.sparse as sp
 
 import dslide
 from dslide import cli
-from dslide import train as T
+from dslide import inputs as I
 from dslide.comm import Comm
 from dslide.infer.index import _nearest_points
 
@@ -30,9 +30,9 @@ def main(run_dir: str, data_path: str) -> None:
     load_s = time.perf_counter() - t0
     data = dslide.read_data(data_path)
     net, out = model.network, model.network.layers[-1]
-    parts = T._csr_parts(sp.csr_matrix(data.X), net.dtype)
-    batch = T.make_batch(parts, None, np.arange(data.n_points), net.step,
-                         norms=T.input_norms(data.X, model.config.input_norm))
+    parts = I.csr_parts(sp.csr_matrix(data.X), net.dtype)
+    batch = I.make_batch(parts, None, np.arange(data.n_points), net.step,
+                         norms=I.input_norms(data.X, model.config.input_norm))
     for rep in ("first", "second"):
         comm.barrier()
         tm = {}

@@ -13,7 +13,8 @@ from mpi4py import MPI
 from dslide.comm import Comm
 from dslide.config import Config
 from dslide.network import Network, full_parameters
-from dslide.train import _csr_parts, epoch_order, make_batch
+from dslide.inputs import csr_parts, make_batch
+from dslide.train import epoch_order
 
 
 def _data(seed=0, n=96, F=40, L=13):
@@ -27,7 +28,7 @@ def _data(seed=0, n=96, F=40, L=13):
 
 def _train(cfg, X, Y, comm, steps):
     net = Network(cfg, X.shape[1], Y.shape[1], comm, total_steps=steps)
-    xp, yp = _csr_parts(X), _csr_parts(Y, np.float32)
+    xp, yp = csr_parts(X), csr_parts(Y, np.float32)
     order = epoch_order(cfg.seed, 0, X.shape[0])
     losses = []
     for step in range(1, steps + 1):
@@ -92,7 +93,7 @@ def _train_dp(cfg, X, Y, comm, steps):
     from dslide.train import batch_rows
 
     net = Network(cfg, X.shape[1], Y.shape[1], comm, total_steps=steps)
-    xp, yp = _csr_parts(X), _csr_parts(Y, np.float32)
+    xp, yp = csr_parts(X), csr_parts(Y, np.float32)
     losses = []
     for step in range(1, steps + 1):
         rows = batch_rows(cfg, X.shape[0], step)

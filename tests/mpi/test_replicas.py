@@ -22,7 +22,8 @@ from dslide.data import XMCData
 from dslide.network import Network, full_parameters
 from dslide.replicas import DEPTH, Replicas, reshard
 from dslide.sharding import shard_bounds
-from dslide.train import _csr_parts, epoch_order, fit, make_batch
+from dslide.inputs import csr_parts, make_batch
+from dslide.train import epoch_order, fit
 
 WORLD = Comm(MPI.COMM_WORLD)
 LAYOUTS = [r for r in range(2, WORLD.size + 1) if WORLD.size % r == 0]  # replicas R > 1 that fit
@@ -76,7 +77,7 @@ def test_replicas_fed_identical_data_and_synced_every_step_stay_identical(R, kin
     alone = Network(cfg.replace(replicas=1), X.shape[1], Y.shape[1], rep.model, total_steps=10)
     rep.attach(net)
     assert (net.layers[-1].split == "rows") == (kind == "rows")
-    xp, yp, rows = _csr_parts(X), _csr_parts(Y, np.float32), _batches(X, 1)
+    xp, yp, rows = csr_parts(X), csr_parts(Y, np.float32), _batches(X, 1)
     for k in range(10):
         net.train_step(make_batch(xp, yp, rows(k), k + 1))
         alone.train_step(make_batch(xp, yp, rows(k), k + 1))
@@ -108,7 +109,7 @@ def test_allreduce_sets_the_touched_rows_to_their_mean_and_leaves_the_others(R, 
     rep = Replicas(cfg, WORLD)
     net = Network(cfg, X.shape[1], Y.shape[1], rep.model, total_steps=10)
     rep.attach(net)
-    xp, yp, rows = _csr_parts(X), _csr_parts(Y, np.float32), _batches(X, 2)
+    xp, yp, rows = csr_parts(X), csr_parts(Y, np.float32), _batches(X, 2)
     for k in range(2):  # replica g trains batches g, g + R, ...: different rows touched
         net.train_step(make_batch(xp, yp, rows(k * R + rep.replica), k + 1))
     before = [[_peer_stack(rep, a) for a in rows_ + whole] for rows_, whole in (l.sync_arrays() for l in net.layers)]
@@ -141,7 +142,7 @@ def _partial(R, L=300, total_steps=10):
     rep = Replicas(cfg, WORLD)
     net = Network(cfg, X.shape[1], Y.shape[1], rep.model, total_steps=total_steps)
     rep.attach(net)
-    xp, yp = _csr_parts(X), _csr_parts(Y, np.float32)
+    xp, yp = csr_parts(X), csr_parts(Y, np.float32)
     return rep, net, lambda rows, step: net.train_step(make_batch(xp, yp, rows, step))
 
 
@@ -162,7 +163,7 @@ def test_partial_pull_averages_each_row_with_the_partners_that_sent_it(R, kind):
     rep = Replicas(cfg, WORLD)
     net = Network(cfg, X.shape[1], Y.shape[1], rep.model, total_steps=10)
     rep.attach(net)
-    xp, yp, rows = _csr_parts(X), _csr_parts(Y, np.float32), _batches(X, 3)
+    xp, yp, rows = csr_parts(X), csr_parts(Y, np.float32), _batches(X, 3)
     for k in range(2):
         net.train_step(make_batch(xp, yp, rows(k * R + rep.replica), k + 1))
     before = [[_peer_stack(rep, a) for a in arrs] for arrs in _arrays(net)]
@@ -418,7 +419,7 @@ def test_exact_mode_p_uneven_ranks_equal_one_rank(hidden):
         sizes = WORLD.allgather_object(layer.hi - layer.lo)
         ideal = (layer.n - P) * np.array(w) / sum(w) + 1
         assert sum(sizes) == layer.n and np.all(np.abs(np.array(sizes) - ideal) < 1)
-    xp, yp, rows = _csr_parts(X), _csr_parts(Y, np.float32), _batches(X, 4)
+    xp, yp, rows = csr_parts(X), csr_parts(Y, np.float32), _batches(X, 4)
     for k in range(6):
         lp = net_p.train_step(make_batch(xp, yp, rows(k), k + 1))
         l1 = net_1.train_step(make_batch(xp, yp, rows(k), k + 1))
@@ -435,7 +436,7 @@ def test_uneven_checkpoint_loads_on_one_rank_and_on_another_split():
     cfg = Config(hidden=(9,), exact=True, batch_size=32, input_norm="none", seed=2, lr=1e-2,
                  shard_weights=_uneven(P))
     net = Network(cfg, X.shape[1], Y.shape[1], WORLD, total_steps=3)
-    xp, yp, rows = _csr_parts(X), _csr_parts(Y, np.float32), _batches(X, 5)
+    xp, yp, rows = csr_parts(X), csr_parts(Y, np.float32), _batches(X, 5)
     for k in range(3):
         net.train_step(make_batch(xp, yp, rows(k), k + 1))
     d = WORLD.bcast_object(tempfile.mkdtemp(prefix="dslide-rep-") if WORLD.rank == 0 else None)
@@ -457,7 +458,7 @@ def test_reshard_moves_parameters_and_moments_to_new_shares(kind):
     X, Y = _data()
     cfg = _cfg(kind)
     net = Network(cfg, X.shape[1], Y.shape[1], WORLD, total_steps=4)
-    xp, yp, rows = _csr_parts(X), _csr_parts(Y, np.float32), _batches(X, 6)
+    xp, yp, rows = csr_parts(X), csr_parts(Y, np.float32), _batches(X, 6)
     for k in range(3):
         net.train_step(make_batch(xp, yp, rows(k), k + 1))
     w = np.array(_uneven(WORLD.size))[::-1] / sum(_uneven(WORLD.size))

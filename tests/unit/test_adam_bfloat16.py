@@ -162,7 +162,7 @@ def test_rounding_does_not_depend_on_threads_or_rank_layout():
 def test_network_trains_with_bfloat16_moments_close_to_float32():
     import scipy.sparse as sp
 
-    from dslide.train import _csr_parts, make_batch
+    from dslide.inputs import csr_parts, make_batch
 
     rs = np.random.default_rng(0)
     n, F, L = 64, 40, 300
@@ -175,7 +175,7 @@ def test_network_trains_with_bfloat16_moments_close_to_float32():
         net = Network(cfg, F, L)
         out = []
         for step in range(1, 61):
-            out.append(net.train_step(make_batch(_csr_parts(X), _csr_parts(Y, np.float32), np.arange(n), step)))
+            out.append(net.train_step(make_batch(csr_parts(X), csr_parts(Y, np.float32), np.arange(n), step)))
         losses[md] = np.array(out)
         want = np.uint16 if md == "bfloat16" else np.float32
         assert all(l.opt_W.m.dtype == want and l.opt_b.v.dtype == want for l in net.layers)

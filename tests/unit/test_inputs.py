@@ -3,7 +3,7 @@
 import numpy as np
 import scipy.sparse as sp
 
-from dslide import train as T
+from dslide import inputs as I
 
 
 def test_batches_normalised_on_the_fly_equal_a_normalised_copy():
@@ -13,14 +13,14 @@ def test_batches_normalised_on_the_fly_equal_a_normalised_copy():
     X.data[X.indptr[7]:X.indptr[8]] = 0  # an empty row stays empty (norm 1)
     X.eliminate_zeros()
     before = X.data.copy()
-    norms = T.input_norms(X, "l2")
+    norms = I.input_norms(X, "l2")
     np.testing.assert_allclose(norms, np.maximum(np.sqrt(np.asarray(X.multiply(X).sum(axis=1))).ravel(), 0)
                                + (np.diff(X.indptr) == 0), rtol=1e-6)
-    assert norms[7] == 1.0 and T.input_norms(X, "none") is None
-    ref = T.normalise_inputs(X, "l2", np.float32)
+    assert norms[7] == 1.0 and I.input_norms(X, "none") is None
+    ref = I.normalise_inputs(X, "l2", np.float32)
     rows = rs.permutation(300)[:64]
-    got = T.make_batch(T._csr_parts(X), None, rows, 1, norms=norms)
-    want = T.make_batch(T._csr_parts(ref), None, rows, 1)
+    got = I.make_batch(I.csr_parts(X), None, rows, 1, norms=norms)
+    want = I.make_batch(I.csr_parts(ref), None, rows, 1)
     for a, b in zip(got.X, want.X):
         np.testing.assert_allclose(a, b, rtol=2e-7)
     # the data set itself is untouched (batches are copies)

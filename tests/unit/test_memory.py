@@ -75,7 +75,7 @@ _CHILD = textwrap.dedent("""
     from dslide.comm import Comm
     from dslide.config import Config, LSHConfig
     from dslide.network import Network
-    from dslide.train import _csr_parts, make_batch
+    from dslide.inputs import csr_parts, make_batch
 
     def rss(field):
         for line in open("/proc/self/status"):
@@ -91,7 +91,7 @@ _CHILD = textwrap.dedent("""
     X.data[:] = 1.0
     Y = sp.csr_matrix((np.ones(2000 * 5, np.float32), rs.integers(0, L, 2000 * 5), np.arange(0, 2001 * 5, 5)),
                       shape=(2000, L))
-    parts = _csr_parts(X), _csr_parts(Y, np.float32)
+    parts = csr_parts(X), csr_parts(Y, np.float32)
 
     def train(net, steps):
         for s in range(1, steps + 1):

@@ -17,7 +17,7 @@ from dslide.config import Config, LSHConfig
 from dslide.batch import Batch
 from dslide.layers import DenseLayer, LSHLayer
 from dslide.network import Network
-from dslide.train import _csr_parts, make_batch
+from dslide.inputs import csr_parts, make_batch
 
 
 def _tiny_problem(seed=0, n=24, F=12, L=7, density=0.35, label_density=0.3):
@@ -31,7 +31,7 @@ def _tiny_problem(seed=0, n=24, F=12, L=7, density=0.35, label_density=0.3):
 
 
 def _batch(X, Y, step=1):
-    return make_batch(_csr_parts(X), _csr_parts(Y, np.float32), np.arange(X.shape[0]), step)
+    return make_batch(csr_parts(X), csr_parts(Y, np.float32), np.arange(X.shape[0]), step)
 
 
 def _params_dense(net):

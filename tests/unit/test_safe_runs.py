@@ -550,16 +550,16 @@ def test_eval_does_not_write_into_a_run_another_process_holds(trained, data, tmp
 
 
 def test_rows_near_float32s_maximum_are_normalised_not_zeroed():
-    from dslide import train as T
+    from dslide import inputs as I
 
     X = sp.csr_matrix(np.array([[3.0e38, 3.0e38, 0.0], [1.0, 0.0, 2.0]], dtype=np.float32))
-    norms = T.input_norms(X, "l2")
+    norms = I.input_norms(X, "l2")
     assert norms.dtype == np.float64 and np.isfinite(norms).all()
-    batch = T.make_batch(T._csr_parts(X), None, np.arange(2), 1, norms=norms)
+    batch = I.make_batch(I.csr_parts(X), None, np.arange(2), 1, norms=norms)
     xp, _, xd = batch.X
     for r in range(2):
         assert np.sqrt(np.sum(xd[xp[r]:xp[r + 1]].astype(np.float64) ** 2)) == pytest.approx(1.0, rel=1e-6)
-    ref = T.normalise_inputs(X, "l2", np.float32)
+    ref = I.normalise_inputs(X, "l2", np.float32)
     np.testing.assert_allclose(ref.data, xd, rtol=1e-7)
 
 

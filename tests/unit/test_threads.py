@@ -22,6 +22,7 @@ import numpy as np
 import scipy.sparse as sp
 from threadpoolctl import threadpool_limits
 
+from dslide import inputs as I
 from dslide import train as T
 from dslide.config import Config, LSHConfig
 from dslide.datasets.synthetic import generate_split
@@ -44,11 +45,11 @@ with threadpool_limits(1, user_api="blas"):
     for build, run in ((1, 2), (2, 2), (1, 1), (2, 1)):
         numba.set_num_threads(build)
         net = Network(cfg, data.n_features, data.n_labels)
-        X = T.normalise_inputs(data.X, cfg.input_norm, net.dtype)
-        Xp, Yp = T._csr_parts(X), T._csr_parts(sp.csr_matrix(data.Y), np.float32)
+        X = I.normalise_inputs(data.X, cfg.input_norm, net.dtype)
+        Xp, Yp = I.csr_parts(X), I.csr_parts(sp.csr_matrix(data.Y), np.float32)
         net.set_total_steps(5)
         numba.set_num_threads(run)
-        losses = [net.train_step(T.make_batch(Xp, Yp, T.batch_rows(cfg, X.shape[0], s), s)) for s in range(1, 6)]
+        losses = [net.train_step(I.make_batch(Xp, Yp, T.batch_rows(cfg, X.shape[0], s), s)) for s in range(1, 6)]
         h = hashlib.sha256(np.array(losses).tobytes())
         for layer in net.layers:
             for name, a in sorted(layer.state().items()):

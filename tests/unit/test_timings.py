@@ -7,7 +7,8 @@ import scipy.sparse as sp
 from dslide.config import Config, LSHConfig
 from dslide.network import Network
 from dslide.timings import STEP_PHASES, Timings, upkeep_name
-from dslide.train import Alone, _csr_parts, checkpoint_steps, make_batch
+from dslide.inputs import csr_parts, make_batch
+from dslide.train import Alone, checkpoint_steps
 
 
 def test_timings_add_by_name_and_time_a_block():
@@ -56,7 +57,7 @@ def test_take_touched_gives_the_changed_rows_once():
     Y = sp.csr_matrix((rs.random((20, 40)) < 0.05) | (np.arange(40)[None] == rs.integers(0, 40, 20)[:, None]),
                       dtype=np.float32)
     net = _lsh_net()
-    net.train_step(make_batch(_csr_parts(X), _csr_parts(Y, np.float32), np.arange(20), 1))
+    net.train_step(make_batch(csr_parts(X), csr_parts(Y, np.float32), np.arange(20), 1))
     for layer in net.layers:
         ids = layer.take_touched()
         assert ids.size > 0 and ids.dtype == np.int64 and np.all(np.diff(ids) > 0)
