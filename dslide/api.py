@@ -230,6 +230,7 @@ class Model:
         from dslide import checkpoint as ck
         from dslide import propensity, rundir
         from dslide import train as T
+        from dslide.infer.parts import sections
 
         model = self._fitted()
         run_dir = Path(run_dir)
@@ -257,8 +258,8 @@ class Model:
             if message is not None:  # every rank raises, none waits in a collective below
                 raise error if error is not None else ValueError(message)
             out = []
-            T.save_model(model, lambda m, c: out.append(ck.save(m.network, built, c,
-                                                                extra={"history": m.history})))
+            T.save_model(model, lambda m, c: out.append(ck.save(m.network, built, c, extra={"history": m.history},
+                                                                sections=sections(m))))
             self.comm.barrier()
             path = self.comm.bcast_object(str(out[0]) if out else None)
             error = None

@@ -289,11 +289,13 @@ def _file_name(key: str) -> str:
 
 
 def save(net: Network, run_dir, comm: Comm, extra: dict | None = None, keep: int = 1,
-         weights_only: bool | None = None) -> Path:
+         weights_only: bool | None = None, sections=()) -> Path:
     """Write a checkpoint of every rank's slices (collective: every rank calls it).
 
-    weights_only: only what inference needs (W, b, the inference index); default:
+    weights_only: only what inference needs (W, b; the sections); default:
     not config.checkpoint_moments. Such a checkpoint cannot be resumed from.
+    sections: the model's parts that are no layer's (dslide.infer.parts: `name`, `state()`),
+    saved as "<name>/<key>" beside the layers, every array one inference needs.
     """
     if weights_only is None:
         weights_only = not net.config.checkpoint_moments
@@ -315,7 +317,7 @@ def save(net: Network, run_dir, comm: Comm, extra: dict | None = None, keep: int
     name = comm.bcast_object(name)
     target = root / name
     try:
-        _save_into(net, target, comm, extra, weights_only)
+        _save_into(net, target, comm, extra, weights_only, sections)
     except OSError:
         # a fresh directory, never the one LATEST names: a failed save (a full disk) leaves none of it
         shutil.rmtree(target, ignore_errors=True)
@@ -329,7 +331,7 @@ def save(net: Network, run_dir, comm: Comm, extra: dict | None = None, keep: int
     return target
 
 
-def _save_into(net: Network, target: Path, comm: Comm, extra, weights_only: bool) -> None:
+def _save_into(net: Network, target: Path, comm: Comm, extra, weights_only: bool, sections=()) -> None:
     """save's writing: each rank's files in target, then (rank 0) the manifest and LATEST."""
     root, name = target.parent, target.name
     own = target / f"rank-{comm.rank:04d}"
@@ -344,6 +346,12 @@ def _save_into(net: Network, target: Path, comm: Comm, extra, weights_only: bool
             listing[full] = {"file": fname, "sha256": digest, "shape": list(np.shape(arr)),
                              "dtype": np.lib.format.dtype_to_descr(np.asarray(arr).dtype),
                              "inference": key in inference}
+    for section in sections:
+        for key, arr in section.state().items():
+            full = f"{section.name}/{key}"
+            fname = _file_name(full)
+            listing[full] = {"file": fname, "sha256": write_npy(own / fname, arr), "shape": list(np.shape(arr)),
+                             "dtype": np.lib.format.dtype_to_descr(np.asarray(arr).dtype), "inference": True}
     _fsync_dir(own)
     hooks.call(hooks.CHECKPOINT, "rank-file")
     listings = comm.allgather_object(listing)
@@ -608,9 +616,11 @@ class _Reader:
             d.check()
 
 
-def load_into(net: Network, path, comm: Comm, verify: bool = True, weights_only: bool = False) -> dict:
+def load_into(net: Network, path, comm: Comm, verify: bool = True, weights_only: bool = False,
+              sections=()) -> dict:
     """Restore `net` (built with the checkpoint's config, on any number of ranks) from
-    checkpoint directory `path`. Returns the manifest.
+    checkpoint directory `path`, then the `sections` (as `save`'s: each gets its arrays, {}
+    when the checkpoint has none, through `load_state(arrays, same_layout)`). Returns the manifest.
 
     weights_only: read W, b and the inference index only (eval, predict); Adam's moments
     stay unallocated (zero pages). Without it a weights-only checkpoint is refused.
@@ -620,7 +630,7 @@ def load_into(net: Network, path, comm: Comm, verify: bool = True, weights_only:
     path = Path(path)
     manifest = read_manifest(path)
     try:
-        return _load_into(net, path, manifest, comm, verify, weights_only)
+        return _load_into(net, path, manifest, comm, verify, weights_only, sections)
     except KeyError as e:  # an array the network needs that the manifest does not list
         raise CheckpointError(f"{path / 'manifest.json'} lists no {e.args[0]!r}, which this network "
                               f"needs: not a checkpoint of this network") from None
@@ -630,7 +640,8 @@ def load_into(net: Network, path, comm: Comm, verify: bool = True, weights_only:
         raise CheckpointError(f"{path}: {e}") from None
 
 
-def _load_into(net: Network, path: Path, manifest: dict, comm: Comm, verify: bool, weights_only: bool) -> dict:
+def _load_into(net: Network, path: Path, manifest: dict, comm: Comm, verify: bool, weights_only: bool,
+               sections=()) -> dict:
     if manifest["layers"] != net.describe() or manifest["n_features"] != net.n_features \
             or manifest["n_labels"] != net.n_labels:
         raise CheckpointError(
@@ -657,11 +668,13 @@ def _load_into(net: Network, path: Path, manifest: dict, comm: Comm, verify: boo
         if manifest["parallel"] == "data" and not same:
             _load_resharded(net, [reader], whole=True, weights_only=weights_only)
         else:
-            _load_same(net, reader, weights_only)
+            _load_same(net, reader, weights_only, _legacy(net, sections))
         readers = [reader]
     else:
         readers = [_Reader(path, e, verify) for e in ranks]
         _load_resharded(net, readers, whole=False, weights_only=weights_only)
+    for section in sections:
+        _load_section(section, readers[0], same, net)
     for r in readers:
         r.check()
     net.step = int(manifest["step"])
@@ -673,14 +686,40 @@ def _wanted(reader: _Reader, key: str, weights_only: bool) -> bool:
     return reader.has(key) and (not weights_only or reader.arrays[key]["inference"])
 
 
-def _load_same(net: Network, reader: _Reader, weights_only: bool) -> None:
-    """Every array of this rank's own files, read into the layer's live arrays where they exist."""
+def _legacy(net: Network, sections) -> tuple:
+    """The keys under which checkpoints from before sections kept a section's arrays: the
+    output layer's "layer<L>/<old prefix>"."""
+    return tuple(f"layer{net.layers[-1].index}/{old}" for s in sections for old, _ in s.legacy)
+
+
+def _load_section(section, reader: _Reader, same: bool, net: Network) -> None:
+    """A section's arrays from this rank's files (the same layout) or, for a new layout, those
+    every rank holds alike from the first rank's; found under "<name>/" or, in a checkpoint
+    from before sections, where its `legacy` says."""
+    axes = section.shard_axes()
+    pre = f"{section.name}/"
+    places = [(pre, "")]
+    if not any(k.startswith(pre) for k in reader.arrays):
+        places = [(f"layer{net.layers[-1].index}/{old}", new) for old, new in section.legacy]
+    arrays = {}
+    for full in list(reader.arrays):
+        for old, new in places:
+            if full.startswith(old):
+                key = new + full[len(old):]
+                if same or (key in axes and axes[key] is None):
+                    arrays[key] = reader.read_all(full, None)
+    section.load_state(arrays, same_layout=same)
+
+
+def _load_same(net: Network, reader: _Reader, weights_only: bool, skip: tuple = ()) -> None:
+    """Every array of this rank's own files, read into the layer's live arrays where they exist
+    (but for the keys starting with one of `skip`: a section's, in an old checkpoint)."""
     for layer in net.layers:
         pre = f"layer{layer.index}/"
         live = layer.state(weights_only=weights_only)
         arrays = {}
         for full in reader.arrays:
-            if full.startswith(pre) and _wanted(reader, full, weights_only):
+            if full.startswith(pre) and _wanted(reader, full, weights_only) and not full.startswith(skip):
                 key = full[len(pre):]
                 arrays[key] = reader.read_all(full, live.get(key))
         layer.load_state(arrays, same_layout=True, weights_only=weights_only)

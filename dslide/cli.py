@@ -363,6 +363,7 @@ def _train(args, comm, config, run_dir: Path, train, test, path, begun=None, che
     import dslide
     from dslide import checkpoint as ck
     from dslide import train as T
+    from dslide.infer.parts import sections
     from dslide.rundir import dumps, write_atomic
 
     if comm.rank == 0:
@@ -401,7 +402,7 @@ def _train(args, comm, config, run_dir: Path, train, test, path, begun=None, che
         return None
 
     def save(m, c):
-        ck.save(m.network, run_dir, c, extra={"history": m.history, "train_checksum": checksum})
+        ck.save(m.network, run_dir, c, extra={"history": m.history, "train_checksum": checksum}, sections=sections(m))
 
     t0 = time.perf_counter()
     try:

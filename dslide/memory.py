@@ -2,8 +2,9 @@
 
 `account(config, n_features, n_labels, world_size, rank)` gives one rank's
 bytes by part, each layer reporting its own slice (`estimate` of the layer
-kinds in dslide.layers, which ask their candidate source and the inference
-index, dslide.infer.index, for theirs); this module adds them up:
+kinds in dslide.layers, which ask their candidate source for theirs, and of
+the inference index, dslide.infer.index, over an output layer that can have
+one); this module adds them up:
 
     weights     W and b of every layer slice
     moments     Adam's m and v (2 bytes a value for bfloat16)
@@ -29,6 +30,7 @@ of their peak resident memory divided by the model's parameters.
 from __future__ import annotations
 
 from dslide.config import Config
+from dslide.infer.index import InferenceIndex
 from dslide.sharding import shard_bounds
 
 PARTS = ("weights", "moments", "tables", "index", "scratch", "neighbours", "step", "index_build")
@@ -69,6 +71,8 @@ def account(config: Config, n_features: int, n_labels: int, world_size: int = 1,
         n_local = int(bounds[rank + 1] - bounds[rank])
         kind = RowDenseLayer if rows else LAYER_KINDS[config.layer_kind(i, n)]
         part = kind.estimate(config, i, d, n, n_local, i == len(widths) - 2, threads)
+        if i == len(widths) - 2 and kind.indexable and config.layer_lsh(i).index_anchors:
+            part.update(InferenceIndex.estimate(config.layer_lsh(i), d, n, n_local))
         for k in ("weights", "moments", "tables", "index", "scratch"):
             out[k] += part.get(k, 0)
         for k in ("step", "index_build"):  # transients: the largest

@@ -31,8 +31,8 @@ trains its slice of the batch and all-reduces the gradients).
 
 Here: the Network, its gradient hooks and its step. Elsewhere: the batch types (dslide.batch),
 the loss (dslide.loss), the layer kinds (dslide.layers), the optimiser
-(dslide.optim), the output layer's inference index (dslide.index) and top k
-over ranks (dslide.topk).
+(dslide.optim); inference, the inference index and top k over ranks
+(dslide.infer).
 """
 
 from __future__ import annotations
@@ -52,18 +52,6 @@ from dslide.loss import bce_finish, softmax_finish, softmax_stats
 from dslide.memory import n_params
 from dslide.sharding import shard_range
 from dslide.timings import STEP_PHASES, Timings
-
-# Kept for scripts/_lsh_eval.py, which imports them from here (issue 26, move 5, moves it).
-from dslide.infer.index import index_bucket  # noqa: E402,F401
-from dslide.topk import kth_largest, merge_topk  # noqa: E402,F401
-from dslide.topk import order_keys as _order_keys  # noqa: E402,F401
-
-
-def fill_index(layer, comm: Comm, T: int) -> None:
-    """Refill an LSH output layer's inference index with buckets of T labels, anchors kept
-    (kept for scripts/_lsh_eval.py: dslide.index.InferenceIndex.fill)."""
-    layer.inference_index.fill(layer.W, layer.b, comm, T, layer.lc)
-
 
 class LocalGradients:
     """The gradient hook of model parallelism (and of one rank): every rank trains the whole
@@ -295,17 +283,6 @@ class Network:
             out, _ = layer.forward(x, batch, False)
             x = self._gather(layer, out, batch, train=False, own=own and self._own(layer))
         return x
-
-    def local_topk(self, batch: Batch, k: int, exact: bool):
-        """This rank's best k output neurons per sample: (scores [B, k], global ids int64 [B, k],
-        neurons scored int64 [B]).
-
-        exact: every neuron of the slice scored (blocked matrix products);
-        otherwise the output layer scores what its inference index retrieves
-        (a kind without one scores every neuron). Missing entries (fewer than k
-        candidates) have score -inf and id -1.
-        """
-        return self.layers[-1].topk(self.hidden(batch, own=True), k, exact)
 
 
 def full_parameters(net: Network) -> list[tuple[np.ndarray, np.ndarray]]:

@@ -275,6 +275,7 @@ def _latest_or_none(run_dir):
 def _load_checkpoint(run_dir, path, comm, k):
     from dslide import checkpoint as ck
     from dslide import train as T
+    from dslide.infer.parts import sections
 
     # the layout it was trained on is not the model's: eval and predict split it over every rank,
     # each with the threads this process has (NUMBA_NUM_THREADS), not those of the training run
@@ -288,7 +289,7 @@ def _load_checkpoint(run_dir, path, comm, k):
     model = T.build_network((manifest["n_features"], manifest["n_labels"]), config, comm)
     # inference needs the weights and the index only: Adam's moments are never read (nor
     # allocated: their zero pages stay unmapped)
-    manifest = ck.load_into(model.network, path, comm, weights_only=True)
+    manifest = ck.load_into(model.network, path, comm, weights_only=True, sections=sections(model))
     model.history = list(manifest.get("extra", {}).get("history", []))
     return model
 

@@ -1,4 +1,4 @@
-"""Training and inference: `fit`, `predict_topk`, `evaluate`.
+"""Training: `fit`, the model it trains, and its one training loop.
 
 `fit` runs the one training loop (`_Loop`): which global step comes next,
 when to checkpoint, log, evaluate and stop. Every rank runs it over the same
@@ -14,16 +14,15 @@ runs on a stand-in communicator. Two things plug into the loop:
   (`parallel = "data"`) every rank holds the whole model, takes its own slice
   of each batch and all-reduces the gradients (dslide.network).
 
-The run's timings (dslide.timings) live in one object, `Model.timings`.
+The run's timings (dslide.timings) live in one object, `Model.timings`. After
+the loop, `fit` has the model's inference parts built (dslide.infer.build);
+prediction is dslide.infer.predict's.
 """
 
 from __future__ import annotations
 
-import contextlib
 import math
 import resource
-import sys
-import threading
 import time
 from dataclasses import dataclass, field
 
@@ -37,11 +36,13 @@ from dslide import validation
 from dslide.comm import Comm, allreduce_bytes, default_threads
 from dslide.config import Config, points_per_label
 from dslide.data import XMCData
+from dslide.infer.build import build_index, build_neighbours, epoch_scorer, fusion_pending, fusion_probe
+# the command line takes prediction from here until its split (issue 37, move 1) takes it from dslide.infer
+from dslide.infer.predict import evaluate, predict_topk, predict_topk_scores  # noqa: F401
 from dslide.inputs import csr_parts, input_norms, make_batch
 from dslide.network import Network
 from dslide.replicas import Replicas
 from dslide.timings import Timings
-from dslide.topk import merge_topk
 
 #: byte counters that belong to training steps (the rest: evaluation, logging, checks)
 STEP_KINDS = ("allgather", "reduce_scatter", "allgather_block", "softmax_stats", "output_rows", "gradients")
@@ -49,7 +50,8 @@ STEP_KINDS = ("allgather", "reduce_scatter", "allgather_block", "softmax_stats",
 
 @dataclass
 class Model:
-    """A trained (or training) network with what inference needs to read new data."""
+    """A trained (or training) network with what inference needs to read new data: its
+    neighbour store and inference index (dslide.infer; None until built or loaded)."""
 
     network: Network
     config: Config
@@ -57,6 +59,8 @@ class Model:
     history: list = field(default_factory=list)
     index_info: dict = field(default_factory=dict)
     replicas: Replicas | None = None  # the world's layout when replicas > 1 or shard_weights = "auto"
+    neighbours: object = None  # dslide.infer.fusion.NeighbourLabels
+    index: object = None  # dslide.infer.index.InferenceIndex, this rank's
 
     @property
     def n_features(self) -> int:
@@ -211,9 +215,9 @@ def fit(train: XMCData, config: Config | None = None, test: XMCData | None = Non
         fit_data, val, _ = validation.split(train, config.seed)
     early = probe = None
     if val is not None and fusing:
-        probe = _fusion_probe(model, fit_data, val)
+        probe = fusion_probe(model, fit_data, val)
     if config.early_stop and val is not None and model.replicas is None:
-        early = validation.EarlyStop(_epoch_scorer(model, val, probe), -(-fit_data.n_points // config.batch_size))
+        early = validation.EarlyStop(epoch_scorer(model, val, probe), -(-fit_data.n_points // config.batch_size))
         callback = early.callback(callback)
     with threadpool_limits(_blas_threads(net, threads), user_api="blas"):
         model, history = _fit(model, fit_data, test, callback, verbose, threads, stop_at, checkpoint)
@@ -225,226 +229,6 @@ def fit(train: XMCData, config: Config | None = None, test: XMCData | None = Non
     with threadpool_limits(threads, user_api="blas"):
         build_neighbours(model, train, progress=index_progress, val=val, fit_data=fit_data, probe=probe)
     return model, history
-
-
-def _fusion_counts(cfg: Config) -> tuple:
-    return validation.FUSION_COUNTS if cfg.knn is None else (cfg.knn,)
-
-
-def _fusion_probe(model: Model, fit_data: XMCData, val: XMCData) -> "validation.FusionProbe":
-    """The neighbour store of the gradient's points and the validation points' neighbours and
-    prototypes, for the epoch checks and the fusion choice (dslide.validation)."""
-    cfg = model.config
-    t0 = time.perf_counter()
-    probe = validation.FusionProbe.build(fit_data, val, _fusion_counts(cfg), cfg.proto_weight != 0,
-                                         cfg.proto_candidates, model.comm)
-    model.index_info["probe_s"] = time.perf_counter() - t0
-    return probe
-
-
-def _epoch_scorer(model: Model, val: XMCData, probe):
-    """scorer(model) -> (P@1, P@5) on the validation rows the epoch checks score
-    (`validation.check_rows`): the network alone, or with a probe the best of its fusion grid."""
-    from dslide.metrics import evaluate as score_top
-
-    rows = validation.check_rows(val.n_points, val.n_labels)
-    X, truth = sp.csr_matrix(val.X)[rows], sp.csr_matrix(val.Y)[rows]
-    cfg = model.config
-
-    def scorer(m: Model) -> tuple[float, float]:
-        if probe is None:
-            r = score_top(truth, predict_topk(m, X, 5), k=5)
-            return float(r["p@1"]), float(r["p@5"])
-        ids, logits = predict_topk_scores(m, X, max(5, cfg.knn_candidates), exact=True)
-        return probe.best(ids, logits, rows, cfg.knn_power, cfg.proto_power)
-
-    return scorer
-
-
-def fusion_pending(config: Config, train: XMCData) -> bool:
-    """Whether the end of training fuses the neighbours' labels with something left to choose
-    (the count, the prototypes' share or the weight)."""
-    from dslide.config import knn_default
-
-    k = config.knn if config.knn is not None else knn_default(train.n_labels, points_per_label(train.Y))
-    return bool(k) and (config.knn is None or config.knn_weight is None or config.proto_weight is None)
-
-
-def build_neighbours(model: Model, train: XMCData, progress: bool = False, val: XMCData | None = None,
-                     fit_data: XMCData | None = None, probe=None) -> None:
-    """The output layer's neighbour labels (dslide.fusion) from the training data, when
-    `knn` > 0 or left to the data and on: every rank builds the same store, a function of
-    the data alone, with the label prototypes unless proto_weight is 0.
-
-    What is left at None (the count from FUSION_COUNTS, the prototypes' share from
-    FUSION_SHARES, the weight from FUSION_WEIGHTS) is chosen on the validation points `val`
-    (dslide.validation.choose_fusion) with a store of the gradient's points `fit_data`; the
-    no-op, weight 0 (the network alone), is always a candidate and, when chosen, no store
-    is kept. Otherwise the store is rebuilt from every training point with the choice kept
-    in it. Without validation points nothing can be checked: a store whose settings are
-    all given is built, and one with anything left to choose is not (the network alone).
-    model.index_info gets the figures behind the choice and the seconds taken.
-    progress: a progress bar (tqdm, stderr) of its stages."""
-    from dslide.infer import fusion
-    from dslide.config import knn_default
-
-    t0 = time.perf_counter()
-    cfg = model.config
-    k = cfg.knn if cfg.knn is not None else knn_default(train.n_labels, points_per_label(train.Y))
-    out = model.network.layers[-1]
-    out.neighbour_labels = None
-    if not k:
-        return
-    choosing = cfg.knn is None or cfg.proto_weight is None or cfg.knn_weight is None
-    if choosing and val is None:
-        model.index_info["fusion_choice"] = {"chosen": "off", "why": "no validation split to check it on"}
-        return
-    bar = _stage_bar(["store"] + ["validation choice", "store of every point"] * choosing,
-                     "neighbour labels") if progress else None
-    protos = cfg.proto_weight != 0
-    if choosing:
-        if probe is None:
-            probe = _fusion_probe(model, fit_data, val)
-        _advance(bar)
-        counts = _fusion_counts(cfg)
-        shares = validation.FUSION_SHARES if cfg.proto_weight is None else (cfg.proto_weight,)
-        weights = validation.FUSION_WEIGHTS if cfg.knn_weight is None else (0.0, cfg.knn_weight)
-        kk = max(5, cfg.knn_candidates)
-        with _busy("neighbour labels: scoring the validation points", bar is not None):
-            m_ids, m_logits = predict_topk_scores(model, val.X, kk, exact=True)
-        (c, a, w), figures = validation.choose_fusion(
-            probe.store, probe.truth, m_ids, m_logits, probe.nn_ids, probe.nn_sims, probe.pr_ids, probe.pr_sims,
-            counts=counts,
-            shares=shares, weights=weights, power=cfg.knn_power, pr_power=cfg.proto_power)
-        _advance(bar)
-        model.index_info["fusion_choice"] = {
-            "chosen": "off" if w == 0 else {"knn": c, "proto_weight": a, "knn_weight": w},
-            "validation_points": val.n_points,
-            "p@1/p@5": {f"knn {kc} share {ka} weight {kw}": list(v) for (kc, ka, kw), v in figures.items()}}
-        if w == 0:
-            if bar is not None:
-                bar.close()
-            model.index_info["neighbours_s"] = time.perf_counter() - t0
-            return
-        store = fusion.NeighbourLabels.build(train.X, train.Y, prototypes=protos and a > 0, comm=model.comm)
-        store.k, store.share, store.weight = c, a, w
-    else:
-        store = fusion.NeighbourLabels.build(train.X, train.Y, prototypes=protos, comm=model.comm)
-        store.k, store.share, store.weight = k, cfg.proto_share(), cfg.fusion_weight()  # as given, kept with it
-    _advance(bar)
-    if bar is not None:
-        bar.close()
-    out.neighbour_labels = store
-    model.index_info["neighbours_s"] = time.perf_counter() - t0
-
-
-@contextlib.contextmanager
-def _busy(what: str, on: bool, every: float = 6.0):
-    """While the block runs (when `on`), a line on stderr every `every` seconds saying `what` is
-    still going: a stage with no progress of its own never leaves a log silent for long."""
-    if not on:
-        yield
-        return
-    stop, t0 = threading.Event(), time.perf_counter()
-
-    def beat():
-        while not stop.wait(every):
-            print(f"[dslide] {what} ({time.perf_counter() - t0:.0f}s)", file=sys.stderr, flush=True)
-
-    thread = threading.Thread(target=beat, name="dslide-busy", daemon=True)
-    thread.start()
-    try:
-        yield
-    finally:
-        stop.set()
-        thread.join()
-
-
-def _stage_bar(stages: list[str], desc: str):
-    """A tqdm bar (stderr) of named stages, the current one's name beside it; `_advance` it."""
-    from tqdm import tqdm
-
-    bar = tqdm(total=len(stages), unit="stage", desc=desc, dynamic_ncols=True, leave=False)
-    bar.stages = stages
-    bar.set_postfix_str(stages[0])
-    return bar
-
-
-def _advance(bar) -> None:
-    """One stage of a `_stage_bar` done (None: no bar)."""
-    if bar is None:
-        return
-    bar.update(1)
-    if bar.n < len(bar.stages):
-        bar.set_postfix_str(bar.stages[bar.n])
-
-
-def build_index(model: Model, train: XMCData, progress: bool = False) -> dict:
-    """The inference index of an LSH output layer, from its final weights: anchors from the
-    hidden vectors of at most `lsh.index_points` training points (a sample chosen by the
-    seed, the same on every rank). Returns (and keeps in model.index_info) its timings;
-    {} when the output layer is dense or lsh.index_anchors is 0. progress: a tqdm bar of
-    its two stages (the hidden vectors of the points, then anchors, buckets and graph)."""
-    net = model.network
-    out = net.layers[-1]
-    n = train.n_points
-    m = min(n, out.index_points())
-    if m == 0:
-        return {}
-    t0 = time.perf_counter()
-    rows = np.sort(np.random.default_rng([model.config.seed, 0x1DE]).choice(n, m, replace=False))
-    parts = csr_parts(train.X, net.dtype)
-    norms = input_norms(train.X, model.config.input_norm)
-    H = np.empty((m, out.d_in), np.float32)  # filled in place: no list of blocks to concatenate
-    bar = None
-    if progress:
-        from tqdm import tqdm
-
-        # the second stage, anchors, buckets and the neighbour graph, counted as much as the first
-        bar = tqdm(total=2 * m, unit="point", desc="inference index", dynamic_ncols=True, leave=False)
-    for s in range(0, m, 4096):
-        batch = make_batch(parts, None, rows[s:s + 4096], net.step, norms=norms)
-        H[s:s + 4096] = net.hidden(batch).dense()
-        if bar is not None:
-            bar.update(min(m, s + 4096) - s)
-    Y = sp.csr_matrix(train.Y)[rows]
-    labels = (Y.indptr.astype(np.int64), Y.indices.astype(np.int32))
-    if bar is not None:
-        bar.set_postfix_str("anchors, buckets, neighbour graph")
-    with _busy("inference index: anchors, buckets, neighbour graph", bar is not None):
-        info = out.build_index(H, net.comm, labels)
-    share = info.pop("share")
-    t1 = time.perf_counter()
-    with _busy("inference index: loading its query kernels", bar is not None):
-        warm_index(model)
-    info["warm_s"] = time.perf_counter() - t1
-    if bar is not None:
-        bar.update(m)
-        bar.close()
-    info.update({"points": m, "index_s": time.perf_counter() - t0, "share": share})
-    model.index_info.update(info)
-    return info
-
-
-
-def warm_index(model: Model) -> None:
-    """Compile the LSH output layer's query kernels (numba, into its on-disk cache) on a
-    tiny query of this rank's slice; nothing without an inference index.
-
-    Called at the end of `build_index`, so that the first `predict --lsh` of a run finds
-    them in the cache: compiled cold they take long enough to dominate a small
-    `predict --lsh` on a shared machine (docs/lsh.md). The query goes through the kernels with the layer's own arrays and the
-    argument types scoring uses (`InferenceIndex.topk`), so the compiled
-    signatures are those scoring looks up.
-    """
-    out = model.network.layers[-1]
-    index = getattr(out, "inference_index", None)  # LSH output layers only
-    if index is None:
-        return
-    x = np.zeros((2, out.d_in), np.float32)
-    x[:, 0] = 1.0
-    # the scoring call itself (collective: every rank warms up together)
-    index.topk(x, out.W, out.b, 1, out.lo, out.comm, out.lc)
 
 
 class Alone:
@@ -675,79 +459,3 @@ def format_record(r: dict) -> str:
     if "p@1" in r:
         s += f"  P@1 {r['p@1']:.4f}  P@3 {r['p@3']:.4f}  P@5 {r['p@5']:.4f}"
     return s
-
-
-#: points scored at a time: exact scoring holds a [batch, column block] of scores; the
-#: inference index only [batch, hidden], and the more points a batch has, the more of
-#: them share an anchor and read its bucket's weight rows together (AnchorTables.topk)
-PREDICT_BATCH = {"exact": 1024, "index": 65536}
-
-
-def predict_topk_scores(model: Model, X: sp.csr_matrix, k: int, exact: bool = True, batch_size: int | None = None,
-                        stats: dict | None = None, progress=None):
-    """Top k labels per point and their scores (logits): (ids int64 [n, k], scores float64 [n, k]).
-
-    exact: every output neuron scored; otherwise an LSH output layer scores
-    only what its inference index retrieves. With P ranks each scores its own
-    slice and the candidates (B x k per rank) are merged, so every rank gets
-    the result. stats (a dict) receives "scored_share": the mean share of the
-    labels scored per point. When the output layer has neighbour labels
-    (`knn` > 0, dslide.fusion) the scores are the fused ones: the model's
-    softmax over its `knn_candidates` best labels mixed with the labels of the
-    point's `knn` nearest training points and, where the store holds them, with its
-    `proto_candidates` nearest label prototypes (`proto_weight`). progress(n): called
-    with the points of each batch done.
-    """
-    net = model.network
-    if X.shape[1] != net.n_features:
-        raise ValueError(f"data has {X.shape[1]} features but the model was trained on {net.n_features}")
-    X = sp.csr_matrix(X)
-    parts = csr_parts(X, net.dtype)
-    norms = input_norms(X, model.config.input_norm)
-    n = X.shape[0]
-    ids = np.empty((n, k), dtype=np.int64)
-    scores = np.empty((n, k), dtype=np.float64)
-    scored = 0
-    if batch_size is None:
-        batch_size = PREDICT_BATCH["exact" if exact else "index"]
-    cfg = model.config
-    store = net.layers[-1].neighbour_labels if cfg.knn != 0 else None
-    n_neighbours = cfg.neighbours(store.k) if store is not None else 0
-    kk = max(k, cfg.knn_candidates) if store is not None else k
-    share = cfg.proto_share(store.share) if store is not None else 0.0
-    protos = store is not None and store.has_prototypes and share > 0
-    for s in range(0, n, batch_size):
-        rows = np.arange(s, min(n, s + batch_size))
-        batch = make_batch(parts, None, rows, net.step, norms=norms)
-        ls, li, ln = net.local_topk(batch, kk, exact)
-        # the layers' communicator: a stand-in in data-parallel mode, where every rank has it all
-        ms, mi = merge_topk(net.comm.allgather_rows(ls), net.comm.allgather_rows(li), kk)
-        if store is not None:
-            nn_ids, nn_sims = store.neighbours(X[s:s + len(rows)], n_neighbours, net.comm)
-            pr_ids, pr_sims = (store.prototypes(X[s:s + len(rows)], cfg.proto_candidates, net.comm) if protos
-                               else (None, None))
-            mi, ms = store.fuse(mi, ms, nn_ids, nn_sims, cfg.fusion_weight(store.weight), cfg.knn_power, k,
-                                pr_ids, pr_sims,
-                                share, cfg.proto_power)
-        scores[rows], ids[rows] = ms, mi
-        scored += int(ln.sum())
-        if progress is not None:
-            progress(rows.shape[0])
-    if stats is not None:
-        total = float(net.comm.allreduce_sum(np.array([scored], dtype=np.float64))[0])
-        stats["scored_share"] = total / max(1, n) / net.n_labels
-    return ids, scores
-
-
-def predict_topk(model: Model, X: sp.csr_matrix, k: int, exact: bool = True, stats: dict | None = None) -> np.ndarray:
-    """Top k label indices per point, best first: int64 [n, k] (-1 where fewer than k were scored)."""
-    return predict_topk_scores(model, X, k, exact, stats=stats)[0]
-
-
-def evaluate(model: Model, data: XMCData, k: int = 5, exact: bool = True, inv_prop=None) -> dict:
-    """P@k, nDCG@k (and PSP@k when inverse propensities are given) on `data`, as a dict."""
-    from dslide import metrics
-
-    pred = predict_topk(model, data.X, k, exact)
-    return metrics.evaluate(sp.csr_matrix(data.Y), pred, k=k, inv_prop=inv_prop)
-

@@ -37,7 +37,8 @@ from __future__ import annotations
 import numpy as np
 import scipy.sparse as sp
 
-from dslide import rng
+from dslide import metrics, rng
+from dslide.infer.fusion import NeighbourLabels
 
 VALIDATION_SHARE = 0.05
 VALIDATION_MIN = 1000
@@ -88,9 +89,7 @@ class FusionProbe:
 
     @classmethod
     def build(cls, fit_data, val, counts, prototypes: bool, pr_k: int, comm=None) -> "FusionProbe":
-        from dslide.infer import fusion
-
-        store = fusion.NeighbourLabels.build(fit_data.X, fit_data.Y, prototypes=prototypes, comm=comm)
+        store = NeighbourLabels.build(fit_data.X, fit_data.Y, prototypes=prototypes, comm=comm)
         nn_ids, nn_sims = store.neighbours(val.X, max(counts), comm)
         pr_ids, pr_sims = store.prototypes(val.X, pr_k, comm) if prototypes else (None, None)
         return cls(store, val.Y, nn_ids, nn_sims, pr_ids, pr_sims)
@@ -159,10 +158,8 @@ def choose_fusion(store, truth: sp.csr_matrix, m_ids, m_logits, nn_ids, nn_sims,
     prototypes (pr_ids, pr_sims; None without prototypes). The no-op (weight 0) wins unless
     another beats it by more than CHOICE_MARGIN: ((count, share, weight), {(count, share,
     weight): (P@1, P@5)}), the no-op under the key (0, 0.0, 0.0)."""
-    from dslide.metrics import evaluate
-
     figures = {}
-    r = evaluate(truth, np.ascontiguousarray(m_ids[:, :5]), k=5)  # the network alone
+    r = metrics.evaluate(truth, np.ascontiguousarray(m_ids[:, :5]), k=5)  # the network alone
     noop = (0, 0.0, 0.0)
     figures[noop] = (float(r["p@1"]), float(r["p@5"]))
     for c in counts:
@@ -172,7 +169,7 @@ def choose_fusion(store, truth: sp.csr_matrix, m_ids, m_logits, nn_ids, nn_sims,
                     continue
                 pred, _ = store.fuse(m_ids, m_logits, nn_ids[:, :c], nn_sims[:, :c], w, power, 5,
                                      pr_ids if a > 0 else None, pr_sims if a > 0 else None, a, pr_power)
-                r = evaluate(truth, pred, k=5)
+                r = metrics.evaluate(truth, pred, k=5)
                 figures[(int(c), float(a), float(w))] = (float(r["p@1"]), float(r["p@5"]))
     best = pick({key: sum(v) for key, v in figures.items()}, noop)
     return best, figures

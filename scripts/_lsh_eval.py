@@ -26,7 +26,9 @@ import scipy.sparse as sp
 from dslide import inputs as I
 from dslide import train as T
 from dslide.metrics import evaluate
-from dslide.network import _order_keys, kth_largest, merge_topk
+from dslide.infer.index import index_bucket
+from dslide.topk import kth_largest, merge_topk
+from dslide.topk import order_keys as _order_keys
 
 
 def static_topk(model, X, k: int, m: int, batch_size: int = 1024):
@@ -66,17 +68,13 @@ def _recall(pred, exact, k=10):
 
 
 def refill_index(model, share: float) -> None:
-    """Refill the output layer's inference index, same anchors, with buckets of `share` of the labels."""
-    import dataclasses
-
-    from dslide.network import fill_index, index_bucket
-
+    """Refill the model's inference index, same anchors, with buckets of `share` of the labels."""
     out = model.network.layers[-1]
-    out.lc = dataclasses.replace(out.lc, index_share=share)
-    nn = out.neighbors
+    lc = model.config.layer_lsh(out.index)
+    nn = model.index.neighbors
     per_point = 0.0 if nn is None else float(nn.label_ptr[-1]) / max(1, nn.points.shape[0])
-    fill_index(out, model.network.comm, index_bucket(share, out.n, 0 if nn is None else out.lc.index_neighbors,
-                                                     per_point))
+    T_ = index_bucket(share, out.n, 0 if nn is None else lc.index_neighbors, per_point)
+    model.index.fill(out.W, out.b, model.network.comm, T_, lc)
 
 
 def compare_inference(model, test, inv_prop, shares=()) -> list[dict]:
@@ -97,10 +95,10 @@ def compare_inference(model, test, inv_prop, shares=()) -> list[dict]:
     t0 = time.perf_counter()
     static = static_topk(model, test.X, 10, m)
     rows.append(("static shortlist (highest biases)", m / n_labels, time.perf_counter() - t0, static))
-    layer = model.network.layers[-1]
-    if layer.neighbors is not None:  # what the neighbours add: the same share from buckets alone
-        graph, share = layer.neighbors, layer.lc.index_share
-        layer.neighbors = None
+    index = model.index
+    if index.neighbors is not None:  # what the neighbours add: the same share from buckets alone
+        graph, share = index.neighbors, model.config.layer_lsh(len(model.network.layers) - 1).index_share
+        index.neighbors = None
         try:
             refill_index(model, share)
             stats = {}
@@ -109,7 +107,7 @@ def compare_inference(model, test, inv_prop, shares=()) -> list[dict]:
             rows.append(("--lsh, buckets alone (no neighbours)", stats["scored_share"], time.perf_counter() - t0,
                          pred))
         finally:
-            layer.neighbors = graph
+            index.neighbors = graph
             refill_index(model, share)
     for share in shares:
         refill_index(model, share)

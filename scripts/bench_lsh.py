@@ -224,9 +224,10 @@ def trained_layer(args) -> None:
         ms = 1e3 * (time.perf_counter() - t0) / Q.shape[0]
         add(name, ids, float(n_scored.mean()), ms, build_s)
 
-    if out.kind == "lsh" and out.inference is not None:
-        anchors(f"the run's index ({out.inference.A} anchors, {out.lc.index_share:.1%} buckets, "
-                f"{out.lc.index_probes} probe)", out.inference, out.lc.index_probes, float("nan"))
+    if model.index is not None:
+        tables = model.index.tables
+        anchors(f"the run's index ({tables.A} anchors, {out.lc.index_share:.1%} buckets, "
+                f"{out.lc.index_probes} probe)", tables, out.lc.index_probes, float("nan"))
     budgets = [float(x) for x in args.budgets.split(",")]
     if H_train is not None:
         for A, share, probes in [(1024, budgets[0], 1), (2048, budgets[0], 1), (4096, budgets[0], 1),

@@ -29,7 +29,7 @@ def main(run_dir: str, data_path: str) -> None:
     model = cli.load_model(run_dir, comm)
     load_s = time.perf_counter() - t0
     data = dslide.read_data(data_path)
-    net, out = model.network, model.network.layers[-1]
+    net, out, index = model.network, model.network.layers[-1], model.index
     parts = I.csr_parts(sp.csr_matrix(data.X), net.dtype)
     batch = I.make_batch(parts, None, np.arange(data.n_points), net.step,
                          norms=I.input_norms(data.X, model.config.input_norm))
@@ -40,16 +40,16 @@ def main(run_dir: str, data_path: str) -> None:
         x = np.ascontiguousarray(net.hidden(batch).dense(), dtype=np.float32)
         tm["hidden"] = time.perf_counter() - t
         t = time.perf_counter()
-        codes = out.inference.codes(x, out.lc.index_probes)
+        codes = index.tables.codes(x, out.lc.index_probes)
         tm["codes"] = time.perf_counter() - t
         t = time.perf_counter()
-        nn = _nearest_points(out.neighbors, x, codes[:, 0], out.lc.index_search, out.lc.index_neighbors, comm)
+        nn = _nearest_points(index.neighbors, x, codes[:, 0], out.lc.index_search, out.lc.index_neighbors, comm)
         tm["nearest"] = time.perf_counter() - t
         t = time.perf_counter()
-        extras = out.neighbors.extras(nn, out.lo, out.lo + out.n_local)
+        extras = index.neighbors.extras(nn, out.lo, out.lo + out.n_local)
         tm["extras"] = time.perf_counter() - t
         t = time.perf_counter()
-        out.inference.topk(x, out.W, out.b, 5, out.lc.index_probes, extras=extras, codes=codes)
+        index.tables.topk(x, out.W, out.b, 5, out.lc.index_probes, extras=extras, codes=codes)
         tm["topk"] = time.perf_counter() - t
         t = time.perf_counter()
         comm.barrier()

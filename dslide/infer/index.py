@@ -21,7 +21,7 @@ import time
 
 import numpy as np
 
-from dslide import lsh
+from dslide import lsh, validate
 from dslide.comm import Comm
 from dslide.config import LSHConfig
 from dslide.topk import kth_largest, order_keys
@@ -123,11 +123,13 @@ class InferenceIndex:
 
     #: how ranks split each array of `state` (None: every rank holds it whole and alike;
     #: the buckets are each rank's own, refilled from its weights for a new layout)
-    SHARD_AXES = {"index.anchors": None, "index.bucket": None, **{f"nn.{k}": None for k in lsh.NeighborIndex.KEYS}}
+    SHARD_AXES = {"anchors": None, "bucket": None, **{f"nn.{k}": None for k in lsh.NeighborIndex.KEYS}}
 
     def state(self) -> dict:
-        out = {f"index.{k}": v for k, v in self.tables.state_arrays().items()}
-        out["index.bucket"] = np.array([self.bucket_target], dtype=np.int64)
+        """Its arrays by name: the anchor tables' (anchors, counts, buckets, fill, ready), the
+        bucket target (bucket), and the neighbour graph's as nn.*."""
+        out = dict(self.tables.state_arrays())
+        out["bucket"] = np.array([self.bucket_target], dtype=np.int64)
         if self.neighbors is not None:
             out.update({f"nn.{k}": v for k, v in self.neighbors.state_arrays().items()})
         return out
@@ -136,25 +138,20 @@ class InferenceIndex:
     def from_state(cls, arrays: dict, W, b, comm: Comm, lc: LSHConfig, seed: int, same_layout: bool = True):
         """The index of `state()`-named arrays, or None when they hold none; for a new layout
         (same_layout False) the anchors are kept and the buckets refilled from W, b."""
-        if "index.anchors" not in arrays:
+        if "anchors" not in arrays:
             return None
-        anchors = np.asarray(arrays["index.anchors"])
+        anchors = np.asarray(arrays["anchors"])
         tables = lsh.AnchorTables(W.shape[1], 1, anchors.shape[1], 1, seed)
-        index = cls(tables, bucket_target=int(np.asarray(arrays["index.bucket"])[0]))
+        index = cls(tables, bucket_target=int(np.asarray(arrays["bucket"])[0]))
+        own = {k: v for k, v in arrays.items() if not k.startswith("nn.") and k != "bucket"}
         if same_layout:
-            from dslide import validate
-
-            validate.anchor_tables({k[len("index."):]: v for k, v in arrays.items() if k.startswith("index.")},
-                                   "the inference index", W.shape[0], tables.anchors.shape)
-            tables.load_state_arrays({k[len("index."):]: v for k, v in arrays.items()
-                                      if k.startswith("index.") and k != "index.bucket"})
+            validate.anchor_tables(own, "the inference index", W.shape[0], tables.anchors.shape)
+            tables.load_state_arrays(own)
         else:
             tables.anchors[...] = anchors
             tables.ready = True
             index.fill(W, b, comm, index.bucket_target, lc)
         if "nn.points" in arrays:  # the same on every rank: each reads the labels of its own slice
-            from dslide import validate
-
             nn = {k[len("nn."):]: v for k, v in arrays.items() if k.startswith("nn.")}
             missing = [k for k in lsh.NeighborIndex.KEYS if k not in nn]
             if missing:

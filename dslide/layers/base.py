@@ -39,17 +39,16 @@ class Layer:
         take_touched() -> int64 [m]               the rows its updates changed since the last
                                                   call (its `touched` mask, then cleared)
         rows_synced(ids)                          rows a replica synchronisation rewrote
-        topk(x, k, exact) -> (scores, ids, n_scored)
-                                                  an output layer's best k per input
-                                                  (inference; default: every neuron scored)
-        index_points() -> int, build_index(H, comm, labels) -> dict
-                                                  an inference index over its neurons, from
-                                                  the hidden vectors of that many training
-                                                  points (0: the kind has none)
+        topk(x, k) -> (scores, ids, n_scored)     an output layer's best k per input, every
+                                                  neuron of its slice scored (inference)
+        index_points() -> int                     the training points whose hidden vectors an
+                                                  inference index over its neurons takes
+                                                  (dslide.infer.build; 0: none)
         estimate(config, index, d_in, n, n_local, is_output, threads) -> {kind: bytes}
                                                   classmethod: its memory from the
                                                   configuration alone (dslide.memory)
-    and two class attributes: `data_parallel` (its gradients can be all-reduced whole,
+    and three class attributes: `indexable` (an inference index can be built over its
+    neurons, dslide.infer.index), `data_parallel` (its gradients can be all-reduced whole,
     parallel = "data") and `kernel_bound` (its step is mostly numba kernels, which wait
     behind spinning BLAS threads: dslide.train._blas_threads).
 
@@ -61,6 +60,7 @@ class Layer:
 
     kind = "?"
     split = "columns"  # an output layer may be split by rows instead (dense.RowDenseLayer)
+    indexable = False
     data_parallel = True
     kernel_bound = False
 
@@ -85,8 +85,6 @@ class Layer:
         else:
             self.scale = np.sqrt(6.0 / (d_in + n))
         self.init_key = rng.stream_key(config.seed, rng.INIT, index)
-        # an output layer's neighbour labels (dslide.fusion), built after training
-        self.neighbour_labels = None
 
     def _optimiser(self, w_origin, b_origin=None) -> None:
         """Adam state for W and b (their global layouts: origin = (r0, c0, stride); b's by
@@ -112,7 +110,7 @@ class Layer:
 
     # -- inference ------------------------------------------------------------------------
 
-    def topk(self, x, k: int, exact: bool = True):
+    def topk(self, x, k: int):
         """This rank's best k neurons per input, every neuron of the slice scored (blocked
         matrix products): (scores float64 [B, k], global ids int64 [B, k], n_scored int64 [B]).
         x: an Act, or the CSR features (indptr, indices, data) when there is no hidden layer.
@@ -126,9 +124,6 @@ class Layer:
 
     def index_points(self) -> int:
         return 0
-
-    def build_index(self, H, comm: Comm, labels=None) -> dict:
-        raise ValueError(f"a {self.kind} layer has no inference index")
 
     # -- memory -----------------------------------------------------------------------------
 
@@ -163,33 +158,21 @@ class Layer:
         out = {"W": self.W, "b": self.b}
         if not weights_only:
             out.update({"W.m": self.opt_W.m, "W.v": self.opt_W.v, "b.m": self.opt_b.m, "b.v": self.opt_b.v})
-        if self.neighbour_labels is not None:
-            out.update({f"knn.{k}": v for k, v in self.neighbour_labels.state_arrays().items()})
         return out
 
     def shard_axes(self) -> dict:
         """For each array of `state`: the axis along which ranks split it (the neuron axis),
         None for an array every rank holds whole and alike; arrays not named here are
         this rank's own derived state, rebuilt when the layout changes."""
-        from dslide.infer import fusion
-
         c = self.neuron_axis
-        return {"W": c, "W.m": c, "W.v": c, "b": 0, "b.m": 0, "b.v": 0, **{f"knn.{k}": None for k in fusion.KEYS}}
+        return {"W": c, "W.m": c, "W.v": c, "b": 0, "b.m": 0, "b.v": 0}
 
     def load_state(self, arrays: dict, same_layout: bool = True, weights_only: bool = False) -> None:
         """Restore a slice from `state()`-named arrays (for a new layout: the ones in
         `shard_axes`, already cut to this rank's columns). An entry that is the live array
         itself (from `state()`) was filled in place. weights_only: the arrays of
         `state(weights_only=True)` only; the optimiser state is left as it is."""
-        if "knn.y_ptr" in arrays:  # the same on every rank
-            from dslide.infer import fusion
-
-            self.neighbour_labels = fusion.NeighbourLabels.from_state(
-                {k[len("knn."):]: v for k, v in arrays.items() if k.startswith("knn.")},
-                n_labels=self.n if self.is_output else None, where=f"layer {self.index}")
         for name, arr in Layer.state(self, weights_only).items():
-            if name.startswith("knn."):
-                continue
             if name not in arrays:
                 raise ValueError(f"layer {self.index}: checkpoint lacks {name!r}")
             new = arrays[name]

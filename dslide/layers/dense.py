@@ -156,7 +156,7 @@ class RowDenseLayer(DenseLayer):
         (a,) = tape
         return g @ self.W.T, Grads(None, a.T @ g, g.sum(axis=0))
 
-    def topk(self, x, k: int, exact: bool = True):
+    def topk(self, x, k: int):
         """This rank's best k of its label slice `label_bounds` (every rank has every logit
         after the all-reduce; the slices keep the ranks' candidates disjoint for the merge)."""
         a = self._own(x)

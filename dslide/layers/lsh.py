@@ -10,9 +10,7 @@ from dslide import kernels
 from dslide import rng
 from dslide.batch import Batch, Out
 from dslide.candidates import SOURCES, make_candidates
-from dslide.comm import Comm
 from dslide.config import Config, LSHConfig
-from dslide.infer.index import InferenceIndex
 from dslide.layers.base import Layer
 from dslide.loss import label_targets
 from dslide.optim import Grads
@@ -75,11 +73,12 @@ class LSHLayer(Layer):
     normaliser is unbiased and exact where the candidates hold its mass.
 
     At inference a hidden LSH layer computes every neuron; the output layer
-    scores every label (exact) or what its inference index retrieves
-    (`build_index`: anchor tables built from the final weights).
+    scores every label (`topk`), or the model's inference index
+    (dslide.infer.index, built over its final weights) picks what it scores.
     """
 
     kind = "lsh"
+    indexable = True
     neuron_axis = 0
     data_parallel = False  # its gradients are rows of a block, not whole arrays
     kernel_bound = True
@@ -103,7 +102,6 @@ class LSHLayer(Layer):
         self._pos = np.full(self.n_local, -1, dtype=np.int32)
         self._mark = np.zeros(self.n_local, dtype=np.uint8)
         self.touched = np.zeros(self.n_local, dtype=np.uint8)
-        self.inference_index = None  # dslide.index.InferenceIndex, from build_index
         self.block_sum, self.block_steps = np.zeros(3), 0  # running totals, for `block_mean`
         #: debug hook: None, or a callable given each training step's `Block` (tests, reports)
         self.block_hook = None
@@ -252,48 +250,9 @@ class LSHLayer(Layer):
 
     # -- inference index ----------------------------------------------------------------
 
-    def build_index(self, H, comm: Comm, labels=None) -> dict:
-        """The inference index from the final weights (dslide.index.InferenceIndex.build:
-        anchors = k-means of the inputs H float [n, d_in], the same on every rank; labels:
-        the points' labels, for the nearest-neighbour graph). Returns timings."""
-        self.inference_index, info = InferenceIndex.build(H, self.W, self.b, comm, self.lc, self.n,
-                                                          rng.lsh_seed(self.config.seed, rng.INDEX, self.index), labels)
-        # the share of the layer its buckets keep, summed over ranks
-        kept = comm.allreduce_sum(np.array([float(np.mean(self.inference.fill_count))]), kind="index")[0]
-        info["share"] = float(kept) / self.n
-        return info
-
     def index_points(self) -> int:
-        """Training points whose hidden vectors `build_index` takes (0: no index)."""
+        """Training points whose hidden vectors an inference index over it takes (0: no index)."""
         return self.lc.index_points if self.lc.index_anchors else 0
-
-    @property
-    def inference(self):
-        """The inference index's anchor tables (lsh.AnchorTables), None before `build_index`."""
-        return None if self.inference_index is None else self.inference_index.tables
-
-    @property
-    def neighbors(self):
-        """The inference index's nearest training points (lsh.NeighborIndex) or None."""
-        return None if self.inference_index is None else self.inference_index.neighbors
-
-    @neighbors.setter
-    def neighbors(self, value) -> None:
-        self.inference_index.neighbors = value
-
-    def topk(self, x, k: int, exact: bool = True):
-        """This rank's best k neurons per input x (an Act): exact, every neuron scored, or
-        among what the inference index retrieves (its buckets and, when the index has them,
-        its nearest training points' labels): (scores float64 [B, k], global ids int64
-        [B, k], n_scored int64 [B])."""
-        if exact:
-            return super().topk(x, k)
-        x = x.dense()
-        if self.inference_index is None:
-            raise ValueError("this model has no inference index for --lsh: it is built at the end of "
-                             "training (lsh.index_anchors > 0); score every label instead (exact)")
-        with self.timings.time("index_query"):
-            return self.inference_index.topk(x, self.W, self.b, k, self.lo, self.comm, self.lc)
 
     # -- state ------------------------------------------------------------------------------
 
@@ -318,8 +277,6 @@ class LSHLayer(Layer):
         # W[C] copied and its gradient [m, d]; the logits [B, m] float (softmax_stats
         # exponentiates them in place, the gradient is written over them); the dense input [B, d]
         out["step"] = max(source["step"], 2 * m * d_in * item + B * m * item + 2 * B * d_in * item)
-        if is_output and lc.index_anchors:
-            out.update(InferenceIndex.estimate(lc, d_in, n, n_local))
         out["rows"] = n_local
         return out
 
@@ -327,21 +284,14 @@ class LSHLayer(Layer):
         out = super().state(weights_only)
         if not weights_only:
             out.update(self.candidates.state())
-        if self.inference_index is not None:
-            out.update(self.inference_index.state())
         return out
 
     def load_state(self, arrays: dict, same_layout: bool = True, weights_only: bool = False) -> None:
-        """Restore a slice; for a new layout the tables are rebuilt from the weights
-        (and the inference index refilled from its anchors). weights_only: the weights
-        and the inference index; the training candidates stay as built."""
+        """Restore a slice; for a new layout the tables are rebuilt from the weights.
+        weights_only: the weights; the training candidates stay as built."""
         super().load_state(arrays, same_layout, weights_only)
         if not weights_only:
             self._load_candidates(arrays, same_layout)
-        index = InferenceIndex.from_state(arrays, self.W, self.b, self.comm, self.lc,
-                                          rng.lsh_seed(self.config.seed, rng.INDEX, self.index), same_layout)
-        if index is not None:
-            self.inference_index = index
 
     def _load_candidates(self, arrays: dict, same_layout: bool) -> None:
         if same_layout:
@@ -354,5 +304,4 @@ class LSHLayer(Layer):
     def shard_axes(self) -> dict:
         out = super().shard_axes()
         out.update(self.candidates.shard_axes())
-        out.update(InferenceIndex.SHARD_AXES)
         return out

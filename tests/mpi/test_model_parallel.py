@@ -174,7 +174,7 @@ def test_lsh_inference_index_gives_the_same_topk_and_share_at_p_ranks_as_at_one(
         stats = {}
         ids = T.predict_topk(model, X, 5, exact=False, stats=stats)
         exact = T.predict_topk(model, X, 5, exact=True)
-        out[name] = (ids, stats["scored_share"], exact, info, net.layers[-1].neighbors)
+        out[name] = (ids, stats["scored_share"], exact, info, model.index.neighbors)
     ids_p, share_p, exact_p, info_p, nn_p = out["p"]
     ids_1, share_1, exact_1, _, nn_1 = out["1"]
     np.testing.assert_array_equal(ids_p, ids_1)
@@ -225,9 +225,9 @@ def test_fused_predictions_at_p_ranks_equal_one_rank():
     ids_1, s_1 = T.predict_topk_scores(model_1, X[90:], 5)
     np.testing.assert_allclose(s_p, s_1, rtol=1e-4, atol=1e-6)
     assert (ids_p == ids_1).mean() >= 0.95  # float ties at the k-th place aside
-    assert model_p.config.proto_weight == 0.5 and model_p.network.layers[-1].neighbour_labels.has_prototypes
-    pr_p = model_p.network.layers[-1].neighbour_labels.prototypes(X[90:], 6, world)
-    pr_1 = model_1.network.layers[-1].neighbour_labels.prototypes(X[90:], 6)
+    assert model_p.config.proto_weight == 0.5 and model_p.neighbours.has_prototypes
+    pr_p = model_p.neighbours.prototypes(X[90:], 6, world)
+    pr_1 = model_1.neighbours.prototypes(X[90:], 6)
     np.testing.assert_array_equal(pr_p[0], pr_1[0])
     np.testing.assert_array_equal(pr_p[1], pr_1[1])
     # the votes count: the model alone ranks otherwise

@@ -213,19 +213,19 @@ CASES = [
     ("npz-eval-feature-index", lambda w, t: _eval(w, w["run"], _npz(t, lambda p: p["indices"].__setitem__(2, 10**7))),
      "X.bad.npz: feature index 10000000 (row 1)"),
     # -- model directories: every array a kernel indexes with is checked, whatever its hash ------
-    *[(f"model-{key.split('/')[1]}", (lambda key, ch: lambda w, t: _eval(w, _tamper(w, t, key, ch)))(key, ch), m)
+    *[(f"model-{key.replace('/', '.')}", (lambda key, ch: lambda w, t: _eval(w, _tamper(w, t, key, ch)))(key, ch), m)
       for key, ch, m in [
-          ("layer1/knn.post_ptr", _edit(3, 10**6), "layer 1: knn.post_ptr decreases at row 3"),
-          ("layer1/knn.post_pt", _edit(0, 10**6), "layer 1: knn.post_pt: point id 1000000 (entry 0) is not in [0, 300)"),
-          ("layer1/knn.y_idx", _edit(0, -1), "layer 1: knn.y_idx: label id -1 (entry 0) is not in [0, 500)"),
-          ("layer1/knn.share", _edit(0, np.nan), "layer 1: knn.share: value nan (entry 0) is not a finite number"),
-          ("layer1/nn.graph", _edit((0, 0), 10**6), "nn.graph: point id 1000000 (entry 0) is not in [-1, 300)"),
-          ("layer1/nn.cell_ptr", _edit(2, 10**6), "nn.cell_ptr decreases at row 2"),
-          ("layer1/index.buckets", _edit((0, 0, 0), 10**6), "index.buckets: id 1000000 (entry 0) is not in [0, 500)"),
-          ("layer1/index.fill", _edit((0, 0), 10**6), "index.fill: bucket fill 1000000 (entry 0)"),
+          ("neighbours/post_ptr", _edit(3, 10**6), "the neighbour store: knn.post_ptr decreases at row 3"),
+          ("neighbours/post_pt", _edit(0, 10**6), "the neighbour store: knn.post_pt: point id 1000000 (entry 0) is not in [0, 300)"),
+          ("neighbours/y_idx", _edit(0, -1), "the neighbour store: knn.y_idx: label id -1 (entry 0) is not in [0, 500)"),
+          ("neighbours/share", _edit(0, np.nan), "the neighbour store: knn.share: value nan (entry 0) is not a finite number"),
+          ("index/nn.graph", _edit((0, 0), 10**6), "nn.graph: point id 1000000 (entry 0) is not in [-1, 300)"),
+          ("index/nn.cell_ptr", _edit(2, 10**6), "nn.cell_ptr decreases at row 2"),
+          ("index/buckets", _edit((0, 0, 0), 10**6), "index.buckets: id 1000000 (entry 0) is not in [0, 500)"),
+          ("index/fill", _edit((0, 0), 10**6), "index.fill: bucket fill 1000000 (entry 0)"),
       ]],
-    ("model-knn.share-above-1", lambda w, t: _eval(w, _tamper(w, t, "layer1/knn.share", lambda a: np.array([2.0]))),
-     "layer 1: knn.share = 2.0 is not in [0.0, 1.0]"),
+    ("model-knn.share-above-1", lambda w, t: _eval(w, _tamper(w, t, "neighbours/share", lambda a: np.array([2.0]))),
+     "the neighbour store: knn.share = 2.0 is not in [0.0, 1.0]"),
     # -- nothing destroys what is not its own ---------------------------------------------------
     ("overwrite-not-a-run", lambda w, t: ["train", "--train", str(w["train"]), "--out", str(_not_a_run(t)), *S,
                                           "--overwrite"], "--out {case}/proj is not empty (checkpoints, config.toml) "

@@ -14,6 +14,7 @@ from dslide import checkpoint as ck
 from dslide import train as T
 from dslide.comm import Comm
 from dslide.config import Config, LSHConfig
+from dslide.infer.parts import sections
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.uint16, np.int64, np.bool_])
@@ -88,7 +89,7 @@ def trained(tmp_path_factory):
                  lsh=LSHConfig(min_active=40, max_active=20, index_anchors=8, index_share=0.2))
     model, _ = T.fit(train, cfg)
     run = tmp_path_factory.mktemp("run")
-    ck.save(model.network, run, Comm(), weights_only=False)
+    ck.save(model.network, run, Comm(), weights_only=False, sections=sections(model))
     return train, test, cfg, model, run
 
 
@@ -96,19 +97,20 @@ def test_weights_only_checkpoint_predicts_like_the_full_one_and_refuses_resume(t
     train, test, cfg, model, run = trained
     full = ck.latest(run)
     slim_run = tmp_path / "slim"
-    slim = ck.save(model.network, slim_run, Comm(), weights_only=True)
+    slim = ck.save(model.network, slim_run, Comm(), weights_only=True, sections=sections(model))
     man_full, man_slim = ck.read_manifest(full), ck.read_manifest(slim)
     assert man_full["contents"] == "full" and man_slim["contents"] == "weights"
     names = set(man_slim["ranks"][0]["arrays"])
     assert {"layer0/W", "layer0/b", "layer1/W", "layer1/b"} <= names
-    assert any(n.startswith("layer1/index.") for n in names)
+    assert any(n.startswith("index/") for n in names)  # the model's inference index, beside the layers'
+    assert not any(n.startswith(("layer1/index.", "layer1/nn.", "layer1/knn.")) for n in names)
     assert not any(n.endswith((".m", ".v")) or "anchor." in n or "dirty" in n for n in names)
     # moments are 2 of every 3 bytes of W at float32 weights with bfloat16 moments: 8 vs 4 bytes
     assert ck.size_bytes(slim) < 0.6 * ck.size_bytes(full)
     preds = {}
     for name, path in (("full", full), ("slim", slim)):
         m = T.build_network((train.n_features, train.n_labels), cfg, Comm())
-        ck.load_into(m.network, path, Comm(), weights_only=True)
+        ck.load_into(m.network, path, Comm(), weights_only=True, sections=sections(m))
         assert not m.network.layers[1].opt_W.v.any()  # moments not read
         preds[name] = (T.predict_topk(m, test.X, 5, exact=True), T.predict_topk(m, test.X, 5, exact=False))
     want = (T.predict_topk(model, test.X, 5, exact=True), T.predict_topk(model, test.X, 5, exact=False))
@@ -135,7 +137,7 @@ def test_export_and_the_cli_refusal(trained, tmp_path, capsys):
     assert man["contents"] == "weights" and man["extra"]["exported_from"] == str(ck.latest(run))
     assert all(v["inference"] for v in man["ranks"][0]["arrays"].values())
     m = T.build_network((train.n_features, train.n_labels), cfg, Comm())
-    ck.load_into(m.network, path, Comm(), weights_only=True)
+    ck.load_into(m.network, path, Comm(), weights_only=True, sections=sections(m))
     np.testing.assert_array_equal(T.predict_topk(m, test.X, 5), T.predict_topk(model, test.X, 5))
     with pytest.raises(ck.CheckpointError, match="not empty"):
         ck.export(run, out)

@@ -104,10 +104,10 @@ def test_fit_resolves_knn_from_the_training_labels_and_the_split():
     # many points per label: no neighbours
     X, Y = _wide(2400, 30)
     many = T.fit(XMCData(X, Y), cfg, index=False)[0]
-    assert many.config.knn == 0 and many.network.layers[-1].neighbour_labels is None
+    assert many.config.knn == 0 and many.neighbours is None
     # every fusion setting given: the store is built as asked, and no choice is made
     fixed = T.fit(XMCData(*_wide(60, 2)), cfg.replace(knn=3, knn_weight=0.5, proto_weight=0.0), index=False)[0]
-    store = fixed.network.layers[-1].neighbour_labels
+    store = fixed.neighbours
     assert store is not None and fixed.config.knn == 3 and "fusion_choice" not in fixed.index_info
 
 

@@ -297,7 +297,7 @@ def test_predictions_are_the_numpy_fusion_of_model_softmax_and_neighbour_votes()
 
 def test_knn_zero_leaves_the_model_alone_and_saves_no_store(tmp_path):
     T, model, tr, te = _fit_tiny(knn=0)
-    assert model.network.layers[-1].neighbour_labels is None
+    assert model.neighbours is None
     assert not any(k.startswith("knn.") for k in model.network.layers[-1].state(weights_only=True))
 
 
@@ -305,9 +305,9 @@ def test_proto_weight_zero_builds_no_prototypes_and_fuses_the_points_alone():
     import dataclasses
 
     T, plain, tr, te = _fit_tiny(knn=4, proto_weight=0.0)
-    assert not plain.network.layers[-1].neighbour_labels.has_prototypes
+    assert not plain.neighbours.has_prototypes
     _, protos, _, _ = _fit_tiny(knn=4, proto_weight=0.5)  # the same network: proto_weight does not touch training
-    assert protos.network.layers[-1].neighbour_labels.has_prototypes
+    assert protos.neighbours.has_prototypes
     a = T.predict_topk_scores(plain, te.X, 5)
     b = T.predict_topk_scores(protos, te.X, 5)
     assert not np.allclose(a[1], b[1])  # the prototypes move the fused scores
@@ -319,14 +319,15 @@ def test_proto_weight_zero_builds_no_prototypes_and_fuses_the_points_alone():
 def test_store_survives_a_checkpoint(tmp_path):
     from dslide import checkpoint as ck
     from dslide.comm import Comm
+    from dslide.infer.parts import sections
     from dslide.train import build_network
 
     T, model, tr, te = _fit_tiny(knn=3, proto_weight=0.5)
     before = T.predict_topk_scores(model, te.X, 5)
-    ck.save(model.network, tmp_path / "run", Comm(), weights_only=True)
+    ck.save(model.network, tmp_path / "run", Comm(), weights_only=True, sections=sections(model))
     fresh = build_network((tr.n_features, tr.n_labels), model.config, Comm())
-    ck.load_into(fresh.network, ck.latest(tmp_path / "run"), Comm(), weights_only=True)
-    assert fresh.network.layers[-1].neighbour_labels is not None
+    ck.load_into(fresh.network, ck.latest(tmp_path / "run"), Comm(), weights_only=True, sections=sections(fresh))
+    assert fresh.neighbours is not None
     after = T.predict_topk_scores(fresh, te.X, 5)
     np.testing.assert_array_equal(before[0], after[0])
     np.testing.assert_allclose(before[1], after[1], rtol=1e-12)
@@ -499,7 +500,7 @@ def test_without_a_validation_split_a_store_with_something_to_choose_is_not_buil
     """400 training points: too few for a validation split, so the share left to the data
     cannot be checked and the no-op is taken (the network alone)."""
     T, model, tr, te = _fit_tiny(knn=4)
-    assert model.network.layers[-1].neighbour_labels is None
+    assert model.neighbours is None
     assert model.index_info["fusion_choice"]["chosen"] == "off"
     _, alone, _, _ = _fit_tiny(knn=0)
     np.testing.assert_array_equal(T.predict_topk(model, te.X, 5), T.predict_topk(alone, te.X, 5))

@@ -12,12 +12,13 @@ import pytest
 from dslide import memory
 from dslide.comm import Comm
 from dslide.config import Config, LSHConfig
+from dslide.infer.index import InferenceIndex
 from dslide.layers import LSHLayer
 from dslide.network import Network
 
 
-def _held(net) -> dict:
-    """Bytes of the arrays a built network holds, by the account's kinds."""
+def _held(net, index=None) -> dict:
+    """Bytes of the arrays a built network and its inference index hold, by the account's kinds."""
     out = dict.fromkeys(("weights", "moments", "tables", "index"), 0)
     for layer in net.layers:
         out["weights"] += layer.W.nbytes + layer.b.nbytes
@@ -25,11 +26,11 @@ def _held(net) -> dict:
         if isinstance(layer, LSHLayer):
             t = layer.candidates.tables
             out["tables"] += t.memory_bytes
-            if layer.inference is not None:
-                inf = layer.inference
-                out["index"] += inf.anchors.nbytes + inf.counts.nbytes + inf.fill_count.nbytes + inf.buckets.nbytes
-            if layer.neighbors is not None:
-                out["index"] += layer.neighbors.memory_bytes
+    if index is not None:
+        inf = index.tables
+        out["index"] += inf.anchors.nbytes + inf.counts.nbytes + inf.fill_count.nbytes + inf.buckets.nbytes
+        if index.neighbors is not None:
+            out["index"] += index.neighbors.memory_bytes
     return out
 
 
@@ -48,10 +49,10 @@ def test_account_matches_the_arrays_of_a_built_network(family, adam):
     per_point = rs.integers(3, 8, 500)  # 5 labels a point on average, as the account assumes
     labels = (np.concatenate([[0], np.cumsum(per_point)]).astype(np.int64),
               rs.integers(0, L, int(per_point.sum())).astype(np.int32))
-    out.build_index(rs.random((500, 24), dtype=np.float32), Comm(), labels)
-    assert out.neighbors is not None and out.neighbors.points.shape == (500, 24)
+    index, _ = InferenceIndex.build(rs.random((500, 24), dtype=np.float32), out.W, out.b, Comm(), out.lc, L, 0, labels)
+    assert index.neighbors is not None and index.neighbors.points.shape == (500, 24)
     acc = memory.account(cfg, F, L)
-    held = _held(net)
+    held = _held(net, index)
     assert acc["weights"] == held["weights"] == (F * 24 + 24 + 24 * L + L) * 4
     assert acc["moments"] == held["moments"] == 2 * held["weights"] // (2 if adam == "bfloat16" else 1)
     assert acc["tables"] == pytest.approx(held["tables"], rel=0.01)

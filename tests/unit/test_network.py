@@ -14,6 +14,7 @@ import scipy.sparse as sp
 
 from dslide import kernels as K
 from dslide.config import Config, LSHConfig
+from dslide.infer.index import InferenceIndex
 from dslide.batch import Batch
 from dslide.layers import DenseLayer, LSHLayer
 from dslide.network import Network
@@ -621,15 +622,15 @@ def test_inference_index_buckets_are_the_top_labels_by_the_documented_score(shri
     Wn[...] = rs.normal(size=Wn.shape) * rs.lognormal(0.0, 0.5, size=(n, 1))
     out.b[...] = rs.normal(size=n) * 2.0
     H = np.maximum(rs.normal(size=(200, d)), 0.0).astype(np.float32)
-    info = out.build_index(H, net.comm)
+    index, info = InferenceIndex.build(H, out.W, out.b, net.comm, out.lc, out.n, 0)
     T = info["bucket"]
     assert T == int(np.ceil(0.05 * n))
-    C = out.inference.anchors[0].astype(np.float64)
+    C = index.tables.anchors[0].astype(np.float64)
     W64, b64 = Wn.astype(np.float64), out.b.astype(np.float64)
     score = shrink * C @ W64.T + b64 + spread * np.linalg.norm(W64, axis=1)
     for a in range(A):
         want = np.sort(np.argsort(-score[a], kind="stable")[:T])
-        got = out.inference.buckets[0, a, :out.inference.fill_count[0, a]]
+        got = index.tables.buckets[0, a, :index.tables.fill_count[0, a]]
         assert len(set(got) ^ set(want)) <= 2, a  # float32 ties at the cut may swap one label
         np.testing.assert_array_equal(got, np.sort(got))
 
@@ -651,15 +652,15 @@ def test_inference_index_buckets_are_each_anchors_top_labels_by_id_in_any_chunki
     net = Network(cfg, 30, 400, Comm())
     out = net.layers[-1]
     H = np.random.default_rng(5).random((300, 12), dtype=np.float32)
-    info = out.build_index(H, Comm())
+    index, info = I.InferenceIndex.build(H, out.W, out.b, Comm(), out.lc, out.n, 0)
     T = info["bucket"]
     assert T == 20 and info["anchors"] == 20
-    C = out.inference.anchors[0]
+    C = index.tables.anchors[0]
     S = C.astype(np.float64) @ out.W.T.astype(np.float64) + out.b
-    np.testing.assert_array_equal(out.inference.fill_count, np.full((1, 20), T))
+    np.testing.assert_array_equal(index.tables.fill_count, np.full((1, 20), T))
     for a in range(20):
         want = np.sort(np.lexsort((np.arange(400), -S[a]))[:T])
-        np.testing.assert_array_equal(out.inference.buckets[0, a, :T], want)
+        np.testing.assert_array_equal(index.tables.buckets[0, a, :T], want)
 
 
 def test_score_block_bounds_the_scores_block():

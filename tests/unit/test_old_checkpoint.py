@@ -26,3 +26,29 @@ def test_a_run_with_the_store_in_the_layer_predicts_as_it_did(tmp_path, lsh):
     ids, scores = model.predict(read_xmc(str(run / "queries.txt")).X, 5, lsh=lsh)
     np.testing.assert_array_equal(ids, np.array(want["ids"]))
     np.testing.assert_array_equal(scores, np.array([[float.fromhex(s) for s in r] for r in want["scores"]]))
+
+
+def test_saved_again_the_parts_are_model_sections_and_predict_the_same(tmp_path):
+    """The old run's store and index, saved again, are the model's "neighbours/" and "index/"
+    sections (nothing of them in the layer's files) and load to the same predictions."""
+    from dslide import checkpoint as ck
+    from dslide.comm import Comm
+    from dslide.data import read_xmc
+    from dslide.infer.parts import sections
+    from dslide.infer.predict import predict_topk_scores
+    from dslide.session import load_model
+
+    run = tmp_path / "run"
+    shutil.copytree(FIXTURE, run)
+    X = read_xmc(str(run / "queries.txt")).X
+    old = load_model(str(run), Comm())
+    assert old.neighbours is not None and old.neighbours.has_prototypes and old.index is not None
+    again = tmp_path / "again"
+    path = ck.save(old.network, again, Comm(), weights_only=True, sections=sections(old))
+    names = set(ck.read_manifest(path)["ranks"][0]["arrays"])
+    assert {"neighbours/post_ptr", "neighbours/y_idx", "index/anchors", "index/buckets", "index/nn.graph"} <= names
+    assert not any(n.startswith(("layer1/knn.", "layer1/index.", "layer1/nn.")) for n in names)
+    new = load_model(str(again), Comm())
+    for exact in (True, False):
+        for a, b in zip(predict_topk_scores(new, X, 5, exact), predict_topk_scores(old, X, 5, exact)):
+            np.testing.assert_array_equal(a, b)

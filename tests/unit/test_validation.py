@@ -177,7 +177,7 @@ def test_fit_holds_the_validation_points_out_and_picks_the_noop_on_independent_l
     assert model.index_info["early_stop"]["curve"][0][0] == steps_per_epoch
     choice = model.index_info["fusion_choice"]
     assert choice["validation_points"] == n_val and choice["chosen"] == "off"
-    assert model.network.layers[-1].neighbour_labels is None
+    assert model.neighbours is None
 
 
 def test_the_summary_names_what_its_figures_are_and_the_choices_behind_them():
@@ -229,7 +229,7 @@ def test_the_probe_scores_the_best_of_its_grid_the_network_alone_included():
 def test_a_busy_stage_says_so_every_few_seconds(capsys):
     import time
 
-    from dslide.train import _busy
+    from dslide.infer.build import _busy
 
     with _busy("building something", True, every=0.2):
         time.sleep(0.5)

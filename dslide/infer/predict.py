@@ -1,0 +1,138 @@
+"""The inference pipeline: query -> hidden layers -> output top k -> merge -> fusion.
+
+    for each batch of query rows (normalised as they are gathered, dslide.inputs):
+        x            = the network's hidden layers, no dropout (Network.hidden)
+        (s, i)_r     = rank r's best K of its output slice: every label scored
+                       (Layer.topk), or what the inference index retrieves
+        (s, i)       = merge_topk of every rank's (s, i)_r (dslide.topk)
+        fused top k  = the model's softmax over its K candidates mixed with the
+                       neighbour store's votes (dslide.infer.fusion), where the
+                       model keeps a store and knn is not 0
+
+K is k, or knn_candidates where the labels are fused. Every rank ends with the
+same result.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import scipy.sparse as sp
+
+from dslide import metrics
+from dslide.inputs import csr_parts, input_norms, make_batch
+from dslide.topk import merge_topk
+
+#: points scored at a time: exact scoring holds a [batch, column block] of scores; the
+#: inference index only [batch, hidden], and the more points a batch has, the more of
+#: them share an anchor and read its bucket's weight rows together (AnchorTables.topk)
+PREDICT_BATCH = {"exact": 1024, "index": 65536}
+
+
+@dataclass(frozen=True)
+class Fusion:
+    """The fusion stage's settings: the model's neighbour store and what the configuration
+    resolves from it (the neighbours a query takes, the neighbours' weight, the prototypes'
+    share: Config.neighbours, fusion_weight, proto_share)."""
+
+    store: object  # fusion.NeighbourLabels
+    neighbours: int
+    weight: float
+    power: float
+    share: float
+    prototypes: int  # prototypes a query takes (0: none)
+    pr_power: float
+    candidates: int  # the network's candidates the softmax runs over
+
+    @classmethod
+    def of(cls, model) -> "Fusion | None":
+        """The model's fusion stage, or None (no store, or knn = 0)."""
+        cfg, store = model.config, model.neighbours
+        if store is None or cfg.knn == 0:
+            return None
+        share = cfg.proto_share(store.share)
+        return cls(store, cfg.neighbours(store.k), cfg.fusion_weight(store.weight), cfg.knn_power, share,
+                   cfg.proto_candidates if store.has_prototypes and share > 0 else 0, cfg.proto_power,
+                   cfg.knn_candidates)
+
+    def fuse(self, X: sp.csr_matrix, m_ids, m_scores, k: int, comm):
+        """Top k of the fused scores of query rows X from the network's merged candidates:
+        (ids int64 [n, k], scores float64 [n, k]); the searches shared over comm's ranks."""
+        nn_ids, nn_sims = self.store.neighbours(X, self.neighbours, comm)
+        pr_ids, pr_sims = self.store.prototypes(X, self.prototypes, comm) if self.prototypes else (None, None)
+        return self.store.fuse(m_ids, m_scores, nn_ids, nn_sims, self.weight, self.power, k, pr_ids, pr_sims,
+                               self.share, self.pr_power)
+
+
+def output_topk(model, batch, k: int, exact: bool):
+    """This rank's best k output labels of a batch: (scores float64 [B, k], global ids int64
+    [B, k], labels scored int64 [B]); exact: every label of the slice, otherwise what the
+    model's inference index retrieves (an output kind without one scores every label)."""
+    net = model.network
+    out = net.layers[-1]
+    x = net.hidden(batch, own=True)
+    if exact or not out.indexable:
+        return out.topk(x, k)
+    if model.index is None:
+        raise ValueError("this model has no inference index for --lsh: it is built at the end of "
+                         "training (lsh.index_anchors > 0); score every label instead (exact)")
+    with model.timings.time("index_query"):
+        return model.index.topk(x.dense(), out.W, out.b, k, out.lo, net.comm, model.config.layer_lsh(out.index))
+
+
+def predict_topk_scores(model, X: sp.csr_matrix, k: int, exact: bool = True, batch_size: int | None = None,
+                        stats: dict | None = None, progress=None, fused: bool = True):
+    """Top k labels per point and their scores (logits): (ids int64 [n, k], scores float64 [n, k]).
+
+    exact: every output neuron scored; otherwise an LSH output layer scores
+    only what the model's inference index retrieves. With P ranks each scores its own
+    slice and the candidates (B x k per rank) are merged, so every rank gets
+    the result. stats (a dict) receives "scored_share": the mean share of the
+    labels scored per point. When the model keeps neighbour labels
+    (`knn` > 0, dslide.infer.fusion) and `fused`, the scores are the fused ones: the model's
+    softmax over its `knn_candidates` best labels mixed with the labels of the
+    point's `knn` nearest training points and, where the store holds them, with its
+    `proto_candidates` nearest label prototypes (`proto_weight`). progress(n): called
+    with the points of each batch done.
+    """
+    net = model.network
+    if X.shape[1] != net.n_features:
+        raise ValueError(f"data has {X.shape[1]} features but the model was trained on {net.n_features}")
+    X = sp.csr_matrix(X)
+    parts = csr_parts(X, net.dtype)
+    norms = input_norms(X, model.config.input_norm)
+    n = X.shape[0]
+    ids = np.empty((n, k), dtype=np.int64)
+    scores = np.empty((n, k), dtype=np.float64)
+    scored = 0
+    if batch_size is None:
+        batch_size = PREDICT_BATCH["exact" if exact else "index"]
+    fusion = Fusion.of(model) if fused else None
+    kk = max(k, fusion.candidates) if fusion is not None else k
+    for s in range(0, n, batch_size):
+        rows = np.arange(s, min(n, s + batch_size))
+        ls, li, ln = output_topk(model, make_batch(parts, None, rows, net.step, norms=norms), kk, exact)
+        # the layers' communicator: a stand-in in data-parallel mode, where every rank has it all
+        ms, mi = merge_topk(net.comm.allgather_rows(ls), net.comm.allgather_rows(li), kk)
+        if fusion is not None:
+            mi, ms = fusion.fuse(X[s:s + len(rows)], mi, ms, k, net.comm)
+        scores[rows], ids[rows] = ms, mi
+        scored += int(ln.sum())
+        if progress is not None:
+            progress(rows.shape[0])
+    if stats is not None:
+        total = float(net.comm.allreduce_sum(np.array([scored], dtype=np.float64))[0])
+        stats["scored_share"] = total / max(1, n) / net.n_labels
+    return ids, scores
+
+
+def predict_topk(model, X: sp.csr_matrix, k: int, exact: bool = True, stats: dict | None = None) -> np.ndarray:
+    """Top k label indices per point, best first: int64 [n, k] (-1 where fewer than k were scored)."""
+    return predict_topk_scores(model, X, k, exact, stats=stats)[0]
+
+
+def evaluate(model, data, k: int = 5, exact: bool = True, inv_prop=None) -> dict:
+    """P@k, nDCG@k (and PSP@k when inverse propensities are given) on `data` (XMCData), as a dict."""
+    pred = predict_topk(model, data.X, k, exact)
+    return metrics.evaluate(sp.csr_matrix(data.Y), pred, k=k, inv_prop=inv_prop)
