@@ -9,6 +9,7 @@ from dslide import checkpoint as ck
 from dslide import train as T
 from dslide.comm import Comm, allreduce_bytes
 from dslide.config import Config, LSHConfig
+from dslide.infer.parts import sections
 from dslide.network import Network, full_parameters
 from scripts import _costmodel
 
@@ -68,14 +69,14 @@ def test_a_checkpoint_loads_on_another_number_of_ranks(tiny, tmp_path_factory):
     saved = None
     if sub != MPI.COMM_NULL:
         model, _ = T.fit(train, cfg, comm=Comm(sub))
-        ck.save(model.network, run_dir, Comm(sub))
+        ck.save(model.network, run_dir, Comm(sub), sections=sections(model))
         saved = T.predict_topk(model, test.X, 5)
         sub.Free()
     saved = WORLD.bcast(saved, root=0)  # rank 0 was one of the saving ranks
     preds = {}
     for name, comm in (("all", Comm(WORLD)), ("one", Comm())):
         m = T.build_network((train.n_features, train.n_labels), cfg, comm)
-        manifest = ck.load_into(m.network, ck.latest(run_dir), comm)
+        manifest = ck.load_into(m.network, ck.latest(run_dir), comm, sections=sections(m))
         assert manifest["world_size"] == WORLD.size - 1
         preds[name] = T.predict_topk(m, test.X, 5)
     assert saved.shape == (test.n_points, 5) and (saved >= 0).all()
@@ -220,14 +221,14 @@ def test_a_checkpoint_converts_between_data_and_model_parallelism(tiny, tmp_path
     comm = Comm(WORLD)
     model, _ = T.fit(train, cfg.replace(parallel=saved_as), comm=comm, stop_at=4)
     run_dir = _shared_dir(tmp_path_factory, f"convert-{saved_as}-{hidden[0]}")
-    ck.save(model.network, run_dir, comm)
+    ck.save(model.network, run_dir, comm, sections=sections(model))
     want = T.predict_topk(model, test.X, 5)
     want_params = full_parameters(model.network)
     want_state = [{k: _whole(model.network, layer, k) for k in ("W.m", "W.v", "b.m", "b.v")}
                   for layer in model.network.layers]
     for c in (comm, Comm()):
         m = T.build_network((train.n_features, train.n_labels), cfg.replace(parallel=loaded_as), c)
-        manifest = ck.load_into(m.network, ck.latest(run_dir), c)
+        manifest = ck.load_into(m.network, ck.latest(run_dir), c, sections=sections(m))
         assert manifest["parallel"] == saved_as and m.network.step == 4
         for (Wa, ba), (Wb, bb) in zip(full_parameters(m.network), want_params):
             np.testing.assert_array_equal(Wa, Wb)
