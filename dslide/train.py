@@ -467,6 +467,8 @@ def build_index(model: Model, train: XMCData, progress: bool = False) -> dict:
         info = out.build_index(H, net.comm, labels)
     share = info.pop("share")
     t1 = time.perf_counter()
+    if bar is not None:  # a line between the two stages: their heartbeats' silences never add up
+        bar.set_postfix_str("its query kernels")
     with _busy("inference index: loading its query kernels", bar is not None):
         warm_index(model)
     info["warm_s"] = time.perf_counter() - t1
