@@ -14,7 +14,9 @@ from hypothesis import strategies as st
 
 from dslide.comm import Comm
 from dslide.config import Config
-from dslide.replicas import STEP_BITS, Replicas, fresh_partners, pub_word, stale_limit
+from dslide.replicas import Replicas
+from dslide.replicas.board import STEP_BITS, pub_word
+from dslide.replicas.partial import fresh_partners, stale_limit
 from dslide.sharding import moves, replica_place, shard_bounds, shard_range, speed_weights
 
 ROOT = Path(__file__).resolve().parents[2]
