@@ -25,7 +25,10 @@ of ranks each rank reads its own directory, hash tables included, and the
 run continues exactly. With another number of ranks each rank reads, from
 the old files, only the slices of the columns it now owns (resharding; those
 files are verified by a second thread reading them whole) and rebuilds its
-hash tables from the weights.
+hash tables from the weights. Every rank reads all its files before any layer takes
+its arrays, and the ranks then agree (`read_together`): a read that failed on one rank
+fails on all of them alike (ReadFailed), so that they can try another checkpoint
+together (dslide.session.load_model, reading a run that is still training).
 
 A weights-only checkpoint (`checkpoint_moments = false`, or `dslide export`
 of a full one) holds what inference needs: each layer's W and b and the
@@ -626,22 +629,69 @@ def load_into(net: Network, path, comm: Comm, verify: bool = True, weights_only:
     stay unallocated (zero pages). Without it a weights-only checkpoint is refused.
     verify: check every file read against its SHA-256 in the manifest (a mismatch raises
     CheckpointError; the network's state is then undefined).
+
+    Every rank reads its files first, then the ranks agree (`read_together`): a read that
+    fails on any rank (a file gone, because a run still training replaced the checkpoint)
+    raises ReadFailed on every rank, before any layer takes its arrays (whose rebuilding
+    may exchange between ranks).
     """
     path = Path(path)
+    manifest, (parts, section_parts) = read_together(
+        comm, lambda: _read_parts(net, path, verify, weights_only, comm, sections), path)
+    try:
+        for layer, arrays, same in parts:
+            layer.load_state(arrays, same_layout=same, weights_only=weights_only)
+        for section, arrays, same in section_parts:
+            section.load_state(arrays, same_layout=same)
+    except CheckpointError:
+        raise
+    except ValueError as e:  # an array that fails its checks (dslide.validate), whatever its hash
+        raise CheckpointError(f"{path}: {e}") from None
+    net.step = int(manifest["step"])
+    return manifest
+
+
+class ReadFailed(CheckpointError):
+    """A checkpoint that some rank could not read, raised on every rank alike (`read_together`):
+    they may all try another one together."""
+
+
+def read_together(comm: Comm, read, path):
+    """read() on every rank (file reads only, no exchange between ranks); when it fails on
+    any rank (CheckpointError, OSError), ReadFailed on every rank: the rank's own message
+    where it failed, elsewhere one naming the ranks that failed. One small collective."""
+    error, result = None, None
+    try:
+        result = read()
+    except (CheckpointError, OSError) as e:
+        error = e
+    failed = comm.failed_ranks(error is not None)
+    if error is not None:
+        raise ReadFailed(str(error)) from None
+    if failed:
+        ranks = f"rank{'s' if len(failed) > 1 else ''} {', '.join(map(str, failed))}"
+        raise ReadFailed(f"{path}: {ranks} of {comm.size} could not read {'their' if len(failed) > 1 else 'its'} "
+                         f"part of it")
+    return result
+
+
+def _read_parts(net: Network, path: Path, verify: bool, weights_only: bool, comm: Comm, sections=()):
+    """(manifest, ([(layer, its arrays, same_layout)], [(section, its arrays, same_layout)])):
+    this rank's files read and verified, no layer or section changed yet."""
     manifest = read_manifest(path)
     try:
-        return _load_into(net, path, manifest, comm, verify, weights_only, sections)
+        return manifest, _read_into(net, path, manifest, comm, verify, weights_only, sections)
     except KeyError as e:  # an array the network needs that the manifest does not list
         raise CheckpointError(f"{path / 'manifest.json'} lists no {e.args[0]!r}, which this network "
                               f"needs: not a checkpoint of this network") from None
     except CheckpointError:
         raise
-    except ValueError as e:  # an array that fails its checks (dslide.validate), whatever its hash
+    except ValueError as e:  # a manifest entry numpy refuses (a dtype, a shape)
         raise CheckpointError(f"{path}: {e}") from None
 
 
-def _load_into(net: Network, path: Path, manifest: dict, comm: Comm, verify: bool, weights_only: bool,
-               sections=()) -> dict:
+def _read_into(net: Network, path: Path, manifest: dict, comm: Comm, verify: bool, weights_only: bool,
+               sections=()) -> tuple:
     if manifest["layers"] != net.describe() or manifest["n_features"] != net.n_features \
             or manifest["n_labels"] != net.n_labels:
         raise CheckpointError(
@@ -666,20 +716,17 @@ def _load_into(net: Network, path: Path, manifest: dict, comm: Comm, verify: boo
         # data-parallel checkpoints hold the whole model in every rank's files: read one
         reader = _Reader(path, ranks[comm.rank if same else 0], verify)
         if manifest["parallel"] == "data" and not same:
-            _load_resharded(net, [reader], whole=True, weights_only=weights_only)
+            parts = _read_resharded(net, [reader], whole=True, weights_only=weights_only)
         else:
-            _load_same(net, reader, weights_only, _legacy(net, sections))
+            parts = _read_same(net, reader, weights_only, _legacy(net, sections))
         readers = [reader]
     else:
         readers = [_Reader(path, e, verify) for e in ranks]
-        _load_resharded(net, readers, whole=False, weights_only=weights_only)
-    for section in sections:
-        _load_section(section, readers[0], same, net)
+        parts = _read_resharded(net, readers, whole=False, weights_only=weights_only)
+    section_parts = [(section, _read_section(section, readers[0], same, net), same) for section in sections]
     for r in readers:
         r.check()
-    net.step = int(manifest["step"])
-    comm.barrier()
-    return manifest
+    return parts, section_parts
 
 
 def _wanted(reader: _Reader, key: str, weights_only: bool) -> bool:
@@ -692,7 +739,7 @@ def _legacy(net: Network, sections) -> tuple:
     return tuple(f"layer{net.layers[-1].index}/{old}" for s in sections for old, _ in s.legacy)
 
 
-def _load_section(section, reader: _Reader, same: bool, net: Network) -> None:
+def _read_section(section, reader: _Reader, same: bool, net: Network) -> dict:
     """A section's arrays from this rank's files (the same layout) or, for a new layout, those
     every rank holds alike from the first rank's; found under "<name>/" or, in a checkpoint
     from before sections, where its `legacy` says."""
@@ -708,12 +755,13 @@ def _load_section(section, reader: _Reader, same: bool, net: Network) -> None:
                 key = new + full[len(old):]
                 if same or (key in axes and axes[key] is None):
                     arrays[key] = reader.read_all(full, None)
-    section.load_state(arrays, same_layout=same)
+    return arrays
 
 
-def _load_same(net: Network, reader: _Reader, weights_only: bool, skip: tuple = ()) -> None:
+def _read_same(net: Network, reader: _Reader, weights_only: bool, skip: tuple = ()) -> list:
     """Every array of this rank's own files, read into the layer's live arrays where they exist
     (but for the keys starting with one of `skip`: a section's, in an old checkpoint)."""
+    parts = []
     for layer in net.layers:
         pre = f"layer{layer.index}/"
         live = layer.state(weights_only=weights_only)
@@ -722,13 +770,16 @@ def _load_same(net: Network, reader: _Reader, weights_only: bool, skip: tuple = 
             if full.startswith(pre) and _wanted(reader, full, weights_only) and not full.startswith(skip):
                 key = full[len(pre):]
                 arrays[key] = reader.read_all(full, live.get(key))
-        layer.load_state(arrays, same_layout=True, weights_only=weights_only)
+        parts.append((layer, arrays, True))
+    return parts
 
 
-def _load_resharded(net: Network, readers: list, whole: bool, weights_only: bool) -> None:
+def _read_resharded(net: Network, readers: list, whole: bool, weights_only: bool) -> list:
     """Each layer's slice [lo, hi) assembled from the old ranks' slices along the axes the
     layer names (`shard_axes`), read straight into its live arrays; arrays every rank holds
-    alike come from the first rank's files, and each layer rebuilds its own derived state."""
+    alike come from the first rank's files. Each layer rebuilds its own derived state when
+    it takes them (load_state with same_layout False)."""
+    parts = []
     for layer in net.layers:
         pre = f"layer{layer.index}/"
         if whole:
@@ -759,7 +810,8 @@ def _load_resharded(net: Network, readers: list, whole: bool, weights_only: bool
                     sl[axis] = slice(a - layer.lo, b - layer.lo)
                     reader.read_slice(pre + key, axis, int(a - bounds[r]), int(b - bounds[r]), out[tuple(sl)])
             arrays[key] = out
-        layer.load_state(arrays, same_layout=False, weights_only=weights_only)
+        parts.append((layer, arrays, False))
+    return parts
 
 
 def _even(n: int, world: int) -> list:

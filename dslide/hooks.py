@@ -9,6 +9,9 @@ to uninstall. The product calls them and knows nothing of what they do.
     CHECKPOINT   fn(point): inside dslide.checkpoint.save, at "rank-file" (this rank's
                  file written, the manifest not yet) and "before-latest" (the checkpoint
                  whole, LATEST not yet naming it)
+    LOAD         fn(comm, path): in dslide.session.load_model (eval, predict, Model.load),
+                 once every rank has the checkpoint rank 0 resolved (path), before any
+                 rank reads it
 
 A process of the `dslide` command installs hooks by importing the module named by the
 environment variable DSLIDE_TEST_PLUGIN (`load_plugin`, before the command runs): the
@@ -22,13 +25,14 @@ import os
 
 STEP: list = []
 CHECKPOINT: list = []
+LOAD: list = []
 
 #: the environment variable naming a module to import before a command runs (its import installs hooks)
 PLUGIN_VARIABLE = "DSLIDE_TEST_PLUGIN"
 
 
 def call(point: list, *args) -> None:
-    """Every hook of `point` (STEP or CHECKPOINT), in order, with `args`."""
+    """Every hook of `point` (STEP, CHECKPOINT or LOAD), in order, with `args`."""
     for fn in list(point):
         fn(*args)
 

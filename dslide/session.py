@@ -26,7 +26,7 @@ import sys
 import time
 from pathlib import Path
 
-from dslide import rundir
+from dslide import hooks, rundir
 
 
 class UsageError(ValueError):
@@ -245,31 +245,40 @@ def load_model(run_dir: str, comm, k: int | None = None):
     from dslide import checkpoint as ck
 
     # a run still training replaces its checkpoint: LATEST may name a newer one by the time the
-    # one resolved is read (its files then gone). One process tries the newest again; ranks
-    # read the checkpoint rank 0 resolved (a retry would need every rank to agree mid-load)
-    if comm.size > 1:
-        return _load_checkpoint(run_dir, Path(comm.bcast_object(str(on_rank0(comm, lambda: ck.latest(run_dir))))),
-                                comm, k)
-    for attempt in range(LOAD_TRIES):
-        path = ck.latest(run_dir)
+    # one resolved is read (its files then gone). Every rank reads the one rank 0 resolved; a
+    # read that fails on any rank fails on all of them alike (ck.ReadFailed), and when LATEST
+    # names a newer checkpoint by then, they all try that one
+    for _ in range(LOAD_TRIES):
+        path = _newest(comm, run_dir)
+        hooks.call(hooks.LOAD, comm, path)
         try:
             return _load_checkpoint(run_dir, path, comm, k)
-        except (ck.CheckpointError, OSError):
-            if attempt + 1 == LOAD_TRIES or _latest_or_none(run_dir) in (None, path):
+        except ck.ReadFailed:
+            if _newest(comm, run_dir, missing_ok=True) in (None, path):
                 raise  # not replaced meanwhile: the checkpoint itself is at fault
+    raise ck.CheckpointError(f"{run_dir} is still training and replaced its newest checkpoint while it was being "
+                             f"read, {LOAD_TRIES} times in a row; try again, or read a copy (dslide export)")
 
 
 #: how many checkpoints load_model tries while a run replaces them (each attempt reads the newest)
 LOAD_TRIES = 5
 
 
-def _latest_or_none(run_dir):
+def _newest(comm, run_dir, missing_ok: bool = False):
+    """The checkpoint LATEST names, as rank 0 reads it, on every rank (missing_ok: None when
+    there is none, else a UsageError on every rank)."""
     from dslide import checkpoint as ck
 
-    try:
-        return ck.latest(run_dir)
-    except ck.CheckpointError:
-        return None
+    def read():
+        try:
+            return str(ck.latest(run_dir))
+        except ck.CheckpointError:
+            if missing_ok:
+                return None
+            raise
+
+    found = comm.bcast_object(on_rank0(comm, read))
+    return None if found is None else Path(found)
 
 
 def _load_checkpoint(run_dir, path, comm, k):
@@ -279,8 +288,8 @@ def _load_checkpoint(run_dir, path, comm, k):
 
     # the layout it was trained on is not the model's: eval and predict split it over every rank,
     # each with the threads this process has (NUMBA_NUM_THREADS), not those of the training run
-    config = ck.config_of(path).replace(replicas=1, shard_weights=(), threads=0)
-    manifest = ck.read_manifest(path)
+    config, manifest = ck.read_together(comm, lambda: (ck.config_of(path), ck.read_manifest(path)), path)
+    config = config.replace(replicas=1, shard_weights=(), threads=0)
     if k is not None:
         _check_k(k, manifest["n_labels"])
     comm.stall_timeout = config.stall_timeout

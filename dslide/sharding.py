@@ -14,6 +14,11 @@ proportion to the weights by largest remainders (ties to the lower rank),
 so each share is within 1 of (n - P) w_r / sum(w) + 1. Equal weights give
 exactly the even split.
 
+Replicas: a world of R x P ranks is R replicas of P shards, world rank w being
+shard w % P of replica w // P (`replica_place`); shard p covers the same
+neurons in every replica. A re-split moves each rank's neurons that another
+rank owns after it (`moves`).
+
 Nothing here talks to MPI; every function is plain integer arithmetic so that
 tests and tools can reason about any world size without launching one.
 """
@@ -53,6 +58,29 @@ def check_layout(world: int, replicas: int, weights=()) -> None:
                          f"{[r for r in range(1, world + 1) if world % r == 0]}")
     if weights is not None and len(weights) and not isinstance(weights, str):
         check_weights(weights, world // replicas)
+
+
+def replica_place(rank: int, world: int, replicas: int) -> tuple[int, int]:
+    """(replica g, shard p) of world rank `rank` when `world` ranks form `replicas`
+    replicas of P = world / replicas shards: rank = g P + p (check_layout first).
+    Shard p covers the same neurons in every replica."""
+    check_layout(world, replicas)
+    return divmod(rank, world // replicas)
+
+
+def moves(old_bounds, new_bounds, rank: int) -> tuple[list[tuple[int, int]], list[int]]:
+    """Re-sharding from old_bounds to new_bounds (int [P + 1] each): for every rank q, the
+    range [lo, hi) of neurons that `rank` sends q (the part of its old slice q owns after;
+    lo == hi when none), and how many neurons `rank` receives from q."""
+    olo, ohi = int(old_bounds[rank]), int(old_bounds[rank + 1])
+    nlo, nhi = int(new_bounds[rank]), int(new_bounds[rank + 1])
+    send, recv = [], []
+    for q in range(len(old_bounds) - 1):
+        lo, hi = max(olo, int(new_bounds[q])), min(ohi, int(new_bounds[q + 1]))
+        send.append((lo, lo + max(0, hi - lo)))
+        lo, hi = max(nlo, int(old_bounds[q])), min(nhi, int(old_bounds[q + 1]))
+        recv.append(max(0, hi - lo))
+    return send, recv
 
 
 def shard_bounds(n: int, world: int, weights=None) -> np.ndarray:

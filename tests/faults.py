@@ -8,6 +8,10 @@ DSLIDE_FAULT names the fault:
     nan-step<s>                the output layer's biases become NaN after step s, on every rank
     checkpoint-rank-file       the process dies inside a checkpoint save (exit status 75, as a
     checkpoint-before-latest   kill would), once its rank file is written / before LATEST names it
+    replace-rank<r>-times<n>   as eval, predict or Model.load is about to read the checkpoint it resolved,
+                               rank r replaces it, the first n times, as a run still training does
+                               (`replace_checkpoint`); with DSLIDE_FAULT_NEWER naming a checkpoint
+                               directory, the newer checkpoint is a copy of that one
 
 In a subprocess of the dslide command (mpiexec's included): `env.update(faults.env(fault))`;
 the command imports this module (DSLIDE_TEST_PLUGIN) and the import installs the hooks.
@@ -17,6 +21,8 @@ In the test's own process: `faults.inject(monkeypatch, fault)`, undone after the
 from __future__ import annotations
 
 import os
+import re
+import shutil
 import signal
 from pathlib import Path
 
@@ -24,6 +30,10 @@ from dslide import hooks
 
 ROOT = Path(__file__).resolve().parents[1]
 VARIABLE = "DSLIDE_FAULT"
+NEWER = "DSLIDE_FAULT_NEWER"
+
+#: the checkpoints this process's replace fault replaced, in order
+replaced: list = []
 
 
 def on_step(comm, model, step: int) -> None:
@@ -41,6 +51,28 @@ def on_checkpoint(point: str) -> None:
         os._exit(75)
 
 
+def on_load(comm, path: Path) -> None:
+    m = re.fullmatch(r"replace-rank(\d+)-times(\d+)", os.environ.get(VARIABLE, ""))
+    if m and comm.rank == int(m[1]) and len(replaced) < int(m[2]):
+        replaced.append(path)
+        replace_checkpoint(path, os.environ.get(NEWER) or path)
+
+
+def replace_checkpoint(path: Path, source) -> Path:
+    """What a training run's save does to a reader of checkpoint `path`: a newer checkpoint (a
+    copy of `source`) under a later step's name, LATEST naming it, `path` deleted. Returns it."""
+    path = Path(path)
+    step = int(path.name.split("-")[1].split(".")[0]) + 1
+    while (path.parent / f"step-{step:09d}").exists():
+        step += 1
+    newer = path.parent / f"step-{step:09d}"
+    shutil.copytree(source, newer)
+    (path.parent / "LATEST.tmp").write_text(newer.name + "\n")
+    os.replace(path.parent / "LATEST.tmp", path.parent / "LATEST")
+    shutil.rmtree(path)
+    return newer
+
+
 def env(fault: str) -> dict:
     """The environment variables that make a dslide command started now inject `fault`
     (this module on its import path, named as its plugin)."""
@@ -53,8 +85,11 @@ def inject(monkeypatch, fault: str) -> None:
     monkeypatch.setenv(VARIABLE, fault)
     monkeypatch.setattr(hooks, "STEP", [*hooks.STEP, on_step])
     monkeypatch.setattr(hooks, "CHECKPOINT", [*hooks.CHECKPOINT, on_checkpoint])
+    monkeypatch.setattr(hooks, "LOAD", [*hooks.LOAD, on_load])
+    replaced.clear()
 
 
 if os.environ.get(hooks.PLUGIN_VARIABLE) == __name__:  # imported as the command's plugin
     hooks.STEP.append(on_step)
     hooks.CHECKPOINT.append(on_checkpoint)
+    hooks.LOAD.append(on_load)

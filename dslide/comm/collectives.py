@@ -361,6 +361,16 @@ class Comm:
         if self.size > 1:
             self._call("Barrier", what="barrier")
 
+    def failed_ranks(self, failed: bool) -> list[int]:
+        """The ranks whose `failed` is true, on every rank: an all-gather of one byte each, so
+        that a step that may fail on some ranks only (reading files) ends alike on all of them.
+        Also a barrier."""
+        if self.size == 1:
+            return [0] if failed else []
+        flags = np.empty(self.size, dtype=np.uint8)
+        self._call("Allgather", np.array([1 if failed else 0], dtype=np.uint8), flags, what="failed_ranks")
+        return [int(r) for r in np.flatnonzero(flags)]
+
     # -- replicas: sub-communicators, exchanges among a subset, layout changes ------------
 
     def split(self, color: int, key: int) -> "Comm":

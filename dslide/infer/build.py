@@ -212,6 +212,8 @@ def build_index(model, train, progress: bool = False) -> dict:
     kept = net.comm.allreduce_sum(np.array([float(np.mean(model.index.tables.fill_count))]), kind="index")[0]
     share = float(kept) / out.n
     t1 = time.perf_counter()
+    if bar is not None:  # a line between the two stages: their heartbeats' silences never add up
+        bar.set_postfix_str("its query kernels")
     with _busy("inference index: loading its query kernels", bar is not None):
         warm_index(model)
     info["warm_s"] = time.perf_counter() - t1

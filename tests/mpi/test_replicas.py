@@ -20,7 +20,8 @@ from dslide.comm import Comm
 from dslide.config import Config, LSHConfig
 from dslide.data import XMCData
 from dslide.network import Network, full_parameters
-from dslide.replicas import DEPTH, Replicas, reshard
+from dslide.replicas import Replicas, reshard
+from dslide.replicas.partial import DEPTH
 from dslide.sharding import shard_bounds
 from dslide.inputs import csr_parts, make_batch
 from dslide.train import epoch_order, fit
@@ -259,7 +260,8 @@ def test_partial_reader_gets_the_rows_of_every_interval_it_missed(R):
 def test_partial_skips_a_version_older_than_the_staleness_bound(R):
     """A version published when the global counter was c is used while counter - c <=
     stale_limit(R, sync_every), and skipped (never used later) beyond it."""
-    from dslide.replicas import COUNTER, stale_limit
+    from dslide.replicas.board import COUNTER
+    from dslide.replicas.partial import stale_limit
 
     rep, net, train = _partial(R)
     X, _ = _data(L=300)

@@ -14,8 +14,10 @@ from hypothesis import strategies as st
 
 from dslide.comm import Comm
 from dslide.config import Config
-from dslide.replicas import STEP_BITS, Replicas, fresh_partners, pub_word, stale_limit
-from dslide.sharding import shard_bounds, shard_range, speed_weights
+from dslide.replicas import Replicas
+from dslide.replicas.board import STEP_BITS, pub_word
+from dslide.replicas.partial import fresh_partners, stale_limit
+from dslide.sharding import moves, replica_place, shard_bounds, shard_range, speed_weights
 
 ROOT = Path(__file__).resolve().parents[2]
 MPIEXEC = Path(sys.executable).with_name("mpiexec")
@@ -70,6 +72,31 @@ def test_wrong_number_of_weights_is_refused():
 
 
 # -- partial: which published versions a replica uses ------------------------------------------
+
+
+@settings(max_examples=200, deadline=None)
+@given(P=st.integers(1, 6), extra=st.integers(0, 300), data=st.data())
+def test_a_re_split_moves_each_neuron_from_its_old_owner_to_its_new_one(P, extra, data):
+    """moves against the owner of every neuron before and after (numpy)."""
+    n = P + extra
+    weights = [data.draw(st.lists(st.floats(0.1, 10.0), min_size=P, max_size=P)) for _ in range(2)]
+    old, new = shard_bounds(n, P, weights[0]), shard_bounds(n, P, weights[1])
+    owner_old = np.searchsorted(old, np.arange(n), side="right") - 1
+    owner_new = np.searchsorted(new, np.arange(n), side="right") - 1
+    for r in range(P):
+        send, recv = moves(old, new, r)
+        for q in range(P):
+            ids = np.flatnonzero((owner_old == r) & (owner_new == q))
+            lo, hi = send[q]
+            assert hi - lo == ids.size and (ids.size == 0 or (lo, hi) == (ids[0], ids[-1] + 1))
+            assert recv[q] == np.count_nonzero((owner_old == q) & (owner_new == r))
+
+
+def test_world_rank_w_is_shard_w_mod_p_of_replica_w_div_p():
+    assert [replica_place(w, 6, 2) for w in range(6)] == [(0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (1, 2)]
+    assert [replica_place(w, 4, 4) for w in range(4)] == [(0, 0), (1, 0), (2, 0), (3, 0)]
+    with pytest.raises(ValueError, match="not divisible by replicas"):
+        replica_place(0, 6, 4)
 
 
 def test_a_replica_uses_every_fresh_version_once_and_skips_stale_ones():
