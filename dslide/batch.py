@@ -72,8 +72,11 @@ class Act:
 class Out:
     """A layer's own output slice: a float [B, m_r] at global ids int32 [m_r] (None: all its
     columns, in order). An output layer in training also gives its targets (rows, cols into a,
-    weights): the batch's labels among its columns."""
+    weights): the batch's labels among its columns, and `shift`: None, or what it added to
+    the logits a (broadcastable to a: the sampled softmax's log-Q correction of its random
+    neurons), which a binary loss takes off."""
 
     a: np.ndarray
     ids: np.ndarray | None
     targets: tuple | None = None
+    shift: np.ndarray | None = None

@@ -37,9 +37,13 @@ CANDIDATES_MIN_WIDTH = 250_000  # between a width where candidates lose and one 
 SCOPES = ("batch", "sample")
 NARROW_OUTPUT = 4096  # labels: at most this many take the "narrow output" defaults
 LR_SCHEDULES = ("linear", "constant")
-#: loss: "softmax" over the labels (sampled in an LSH output), or "bce": one binary classifier
-#: per label, against the block's other neurons as negatives
-LOSSES = ("softmax", "bce")
+#: loss: "softmax" over the labels (sampled in an LSH output), "bce": one binary classifier
+#: per label, against the block's other neurons as negatives, or the sum of both. Left at None:
+#: NARROW_LOSS in outputs of at most NARROW_OUTPUT labels (every label a negative of every
+#: point), else "softmax" (docs/accuracy.md: on the wide real members sampled negatives alone
+#: train poor binary classifiers)
+NARROW_LOSS = "softmax+bce"
+LOSSES = ("softmax", "bce", "softmax+bce")
 #: knn left at None: this many neighbours' labels fused at inference in outputs wider than
 #: NARROW_OUTPUT whose training data has fewer than KNN_MAX_POINTS_PER_LABEL points per label
 #: (none elsewhere: the network alone learns such labels well); `knn_default` states the
@@ -389,6 +393,9 @@ class Config:
         label, every label of the point a positive and every other neuron of the step's
         block a negative (in an LSH output: the batch's other labels, the candidates,
         the random neurons; negative sampling, as per-label classifiers are trained).
+        "softmax+bce": the sum of the two (the binary part without the softmax's
+        log-Q correction). Left at None: "softmax+bce" in narrow outputs, "softmax"
+        in wide ones.
     init_input_scale: the first hidden layer starts from U(-s, s); with
         L2-normalised input rows this is the scale of its pre-activations.
     output_bias_init: "log_prior" starts each label's bias at the log of its
@@ -493,7 +500,7 @@ class Config:
     batch_size: int | None = None
     lr: float | None = None
     lr_schedule: str = "linear"
-    loss: str = "softmax"
+    loss: str | None = None
     beta1: float = 0.9
     beta2: float = 0.999
     eps: float = 1e-8
@@ -573,7 +580,8 @@ class Config:
         if self.lr is not None:
             _float_range("lr", self.lr, 0.0, 10.0, lo_open=True)
         _choice("lr_schedule", self.lr_schedule, LR_SCHEDULES)
-        _choice("loss", self.loss, LOSSES)
+        if self.loss is not None:
+            _choice("loss", self.loss, LOSSES)
         _float_range("beta1", self.beta1, 0.0, 1.0, hi_open=True)
         _float_range("beta2", self.beta2, 0.0, 1.0, hi_open=True)
         _float_range("eps", self.eps, 0.0, 1.0, lo_open=True)
@@ -628,7 +636,7 @@ class Config:
     # -- defaults from the data ---------------------------------------------------------
 
     #: the settings that `resolve` takes from the data when left at None (`dslide config show`)
-    FROM_DATA = ("hidden", "dropout", "lr", "batch_size", "epochs", "early_stop", "init_input_scale", "knn",
+    FROM_DATA = ("hidden", "dropout", "lr", "loss", "batch_size", "epochs", "early_stop", "init_input_scale", "knn",
                  "knn_weight", "proto_weight")  # knn_weight, proto_weight: chosen on the validation split
 
     def resolve(self, n_labels: int, points_per_label: float | None = None,
@@ -644,7 +652,7 @@ class Config:
         (`narrow_batch`)."""
         narrow = n_labels <= NARROW_OUTPUT
         auto = {"hidden": (NARROW_HIDDEN,) if narrow else (128,), "dropout": 0.6 if narrow else 0.0,
-                "lr": 1e-2 if narrow else WIDE_LR, "batch_size": narrow_batch(n_points) if narrow else 128,
+                "lr": 1e-2 if narrow else WIDE_LR, "loss": NARROW_LOSS if narrow else "softmax", "batch_size": narrow_batch(n_points) if narrow else 128,
                 "epochs": NARROW_EPOCHS if narrow else WIDE_EPOCHS, "init_input_scale": 0.1 if narrow else 0.3,
                 "knn": knn_default(n_labels, points_per_label)}
         from dslide.validation import EARLY_STOP_MAX_EPOCHS, validation_size

@@ -74,9 +74,9 @@ def softmax_finish(e, m, gmax, gsum, targets, y_logit, lab_ptr, mean_over: int) 
 
 @njit(parallel=True, cache=True)
 def _sigmoid_softplus(z):
-    """In place z <- sigmoid(z) (values below kernels.TINY flushed to 0); returns the
-    sum of softplus(z) = log(1 + e^z) over every entry, in float64. An entry of -inf
-    (a padding slot) becomes 0 and adds 0."""
+    """In place z <- sigmoid(z) (values below kernels.TINY flushed to 0); returns each row's
+    sum of softplus(z) = log(1 + e^z), float64 [B] (summed outside: a reduction here would
+    depend on the number of threads). An entry of -inf (a padding slot) becomes 0 and adds 0."""
     B, m = z.shape
     part = np.zeros(B)
     for i in prange(B):
@@ -96,7 +96,7 @@ def _sigmoid_softplus(z):
                 p = e / (1.0 + e)
                 z[i, j] = p if p >= 1e-30 else 0.0
         part[i] = acc
-    return part.sum()
+    return part
 
 
 def bce_finish(z, targets, mean_over: int) -> float:
@@ -107,7 +107,7 @@ def bce_finish(z, targets, mean_over: int) -> float:
     rows, cols, _ = targets
     N = mean_over
     y_sum = float(np.sum(z[rows, cols], dtype=np.float64))
-    total = _sigmoid_softplus(z)
+    total = float(np.sum(_sigmoid_softplus(z)))
     np.subtract.at(z, (rows, cols), z.dtype.type(1.0))
     z *= z.dtype.type(1.0 / N)
     return (total - y_sum) / N

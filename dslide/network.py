@@ -204,7 +204,7 @@ class Network:
         out_layer = self.layers[-1]
         out, tape = out_layer.forward(x, batch, True)
         tapes.append(tape)
-        loss, g = self._bce(out, batch) if self.config.loss == "bce" else self._softmax(out, batch)
+        loss, g = self._loss(out, batch)
         t1 = time.perf_counter()
         for layer in reversed(self.layers):
             dx, grads = layer.backward(g, tapes[layer.index])
@@ -235,6 +235,20 @@ class Network:
         gmax, gsum = self.comm.allreduce_logsumexp(m, se)
         loss = softmax_finish(z, m, gmax, gsum, out.targets, y_logit, batch.Y[0], batch.mean_over)
         return loss, z
+
+    def _loss(self, out: Out, batch: Batch):
+        """The loss share and its gradient dz of the output slice (config.loss)."""
+        kind = self.config.loss
+        if kind == "bce":
+            return self._bce(out, batch)
+        if kind == "softmax":
+            return self._softmax(out, batch)
+        # softmax+bce: the binary part on the logits without the softmax's correction
+        zb = out.a - out.shift if out.shift is not None else out.a.copy()
+        loss_b, g_b = self._bce(Out(zb, out.ids, out.targets), batch)
+        loss, g = self._softmax(out, batch)
+        g += g_b
+        return loss + loss_b, g
 
     def _bce(self, out: Out, batch: Batch):
         """The loss share and dz = (sigmoid(z) - y) / N of the output slice: each label its own

@@ -93,8 +93,8 @@ class LSHLayer(Layer):
         self.max_active, self.max_candidates, self.n_random = block_counts(lc, self.n, self.n_local)
         self.own = self.is_output and lc.scope == "sample" and self.max_active > 0
         # the softmax's random neurons stand for the rest of the slice (log-Q correction);
-        # a binary loss takes them as plain negatives
-        self.log_q = self.config.loss == "softmax"
+        # a binary loss alone takes them as plain negatives
+        self.log_q = self.config.loss != "bce"
         seed = self.config.seed
         # Hash functions and anchors derive from the seed and the layer only, never from the rank.
         self.candidates = self._make_candidates()
@@ -175,12 +175,16 @@ class LSHLayer(Layer):
         z = xd @ WC.T
         z += self.b[C]
         z += corr
+        shift = corr[None, :] if self.is_output else None
         if own is not None:
             own_ids, row_corr = own
             z[:, n_labels:] += row_corr[:, None]
             zp = np.empty(own_ids.shape, dtype=z.dtype)
             kernels.own_scores(xd, self.W, self.b, own_ids, zp)
             z = np.concatenate([z, zp], axis=1)
+            if self.config.loss == "softmax+bce":
+                shift = np.zeros_like(z)
+                shift[:, n_labels:C.size] = row_corr[:, None]
         targets = None
         if self.is_output:
             rows, cols, w = label_targets(batch.Y, self.lo, self.hi)
@@ -191,7 +195,7 @@ class LSHLayer(Layer):
         else:
             np.maximum(z, 0, out=z)
         tape = (x, xd, C, WC, None if self.is_output else z, None if own is None else own[0])
-        return Out(z, (C + self.lo).astype(np.int32), targets), tape
+        return Out(z, (C + self.lo).astype(np.int32), targets, shift), tape
 
     def backward(self, g, tape):
         x, xd, C, WC, out, own_ids = tape

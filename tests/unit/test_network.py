@@ -54,15 +54,19 @@ def _grads(net, beta1):
 
 
 def _ref_loss(params, X, Y, kind="softmax"):
-    """Mean softmax cross-entropy with labels spread evenly (kind "softmax") or the summed binary
-    cross-entropy of every label's sigmoid ("bce"), over the points, in plain numpy float64."""
+    """Mean softmax cross-entropy with labels spread evenly (kind "softmax"), the summed binary
+    cross-entropy of every label's sigmoid ("bce") or their sum ("softmax+bce"), over the points,
+    in plain numpy float64."""
     a = X.toarray()
     for W, b in params[:-1]:
         a = np.maximum(a @ W + b, 0.0)
     W, b = params[-1]
     z = a @ W + b
+    bce = float(np.mean((np.logaddexp(0.0, z) - Y.toarray() * z).sum(axis=1)))
     if kind == "bce":
-        return float(np.mean((np.logaddexp(0.0, z) - Y.toarray() * z).sum(axis=1)))
+        return bce
+    if kind == "softmax+bce":
+        return bce + _ref_loss(params, X, Y, "softmax")
     m = z.max(axis=1, keepdims=True)
     lse = (m + np.log(np.exp(z - m).sum(axis=1, keepdims=True))).ravel()
     Yd = Y.toarray().astype(np.float64)
@@ -71,7 +75,7 @@ def _ref_loss(params, X, Y, kind="softmax"):
     return float(np.mean((w * (lse[:, None] - z)).sum(axis=1)))
 
 
-@pytest.mark.parametrize("kind", ["softmax", "bce"])
+@pytest.mark.parametrize("kind", ["softmax", "bce", "softmax+bce"])
 def test_exact_gradients_match_central_finite_differences(kind):
     X, Y = _tiny_problem()
     cfg = Config(hidden=(6, 5), exact=True, dtype="float64", input_norm="none", seed=3, dropout=0.0,
@@ -203,20 +207,22 @@ def _assert_matches_block_softmax(net, loss, A0, z0, W1, b1, labels, block_of, k
     gW1, gb1, dh = np.zeros_like(W1), np.zeros_like(b1), np.zeros_like(h)
     ref_loss = 0.0
     for i in range(n):
-        if labels[i].size == 0 and kind == "softmax":
-            continue
         S, shift = block_of(i)
-        z = h[i] @ W1[:, S] + b1[S] + shift
-        if kind == "bce":
+        z = h[i] @ W1[:, S] + b1[S]
+        dz = np.zeros(S.size)
+        if "bce" in kind:  # unshifted
             t = np.isin(S, labels[i]).astype(np.float64)
             ref_loss += (np.logaddexp(0.0, z) - t * z).sum() / n
-            p = 1.0 / (1.0 + np.exp(-z))
-        else:
-            p = np.exp(z - z.max())
+            dz += (1.0 / (1.0 + np.exp(-z)) - t) / n
+        if "softmax" in kind and labels[i].size:
+            zs = z + shift
+            p = np.exp(zs - zs.max())
             p /= p.sum()
             t = np.isin(S, labels[i]) / labels[i].size
             ref_loss += -(t * np.log(p)).sum() / n
-        dz = (p - t) / n
+            dz += (p - t) / n
+        if not dz.any():
+            continue
         gW1[:, S] += np.outer(h[i], dz)
         gb1[S] += dz
         dh[i] = W1[:, S] @ dz
@@ -230,7 +236,7 @@ def _assert_matches_block_softmax(net, loss, A0, z0, W1, b1, labels, block_of, k
     return g1
 
 
-@pytest.mark.parametrize("kind", ["softmax", "bce"])
+@pytest.mark.parametrize("kind", ["softmax", "bce", "softmax+bce"])
 def test_own_candidates_gradient_is_each_samples_softmax_over_its_own_set(kind):
     """lsh.scope = "sample": sample i's softmax runs over the shared block (the batch's labels,
     then random neurons) and its own candidates, the first k of its anchor's bucket not in the
@@ -270,7 +276,7 @@ def test_own_candidates_gradient_is_each_samples_softmax_over_its_own_set(kind):
 
     def own_set(i):
         S = np.concatenate([C, own[i]]).astype(np.int64)
-        corr = np.log((n_out - U.size - len(own[i])) / rand.size) if kind == "softmax" else 0.0
+        corr = np.log((n_out - U.size - len(own[i])) / rand.size) if "softmax" in kind else 0.0
         return S, np.concatenate([np.zeros(U.size), np.full(rand.size, corr), np.zeros(len(own[i]))])
 
     assert any(len(o) < k for o in own), "some sample has unused slots"
@@ -296,7 +302,8 @@ def test_random_negatives_per_step_are_capped_by_the_share_of_the_layer():
         assert (n_rand == 0) == (expected == 0)
 
 
-@pytest.mark.parametrize("family,kind", [("anchor", "softmax"), ("dwta", "softmax"), ("anchor", "bce")])
+@pytest.mark.parametrize("family,kind", [("anchor", "softmax"), ("dwta", "softmax"), ("anchor", "bce"),
+                                         ("dwta", "softmax+bce")])
 def test_sparse_gradient_is_the_restricted_softmax_gradient_and_zero_elsewhere(family, kind):
     """The step's block: every label of the batch, the union of the samples' candidates (scored
     exactly, no correction), then random neurons whose logits carry the log-Q correction
@@ -324,7 +331,7 @@ def test_sparse_gradient_is_the_restricted_softmax_gradient_and_zero_elsewhere(f
     cand, rand = C[U.size:U.size + n_cand], C[U.size + n_cand:]
     assert n_cand > 0 and np.all(np.diff(cand) > 0) and not np.isin(cand, U).any()
     assert 0 < rand.size <= 6 and not np.isin(rand, C[:U.size + n_cand]).any()
-    corr = np.log((n_out - U.size - n_cand) / rand.size) if kind == "softmax" else 0.0
+    corr = np.log((n_out - U.size - n_cand) / rand.size) if "softmax" in kind else 0.0
     labels = [Y.indices[Y.indptr[i]:Y.indptr[i + 1]] for i in range(X.shape[0])]
 
     # numpy reference: the loss over the block only
