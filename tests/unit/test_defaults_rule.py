@@ -62,6 +62,21 @@ def test_wide_outputs_train_fewer_epochs_and_explicit_settings_win():
     assert (c.knn, c.knn_weight, c.epochs) == (3, 0.1, 7.0)
 
 
+def test_the_loss_follows_the_output_width_and_an_explicit_one_wins():
+    """Narrow outputs (every label a negative of every point) add one binary cross-entropy per
+    label to the softmax; wide ones, whose negatives are sampled, keep the softmax alone."""
+    from dslide.config import NARROW_LOSS, NARROW_OUTPUT
+
+    assert NARROW_LOSS == "softmax+bce"
+    assert Config().resolve(NARROW_OUTPUT).loss == "softmax+bce"
+    assert Config().resolve(NARROW_OUTPUT + 1).loss == "softmax"
+    assert Config(loss="softmax").resolve(159).loss == "softmax"
+    assert Config(loss="bce").resolve(670_091).loss == "bce"
+    assert Config().loss is None and "loss" in Config.FROM_DATA
+    with pytest.raises(ValueError, match="loss.*'softmax', 'bce', 'softmax\\+bce'"):
+        Config(loss="hinge")
+
+
 @pytest.mark.parametrize("n_points,batch", [
     (4_880, NARROW_BATCH),     # BibTeX: 10 steps an epoch
     (15_000, NARROW_BATCH),
