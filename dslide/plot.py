@@ -1,4 +1,5 @@
-"""`dslide plot RUN [RUN ...] --out progress.png`: P@1 and loss against training time.
+"""P@1 and loss against training time: what `dslide plot RUN [RUN ...] --out progress.png`
+draws (the command: dslide.cli.plot).
 
 The figures come from each run directory's log.jsonl (a record every
 `log_every` steps: wall_s, loss; P@k every `eval_every` steps, the network
@@ -86,21 +87,3 @@ def draw(runs: dict[str, dict], out, title: str | None = None) -> None:
     plt.close(fig)
     tmp.replace(out)
 
-
-def add_parser(sub, command) -> None:
-    """The `plot` subcommand's options (`command(name, help)` makes a subparser of `sub`)."""
-    c = command("plot", "draw P@1 and loss against training time from run directories (needs matplotlib)")
-    c.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run directories of dslide train (their log.jsonl)")
-    c.add_argument("--out", required=True, metavar="PNG", help="image file to write")
-    c.add_argument("--labels", help="comma-separated legend labels (default: the run directories' names)")
-    c.add_argument("--title", help="a title above both panels")
-
-
-def cmd_plot(args, comm) -> int:
-    labels = args.labels.split(",") if args.labels else [Path(r).name for r in args.runs]
-    if len(labels) != len(args.runs):
-        raise ValueError(f"--labels names {len(labels)} runs but {len(args.runs)} are given")
-    if comm.rank == 0:
-        draw({lab: series(r) for lab, r in zip(labels, args.runs)}, args.out, args.title)
-        print(f"wrote {args.out}")
-    return 0

@@ -15,8 +15,8 @@ per stage. Later runs load every kernel from the cache.
 
 `heartbeat()` prints a line at least every `every` seconds while numba is
 compiling (numba's "numba:compile" event, fired only on a cache miss), naming
-the kernel: the dslide command runs under it on rank 0, so a first run that
-was not warmed is not silent either.
+the kernel: the dslide command runs under it on rank 0 (dslide.cli.warm.notice),
+so a first run that was not warmed is not silent either.
 """
 
 from __future__ import annotations
@@ -174,7 +174,7 @@ def warm(out=None, verbose: bool = False, *, run_command) -> list[Kernel]:
     """Compile (or load from numba's cache) the kernels of the demo's pipeline, with a line
     per stage on `out` (default stdout) and a heartbeat while compiling. Returns every
     dslide kernel used, with the signatures compiled and loaded. run_command: the dslide
-    command's entry point, dslide.cli.main (which runs `dslide warm` through `main` here)."""
+    command's entry point, dslide.cli.main (whose `dslide warm`, dslide.cli.warm, calls this)."""
     import io
 
     out = sys.stdout if out is None else out
@@ -204,20 +204,3 @@ def warm(out=None, verbose: bool = False, *, run_command) -> list[Kernel]:
               f"({n_compiled} compiled now, {len(report) - n_compiled} loaded from the cache)")
     return report
 
-
-def main(argv=None, *, run_command) -> int:
-    """`dslide warm [--verbose]`; run_command: as `warm`'s."""
-    import argparse
-
-    p = argparse.ArgumentParser(prog="dslide warm", description=__doc__.splitlines()[0])
-    p.add_argument("--verbose", action="store_true", help="list every kernel")
-    a = p.parse_args(argv)
-    warm(verbose=a.verbose, run_command=run_command)
-    return 0
-
-
-def notice(command: str, rank: int, quiet: bool):
-    """The dslide command's heartbeat: on rank 0 of the commands that run kernels, unless --quiet."""
-    if rank != 0 or quiet or command in ("plot", "config", "warm"):
-        return contextlib.nullcontext()
-    return heartbeat()

@@ -422,14 +422,15 @@ def eval_child(args) -> None:
 
     from ._lsh_eval import compare_inference
 
-    from dslide import cli, propensity
+    from dslide import propensity
     from dslide.comm import Comm
     from dslide.data import read_xmc
+    from dslide.session import load_model
 
     from dslide import train as T
 
     comm = Comm()
-    model = cli.load_model(args.model, comm)
+    model = load_model(args.model, comm)
     info = {}
     if args.rebuild:
         info = {k: v for k, v in T.build_index(model, read_xmc(args.rebuild)).items() if k != "share"}

@@ -17,16 +17,16 @@ import numpy as np
 import scipy.sparse as sp
 
 import dslide
-from dslide import cli
 from dslide import inputs as I
 from dslide.comm import Comm
 from dslide.infer.index import _nearest_points
+from dslide.session import load_model
 
 
 def main(run_dir: str, data_path: str) -> None:
     comm = Comm.world()
     t0 = time.perf_counter()
-    model = cli.load_model(run_dir, comm)
+    model = load_model(run_dir, comm)
     load_s = time.perf_counter() - t0
     data = dslide.read_data(data_path)
     net, out, index = model.network, model.network.layers[-1], model.index

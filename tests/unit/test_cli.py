@@ -14,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dslide import cli, formats, session
+from dslide.cli import common
 from dslide.config import (BIAS_INITS, DTYPES, INPUT_NORMS, LAYER_KINDS, LR_SCHEDULES, PARALLEL, POLICIES, SELECT_MODES,
                            SYNC_MODES, Config, LSHConfig)
 from dslide.candidates import SOURCES
@@ -61,13 +62,13 @@ def trained(tiny, tmp_path_factory):
 def test_set_overrides_parse_toml_values_lists_and_tables(tmp_path):
     f = tmp_path / "c.toml"
     f.write_text('lr = 0.5\nhidden = [64]\n[lsh]\nK = 3\n')
-    c = cli.make_config(str(f), ["lr=1e-3", "hidden=256,128", "lsh.L=20", "input_norm=none", "exact=true"])
+    c = common.make_config(str(f), ["lr=1e-3", "hidden=256,128", "lsh.L=20", "input_norm=none", "exact=true"])
     assert c.lr == 1e-3 and c.hidden == (256, 128) and c.lsh.K == 3 and c.lsh.L == 20
     assert c.input_norm == "none" and c.exact is True
     # the saved TOML reads back to the same configuration
     g = tmp_path / "saved.toml"
-    g.write_text(cli.config_toml(c))
-    assert cli.make_config(str(g), []) == c
+    g.write_text(session.config_toml(c))
+    assert common.make_config(str(g), []) == c
 
 
 # Any valid Config, lsh_layers included, for the round-trip property below.
@@ -133,8 +134,8 @@ def _configs(draw):
 @given(config=_configs())
 def test_every_config_round_trips_through_config_toml(config, tmp_path_factory):
     f = tmp_path_factory.mktemp("rt") / "config.toml"
-    f.write_text(cli.config_toml(config))
-    back = cli.make_config(str(f), [])
+    f.write_text(session.config_toml(config))
+    back = common.make_config(str(f), [])
     assert back == config
     # and through the checkpoint manifest's JSON (config_of)
     assert Config.from_dict(json.loads(json.dumps(config.to_dict()))) == config
@@ -142,12 +143,12 @@ def test_every_config_round_trips_through_config_toml(config, tmp_path_factory):
 
 def test_lsh_layers_are_written_as_toml_not_as_a_comment(tmp_path):
     c = Config(hidden=(16, 8), kinds=("dense", "lsh", "lsh"), lsh_layers=(None, LSHConfig(K=4, L=9), None))
-    text = cli.config_toml(c)
+    text = session.config_toml(c)
     assert "#" not in text
     assert tomllib.loads(text)["lsh_layers"][0] == "lsh" and tomllib.loads(text)["lsh_layers"][1]["L"] == 9
     f = tmp_path / "c.toml"
     f.write_text(text)
-    assert cli.make_config(str(f), []).lsh_layers == (None, LSHConfig(K=4, L=9), None)
+    assert common.make_config(str(f), []).lsh_layers == (None, LSHConfig(K=4, L=9), None)
 
 
 @settings(max_examples=300, deadline=None)
@@ -394,12 +395,11 @@ def test_eval_uses_this_process_threads_not_the_training_runs(tiny, tmp_path):
     evaluating process has: the layout of training is not the model's."""
     import numba
 
-    from dslide.cli import _load_model
     from dslide.comm import Comm
 
     run_dir = tmp_path / "one_thread"
     assert cli.main(["train", "--train", str(tiny[0]), "--out", str(run_dir), "--quiet", "--set", "epochs=1",
                      "--set", "hidden=16", "--set", "threads=1"]) == 0
     assert numba.get_num_threads() == 1
-    _load_model(str(run_dir), Comm())
+    session.load_model(str(run_dir), Comm())
     assert numba.get_num_threads() == numba.config.NUMBA_NUM_THREADS

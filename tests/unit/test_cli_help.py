@@ -9,6 +9,7 @@ import pytest
 
 import dslide
 from dslide import cli
+from dslide.cli import common
 from dslide.config import Config
 
 
@@ -130,7 +131,7 @@ def test_reading_a_large_file_shows_a_bar_of_its_bytes(tmp_path, monkeypatch, qu
     path = tmp_path / "big.txt"
     write_xmc(path, X, Y)
     size = path.stat().st_size
-    monkeypatch.setattr(cli, "LOUD_READ_BYTES", size)  # "large": this one
+    monkeypatch.setattr(common, "LOUD_READ_BYTES", size)  # "large": this one
     monkeypatch.setattr(xmc_parse, "PARSE_BLOCK_BYTES", size // 5)
     import tqdm
 
@@ -148,7 +149,7 @@ def test_reading_a_large_file_shows_a_bar_of_its_bytes(tmp_path, monkeypatch, qu
     monkeypatch.setattr(tqdm, "tqdm", Bar)
     term = _Terminal()
     monkeypatch.setattr(sys, "stderr", term)
-    data = cli._read(str(path), "--train", comm=types.SimpleNamespace(rank=0), quiet=quiet)
+    data = common.read(str(path), "--train", comm=types.SimpleNamespace(rank=0), quiet=quiet)
     assert (data.X != read_xmc(path, cache=False).X).nnz == 0
     text = "".join(term.text)
     if quiet:

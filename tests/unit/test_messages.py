@@ -10,6 +10,7 @@ import pytest
 import scipy.sparse as sp
 
 from dslide import cli
+from dslide.cli import common
 
 from tests.conftest import TINY as S, tiny_run  # noqa: E402
 
@@ -44,7 +45,7 @@ def test_predict_into_a_read_only_directory_is_refused_before_the_model_is_loade
         raise AssertionError("the model was loaded (and the data scored) before --out was checked")
 
     monkeypatch.setattr(tempfile, "mkstemp", read_only)
-    monkeypatch.setattr(cli, "_load_model", never)
+    monkeypatch.setattr(common, "load_model", never)
     with pytest.raises(SystemExit) as e:
         cli.main(["predict", "--model", str(world / "run"), "--data", str(world / "t_test.txt"), "--k", "3",
                   "--out", str(tmp_path / "p.txt")])

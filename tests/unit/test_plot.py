@@ -4,6 +4,7 @@ it refuses in one line with exit status 2."""
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -62,5 +63,5 @@ def test_dslide_plot_draws_where_matplotlib_is_installed(tmp_path):
     assert (tmp_path / "p.png").stat().st_size > 10_000
     # the old command still works
     p = subprocess.run([sys.executable, "-m", "scripts.plot_run", str(run), "--out", str(tmp_path / "q.png")],
-                       capture_output=True, text=True, cwd=cli.Path(__file__).resolve().parents[2])
+                       capture_output=True, text=True, cwd=Path(__file__).resolve().parents[2])
     assert p.returncode == 0 and (tmp_path / "q.png").is_file(), p.stderr

@@ -90,11 +90,11 @@ def test_eval_uses_the_training_propensities_saved_with_the_run(tiny_run, capsys
     assert "A = 0.6, B = 2.6" in out
     # and not the figure the test file's own propensities give
     from dslide import train as T
-    from dslide.cli import _load_model
+    from dslide.session import load_model
     from dslide.comm import Comm
 
     Yt = read_xmc(test).Y
-    pred = T.predict_topk(_load_model(str(run_dir), Comm()), read_xmc(test).X, 5)
+    pred = T.predict_topk(load_model(str(run_dir), Comm()), read_xmc(test).X, 5)
     own = psprecision_at_k(Yt, pred, inverse_propensity(Yt, A=0.6, B=2.6), k=5)
     assert abs(own[0] - ev["psp@1"]) > 1e-3
 
@@ -174,7 +174,7 @@ def test_eval_recomputes_psp_from_the_saved_counts_with_other_constants(tiny_run
     out = capsys.readouterr().out
     ev = json.loads((run_dir / "metrics.json").read_text())["eval"]
     from dslide import train as T
-    from dslide.cli import load_model
+    from dslide.session import load_model
     from dslide.comm import Comm
 
     Ytr, te = read_xmc(train).Y, read_xmc(test)

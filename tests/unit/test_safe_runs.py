@@ -24,6 +24,8 @@ from dslide import cli, rundir, session
 from dslide import checkpoint as ck
 from dslide import data as D
 from dslide import xmc_cache as C
+from dslide.cli import common
+from dslide.cli import train as cli_train
 from dslide.comm import Comm
 from dslide.config import Config, LSHConfig
 from dslide.data import XMCCacheWarning, cache_path, read_xmc, write_xmc
@@ -103,7 +105,7 @@ def test_train_out_refuses_an_existing_run_and_overwrite_replaces_it_whole(data,
 def test_the_default_run_directory_is_never_one_already_there(data, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    monkeypatch.setattr(cli.time, "strftime", lambda fmt: stamp)
+    monkeypatch.setattr(cli_train.time, "strftime", lambda fmt: stamp)
     (tmp_path / "runs" / f"run-{stamp}").mkdir(parents=True)
     (tmp_path / "runs" / f"run-{stamp}" / "config.toml").write_text("x")
     code, _, err = run(["train", "--train", str(data.a), "--set", "epochs=1", *S], capsys)
@@ -472,21 +474,21 @@ def test_a_cache_with_non_finite_values_or_unsorted_indices_is_refused(tmp_path,
 @pytest.mark.parametrize("text, value", [("false", False), ("False", False), ("FALSE", False), ("0", False),
                                          ("true", True), ("True", True), ("1", True)])
 def test_booleans_take_true_false_in_any_case_and_1_0(text, value, tmp_path):
-    assert cli.make_config(None, [f"exact={text}"]).exact is value
-    assert cli.make_config(None, [f"checkpoint_moments={text}"]).checkpoint_moments is value
+    assert common.make_config(None, [f"exact={text}"]).exact is value
+    assert common.make_config(None, [f"checkpoint_moments={text}"]).checkpoint_moments is value
     f = tmp_path / "c.toml"
     f.write_text(f'exact = "{text}"\n')
-    assert cli.make_config(str(f), []).exact is value
+    assert common.make_config(str(f), []).exact is value
 
 
 @pytest.mark.parametrize("text", ["yes", "no", "2", "-1", "0.0", "'maybe'", "[1]", "''"])
 def test_anything_else_is_no_boolean(text):
     with pytest.raises(ValueError, match="exact = .* must be true or false"):
-        cli.make_config(None, [f"exact={text}"])
+        common.make_config(None, [f"exact={text}"])
 
 
 def test_exact_false_keeps_the_lsh_output_layer(data, tmp_path):
-    cfg = cli.make_config(None, ["exact=False", "kinds=dense,lsh", "hidden=16"]).resolve(500)
+    cfg = common.make_config(None, ["exact=False", "kinds=dense,lsh", "hidden=16"]).resolve(500)
     assert cfg.exact is False and cfg.layer_kind(1, 500) == "lsh"
 
 
@@ -496,7 +498,7 @@ def test_exact_false_keeps_the_lsh_output_layer(data, tmp_path):
 def test_a_model_larger_than_the_memory_available_is_refused_with_both_figures(data, tmp_path, capsys, monkeypatch):
     from dslide import memory
 
-    cfg = cli.make_config(None, ["hidden=16", "batch_size=32", "epochs=1"]).resolve(500)
+    cfg = common.make_config(None, ["hidden=16", "batch_size=32", "epochs=1"]).resolve(500)
     need = memory.account(cfg, 1000, 500, threads=session._threads_of(cfg))["peak"] + 4 * 8 * 500
     monkeypatch.setattr(memory, "available_bytes", lambda: need // 2)
     code, _, err = run(["train", "--train", str(data.a), "--out", str(tmp_path / "r"), "--set", "epochs=1", *S],
@@ -665,4 +667,4 @@ def test_a_stopped_rank_ends_every_rank_with_a_message_naming_it(data, tmp_path,
 
 def test_without_a_stall_timeout_the_collectives_are_the_blocking_ones():
     assert Config().stall_timeout == 0.0 and Comm().stall_timeout == 0.0
-    assert "stall_timeout" in cli.RESUME_SETTABLE
+    assert "stall_timeout" in cli_train.RESUME_SETTABLE

@@ -181,7 +181,7 @@ def test_fit_holds_the_validation_points_out_and_picks_the_noop_on_independent_l
 
 
 def test_the_summary_names_what_its_figures_are_and_the_choices_behind_them():
-    from dslide.cli import choice_lines
+    from dslide.cli.train import choice_lines
 
     info = {"fusion_choice": {"chosen": {"knn": 20, "proto_weight": 0.25, "knn_weight": 0.2},
                               "validation_points": 2285,

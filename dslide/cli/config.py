@@ -1,0 +1,41 @@
+"""`dslide config show`: every setting with its default and valid range, and what a data set resolves it to."""
+
+from __future__ import annotations
+
+from dslide.cli import common
+
+EXAMPLES = """examples:
+  dslide config show
+  dslide config show --data data/small_train.txt --set hidden=256"""
+
+
+def add_parser(command) -> None:
+    from dslide.formats import FORMATS
+
+    c = command("config", "list the settings: default, valid range, and the value for a data set", EXAMPLES)
+    csub = c.add_subparsers(dest="config_cmd", required=True, metavar="CONFIG_COMMAND")
+    show = csub.add_parser("show", help="every setting with its default and valid range (and with --data the value "
+                                        "the data resolves it to)", formatter_class=common.Help, epilog=EXAMPLES)
+    show.add_argument("--data", metavar="DATA", help="resolve the settings taken from the data for this training set")
+    show.add_argument("--format", choices=FORMATS, help=common.FORMAT_HELP)
+    common.add_sets(show)
+    common.add_debug(show)
+
+
+def run(args, comm) -> int:
+    from dslide import settings
+
+    config = common.make_config(args.config, args.set)
+    shape = (None, None, None, None)
+    if args.data:
+        from dslide import train as T
+
+        data = common.read(args.data, "--data", args.format, comm=comm)
+        shape = (data.n_features, data.n_labels, T.points_per_label(data.Y), data.n_points)
+    if comm.rank == 0:
+        if args.data:
+            print(f"{args.data}: {shape[0]:,} features, {shape[1]:,} labels, "
+                  f"{shape[2]:.2f} training points per label")
+        print(settings.format_table(settings.table(config, *shape), with_value=bool(args.data or args.set
+                                                                                     or args.config)))
+    return 0
