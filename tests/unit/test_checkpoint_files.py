@@ -11,6 +11,7 @@ import pytest
 
 from dslide.datasets.synthetic import generate_split
 from dslide import checkpoint as ck
+from dslide import checkpoint_files as ckf
 from dslide import train as T
 from dslide.comm import Comm
 from dslide.config import Config, LSHConfig
@@ -19,13 +20,13 @@ from dslide.infer.parts import sections
 
 @pytest.mark.parametrize("dtype", [np.float32, np.uint16, np.int64, np.bool_])
 def test_npy_round_trip_and_slices_match_numpy(tmp_path, monkeypatch, dtype):
-    monkeypatch.setattr(ck, "CHUNK", 40)  # many chunks, and chunk edges inside rows
+    monkeypatch.setattr(ckf, "CHUNK", 40)  # many chunks, and chunk edges inside rows
     rs = np.random.default_rng(0)
     a = (rs.random((13, 7)) * 1000).astype(dtype)
-    digest = ck.write_npy(tmp_path / "a.npy", a)
-    assert digest == ck._sha256(tmp_path / "a.npy")
+    digest = ckf.write_npy(tmp_path / "a.npy", a)
+    assert digest == ckf.sha256(tmp_path / "a.npy")
     np.testing.assert_array_equal(np.load(tmp_path / "a.npy"), a)  # numpy reads it
-    f = ck._NpyFile(tmp_path / "a.npy")
+    f = ckf.NpyFile(tmp_path / "a.npy")
     out = np.empty_like(a)
     import hashlib
 
@@ -48,13 +49,13 @@ def test_npy_round_trip_and_slices_match_numpy(tmp_path, monkeypatch, dtype):
         assert not big[:, :5].any() if axis == 1 else not big[:4].any()
     f.close()
     # a strided source is written like its contiguous copy
-    ck.write_npy(tmp_path / "t.npy", a.T)
+    ckf.write_npy(tmp_path / "t.npy", a.T)
     np.testing.assert_array_equal(np.load(tmp_path / "t.npy"), a.T)
     # a truncated file is an error naming it
     raw = (tmp_path / "a.npy").read_bytes()
     (tmp_path / "cut.npy").write_bytes(raw[:-5])
     with pytest.raises(ck.CheckpointError, match="cut.npy is truncated"):
-        ck._NpyFile(tmp_path / "cut.npy").read_all(np.empty_like(a))
+        ckf.NpyFile(tmp_path / "cut.npy").read_all(np.empty_like(a))
 
 
 def test_save_and_load_need_about_one_chunk_of_extra_memory(tmp_path):
@@ -64,11 +65,11 @@ def test_save_and_load_need_about_one_chunk_of_extra_memory(tmp_path):
     code = textwrap.dedent(f"""
         import resource, numpy as np
         from pathlib import Path
-        from dslide import checkpoint as ck
+        from dslide import checkpoint_files as ckf
         a = np.arange(64 << 20, dtype=np.float32)  # 256 MiB, every page touched
         base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        ck.write_npy(Path({str(tmp_path)!r}) / "big.npy", a)
-        f = ck._NpyFile(Path({str(tmp_path)!r}) / "big.npy")
+        ckf.write_npy(Path({str(tmp_path)!r}) / "big.npy", a)
+        f = ckf.NpyFile(Path({str(tmp_path)!r}) / "big.npy")
         a[:] = 0
         f.read_all(a)
         f.read_slice(0, 1000, 2000, a[:1000])
@@ -78,7 +79,7 @@ def test_save_and_load_need_about_one_chunk_of_extra_memory(tmp_path):
     """)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     assert out[0] == "True"
-    assert int(out[1]) * 1024 < 2 * ck.CHUNK + (16 << 20), f"peak RSS grew by {int(out[1]) / 1024:.0f} MiB"
+    assert int(out[1]) * 1024 < 2 * ckf.CHUNK + (16 << 20), f"peak RSS grew by {int(out[1]) / 1024:.0f} MiB"
 
 
 @pytest.fixture(scope="module")

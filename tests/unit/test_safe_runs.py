@@ -22,6 +22,7 @@ import scipy.sparse as sp
 
 from dslide import cli, rundir, session
 from dslide import checkpoint as ck
+from dslide import checkpoint_files as ckf
 from dslide import data as D
 from dslide import xmc_cache as C
 from dslide.cli import common
@@ -385,7 +386,7 @@ def test_an_array_file_is_written_under_a_fresh_name(tmp_path):
     victim = tmp_path / "victim"
     victim.write_text("precious")
     os.symlink(victim, tmp_path / ".a.npy.tmp")  # write_npy's old temporary name
-    ck.write_npy(tmp_path / "a.npy", np.arange(5.0))
+    ckf.write_npy(tmp_path / "a.npy", np.arange(5.0))
     assert victim.read_text() == "precious" and np.array_equal(np.load(tmp_path / "a.npy"), np.arange(5.0))
     assert sorted(p.name for p in tmp_path.iterdir()) == [".a.npy.tmp", "a.npy", "victim"]
 
