@@ -23,19 +23,19 @@ disk (cache=True), the parallel ones too, so only a process's first run after
 a change compiles. numba 0.68 loads a cached parallel kernel at any thread
 count (tests/unit/test_numba_cache.py; older numba versions crashed). numba keys
 its cache by the file that defines a kernel: after editing dslide/rng.py,
-lsh/_common.py or lsh/_topk.py, whose functions other files' kernels inline,
-delete the __pycache__/*.nbi and *.nbc files (or touch those files).
+dslide/bfloat16.py, lsh/_common.py or lsh/_topk.py, whose functions other
+files' kernels inline, delete the __pycache__/*.nbi and *.nbc files (or touch
+those files).
 """
 
 from __future__ import annotations
 
 import numba
 import numpy as np
-from llvmlite import ir
-from numba import get_thread_id, njit, prange, types
-from numba.extending import intrinsic, overload
+from numba import get_thread_id, njit, prange
 
 from dslide import rng
+from dslide.bfloat16 import load, row_seed, store_nearest, store_stochastic
 from dslide.lsh.anchors import union_per_query
 
 EXP_FLOOR = -80.0  # exp(-80) = 1.8e-35: still a normal float32
@@ -150,175 +150,13 @@ def scale_flush_rows(e, scale):
             e[i, a] = v if v >= tiny else zero
 
 
-
 # ----------------------------------------------------------------------------
-# Adam moments in reduced precision: bfloat16 as uint16 bit patterns
+# Adam (Kingma & Ba 2015) with bias correction, lazy over rows; moments in a float
+# type or in bfloat16 (dslide.bfloat16)
 # ----------------------------------------------------------------------------
-#
-# bfloat16 is the upper half of a float32 (sign, the same 8 exponent bits, 7
-# mantissa bits), so widening is exact and the range is float32's: TINY is a
-# normal bfloat16 and the flush above keeps subnormals out as before. numpy
-# has no bfloat16, so moments are stored as uint16 [same shape] and every
-# Adam kernel widens them to float32, updates in float32 and narrows back.
-#
-# Narrowing: m rounds to nearest (ties to even). v rounds stochastically:
-# with beta2 = 0.999 one step changes v by 0.1%, under half a bfloat16 unit
-# (2^-8 = 0.4%), so rounded to nearest v would never decay and would grow
-# only for gradients 3x its size (measured in numpy over 600 steps with
-# shrinking gradients: v 21% off float32, the update 9% off; stochastically
-# rounded 2.4% and 1.9%). The random bits are a function of (key, step,
-# the element's global position) only: results do not depend on threads or ranks.
-
-
-@intrinsic
-def _f32_bits(typingctx, x):
-    """The IEEE bit pattern of a float32 as uint32 (a bit cast, no conversion)."""
-    if x != types.float32:
-        return None
-
-    def codegen(context, builder, sig, args):
-        return builder.bitcast(args[0], ir.IntType(32))
-
-    return types.uint32(types.float32), codegen
-
-
-@intrinsic
-def _bits_f32(typingctx, u):
-    """The float32 whose bit pattern is the low 32 bits of unsigned integer u
-    (numba widens uint32 arithmetic to 64 bits)."""
-    if not isinstance(u, types.Integer):
-        return None
-
-    def codegen(context, builder, sig, args):
-        x = args[0]
-        if u.bitwidth > 32:
-            x = builder.trunc(x, ir.IntType(32))
-        elif u.bitwidth < 32:
-            x = builder.zext(x, ir.IntType(32))
-        return builder.bitcast(x, ir.FloatType())
-
-    return types.float32(u), codegen
-
-
-@njit(cache=True, inline="always")
-def bf16_to_f32(h):
-    """A bfloat16 (uint16 bits) widened exactly to float32."""
-    return _bits_f32(np.uint32(h) << np.uint32(16))
-
-
-@njit(cache=True, inline="always")
-def f32_to_bf16(x):
-    """float32 -> bfloat16 bits (uint16), rounded to nearest, ties to even.
-
-    No branch for NaN (it would stop the loops vectorising): a quiet NaN, the only
-    kind arithmetic produces, has bit 22 set and stays a NaN; a value that rounds
-    past the largest finite bfloat16 becomes inf, as in IEEE rounding.
-    """
-    u = _f32_bits(np.float32(x))
-    return np.uint16((u + np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16))
-
-
-@njit(cache=True, inline="always")
-def f32_to_bf16_stochastic(x, r):
-    """float32 -> bfloat16 bits rounded up with probability (the dropped low 16 bits) / 2^16,
-    given r uniform in [0, 2^16): unbiased, E[result] = x. A quiet NaN stays a NaN."""
-    u = _f32_bits(np.float32(x))
-    return np.uint16((u + np.uint32(r)) >> np.uint32(16))
-
-
-def _get(a, i):
-    """a[i] widened to the compute type (float32 for bfloat16 bits)."""
-    raise NotImplementedError  # numba only
-
-
-@overload(_get, inline="always", jit_options={"cache": True})
-def _get_impl(a, i):
-    if isinstance(a, types.Array) and a.dtype == types.uint16:
-        return lambda a, i: bf16_to_f32(a[i])
-    return lambda a, i: a[i]
-
-
-def _put_nearest(a, i, x):
-    """a[i] = x, narrowed to nearest for bfloat16 bits."""
-    raise NotImplementedError
-
-
-@overload(_put_nearest, inline="always", jit_options={"cache": True})
-def _put_nearest_impl(a, i, x):
-    if isinstance(a, types.Array) and a.dtype == types.uint16:
-        def impl(a, i, x):
-            a[i] = f32_to_bf16(x)
-        return impl
-
-    def impl(a, i, x):
-        a[i] = x
-    return impl
-
-
-@njit(cache=True, inline="always")
-def _fmix32(x):
-    """MurmurHash3's 32-bit finaliser (a bijection with full avalanche); 32-bit multiplies
-    vectorise where SplitMix64's 64-bit ones do not (measured: Adam with 64-bit rounding
-    bits 1.5x slower than in float32, with these as fast)."""
-    x = np.uint32(x ^ (x >> np.uint32(16)))
-    x = np.uint32(x * np.uint32(0x85EBCA6B))
-    x = np.uint32(x ^ (x >> np.uint32(13)))
-    x = np.uint32(x * np.uint32(0xC2B2AE35))
-    return np.uint32(x ^ (x >> np.uint32(16)))
-
-
-@njit(cache=True, inline="always")
-def row_seed(key, pos):
-    """32-bit seed of the elements from global position pos (uint64) on, for stream key
-    (uint64): element pos + k draws `_fmix32(seed + k)` (folded once per row, so the inner
-    loop is 32-bit arithmetic)."""
-    x = np.uint32(np.uint32(key) ^ np.uint32(key >> np.uint64(32)))
-    return np.uint32(x + np.uint32(pos) + np.uint32(pos >> np.uint64(32)) * np.uint32(0x9E3779B9))
-
-
-def _put_stochastic(a, i, x, seed):
-    """a[i] = x, narrowed stochastically for bfloat16 bits with 16 bits of `_fmix32(seed)`
-    (seed uint32 from `row_seed`); plain stores ignore the seed."""
-    raise NotImplementedError
-
-
-@overload(_put_stochastic, inline="always", jit_options={"cache": True})
-def _put_stochastic_impl(a, i, x, seed):
-    if isinstance(a, types.Array) and a.dtype == types.uint16:
-        def impl(a, i, x, seed):
-            a[i] = f32_to_bf16_stochastic(x, _fmix32(seed) >> np.uint32(16))
-        return impl
-
-    def impl(a, i, x, seed):
-        a[i] = x
-    return impl
-
 
 MOMENT_DTYPES = {"float32": np.float32, "float64": np.float64, "bfloat16": np.uint16}
 """Storage of Adam's moments by configuration name (bfloat16: uint16 bit patterns)."""
-
-
-def to_bfloat16(x) -> np.ndarray:
-    """float array -> bfloat16 bits uint16 (nearest, ties to even), for checks and conversions."""
-    u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32).astype(np.uint64)
-    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
-
-
-def from_bfloat16(h) -> np.ndarray:
-    """bfloat16 bits uint16 -> float32 (exact)."""
-    return (np.asarray(h, dtype=np.uint16).astype(np.uint32) << 16).view(np.float32)
-
-
-def rounding_key(seed_key, step: int, r0: int, c0: int, stride: int) -> np.ndarray:
-    """What the Adam kernels need for stochastic rounding of one parameter array, uint64 [4]:
-    [stream key of this step, r0, c0, stride]; element (r, c) of the local array is global
-    position (r + r0) * stride + c + c0, so the bits do not depend on the layout over ranks."""
-    return np.array([rng.stream_key(int(seed_key), step), r0, c0, stride], dtype=np.uint64)
-
-
-# ----------------------------------------------------------------------------
-# Adam (Kingma & Ba 2015) with bias correction, lazy over rows
-# ----------------------------------------------------------------------------
 
 
 @njit(cache=True, inline="always")
@@ -344,19 +182,19 @@ def _adam_row(w, m, v, g, hp, rk, r):
     r: the row's local index (its stochastic-rounding position, see `rounding_key`)."""
     seed = row_seed(rk[0], (np.uint64(r) + rk[1]) * rk[3] + rk[2])
     for k in range(w.shape[0]):
-        wk, mk, vk = _adam_elem(w[k], _get(m, k), _get(v, k), g[k], hp)
+        wk, mk, vk = _adam_elem(w[k], load(m, k), load(v, k), g[k], hp)
         w[k] = wk
-        _put_nearest(m, k, mk)
-        _put_stochastic(v, k, vk, np.uint32(seed + np.uint32(k)))
+        store_nearest(m, k, mk)
+        store_stochastic(v, k, vk, np.uint32(seed + np.uint32(k)))
 
 
 @njit(cache=True, inline="always")
 def _adam_one(w, m, v, i, g, hp, rk):
     """Adam on element i of 1-D w, m, v (a bias), global position i + rk[2] (row 0)."""
-    wk, mk, vk = _adam_elem(w[i], _get(m, i), _get(v, i), g, hp)
+    wk, mk, vk = _adam_elem(w[i], load(m, i), load(v, i), g, hp)
     w[i] = wk
-    _put_nearest(m, i, mk)
-    _put_stochastic(v, i, vk, row_seed(rk[0], rk[1] * rk[3] + rk[2] + np.uint64(i)))
+    store_nearest(m, i, mk)
+    store_stochastic(v, i, vk, row_seed(rk[0], rk[1] * rk[3] + rk[2] + np.uint64(i)))
 
 
 def adam_params(lr: float, b1: float, b2: float, eps: float, t: int, dtype) -> np.ndarray:
@@ -386,7 +224,7 @@ def adam_dense(W, M, V, G, hp, rk=NO_ROUNDING):
     v = V.reshape((-1, C))
     g = G.reshape((-1, C))
     for r in prange(w.shape[0]):
-        _adam_row(w[r], m[r], v[r], g[r], hp, rk, r)
+          _adam_row(w[r], m[r], v[r], g[r], hp, rk, r)
 
 
 @njit(cache=True)
@@ -402,29 +240,29 @@ def group_by_row(rows, n_rows, count, order):
     touched = np.empty(min(E, n_rows), dtype=np.int32)
     T = 0
     for e in range(E):
-        r = rows[e]
-        if count[r] == 0:
-            touched[T] = r
-            T += 1
-        count[r] += 1
+          r = rows[e]
+          if count[r] == 0:
+                touched[T] = r
+                T += 1
+          count[r] += 1
     start = np.empty(T + 1, dtype=np.int64)
     start[0] = 0
     for t in range(T):
-        r = touched[t]
-        start[t + 1] = start[t] + count[r]
-        count[r] = np.int32(start[t])  # becomes the write cursor of row r
+          r = touched[t]
+          start[t + 1] = start[t] + count[r]
+          count[r] = np.int32(start[t])  # becomes the write cursor of row r
     for e in range(E):
-        r = rows[e]
-        order[count[r]] = e
-        count[r] += 1
+          r = rows[e]
+          order[count[r]] = e
+          count[r] += 1
     for t in range(T):
-        count[touched[t]] = 0
+          count[touched[t]] = 0
     return touched[:T], start
 
 
 @njit(parallel=True, fastmath=True, cache=True)
 def rows_grad_adam(touched, start, order, samples, coefs, V, W, M, Vm, bias, bM, bV, hp, gbuf, dirty,
-                   rk=NO_ROUNDING, rkb=NO_ROUNDING):
+                       rk=NO_ROUNDING, rkb=NO_ROUNDING):
     """Lazy Adam on the rows of W that received gradient.
 
     The gradient of row r is g_r = sum_{e: rows[e] = r} coefs[e] * V[samples[e], :]
@@ -442,22 +280,22 @@ def rows_grad_adam(touched, start, order, samples, coefs, V, W, M, Vm, bias, bM,
     d = W.shape[1]
     has_bias = bias.shape[0] > 0
     for t in prange(touched.shape[0]):
-        r = touched[t]
-        g = gbuf[get_thread_id()]
-        for k in range(d):
-            g[k] = 0.0
-        gb = 0.0
-        for q in range(start[t], start[t + 1]):
-            e = order[q]
-            c = coefs[e]
-            s = samples[e]
-            gb += c
-            for k in range(d):
-                g[k] += c * V[s, k]
-        _adam_row(W[r], M[r], Vm[r], g, hp, rk, r)
-        if has_bias:
-            _adam_one(bias, bM, bV, r, gb, hp, rkb)
-        dirty[r] = 1
+          r = touched[t]
+          g = gbuf[get_thread_id()]
+          for k in range(d):
+                g[k] = 0.0
+          gb = 0.0
+          for q in range(start[t], start[t + 1]):
+                e = order[q]
+                c = coefs[e]
+                s = samples[e]
+                gb += c
+                for k in range(d):
+                    g[k] += c * V[s, k]
+          _adam_row(W[r], M[r], Vm[r], g, hp, rk, r)
+          if has_bias:
+                _adam_one(bias, bM, bV, r, gb, hp, rkb)
+          dirty[r] = 1
 
 
 # ----------------------------------------------------------------------------
@@ -471,15 +309,15 @@ def rows_grad(touched, start, order, samples, coefs, V, G):
     (the gradient `rows_grad_adam` applies, written out densely; other rows untouched)."""
     d = G.shape[1]
     for t in prange(touched.shape[0]):
-        r = touched[t]
-        for k in range(d):
-            G[r, k] = 0.0
-        for q in range(start[t], start[t + 1]):
-            e = order[q]
-            c = coefs[e]
-            s = samples[e]
-            for k in range(d):
-                G[r, k] += c * V[s, k]
+          r = touched[t]
+          for k in range(d):
+                G[r, k] = 0.0
+          for q in range(start[t], start[t + 1]):
+                e = order[q]
+                c = coefs[e]
+                s = samples[e]
+                for k in range(d):
+                    G[r, k] += c * V[s, k]
 
 
 @njit(cache=True)
@@ -496,25 +334,25 @@ def shared_sample(k, n, size, mark):
     c = 0
     draw = 0
     while c < take:
-        j = rng.randbelow(k, draw, n)
-        draw += 1
-        if mark[j] == 0:
-            mark[j] = 1
-            out[c] = j
-            c += 1
+          j = rng.randbelow(k, draw, n)
+          draw += 1
+          if mark[j] == 0:
+                mark[j] = 1
+                out[c] = j
+                c += 1
     if take == size:
-        for a in range(take):
-            mark[out[a]] = 0
-        out.sort()
-        return out
+          for a in range(take):
+                mark[out[a]] = 0
+          out.sort()
+          return out
     keep = np.empty(size, dtype=np.int32)  # the complement of the few drawn
     c = 0
     for j in range(n):
-        if mark[j] == 0:
-            keep[c] = j
-            c += 1
-        else:
-            mark[j] = 0
+          if mark[j] == 0:
+                keep[c] = j
+                c += 1
+          else:
+                mark[j] = 0
     return keep
 
 
@@ -524,18 +362,18 @@ def adam_rows(rows, G, gb, W, M, Vm, bias, bM, bV, hp, dirty, rk=NO_ROUNDING, rk
     """Adam on rows `rows` of W (and bias) with their gradients G [len(rows), d], gb [len(rows)]
     (moments float or bfloat16 bits; rk, rkb: `rounding_key` of W and of the bias)."""
     for t in prange(rows.shape[0]):
-        r = rows[t]
-        _adam_row(W[r], M[r], Vm[r], G[t], hp, rk, r)
-        _adam_one(bias, bM, bV, r, gb[t], hp, rkb)
-        dirty[r] = 1
+          r = rows[t]
+          _adam_row(W[r], M[r], Vm[r], G[t], hp, rk, r)
+          _adam_one(bias, bM, bV, r, gb[t], hp, rkb)
+          dirty[r] = 1
 
 
 @njit(parallel=True, fastmath=True, cache=True)
 def adam_rows_nobias(rows, G, W, M, Vm, hp, rk=NO_ROUNDING):
     """Adam on rows `rows` of W with their gradients G [len(rows), d] (distinct rows)."""
     for t in prange(rows.shape[0]):
-        r = rows[t]
-        _adam_row(W[r], M[r], Vm[r], G[t], hp, rk, r)
+          r = rows[t]
+          _adam_row(W[r], M[r], Vm[r], G[t], hp, rk, r)
 
 
 def thread_scratch(n: int, dtype) -> np.ndarray:
@@ -560,9 +398,9 @@ def dropout_mask(k, sample_ids, j0, n, rate, out):
     column j0 + j): columns j0..j0+n-1 of the whole layer's mask."""
     keep = 1.0 / (1.0 - rate)
     for i in prange(sample_ids.shape[0]):
-        ks = rng.key(k, sample_ids[i])
-        for j in range(n):
-            out[i, j] = keep if rng.uniform(ks, j0 + j) >= rate else 0.0
+          ks = rng.key(k, sample_ids[i])
+          for j in range(n):
+                out[i, j] = keep if rng.uniform(ks, j0 + j) >= rate else 0.0
 
 
 # ----------------------------------------------------------------------------

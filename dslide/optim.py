@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dslide import kernels
+from dslide import bfloat16, kernels
 
 
 @dataclass
@@ -37,7 +37,7 @@ class Grads:
 
 class Adam:
     """Adam moments m, v of one parameter array, stored as `moment_dtype` (a float type, or
-    uint16 bit patterns for "bfloat16"; see kernels.py).
+    uint16 bit patterns for "bfloat16"; see dslide.bfloat16).
 
     key: the array's stream key for stochastic rounding; origin (r0, c0, stride): element
     (r, c) of the local array is global element (r + r0) * stride + c + c0 of the layer's
@@ -56,5 +56,5 @@ class Adam:
         """The kernels' `rk` argument for this step."""
         if not self.rounds:
             return kernels.NO_ROUNDING
-        return kernels.rounding_key(self.key, step, *self.origin)
+        return bfloat16.rounding_key(self.key, step, *self.origin)
 

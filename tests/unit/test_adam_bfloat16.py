@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from numba import njit
 
+from dslide import bfloat16 as BF
 from dslide import kernels as K
 from dslide.config import Config
 from dslide.network import Network
@@ -19,7 +20,7 @@ from dslide.network import Network
 def _nearest(x):
     out = np.empty(x.shape[0], np.uint16)
     for i in range(x.shape[0]):
-        out[i] = K.f32_to_bf16(x[i])
+        out[i] = BF.f32_to_bf16(x[i])
     return out
 
 
@@ -27,7 +28,7 @@ def _nearest(x):
 def _stochastic(x, r):
     out = np.empty(x.shape[0], np.uint16)
     for i in range(x.shape[0]):
-        out[i] = K.f32_to_bf16_stochastic(x[i], r[i])
+        out[i] = BF.f32_to_bf16_stochastic(x[i], r[i])
     return out
 
 
@@ -50,7 +51,7 @@ def test_nearest_rounding_matches_float64_reference_ties_to_even():
     # exact ties: the dropped 16 bits are 0x8000, for both parities of the kept mantissa
     ties = (np.array([0x3F808000, 0x3F818000, 0xBF808000, 0xBF818000, 0x47FF8000], np.uint32)).view(np.float32)
     x = np.concatenate([x, ties])
-    got = K.from_bfloat16(_nearest(x)).astype(np.float64)
+    got = BF.from_bfloat16(_nearest(x)).astype(np.float64)
     lo, hi, ulp = _neighbours(x)
     d_lo, d_hi = np.abs(x - lo), np.abs(x - hi)
     even_lo = (np.abs(np.round(lo / ulp)) % 2) == 0
@@ -58,17 +59,17 @@ def test_nearest_rounding_matches_float64_reference_ties_to_even():
     np.testing.assert_array_equal(got, want)
     assert got[-5:].tolist() == [1.0, 1.015625, -1.0, -1.015625, 131072.0]
     # the numpy helper is the same rounding, and widening is exact
-    np.testing.assert_array_equal(K.to_bfloat16(x), _nearest(x))
-    np.testing.assert_array_equal(K.from_bfloat16(K.to_bfloat16(got.astype(np.float32))), got)
+    np.testing.assert_array_equal(BF.to_bfloat16(x), _nearest(x))
+    np.testing.assert_array_equal(BF.from_bfloat16(BF.to_bfloat16(got.astype(np.float32))), got)
 
 
 def test_special_values_survive():
     x = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 1e-30, 3.3e38], np.float32)
-    got = K.from_bfloat16(_nearest(x))
+    got = BF.from_bfloat16(_nearest(x))
     assert got[0] == 0 and got[1] == 0 and np.signbit(got[1])
     assert got[2] == np.inf and got[3] == -np.inf and np.isnan(got[4])
     assert got[5] == pytest.approx(1e-30, rel=2**-8) and got[5] > np.finfo(np.float32).tiny  # TINY: normal
-    sto = K.from_bfloat16(_stochastic(x, np.full(x.size, 0xFFFF, np.uint32)))
+    sto = BF.from_bfloat16(_stochastic(x, np.full(x.size, 0xFFFF, np.uint32)))
     assert np.isnan(sto[4]) and sto[2] == np.inf and sto[0] == 0
 
 
@@ -77,7 +78,7 @@ def test_stochastic_rounding_is_unbiased_and_between_neighbours():
     n = 200_000
     bits = _bits_kernel(99, n)
     assert bits.max() < 2**16 and abs(bits.mean() / 2**16 - 0.5) < 0.005
-    got = K.from_bfloat16(_stochastic(np.full(n, x), bits)).astype(np.float64)
+    got = BF.from_bfloat16(_stochastic(np.full(n, x), bits)).astype(np.float64)
     assert set(np.unique(got)) == {1.0, 1.0 + 2**-7}
     # P(round up) = 1/8: the mean is x within 4 standard errors
     se = 2**-7 * np.sqrt(0.125 * 0.875 / n)
@@ -87,9 +88,9 @@ def test_stochastic_rounding_is_unbiased_and_between_neighbours():
 @njit
 def _bits_kernel(key, n):
     out = np.empty(n, np.uint32)
-    seed = K.row_seed(np.uint64(key), np.uint64(0))
+    seed = BF.row_seed(np.uint64(key), np.uint64(0))
     for k in range(n):
-        out[k] = K._fmix32(np.uint32(seed + np.uint32(k))) >> np.uint32(16)
+        out[k] = BF.fmix32(np.uint32(seed + np.uint32(k))) >> np.uint32(16)
     return out
 
 
@@ -116,19 +117,19 @@ def test_bfloat16_moments_track_float32_over_300_steps():
     scale = np.exp(rs.normal(size=(R, d))).astype(np.float32)
     G = [(rs.normal(size=(R, d)) * scale * (1.0 if t <= 100 else 0.25)).astype(np.float32) for t in range(steps + 1)]
     W32, M32, V32 = _adam_run(np.float32, steps, W0, lambda t: G[t], lambda t: K.NO_ROUNDING)
-    Wb, Mb, Vb = _adam_run(np.uint16, steps, W0, lambda t: G[t], lambda t: K.rounding_key(7, t, 0, 0, d))
+    Wb, Mb, Vb = _adam_run(np.uint16, steps, W0, lambda t: G[t], lambda t: BF.rounding_key(7, t, 0, 0, d))
     assert Mb.dtype == np.uint16
     rel_w = np.linalg.norm((Wb - W0) - (W32 - W0)) / np.linalg.norm(W32 - W0)
-    rel_v = np.median(np.abs(K.from_bfloat16(Vb) / V32 - 1))
-    rel_m = np.linalg.norm(K.from_bfloat16(Mb) - M32) / np.linalg.norm(M32)
+    rel_v = np.median(np.abs(BF.from_bfloat16(Vb) / V32 - 1))
+    rel_m = np.linalg.norm(BF.from_bfloat16(Mb) - M32) / np.linalg.norm(M32)
     assert rel_w < 0.03 and rel_v < 0.03 and rel_m < 0.03, (rel_w, rel_v, rel_m)
 
     # the same with v rounded to nearest (numpy, from the same gradients): v stalls
     m = np.zeros((R, d), np.float32)
     v = np.zeros((R, d), np.float32)
     for t in range(1, steps + 1):
-        m = K.from_bfloat16(K.to_bfloat16(0.9 * m + 0.1 * G[t]))
-        v = K.from_bfloat16(K.to_bfloat16(np.float32(0.999) * v + np.float32(0.001) * G[t] * G[t]))
+        m = BF.from_bfloat16(BF.to_bfloat16(0.9 * m + 0.1 * G[t]))
+        v = BF.from_bfloat16(BF.to_bfloat16(np.float32(0.999) * v + np.float32(0.001) * G[t] * G[t]))
     assert np.median(np.abs(v / V32 - 1)) > 2 * 0.03  # measured 8.7%
 
 
@@ -140,23 +141,23 @@ def test_rounding_does_not_depend_on_threads_or_rank_layout():
     W0 = rs.normal(size=(R, d)).astype(np.float32)
     G = [rs.normal(size=(R, d)).astype(np.float32) for _ in range(steps + 1)]
     key = 4242
-    whole = _adam_run(np.uint16, steps, W0, lambda t: G[t], lambda t: K.rounding_key(key, t, 0, 0, d))
+    whole = _adam_run(np.uint16, steps, W0, lambda t: G[t], lambda t: BF.rounding_key(key, t, 0, 0, d))
     half = R // 2 + 3
     parts = [_adam_run(np.uint16, steps, W0[a:b], lambda t, a=a, b=b: G[t][a:b],
-                       lambda t, a=a: K.rounding_key(key, t, a, 0, d)) for a, b in ((0, half), (half, R))]
+                       lambda t, a=a: BF.rounding_key(key, t, a, 0, d)) for a, b in ((0, half), (half, R))]
     for i in range(3):
         np.testing.assert_array_equal(np.concatenate([parts[0][i], parts[1][i]]), whole[i])
     old = numba.get_num_threads()
     try:
         numba.set_num_threads(1)
-        one = _adam_run(np.uint16, steps, W0, lambda t: G[t], lambda t: K.rounding_key(key, t, 0, 0, d))
+        one = _adam_run(np.uint16, steps, W0, lambda t: G[t], lambda t: BF.rounding_key(key, t, 0, 0, d))
     finally:
         numba.set_num_threads(old)
     for i in range(3):
         np.testing.assert_array_equal(one[i], whole[i])
     # and the bits differ from step to step (a fresh draw each step)
-    assert not np.array_equal(_bits_kernel(K.rounding_key(key, 1, 0, 0, d)[0], 64),
-                              _bits_kernel(K.rounding_key(key, 2, 0, 0, d)[0], 64))
+    assert not np.array_equal(_bits_kernel(BF.rounding_key(key, 1, 0, 0, d)[0], 64),
+                              _bits_kernel(BF.rounding_key(key, 2, 0, 0, d)[0], 64))
 
 
 def test_network_trains_with_bfloat16_moments_close_to_float32():
