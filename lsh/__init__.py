@@ -25,7 +25,8 @@ they hold (lsh.compact).
 
 `AnchorTables` (lsh.anchors) is the data-dependent alternative for maximum
 inner product search with biases: queries hash to their nearest k-means
-anchor, whose bucket holds the items scoring highest there. `NeighborIndex`
+anchor (lsh.kmeans), whose bucket holds the items scoring highest there; what
+a query's buckets retrieve is re-ranked exactly (lsh.rerank). `NeighborIndex`
 (lsh.neighbors) finds a query's nearest training points on a k-NN graph; an
 output layer's inference index adds their labels to the query's bucket.
 
@@ -46,7 +47,7 @@ from ._common import HashFamily
 from .dwta import DWTA
 from .minhash import MinHash
 from .srp import SRP
-from . import anchors, neighbors
+from . import anchors, kmeans, neighbors, rerank
 from .anchors import AnchorTables
 from .compact import CompactTables
 from .neighbors import NeighborIndex

@@ -12,7 +12,7 @@ entry keeps the lower id). A buffer prefilled with (-inf, -1) and pushed with
 size = k always keeps the k best of what it was offered, padding included.
 
 The helpers are inlined (numba IR) into the kernels that call them
-(lsh.anchors, lsh.neighbors), whose cache entries do not see an edit here:
+(lsh.rerank, lsh.neighbors), whose cache entries do not see an edit here:
 touch those files after changing this one.
 """
 

@@ -191,7 +191,7 @@ class InferenceIndex:
         # k-means: a block of distances, the seeding subset, float64 sums; fill: one block of
         # scores, and per chunk of anchors the top-T ids and scores with keys in place, a key
         # temporary and a mask
-        kmeans = lsh.anchors.kmeans_block(A) * A * 4 + 4 * A * d * 4 + A * d * 8
+        kmeans = lsh.kmeans.kmeans_block(A) * A * 4 + 4 * A * d * 4 + A * d * 8
         fill = lsh.anchors.score_block(n_local) * n_local * 4 + min(A, INDEX_CHUNK) * t_local * (4 + 4 + 4 + 1)
         return {"index": index, "index_build": pts * d * 4 + max(kmeans, fill, graph)}
 

@@ -1,10 +1,13 @@
-"""Anchor tables (lsh/anchors.py) against numpy references and on planted structure."""
+"""Anchor tables (lsh/anchors.py, with lsh/kmeans.py and lsh/rerank.py) against numpy references
+and on planted structure."""
 
 import numpy as np
 import pytest
 
 from dslide import lsh
 from dslide.lsh import anchors as A
+from dslide.lsh import kmeans as KM
+from dslide.lsh import rerank
 
 
 def _planted(seed=0, n_items=4000, d=24, n_topics=40, n_queries=600):
@@ -116,8 +119,8 @@ def test_nearest_and_minibatch_step_match_numpy():
     C = rs.normal(size=(12, 5)).astype(np.float32)
     X = rs.normal(size=(30, 5)).astype(np.float32)
     d = ((X[:, None, :] - C[None]) ** 2).sum(-1)
-    np.testing.assert_array_equal(A.nearest(X, C, 1)[:, 0], d.argmin(1))
-    np.testing.assert_array_equal(A.nearest(X, C, 3), np.argsort(d, axis=1, kind="stable")[:, :3])
+    np.testing.assert_array_equal(KM.nearest(X, C, 1)[:, 0], d.argmin(1))
+    np.testing.assert_array_equal(KM.nearest(X, C, 3), np.argsort(d, axis=1, kind="stable")[:, :3])
     codes = d.argmin(1).astype(np.int32)
     counts = rs.integers(0, 200, 12).astype(np.float64)
     C2, n2 = C.astype(np.float64), counts.copy()
@@ -125,7 +128,7 @@ def test_nearest_and_minibatch_step_match_numpy():
         a = codes[i]
         n2[a] += 1
         C2[a] += (X[i] - C2[a]) / min(n2[a], 100.0)
-    A.minibatch_kmeans_step(C, counts, X, codes, 100.0)
+    KM.minibatch_kmeans_step(C, counts, X, codes, 100.0)
     np.testing.assert_allclose(C, C2, rtol=1e-5, atol=1e-6)
     np.testing.assert_array_equal(counts, n2)
 
@@ -134,12 +137,12 @@ def test_kmeans_recovers_well_separated_clusters():
     rs = np.random.default_rng(4)
     centres = rs.normal(size=(6, 3)) * 20
     X = (centres[rs.integers(0, 6, 1200)] + rs.normal(size=(1200, 3))).astype(np.float32)
-    C = A.kmeans(X, 6, seed=0, iters=20)
+    C = KM.kmeans(X, 6, seed=0, iters=20)
     # every true centre has an anchor within 1.5 (noise sd 1)
     dist = np.sqrt(((centres[:, None, :] - C[None]) ** 2).sum(-1)).min(axis=1)
     assert dist.max() < 1.5, dist
     with pytest.raises(ValueError, match="at least 10 points"):
-        A.kmeans(X[:5], 10, seed=0)
+        KM.kmeans(X[:5], 10, seed=0)
 
 
 def test_planted_structure_top1_retrieved_for_95_percent_of_queries_at_a_small_share():
@@ -219,7 +222,7 @@ def test_grouped_rescoring_equals_numpy_per_query_with_ties_and_short_buckets(th
         assert np.all(ids[q, ref.size:] == -1) and np.all(np.isneginf(scores[q, ref.size:]))
         assert n_scored[q] == cand.size
     per_query = [np.empty((Q.shape[0], k)), np.empty((Q.shape[0], k), np.int64), np.empty(Q.shape[0], np.int64)]
-    A.topk_of_buckets(Q, W, b, codes[:, None].astype(np.int32), tables.buckets, tables.fill_count, k,
+    rerank.topk_of_buckets(Q, W, b, codes[:, None].astype(np.int32), tables.buckets, tables.fill_count, k,
                       np.zeros((2, m), np.uint8), np.zeros(Q.shape[0] + 1, np.int64), np.zeros(0, np.int32),
                       *per_query)
     np.testing.assert_array_equal(ids, per_query[1])
@@ -265,7 +268,7 @@ def test_kmeans_in_small_blocks_of_distances_gives_the_same_anchors():
     one block of every row gives."""
     rs = np.random.default_rng(3)
     X = (rs.normal(size=(6, 5))[rs.integers(0, 6, 400)] + 0.3 * rs.normal(size=(400, 5))).astype(np.float32)
-    np.testing.assert_allclose(A.kmeans(X, 6, seed=0, iters=10, block=7), A.kmeans(X, 6, seed=0, iters=10),
+    np.testing.assert_allclose(KM.kmeans(X, 6, seed=0, iters=10, block=7), KM.kmeans(X, 6, seed=0, iters=10),
                                rtol=1e-5, atol=1e-6)
-    assert A.kmeans_block(2048) == A.SCORE_BLOCK_BYTES // (4 * 2048) == 4096
-    assert A.kmeans_block(256) == 8192 and A.kmeans_block(1 << 40) == 1
+    assert KM.kmeans_block(2048) == A.SCORE_BLOCK_BYTES // (4 * 2048) == 4096
+    assert KM.kmeans_block(256) == 8192 and KM.kmeans_block(1 << 40) == 1

@@ -1,0 +1,206 @@
+"""Exact re-ranking of what hash tables retrieve: each query's k best items by their exact
+score w_j . x + b_j, among the union of its buckets and its extra items.
+
+`topk_of_buckets` serves any tables in the flat layout (buckets int32 [L, A, T],
+fill int32 [L, A]: `HashTables`, `AnchorTables`), each query on its own;
+`topk_by_anchor` serves one table probed once (the inference index's anchor
+tables), scoring the queries of one bucket together so that its items' rows
+cross memory once per bucket. Both break ties by the lower id.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+from . import _common  # noqa: F401  (dslide._numba_cache, before any kernel: the cache is keyed by module name)
+from ._topk import push_top
+
+
+@njit(inline="always")
+def _score_once(X, W, b, q, j, mark, k, out_scores, out_ids):
+    """Score item j for query q into its top k unless marked (then 0); returns 1 if scored."""
+    if mark[j]:
+        return 0
+    mark[j] = 1
+    acc = 0.0
+    for f in range(X.shape[1]):
+        acc += W[j, f] * X[q, f]
+    push_top(out_scores, out_ids, q, k, k, acc + b[j], j)
+    return 1
+
+
+@njit(parallel=True, fastmath=True, cache=True)
+def topk_of_buckets(X, W, b, codes, buckets, fill, k, marks, xptr, xids, out_scores, out_ids, n_scored):
+    """Exact re-ranking of what the buckets retrieve: per query, the k best of the union of its buckets
+    and its extra items xids[xptr[q]:xptr[q+1]] (int64 [n + 1], int32; pass xptr all zero for none).
+
+    X float [n, d] queries; W float [m, d], b [m] the items; codes int32 [n, L*p]
+    (the buckets of each query: L tables x p probes, flattened; bucket (l, a)
+    of column c is table c // p); buckets int32 [L, A, T], fill int32 [L, A];
+    marks uint8 [n_chunks, m] all zero (one row per chunk of queries, reset on
+    return). Writes out_scores float64 [n, k] (-inf where fewer than k were
+    retrieved), out_ids int64 [n, k] (-1 there), n_scored int64 [n] (distinct
+    items scored). Ties go to the lower id.
+    """
+    n, d = X.shape
+    n_chunks = marks.shape[0]
+    cols = codes.shape[1]
+    L = buckets.shape[0]
+    p = cols // L
+    for c in prange(n_chunks):
+        mark = marks[c]
+        for q in range((c * n) // n_chunks, ((c + 1) * n) // n_chunks):
+            for t in range(k):
+                out_scores[q, t] = -np.inf
+                out_ids[q, t] = -1
+            got = 0
+            for col in range(cols):
+                l = col // p
+                a = codes[q, col]
+                for s in range(fill[l, a]):
+                    got += _score_once(X, W, b, q, buckets[l, a, s], mark, k, out_scores, out_ids)
+            for r in range(xptr[q], xptr[q + 1]):
+                got += _score_once(X, W, b, q, xids[r], mark, k, out_scores, out_ids)
+            n_scored[q] = got
+            for col in range(cols):  # reset the marks of what this query touched
+                l = col // p
+                a = codes[q, col]
+                for s in range(fill[l, a]):
+                    mark[buckets[l, a, s]] = 0
+            for r in range(xptr[q], xptr[q + 1]):
+                mark[xids[r]] = 0
+
+
+@njit(parallel=True, fastmath=True, cache=True)
+def topk_by_anchor(X, W, b, order, gptr, ganchor, buckets, fill, k, n_chunks, xptr, xids,
+                   out_scores, out_ids, n_scored):
+    """Exact re-ranking with one bucket per query (1 table, 1 probe), the queries of one anchor together,
+    plus each query's extra items xids[xptr[q]:xptr[q+1]] (int64 [n + 1], int32) that its bucket lacks.
+
+    The queries order[gptr[g]:gptr[g+1]] all have anchor ganchor[g]; each item row
+    W[j] of that bucket is read once for the whole group and scored against every
+    query of the group while it sits in cache, so a bucket's rows cross memory
+    once per anchor rather than once per query (many queries share an anchor).
+    Scores are computed 4 items x 2 queries at a time: eight independent sums,
+    where one dot product at a time waits on its own additions (same ids either
+    way).
+    Groups are dealt round-robin to n_chunks parallel chunks (pass them largest
+    first for even work).
+
+    X float32 [n, d], W float32 [m, d], b float32 [m]; buckets int32 [1, A, T],
+    fill int32 [1, A], each bucket's first fill ids in increasing order (extras are
+    looked up in it by bisection). Writes out_scores float64 [n, k] (-inf where fewer than k),
+    out_ids int64 [n, k] (-1 there), n_scored int64 [n]. Ties go to the lower id.
+    Dot products accumulate in float32 (vector width; the re-ranked scores agree
+    with a float64 product to ~1e-6 relative).
+    """
+    n, d = X.shape
+    G = ganchor.shape[0]
+    big = 0
+    for g in range(G):
+        big = max(big, gptr[g + 1] - gptr[g])
+    for c in prange(n_chunks):
+        Q = np.empty((big, d), np.float32)
+        top_s = np.empty((big, k), np.float32)
+        top_i = np.empty((big, k), np.int64)
+        for g in range(c, G, n_chunks):
+            a = ganchor[g]
+            g0 = gptr[g]
+            ng = gptr[g + 1] - g0
+            for qi in range(ng):
+                q = order[g0 + qi]
+                for f in range(d):
+                    Q[qi, f] = X[q, f]
+                for t in range(k):
+                    top_s[qi, t] = -np.inf
+                    top_i[qi, t] = -1
+            F = fill[0, a]
+            F4 = F - F % 4
+            for s in range(0, F4, 4):
+                j0 = buckets[0, a, s]
+                j1 = buckets[0, a, s + 1]
+                j2 = buckets[0, a, s + 2]
+                j3 = buckets[0, a, s + 3]
+                w0 = W[j0]
+                w1 = W[j1]
+                w2 = W[j2]
+                w3 = W[j3]
+                for qi in range(0, ng - 1, 2):
+                    x = Q[qi]
+                    y = Q[qi + 1]
+                    c0 = np.float32(0.0)
+                    c1 = np.float32(0.0)
+                    c2 = np.float32(0.0)
+                    c3 = np.float32(0.0)
+                    e0 = np.float32(0.0)
+                    e1 = np.float32(0.0)
+                    e2 = np.float32(0.0)
+                    e3 = np.float32(0.0)
+                    for f in range(d):
+                        xf = x[f]
+                        yf = y[f]
+                        c0 += w0[f] * xf
+                        c1 += w1[f] * xf
+                        c2 += w2[f] * xf
+                        c3 += w3[f] * xf
+                        e0 += w0[f] * yf
+                        e1 += w1[f] * yf
+                        e2 += w2[f] * yf
+                        e3 += w3[f] * yf
+                    push_top(top_s, top_i, qi, k, k, c0 + b[j0], j0)
+                    push_top(top_s, top_i, qi, k, k, c1 + b[j1], j1)
+                    push_top(top_s, top_i, qi, k, k, c2 + b[j2], j2)
+                    push_top(top_s, top_i, qi, k, k, c3 + b[j3], j3)
+                    push_top(top_s, top_i, qi + 1, k, k, e0 + b[j0], j0)
+                    push_top(top_s, top_i, qi + 1, k, k, e1 + b[j1], j1)
+                    push_top(top_s, top_i, qi + 1, k, k, e2 + b[j2], j2)
+                    push_top(top_s, top_i, qi + 1, k, k, e3 + b[j3], j3)
+                if ng % 2:  # the odd query out: 4 items at a time
+                    qi = ng - 1
+                    x = Q[qi]
+                    c0 = np.float32(0.0)
+                    c1 = np.float32(0.0)
+                    c2 = np.float32(0.0)
+                    c3 = np.float32(0.0)
+                    for f in range(d):
+                        xf = x[f]
+                        c0 += w0[f] * xf
+                        c1 += w1[f] * xf
+                        c2 += w2[f] * xf
+                        c3 += w3[f] * xf
+                    push_top(top_s, top_i, qi, k, k, c0 + b[j0], j0)
+                    push_top(top_s, top_i, qi, k, k, c1 + b[j1], j1)
+                    push_top(top_s, top_i, qi, k, k, c2 + b[j2], j2)
+                    push_top(top_s, top_i, qi, k, k, c3 + b[j3], j3)
+            for s in range(F4, F):  # the last F % 4 items one at a time
+                j = buckets[0, a, s]
+                for qi in range(ng):
+                    acc = np.float32(0.0)
+                    for f in range(d):
+                        acc += W[j, f] * Q[qi, f]
+                    push_top(top_s, top_i, qi, k, k, acc + b[j], j)
+            for qi in range(ng):
+                q = order[g0 + qi]
+                extra = 0
+                for r in range(xptr[q], xptr[q + 1]):
+                    j = xids[r]
+                    lo = 0
+                    hi = F
+                    while lo < hi:  # is j in the bucket already?
+                        mid = (lo + hi) // 2
+                        if buckets[0, a, mid] < j:
+                            lo = mid + 1
+                        else:
+                            hi = mid
+                    if lo < F and buckets[0, a, lo] == j:
+                        continue
+                    acc = np.float32(0.0)
+                    for f in range(d):
+                        acc += W[j, f] * Q[qi, f]
+                    push_top(top_s, top_i, qi, k, k, acc + b[j], j)
+                    extra += 1
+                for t in range(k):
+                    out_scores[q, t] = top_s[qi, t]
+                    out_ids[q, t] = top_i[qi, t]
+                n_scored[q] = F + extra
