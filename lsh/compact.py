@@ -16,7 +16,7 @@ Updates change item codes and then regroup each table's ids by a counting
 sort over its codes (O(m + NB) per table, one thread per table): a rehash
 hashes only the changed items, then regroups.
 
-Queries are lsh.tables' kernels (`bucket_span` reads either layout): the
+Queries are lsh.query's kernels (`bucket_span` reads either layout): the
 same modes, results and determinism as HashTables with buckets that never fill.
 """
 
@@ -27,7 +27,8 @@ import numpy as np
 from numba import njit, prange
 
 from ._common import HashFamily
-from .tables import HashTables, _fmt_bytes, check_family_range, run_query
+from .query import run_query
+from .tables import HashTables, _fmt_bytes, check_family_range
 
 
 @njit(parallel=True)

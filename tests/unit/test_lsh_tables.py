@@ -258,7 +258,7 @@ def test_query_matches_python_reference(policy):
 @pytest.mark.parametrize("n,n_bits", [(0, 1), (1, 1), (47, 10), (48, 10), (500, 9), (5000, 20),
                                       (3000, 23), (2000, 31)])
 def test_radix_sort_ids_matches_numpy(n, n_bits):
-    from dslide.lsh.tables import radix_sort_ids
+    from dslide.lsh.query import radix_sort_ids
     rng = np.random.default_rng(n)
     a = rng.integers(0, 2**n_bits, size=n + 5, dtype=np.int64).astype(np.int32)
     expect = np.sort(a[:n])
