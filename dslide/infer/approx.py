@@ -27,10 +27,13 @@ not saved: a model of any age gets them.
 from __future__ import annotations
 
 import numpy as np
+import scipy.sparse as sp
 from numba import get_num_threads, njit, prange
 
 from dslide import _numba_cache  # noqa: F401  (before any kernel: the cache is keyed by module name)
 from dslide.infer.fusion import _insert
+from dslide.lsh._topk import better
+from dslide.lsh.neighbors import _pop, _push
 
 #: the defaults of a fused `--lsh` prediction's search: points kept per feature, the query's
 #: features searched, the candidates re-ranked exactly (scripts/bench_lsh.py --fused)
@@ -80,23 +83,24 @@ def search_pruned(q_ptr, q_idx, q_val, pp_ptr, pp_pt, pp_val, r_ptr, r_idx, r_va
                         touched[m] = p
                         m += 1
                     acc[p] += v * pp_val[b]
-            cid[:] = -1
-            csim[:] = -np.inf
+            # the n_cand best by the pruned sums: a heap, worst on top (their order does not matter)
+            nc = 0
             for t in range(m):
                 p = touched[t]
                 s = acc[p]
                 acc[p] = 0.0
                 seen[p] = 0
-                if s >= csim[n_cand - 1]:
-                    _insert(cid, csim, n_cand, p, s)
+                if nc < n_cand:
+                    nc = _push(csim, cid, nc, s, p, False)
+                elif better(s, p, csim[0], cid[0]):
+                    nc = _pop(csim, cid, nc, False)
+                    nc = _push(csim, cid, nc, s, p, False)
             ids = out_ids[q]
             sims = out_sims[q]
             ids[:] = -1
             sims[:] = -np.inf
-            for t in range(n_cand):
+            for t in range(nc):
                 p = cid[t]
-                if p < 0:
-                    break
                 # q . x_p over the features both hold, in the query's feature order: the same
                 # float32 sum as the exact kernel's accumulator
                 s = np.float32(0.0)
@@ -117,29 +121,42 @@ def search_pruned(q_ptr, q_idx, q_val, pp_ptr, pp_pt, pp_val, r_ptr, r_idx, r_va
             out_read[q] = read
 
 
-def prune(ptr, ids, val, cap: int):
-    """Posting lists (ptr int64 [F + 1], ids int32, val float32) keeping, per feature, the cap
-    entries of largest value (ties: lower id), in id order: (ptr, ids, val) alike."""
+@njit(cache=True)
+def _prune(ptr, ids, val, cap, new_ptr, out_ids, out_val):
+    """Kernel of `prune`: new_ptr int64 [F + 1] (its cumulated min(length, cap)) given."""
     F = ptr.shape[0] - 1
-    lengths = np.diff(ptr)
-    feat = np.repeat(np.arange(F, dtype=np.int64), lengths)
-    order = np.lexsort((ids, -val, feat))  # per feature: by value, falling, then id
-    rank = np.arange(ids.shape[0], dtype=np.int64) - ptr[feat[order]]
-    keep = np.sort(order[rank < cap])  # the kept entries back in (feature, id) order
-    new_ptr = np.zeros(F + 1, np.int64)
-    np.cumsum(np.minimum(lengths, cap), out=new_ptr[1:])
-    return new_ptr, np.ascontiguousarray(ids[keep], np.int32), np.ascontiguousarray(val[keep], np.float32)
+    for f in range(F):
+        a, b, o = ptr[f], ptr[f + 1], new_ptr[f]
+        if b - a <= cap:
+            out_ids[o:o + b - a] = ids[a:b]
+            out_val[o:o + b - a] = val[a:b]
+            continue
+        # the cap largest values, ties to the lower id (the list is in id order: a stable
+        # sort of the negated values keeps it), then back in id order
+        keep = np.sort(np.argsort(-val[a:b], kind="mergesort")[:cap])
+        for t in range(cap):
+            out_ids[o + t] = ids[a + keep[t]]
+            out_val[o + t] = val[a + keep[t]]
+
+
+def prune(ptr, ids, val, cap: int):
+    """Posting lists (ptr int64 [F + 1], ids int32 ascending per list, val float32) keeping, per
+    feature, the cap entries of largest value (ties: lower id), in id order: (ptr, ids, val) alike."""
+    new_ptr = np.zeros(ptr.shape[0], np.int64)
+    np.cumsum(np.minimum(np.diff(ptr), cap), out=new_ptr[1:])
+    out_ids = np.empty(new_ptr[-1], np.int32)
+    out_val = np.empty(new_ptr[-1], np.float32)
+    _prune(ptr, ids, val, int(cap), new_ptr, out_ids, out_val)
+    return new_ptr, out_ids, out_val
 
 
 def transpose(ptr, ids, val, n_items: int):
     """The rows of posting lists (ptr int64 [F + 1], ids int32 < n_items, val float32): CSR
     (ptr int64 [n_items + 1], feature ids int32 ascending per row, values float32)."""
-    F = ptr.shape[0] - 1
-    feat = np.repeat(np.arange(F, dtype=np.int32), np.diff(ptr))
-    order = np.lexsort((feat, ids))
-    row_ptr = np.zeros(n_items + 1, np.int64)
-    np.cumsum(np.bincount(ids, minlength=n_items), out=row_ptr[1:])
-    return row_ptr, np.ascontiguousarray(feat[order]), np.ascontiguousarray(val[order], np.float32)
+    rows = sp.csc_matrix((val, ids, ptr), shape=(n_items, ptr.shape[0] - 1)).tocsr()
+    rows.sort_indices()
+    return (rows.indptr.astype(np.int64), np.ascontiguousarray(rows.indices, np.int32),
+            np.ascontiguousarray(rows.data, np.float32))
 
 
 class ApproxPostings:
