@@ -31,8 +31,7 @@ import scipy.sparse as sp
 from numba import get_num_threads, njit, prange
 
 from dslide import _numba_cache  # noqa: F401  (before any kernel: the cache is keyed by module name)
-from dslide.infer.fusion import _insert
-from dslide.lsh._topk import better
+from dslide.lsh._topk import better, push_top
 from dslide.lsh.neighbors import _pop, _push
 
 #: the defaults of a fused `--lsh` prediction's search: points kept per feature, the query's
@@ -95,10 +94,9 @@ def search_pruned(q_ptr, q_idx, q_val, pp_ptr, pp_pt, pp_val, r_ptr, r_idx, r_va
                 elif better(s, p, csim[0], cid[0]):
                     nc = _pop(csim, cid, nc, False)
                     nc = _push(csim, cid, nc, s, p, False)
-            ids = out_ids[q]
-            sims = out_sims[q]
-            ids[:] = -1
-            sims[:] = -np.inf
+            out_ids[q, :] = -1
+            out_sims[q, :] = -np.inf
+            size = 0
             for t in range(nc):
                 p = cid[t]
                 # q . x_p over the features both hold, in the query's feature order: the same
@@ -117,7 +115,7 @@ def search_pruned(q_ptr, q_idx, q_val, pp_ptr, pp_pt, pp_val, r_ptr, r_idx, r_va
                         a += 1
                     else:
                         r += 1
-                _insert(ids, sims, k, perm[p] if mapped else p, s)
+                size = push_top(out_sims, out_ids, q, size, k, s, perm[p] if mapped else p)
             out_read[q] = read
 
 
