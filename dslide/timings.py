@@ -11,6 +11,11 @@ Names in use:
     forward, backward, lsh_upkeep, lsh_query   a training step's phases (Network.train_step;
                                                 lsh_query: candidate queries of LSH layers)
     index_query                                 an LSH output layer's inference index queries
+    predict_hidden, predict_output,             a prediction's stages (dslide.infer.predict): the
+    predict_merge                               hidden layers, the output's top k (index_query
+                                                within it), the merge over ranks
+    fusion_neighbours, fusion_prototypes,       its fusion stage: the two searches of the
+    fusion_fuse                                 neighbour store and the fusion kernel
     upkeep[l]                                   layer l's candidate source upkeep (tables built,
                                                 refilled, rehashed; its first build included)
     sync_wait                                   synchronisations and global points of replicas

@@ -41,6 +41,15 @@ the exact top-10, P@1, P@5, PSP@5 (propensities saved with the run).
 scripts/_lsh_eval.py does the work.
 
     python -m scripts.bench_lsh --model runs/amz --data data/amz_test.txt --eval
+
+Trained members (`--fused NAME=RUN_DIR,TRAIN,TEST`, repeatable): `dslide predict`
+exact and --lsh end to end at 2 ranks, each prediction's stages (hidden layers,
+output top k, the neighbour store's searches, fusion: scripts/lsh_stages.py),
+the recall of the exact top 10 in --lsh's, the P@1 / P@5 --lsh loses, and the
+recall of the exact neighbour search in the approximate one. Members whose
+training file is not in ../shared/data are labelled synthetic.
+
+    python -m scripts.bench_lsh --fused debian_depends=runs/dd,data/dd_train.txt,data/dd_test.txt
 """
 
 from __future__ import annotations
@@ -323,6 +332,11 @@ def end_to_end(args) -> None:
 def _predict_once(args, ranks: int, threads: int, lsh: bool, cache_dir: str | None) -> dict:
     """One `dslide predict` in a fresh process: its wall seconds from the process's start to the
     predictions written (it exits right after writing them), and the seconds it printed."""
+    return predict_wall(args.model, args.data, ranks, threads, lsh, cache_dir)
+
+
+def predict_wall(model: str, data: str, ranks: int, threads: int, lsh: bool, cache_dir: str | None = None) -> dict:
+    """`_predict_once` of a run directory and test file."""
     import re
     import subprocess
 
@@ -331,7 +345,7 @@ def _predict_once(args, ranks: int, threads: int, lsh: bool, cache_dir: str | No
         env["NUMBA_CACHE_DIR"] = cache_dir
     out = os.path.join(M.ROOT, "runs", "bench_lsh_wall", f"pred-{ranks}x{threads}-{int(lsh)}.txt")
     os.makedirs(os.path.dirname(out), exist_ok=True)
-    cmd = [sys.executable, "-m", "dslide", "predict", "--model", args.model, "--data", args.data, "--k", "5",
+    cmd = [sys.executable, "-m", "dslide", "predict", "--model", model, "--data", data, "--k", "5",
            "--out", out, "--quiet"] + (["--lsh"] if lsh else [])
     if ranks > 1:
         cmd = [M.mpiexec(), "-n", str(ranks), *cmd]
@@ -417,6 +431,66 @@ def wall_table(args) -> None:
         M.record(f"bench_lsh.py --model ... --eval, end to end ({os.path.basename(args.data)})", "\n".join(lines))
 
 
+def fused_members(args) -> None:
+    """The --fused mode: per member, `dslide predict` exact and --lsh end to end at 2 ranks x 1
+    thread (the better of two runs each, after one that fills numba's cache), and the stages,
+    recall and precision of scripts/lsh_stages.py at 2 ranks; one table, recorded."""
+    import json
+
+    rows = []
+    for spec in args.fused:
+        name, _, paths = spec.partition("=")
+        run, train, test = paths.split(",")
+        with open(train) as f:
+            n_train = int(f.readline().split()[0])
+        synthetic = not os.path.abspath(train).startswith(str(M.SHARED_DATA))
+        cmd = M.module_cmd("lsh_stages", os.path.abspath(run), os.path.abspath(test), "--json", ranks=2, mpi=True)
+        p, _ = M.run(cmd, env=M.thread_env(1))
+        got = [line[len("RESULT "):] for line in p.stdout.splitlines() if line.startswith("RESULT ")]
+        if p.returncode != 0 or not got:
+            raise SystemExit(f"{' '.join(cmd)} failed (exit {p.returncode}):\n{p.stderr[-3000:]}")
+        st = json.loads(got[0])
+        indexed = st["output"] == "lsh"
+        wall = {}
+        for lsh in (False, True):
+            if lsh and not indexed:
+                wall[lsh] = wall[False]  # --lsh is refused on a dense output: exact is what runs
+                continue
+            predict_wall(run, test, 2, 1, lsh)
+            wall[lsh] = min((predict_wall(run, test, 2, 1, lsh) for _ in range(2)), key=lambda r: r["wall"])
+        e, a = st["exact"], st["lsh"]
+        rows.append({
+            "member": name + (" (synthetic)" if synthetic else ""),
+            "points": f"{n_train:,} / {st['points']:,}", "labels": f"{st['labels']:,}",
+            "output": ("lsh" if indexed else "dense: --lsh is exact") + (", fused" if st["fused"] else ""),
+            "exact s": f"{wall[False]['wall']:.1f}", "--lsh s": f"{wall[True]['wall']:.1f}",
+            "speed-up": f"{wall[False]['wall'] / wall[True]['wall']:.2f}x",
+            "scoring s exact / --lsh": f"{e['seconds']:.2f} / {a['seconds']:.2f}",
+            "hidden s": f"{e['predict_hidden']:.2f} / {a['predict_hidden']:.2f}",
+            "output top-k s": f"{e['predict_output']:.2f} / {a['predict_output']:.2f}",
+            "neighbour search s": (f"{e['fusion_neighbours'] + e['fusion_prototypes']:.2f} / "
+                                   f"{a['fusion_neighbours'] + a['fusion_prototypes']:.2f}" if st["fused"] else "-"),
+            "fusion s": f"{e['fusion_fuse']:.2f} / {a['fusion_fuse']:.2f}" if st["fused"] else "-",
+            "recall@10": f"{st['recall@10']:.4f}",
+            "P@1 / P@5 lost": f"{e['p@1'] - a['p@1']:+.4f} / {e['p@5'] - a['p@5']:+.4f}",
+            "neighbour recall": f"{st['neighbour_recall']:.4f}" if "neighbour_recall" in st else "-"})
+        print(f"  {rows[-1]}", file=sys.stderr, flush=True)
+    lines = [f"command: `{M.command('bench_lsh', map(shlex.quote, sys.argv[1:]))}`", "",
+             f"machine: {M.machine()}; code: {M.code_version()}", "",
+             "Each member trained once with the defaults (`mpiexec -n 2 dslide train --set threads=1`). exact s and "
+             "--lsh s: `mpiexec -n 2 dslide predict --k 5` from the process's start to the predictions written "
+             "(the better of two runs, numba's cache warm); the stage columns (exact / --lsh, the slowest rank's "
+             "seconds inside the pipeline, scripts/lsh_stages.py at 2 ranks): the hidden layers, the output's top k "
+             "(every label, or the inference index), the neighbour store's searches (exact posting lists, or the "
+             "pruned ones of dslide.infer.approx) and the fusion kernel. recall@10: the exact top 10 found in "
+             "--lsh's; P@1 / P@5 lost: exact's minus --lsh's; neighbour recall: the exact search's neighbours "
+             "found by the approximate one.", "", ""]
+    text = M.table(rows, [(c, c) for c in rows[0]]) if rows else ""
+    print("\n".join(lines) + text, flush=True)
+    if not args.no_record:
+        M.record("bench_lsh.py --fused" + (f" ({args.tag})" if args.tag else ""), "\n".join(lines) + text)
+
+
 def eval_child(args) -> None:
     import json
 
@@ -475,7 +549,13 @@ def main(argv=None):
     ap.add_argument("--setting", action="append",
                     help="family,K=..,L=..,rp=..,C=..[,policy=..][,mode=..][,m=..][,t=..][,param=..] "
                          "(repeatable; default: a built-in list)")
+    ap.add_argument("--fused", action="append", metavar="NAME=RUN_DIR,TRAIN,TEST",
+                    help="a trained member (repeatable): exact against --lsh end to end, by stage, with the "
+                         "recall and precision --lsh loses (the neighbour store's search included)")
+    ap.add_argument("--tag", default="", help="with --fused: a name for its section in docs/benchmarks.md")
     args = ap.parse_args(argv)
+    if args.fused:
+        return fused_members(args)
     if args.model:
         if not args.data:
             ap.error("--model needs --data (test points whose hidden vectors are the queries)")

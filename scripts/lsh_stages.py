@@ -1,66 +1,94 @@
-"""Seconds of each stage of `--lsh` scoring, per rank, twice (the first call compiles what
-numba's cache lacks; the second is the warm cost).
+"""Seconds of each stage of a prediction, exact and `--lsh`, and what `--lsh` loses against exact.
 
-    mpiexec -n 2 python -m mpi4py -m scripts.lsh_stages RUN_DIR TEST_DATA
+    mpiexec -n 2 python -m mpi4py -m scripts.lsh_stages RUN_DIR TEST_DATA [--json]
     NUMBA_CACHE_DIR=$(mktemp -d) python -m scripts.lsh_stages RUN_DIR TEST_DATA   (an empty cache)
 
-Stages (dslide.network.LSHLayer.topk): the hidden vectors, the anchor codes, the
-nearest training points (each rank a share, then one all-gather), their labels
-(extras), the re-ranking of the buckets (topk_by_anchor), then a barrier (how long
-a rank waits for the slowest).
+Both modes run the pipeline (dslide.infer.predict.predict_topk_scores) on
+every test point, after a call on a few points that compiles what numba's
+cache lacks; its stages report their seconds (dslide.timings: the hidden
+layers, the output's top k, the merge over ranks, the neighbour store's two
+searches and the fusion kernel), the slowest rank's are printed. Then:
+recall of the exact top 10 in the `--lsh` top 10, P@1 and P@5 of both, and,
+where the model fuses a neighbour store, the recall of the exact search's
+neighbours in the approximate search's (dslide.infer.approx). A model whose
+output layer is dense has no index: `--lsh` is refused there (dslide.session)
+and its row is the exact path. scripts/bench_lsh.py --fused gathers these over
+members, with `dslide predict`'s seconds end to end.
 """
 
 import argparse
+import json
 import time
 
 import numpy as np
 import scipy.sparse as sp
 
 import dslide
-from dslide import inputs as I
-from dslide.comm import Comm
-from dslide.infer.index import _nearest_points
 from dslide.session import load_model
+from dslide.comm import Comm
+from dslide.infer.predict import Fusion, predict_topk_scores
+from dslide.metrics import evaluate
+
+STAGES = ("predict_hidden", "predict_output", "predict_merge", "fusion_neighbours", "fusion_prototypes",
+          "fusion_fuse")
 
 
-def main(run_dir: str, data_path: str) -> None:
+def recall(pred, exact, k: int = 10) -> float:
+    """Mean over points of the share of exact's top k (ids >= 0) found in pred's top k."""
+    hits = [np.isin(e[e >= 0], p).mean() for e, p in zip(exact[:, :k], pred[:, :k]) if (e >= 0).any()]
+    return float(np.mean(hits)) if hits else 1.0
+
+
+def measure(run_dir: str, data_path: str, k: int = 10) -> dict:
     comm = Comm.world()
-    t0 = time.perf_counter()
     model = load_model(run_dir, comm)
-    load_s = time.perf_counter() - t0
     data = dslide.read_data(data_path)
-    net, out, index = model.network, model.network.layers[-1], model.index
-    parts = I.csr_parts(sp.csr_matrix(data.X), net.dtype)
-    batch = I.make_batch(parts, None, np.arange(data.n_points), net.step,
-                         norms=I.input_norms(data.X, model.config.input_norm))
-    for rep in ("first", "second"):
+    X, Y = sp.csr_matrix(data.X), sp.csr_matrix(data.Y)
+    out = model.network.layers[-1]
+    has_index = out.kind == "lsh" and model.index is not None
+    result = {"points": data.n_points, "labels": model.n_labels, "output": out.kind,
+              "fused": Fusion.of(model) is not None, "ranks": comm.size}
+    preds = {}
+    for mode in ("exact", "lsh"):
+        exact = mode == "exact" or not has_index
+        predict_topk_scores(model, X[:64], k, exact=exact)  # compiles outside the timings
+        before = {s: model.timings[s] for s in STAGES}
         comm.barrier()
-        tm = {}
-        t = time.perf_counter()
-        x = np.ascontiguousarray(net.hidden(batch).dense(), dtype=np.float32)
-        tm["hidden"] = time.perf_counter() - t
-        t = time.perf_counter()
-        codes = index.tables.codes(x, out.lc.index_probes)
-        tm["codes"] = time.perf_counter() - t
-        t = time.perf_counter()
-        nn = _nearest_points(index.neighbors, x, codes[:, 0], out.lc.index_search, out.lc.index_neighbors, comm)
-        tm["nearest"] = time.perf_counter() - t
-        t = time.perf_counter()
-        extras = index.neighbors.extras(nn, out.lo, out.lo + out.n_local)
-        tm["extras"] = time.perf_counter() - t
-        t = time.perf_counter()
-        index.tables.topk(x, out.W, out.b, 5, out.lc.index_probes, extras=extras, codes=codes)
-        tm["topk"] = time.perf_counter() - t
-        t = time.perf_counter()
-        comm.barrier()
-        tm["barrier"] = time.perf_counter() - t
-        print(f"rank {comm.rank} ({rep} call; model loaded in {load_s:.1f} s): "
-              + ", ".join(f"{k} {v:.2f} s" for k, v in tm.items()), flush=True)
+        t0 = time.perf_counter()
+        ids, _ = predict_topk_scores(model, X, k, exact=exact)
+        secs = time.perf_counter() - t0
+        stages = {s: max(comm.allgather_object(model.timings[s] - before[s])) for s in STAGES}
+        m = evaluate(Y, ids, k=5)
+        preds[mode] = ids
+        result[mode] = {"seconds": max(comm.allgather_object(secs)), **stages, "p@1": m["p@1"], "p@5": m["p@5"]}
+    result["recall@10"] = recall(preds["lsh"], preds["exact"], k)
+    fusion = Fusion.of(model)
+    if fusion is not None:  # the approximate neighbours against the exact ones
+        e_ids, _ = fusion.store.neighbours(X, fusion.neighbours, comm)
+        a_ids, _ = fusion.store.neighbours(X, fusion.neighbours, comm, approx=True)
+        result["neighbours"] = fusion.neighbours
+        result["neighbour_recall"] = recall(a_ids, e_ids, fusion.neighbours)
+    return result
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("run_dir", help="a run directory")
+    ap.add_argument("test_data", help="the points to score (with their labels)")
+    ap.add_argument("--json", action="store_true", help="one line 'RESULT <json>' (scripts/bench_lsh.py --fused)")
+    a = ap.parse_args()
+    r = measure(a.run_dir, a.test_data)
+    if Comm.world().rank != 0:
+        return
+    if a.json:
+        print("RESULT " + json.dumps(r), flush=True)
+        return
+    for mode in ("exact", "lsh"):
+        print(f"{mode}: " + ", ".join(f"{s} {r[mode][s]:.2f} s" for s in STAGES)
+              + f"; in all {r[mode]['seconds']:.2f} s; P@1 {r[mode]['p@1']:.4f} P@5 {r[mode]['p@5']:.4f}")
+    print(f"recall@10 of exact in --lsh: {r['recall@10']:.4f}"
+          + (f"; neighbour recall@{r['neighbours']}: {r['neighbour_recall']:.4f}" if "neighbours" in r else ""))
 
 
 if __name__ == "__main__":
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("run_dir", help="a run directory with an LSH output layer and its inference index")
-    ap.add_argument("test_data", help="the points to score")
-    a = ap.parse_args()
-    main(a.run_dir, a.test_data)
+    main()

@@ -267,9 +267,11 @@ def fuse(m_ids, m_logits, nn_ids, nn_sims, y_ptr, y_idx, weight, power, pr_ids, 
                 best_ids[r] = j
 
 
-def _shared_search(Xq, k: int, comm, ptr, pt, val, n_items: int, perm=_NO_PERM) -> tuple[np.ndarray, np.ndarray]:
+def _shared_search(Xq, k: int, comm, ptr, pt, val, n_items: int, perm=_NO_PERM,
+                   approx=None) -> tuple[np.ndarray, np.ndarray]:
     """`search` of posting lists (ptr, pt, val) over n_items (their ids standing for perm's),
-    each rank taking a contiguous share of the query rows, all gathered."""
+    each rank taking a contiguous share of the query rows, all gathered. approx: an approximate
+    search of the same lists instead, approx(rows, k) -> (ids, sims, ...) (dslide.infer.approx)."""
     if Xq.shape[1] != ptr.shape[0] - 1:  # the kernel reads ptr[f + 1] for each feature f of a query
         raise ValueError(f"queries have {Xq.shape[1]} features but the neighbour store holds {ptr.shape[0] - 1}")
     Xq = l2_rows(Xq)
@@ -279,7 +281,9 @@ def _shared_search(Xq, k: int, comm, ptr, pt, val, n_items: int, perm=_NO_PERM) 
     lo, hi = (0, n) if size == 1 else (min(n, comm.rank * per), min(n, (comm.rank + 1) * per))
     ids = np.full((per if size > 1 else n, k), -1, np.int32)
     sims = np.full(ids.shape, -np.inf, np.float32)
-    if hi > lo:
+    if hi > lo and approx is not None:
+        ids[:hi - lo], sims[:hi - lo] = approx(Xq[lo:hi], k)[:2]
+    elif hi > lo:
         part = Xq[lo:hi]
         search(part.indptr.astype(np.int64), part.indices.astype(np.int32), part.data, ptr, pt, val, n_items, k,
                min(hi - lo, 4 * get_num_threads()), perm, ids[:hi - lo], sims[:hi - lo])
@@ -379,6 +383,7 @@ class NeighbourLabels:
             weight = float(np.asarray(arrays["weight"]).reshape(-1)[0])
         #: the neighbours' weight in the fused score (None: not chosen; knn_weight decides)
         self.weight = weight
+        self._approx_cache = {}  # derived from the arrays on first use (`_approx`)
 
     @classmethod
     def build(cls, X, Y, prototypes: bool = False, comm=None) -> "NeighbourLabels":
@@ -430,23 +435,41 @@ class NeighbourLabels:
         """Forget the label prototypes (a store whose chosen share is 0 need not hold them)."""
         for name in _PROTOTYPES + ("pr_perm",):
             self.arrays.pop(name, None)
+        self._approx_cache.pop("prototypes", None)
 
     def nbytes(self) -> int:
         return sum(a.nbytes for a in self.arrays.values())
 
-    def neighbours(self, Xq: sp.csr_matrix, k: int, comm=None) -> tuple[np.ndarray, np.ndarray]:
+    def neighbours(self, Xq: sp.csr_matrix, k: int, comm=None, approx: bool = False) -> tuple[np.ndarray, np.ndarray]:
         """The k nearest training points of each query row (cosine): (ids int32 [n, k], sims float32 [n, k]).
-        With a communicator, each rank searches a contiguous share of the rows and all gather them."""
+        With a communicator, each rank searches a contiguous share of the rows and all gather them.
+        approx: searched within a bound independent of the training points (dslide.infer.approx)."""
         a = self.arrays
-        return _shared_search(Xq, k, comm, a["post_ptr"], a["post_pt"], a["post_val"], self.n_points)
+        return _shared_search(Xq, k, comm, a["post_ptr"], a["post_pt"], a["post_val"], self.n_points,
+                              approx=self._approx("points").search if approx else None)
 
-    def prototypes(self, Xq: sp.csr_matrix, k: int, comm=None) -> tuple[np.ndarray, np.ndarray]:
+    def prototypes(self, Xq: sp.csr_matrix, k: int, comm=None, approx: bool = False) -> tuple[np.ndarray, np.ndarray]:
         """The k label prototypes of largest cosine with each query row, as `neighbours`."""
         if not self.has_prototypes:
             raise ValueError("this neighbour store has no label prototypes (built with prototypes=False)")
         a = self.arrays
         return _shared_search(Xq, k, comm, a["pr_ptr"], a["pr_lab"], a["pr_val"], self.n_labels,
-                              a.get("pr_perm", _NO_PERM))
+                              a.get("pr_perm", _NO_PERM),
+                              approx=self._approx("prototypes").search if approx else None)
+
+    def _approx(self, which: str):
+        """The pruned posting lists and rows of the points or the prototypes (dslide.infer.approx),
+        derived from the store's arrays on first use."""
+        from dslide.infer.approx import ApproxPostings
+
+        cache = self._approx_cache
+        if which not in cache:
+            a = self.arrays
+            cache[which] = (ApproxPostings(a["post_ptr"], a["post_pt"], a["post_val"], self.n_points, _NO_PERM)
+                            if which == "points" else
+                            ApproxPostings(a["pr_ptr"], a["pr_lab"], a["pr_val"], self.n_labels,
+                                           a.get("pr_perm", _NO_PERM)))
+        return cache[which]
 
     def fuse(self, m_ids, m_logits, nn_ids, nn_sims, weight: float, power: float, k: int,
              pr_ids=None, pr_sims=None, share: float = 0.0, pr_power: float = 1.0):

@@ -22,6 +22,7 @@ import scipy.sparse as sp
 
 from dslide import metrics
 from dslide.inputs import csr_parts, input_norms, make_batch
+from dslide.timings import Timings
 from dslide.topk import merge_topk
 
 #: points scored at a time: exact scoring holds a [batch, column block] of scores; the
@@ -56,13 +57,20 @@ class Fusion:
                    cfg.proto_candidates if store.has_prototypes and share > 0 else 0, cfg.proto_power,
                    cfg.knn_candidates)
 
-    def fuse(self, X: sp.csr_matrix, m_ids, m_scores, k: int, comm):
+    def fuse(self, X: sp.csr_matrix, m_ids, m_scores, k: int, comm, exact: bool = True, timings=None):
         """Top k of the fused scores of query rows X from the network's merged candidates:
-        (ids int64 [n, k], scores float64 [n, k]); the searches shared over comm's ranks."""
-        nn_ids, nn_sims = self.store.neighbours(X, self.neighbours, comm)
-        pr_ids, pr_sims = self.store.prototypes(X, self.prototypes, comm) if self.prototypes else (None, None)
-        return self.store.fuse(m_ids, m_scores, nn_ids, nn_sims, self.weight, self.power, k, pr_ids, pr_sims,
-                               self.share, self.pr_power)
+        (ids int64 [n, k], scores float64 [n, k]); the searches shared over comm's ranks, exact
+        or (exact False) bounded whatever the training points (dslide.infer.approx).
+        timings (dslide.timings.Timings): gets the seconds of each search and of the fusion."""
+        timings = Timings() if timings is None else timings
+        with timings.time("fusion_neighbours"):
+            nn_ids, nn_sims = self.store.neighbours(X, self.neighbours, comm, approx=not exact)
+        with timings.time("fusion_prototypes"):
+            pr_ids, pr_sims = (self.store.prototypes(X, self.prototypes, comm, approx=not exact) if self.prototypes
+                               else (None, None))
+        with timings.time("fusion_fuse"):
+                return self.store.fuse(m_ids, m_scores, nn_ids, nn_sims, self.weight, self.power, k, pr_ids, pr_sims,
+                                   self.share, self.pr_power)
 
 
 def output_topk(model, batch, k: int, exact: bool):
@@ -71,13 +79,15 @@ def output_topk(model, batch, k: int, exact: bool):
     model's inference index retrieves (an output kind without one scores every label)."""
     net = model.network
     out = net.layers[-1]
-    x = net.hidden(batch, own=True)
+    with model.timings.time("predict_hidden"):
+        x = net.hidden(batch, own=True)
     if exact or not out.indexable:
-        return out.topk(x, k)
+        with model.timings.time("predict_output"):
+            return out.topk(x, k)
     if model.index is None:
         raise ValueError("this model has no inference index for --lsh: it is built at the end of "
                          "training (lsh.index_anchors > 0); score every label instead (exact)")
-    with model.timings.time("index_query"):
+    with model.timings.time("predict_output"), model.timings.time("index_query"):
         return model.index.topk(x.dense(), out.W, out.b, k, out.lo, net.comm, model.config.layer_lsh(out.index))
 
 
@@ -114,9 +124,10 @@ def predict_topk_scores(model, X: sp.csr_matrix, k: int, exact: bool = True, bat
         rows = np.arange(s, min(n, s + batch_size))
         ls, li, ln = output_topk(model, make_batch(parts, None, rows, net.step, norms=norms), kk, exact)
         # the layers' communicator: a stand-in in data-parallel mode, where every rank has it all
-        ms, mi = merge_topk(net.comm.allgather_rows(ls), net.comm.allgather_rows(li), kk)
+        with model.timings.time("predict_merge"):
+            ms, mi = merge_topk(net.comm.allgather_rows(ls), net.comm.allgather_rows(li), kk)
         if fusion is not None:
-            mi, ms = fusion.fuse(X[s:s + len(rows)], mi, ms, k, net.comm)
+            mi, ms = fusion.fuse(X[s:s + len(rows)], mi, ms, k, net.comm, exact, model.timings)
         scores[rows], ids[rows] = ms, mi
         scored += int(ln.sum())
         if progress is not None:

@@ -230,6 +230,20 @@ def test_fused_predictions_at_p_ranks_equal_one_rank():
     pr_1 = model_1.neighbours.prototypes(X[90:], 6)
     np.testing.assert_array_equal(pr_p[0], pr_1[0])
     np.testing.assert_array_equal(pr_p[1], pr_1[1])
+    # --lsh: the approximate searches (dslide.infer.approx), each rank a share of the queries
+    for approx in (False, True):
+        nn_p = model_p.neighbours.neighbours(X[90:], 3, world, approx=approx)
+        nn_1 = model_1.neighbours.neighbours(X[90:], 3, approx=approx)
+        np.testing.assert_array_equal(nn_p[0], nn_1[0])
+        np.testing.assert_array_equal(nn_p[1], nn_1[1])
+    pr_p = model_p.neighbours.prototypes(X[90:], 6, world, approx=True)
+    pr_1 = model_1.neighbours.prototypes(X[90:], 6, approx=True)
+    np.testing.assert_array_equal(pr_p[0], pr_1[0])
+    np.testing.assert_array_equal(pr_p[1], pr_1[1])
+    lids_p, ls_p = T.predict_topk_scores(model_p, X[90:], 5, exact=False)
+    lids_1, ls_1 = T.predict_topk_scores(model_1, X[90:], 5, exact=False)
+    np.testing.assert_allclose(ls_p, ls_1, rtol=1e-4, atol=1e-6)
+    assert (lids_p == lids_1).mean() >= 0.95
     # the votes count: the model alone ranks otherwise
     model_1.config = model_1.config.replace(knn=0)
     assert not np.array_equal(T.predict_topk(model_1, X[90:], 5), ids_1)
