@@ -2,14 +2,12 @@
 
 numba keys a cached kernel by its source file (the file's path and a hash of
 its content), not by the name of the module it was compiled in; the compiled
-code, though, refers to that module by name. The folders lsh/ and datasets/
-are the packages dslide.lsh and dslide.datasets (setup.cfg maps them), but
-from the repository root `import lsh` used to import them under the wrong
-name: their kernels were cached as module `lsh`, and a later run, finding the
-entry for the same file, loaded it and died on every rank with
-`ModuleNotFoundError: No module named 'lsh'`. Importing them under another
-name now fails (their __init__), and this module makes the cache refuse
-such entries anyway: for every kernel of a module named dslide.*, the
+code, though, refers to that module by name. A package folder imported under
+another name (dslide/lsh/ put on sys.path as `lsh`) would have its kernels
+cached as module `lsh`, and a later run, finding the entry for the same file,
+would load it and die on every rank with `ModuleNotFoundError: No module
+named 'lsh'`. This module makes the cache refuse such entries: for every
+kernel of a module named dslide.*, the
 source stamp numba keeps in the cache index is (numba's stamp, the module's
 name), so an index written under any other name (or by a dslide from before
 this change) does not match and is recompiled, never loaded.

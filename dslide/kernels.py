@@ -23,7 +23,7 @@ disk (cache=True), the parallel ones too, so only a process's first run after
 a change compiles. numba 0.68 loads a cached parallel kernel at any thread
 count (tests/unit/test_numba_cache.py; older numba versions crashed). numba keys
 its cache by the file that defines a kernel: after editing dslide/rng.py,
-dslide/bfloat16.py, lsh/_common.py or lsh/_topk.py, whose functions other
+dslide/bfloat16.py, dslide/lsh/_common.py or dslide/lsh/_topk.py, whose functions other
 files' kernels inline, delete the __pycache__/*.nbi and *.nbc files (or touch
 those files).
 """

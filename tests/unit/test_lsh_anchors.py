@@ -1,4 +1,4 @@
-"""Anchor tables (lsh/anchors.py, with lsh/kmeans.py and lsh/rerank.py) against numpy references
+"""Anchor tables (dslide/lsh/anchors.py, with kmeans.py and rerank.py) against numpy references
 and on planted structure."""
 
 import numpy as np

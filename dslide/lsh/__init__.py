@@ -1,11 +1,7 @@
 """Locality-sensitive hash families and fixed-capacity hash tables (numba kernels).
 
-Installed as `dslide.lsh` (setup.cfg maps this folder there), and importable
-under that name only: `import lsh` from the repository root fails with a
-message saying so (numba would cache its kernels as module `lsh`, which no
-later run can load; dslide._numba_cache keys the cache by module name too).
-Kernels import nothing of dslide but its SplitMix64 (`dslide.rng`) and that
-cache key.
+Kernels import nothing of dslide but its SplitMix64 (`dslide.rng`) and the
+numba cache key (`dslide._numba_cache`).
 
 Families (one module each) share one interface: `Family(dim, K, L, seed, **params)`
 draws its parameter arrays from `np.random.default_rng(seed)` alone;
@@ -37,11 +33,6 @@ dslide.candidates.SOURCES.
 """
 
 from __future__ import annotations
-
-if __name__ != "dslide.lsh":
-    raise ImportError(f"this folder is the package dslide.lsh (setup.cfg installs lsh/ under that name), not "
-                      f"{__name__!r}: import dslide.lsh instead (from the repository root, `import lsh` finds "
-                      f"the folder itself)", name=__name__)
 
 from ._common import HashFamily
 from .dwta import DWTA
