@@ -130,7 +130,7 @@ class Model:
         """
         from dslide import propensity
         from dslide import train as T
-        from dslide.data import XMCData
+        from dslide.io.data import XMCData
 
         X = _features(X)
         train = XMCData(X, labels_matrix(Y, X.shape[0], n_labels))
@@ -180,7 +180,7 @@ class Model:
         scores (as `predict_csr`). lsh: score only what the output layer's inference index
         retrieves (a model with an LSH output layer only).
         """
-        from dslide import formats
+        from dslide.io import formats
         from dslide import train as T
 
         model = self._fitted()
@@ -224,11 +224,12 @@ class Model:
         propensity.npz): `dslide eval/predict --model run_dir` and `Model.load` read it.
         Every rank calls it (each writes its slices). Returns the checkpoint's path.
 
-        The command line's rules (dslide.rundir.check_new): run_dir must be new or empty, or
+        The command line's rules (dslide.io.rundir.check_new): run_dir must be new or empty, or
         hold a dslide run and overwrite=True (its files are then replaced, other files kept);
         a directory holding anything else is refused, as is one in use."""
-        from dslide import checkpoint as ck
-        from dslide import propensity, rundir
+        from dslide.io import checkpoint as ck
+        from dslide import propensity
+        from dslide.io import rundir
         from dslide import train as T
         from dslide.infer.parts import sections
 
@@ -243,7 +244,7 @@ class Model:
         # save that fails midway leaves no half-built run_dir and an old run there untouched
         tmp, error = None, None
         if self.comm.rank == 0:
-            try:  # whole files, never through a planted link (dslide.rundir)
+            try:  # whole files, never through a planted link (dslide.io.rundir)
                 rundir.check_new(run_dir, bool(overwrite), "run_dir", hint)
                 tmp = rundir.begin_build(run_dir)
                 rundir.mark(tmp)

@@ -35,7 +35,7 @@ import dslide
 from dslide import validation
 from dslide.comm import Comm, allreduce_bytes, default_threads
 from dslide.config import Config, points_per_label
-from dslide.data import XMCData
+from dslide.io.data import XMCData
 from dslide.infer.build import build_index, build_neighbours, epoch_scorer, fusion_pending, fusion_probe
 # the command line takes prediction from here until its split (issue 37, move 1) takes it from dslide.infer
 from dslide.infer.predict import evaluate, predict_topk, predict_topk_scores  # noqa: F401

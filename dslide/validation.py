@@ -126,7 +126,7 @@ def validation_rows(n_points: int, seed: int) -> np.ndarray:
 def split(data, seed: int):
     """(the gradient's part, the validation part, the validation rows) of an XMCData; the
     validation part is None when the data gets no split."""
-    from dslide.data import XMCData
+    from dslide.io.data import XMCData
 
     rows = validation_rows(data.n_points, seed)
     if rows.size == 0:

@@ -34,7 +34,7 @@ CANDIDATES = 100
 
 
 def load(name: str):
-    from dslide.data import read_xmc
+    from dslide.io.data import read_xmc
     from dslide.datasets import suite
 
     if name == "bibtex":

@@ -77,7 +77,7 @@ from typing import NamedTuple
 import numpy as np
 from numba import njit
 
-from dslide.data import XMCData
+from dslide.io.data import XMCData
 from dslide.datasets.baskets import _powerlaw_const_nb
 from dslide.datasets.synthetic import (
     Slots, _check_points, _emit_row, assemble, pick_preset, split_pair,

@@ -29,7 +29,7 @@ Result: XMCData with X csr float32 [n_rows, n_features] (the non-label
 attributes, in file order) and Y csr float32 [n_rows, n_labels] (the label
 attributes, in file order), both with sorted indices and no explicit zeros.
 
-Every malformed line raises :class:`dslide.data.XMCFormatError` (a ValueError)
+Every malformed line raises :class:`dslide.io.data.XMCFormatError` (a ValueError)
 as ``file:line: what was expected, got 'token'``.
 """
 
@@ -44,7 +44,7 @@ from dataclasses import dataclass
 import numpy as np
 import scipy.sparse as sp
 
-from dslide.data import XMCData, XMCFormatError
+from dslide.io.data import XMCData, XMCFormatError
 
 __all__ = ["read_arff"]
 

@@ -77,7 +77,7 @@ from typing import NamedTuple
 import numpy as np
 from numba import njit
 
-from dslide.data import XMCData
+from dslide.io.data import XMCData
 from dslide.datasets.synthetic import (
     Slots, _check_points, _emit_row, assemble, pick_preset, split_pair,
     _add_feature, _check_seed, _draw_features, _holds, _next, _powerlaw_rank,

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from types import ModuleType
 
-from dslide.data import XMCData
+from dslide.io.data import XMCData
 from dslide.datasets import amazon670k, baskets, synthetic
 
 FAMILIES: tuple[ModuleType, ...] = (synthetic, baskets, amazon670k)

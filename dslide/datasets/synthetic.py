@@ -108,7 +108,7 @@ import numpy as np
 import scipy.sparse as sp
 from numba import njit
 
-from dslide.data import XMCData, write_xmc
+from dslide.io.data import XMCData, write_xmc
 from dslide.rng import splitmix_next, unit
 
 

@@ -5,7 +5,7 @@ import pytest
 from mpi4py import MPI
 
 from dslide.datasets.synthetic import generate_split
-from dslide import checkpoint as ck
+from dslide.io import checkpoint as ck
 from dslide import train as T
 from dslide.comm import Comm, allreduce_bytes
 from dslide.config import Config, LSHConfig

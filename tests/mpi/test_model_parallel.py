@@ -153,7 +153,7 @@ def test_lsh_inference_index_gives_the_same_topk_and_share_at_p_ranks_as_at_one(
 
     monkeypatch.setattr(I, "INDEX_CHUNK", chunk)
     from dslide.config import LSHConfig
-    from dslide.data import XMCData
+    from dslide.io.data import XMCData
 
     X, Y = _data(n=160, F=40, L=300)
     if neighbors:  # at most 2 labels a point (45 here), as in extreme classification
@@ -213,7 +213,7 @@ def test_fused_predictions_at_p_ranks_equal_one_rank():
     """knn > 0: exact-mode training, the neighbours' votes and the label prototypes' give every
     rank the 1-rank top-k."""
     from dslide import train as T
-    from dslide.data import XMCData
+    from dslide.io.data import XMCData
 
     X, Y = _data(n=120, L=17)
     cfg = Config(hidden=(8,), exact=True, batch_size=32, seed=4, lr=1e-2, epochs=2.0, knn=3, knn_weight=0.5,
@@ -280,7 +280,7 @@ def test_the_validation_choices_at_p_ranks_are_the_one_rank_choices():
 
     from dslide import train as T
     from dslide.config import NARROW_OUTPUT
-    from dslide.data import XMCData
+    from dslide.io.data import XMCData
 
     rng = np.random.default_rng(8)
     n, L = 2400, NARROW_OUTPUT + 1

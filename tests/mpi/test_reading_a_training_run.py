@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from mpi4py import MPI
 
-from dslide import checkpoint as ck
+from dslide.io import checkpoint as ck
 from dslide import session
 from dslide.comm import Comm
 from dslide.datasets import synthetic

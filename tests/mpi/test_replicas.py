@@ -15,10 +15,10 @@ import pytest
 import scipy.sparse as sp
 from mpi4py import MPI
 
-from dslide import checkpoint as ck
+from dslide.io import checkpoint as ck
 from dslide.comm import Comm
 from dslide.config import Config, LSHConfig
-from dslide.data import XMCData
+from dslide.io.data import XMCData
 from dslide.network import Network, full_parameters
 from dslide.replicas import Replicas, reshard
 from dslide.replicas.partial import DEPTH

@@ -16,7 +16,7 @@ from scripts.suites import shapes as S
 
 
 def _files(tmp_path):
-    from dslide.data import write_xmc
+    from dslide.io.data import write_xmc
     from dslide.datasets.synthetic import generate_split
 
     tr, te = generate_split("tiny", 200, 40, seed=1)

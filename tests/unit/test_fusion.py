@@ -248,7 +248,7 @@ def test_state_round_trip():
 def _fit_tiny(knn, **kw):
     from dslide import train as T
     from dslide.config import Config
-    from dslide.data import XMCData
+    from dslide.io.data import XMCData
     from dslide.datasets.synthetic import generate_split
 
     tr, te = generate_split("tiny", 400, 60, seed=3)
@@ -317,7 +317,7 @@ def test_proto_weight_zero_builds_no_prototypes_and_fuses_the_points_alone():
 
 
 def test_store_survives_a_checkpoint(tmp_path):
-    from dslide import checkpoint as ck
+    from dslide.io import checkpoint as ck
     from dslide.comm import Comm
     from dslide.infer.parts import sections
     from dslide.train import build_network

@@ -495,7 +495,7 @@ def test_learning_rate_decays_linearly_over_the_run(schedule, step, moved):
 def test_output_bias_starts_at_the_smoothed_log_prior():
     # 4 points, 3 labels; label 0 on 3 points, label 1 on 1, label 2 on none:
     # b_j = log((count_j + 1) / (n + n_labels)) = log(4/7), log(2/7), log(1/7)
-    from dslide.data import XMCData
+    from dslide.io.data import XMCData
     from dslide.train import build_network, init_from_data
 
     X = sp.csr_matrix(np.eye(4, 5, dtype=np.float32))
@@ -510,7 +510,7 @@ def test_output_bias_starts_at_the_smoothed_log_prior():
 
 
 def test_fit_gives_the_network_the_length_of_the_whole_run_even_when_stopped_early():
-    from dslide.data import XMCData
+    from dslide.io.data import XMCData
     from dslide.train import fit
 
     X, Y = _tiny_problem(seed=3)  # 24 points

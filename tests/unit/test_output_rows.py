@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
-from dslide import checkpoint as ck
+from dslide.io import checkpoint as ck
 from dslide import kernels, memory
 from dslide import train as T
 from dslide.comm import Comm
 from dslide.config import Config
-from dslide.data import XMCData
+from dslide.io.data import XMCData
 from dslide.network import Network, full_parameters
 
 

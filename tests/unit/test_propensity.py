@@ -14,7 +14,7 @@ import pytest
 import scipy.sparse as sp
 
 from dslide import cli, propensity
-from dslide.data import read_xmc
+from dslide.io.data import read_xmc
 from dslide.metrics import inverse_propensity, psprecision_at_k
 
 # Training labels: 4 points, 3 labels; label 0 on 3 points, label 1 on 1, label 2 on none.

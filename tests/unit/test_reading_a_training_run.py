@@ -7,7 +7,7 @@ import shutil
 
 import pytest
 
-from dslide import checkpoint as ck
+from dslide.io import checkpoint as ck
 from dslide import cli
 
 from tests.conftest import TINY as S, tiny_run  # noqa: E402

@@ -20,16 +20,17 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
-from dslide import cli, rundir, session
-from dslide import checkpoint as ck
-from dslide import checkpoint_files as ckf
-from dslide import data as D
-from dslide import xmc_cache as C
+from dslide import cli, session
+from dslide.io import rundir
+from dslide.io import checkpoint as ck
+from dslide.io import checkpoint_files as ckf
+from dslide.io import data as D
+from dslide.io import xmc_cache as C
 from dslide.cli import common
 from dslide.cli import train as cli_train
 from dslide.comm import Comm
 from dslide.config import Config, LSHConfig
-from dslide.data import XMCCacheWarning, cache_path, read_xmc, write_xmc
+from dslide.io.data import XMCCacheWarning, cache_path, read_xmc, write_xmc
 from tests import faults
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -270,7 +271,7 @@ def test_a_stale_lock_is_taken_over_and_a_live_or_foreign_one_is_not(tmp_path):
 
 _TAKER = """
 import sys, time
-from dslide import rundir
+from dslide.io import rundir
 try:
     lock = rundir.RunLock.acquire(sys.argv[1], "taker")
 except rundir.RunDirError:
@@ -293,7 +294,7 @@ def test_processes_taking_over_one_stale_lock_at_once_leave_it_to_exactly_one(tm
 
 
 def test_a_lock_is_released_when_its_process_exits_without_releasing_it(tmp_path):
-    code = f"from dslide import rundir; lock = rundir.RunLock.acquire({str(tmp_path)!r}, 't'); print('held')"
+    code = f"from dslide.io import rundir; lock = rundir.RunLock.acquire({str(tmp_path)!r}, 't'); print('held')"
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert p.stdout.strip() == "held", p.stderr
     assert not (tmp_path / rundir.LOCK_NAME).exists()  # atexit

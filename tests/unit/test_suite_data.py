@@ -34,7 +34,7 @@ import warnings
 import numpy as np
 import pytest
 
-from dslide.data import XMCFormatWarning, read_xmc
+from dslide.io.data import XMCFormatWarning, read_xmc
 from dslide.datasets import amazon670k as az
 from dslide.datasets import baskets as bk
 from dslide.datasets import suite

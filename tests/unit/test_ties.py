@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
-from dslide import formats, metrics
+from dslide import metrics
+from dslide.io import formats
 from dslide.topk import best_columns, blocked_topk, merge_topk, scores_topk
 
 

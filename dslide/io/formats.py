@@ -3,7 +3,7 @@
 Read (:func:`read_data`), chosen by `fmt` or else by the file name and its first line:
 
     "xmc"     the Extreme Classification Repository's single file
-              (header `n_points n_features n_labels`; dslide.data.read_xmc)
+              (header `n_points n_features n_labels`; dslide.io.data.read_xmc)
     "split"   the repository's split files, as pyxclib's `read_sparse_file`
               reads them: a features file (`trn_X_Xf.txt`: header
               `n_points n_features`, then `f:v f:v ...` per point) and a labels
@@ -43,10 +43,10 @@ import os
 import numpy as np
 import scipy.sparse as sp
 
-from dslide import data as D
+from dslide.io import data as D
 from dslide import validate
-from dslide import xmc_parse as P
-from dslide.data import XMCData, XMCFormatError
+from dslide.io import xmc_parse as P
+from dslide.io.data import XMCData, XMCFormatError
 
 FORMATS = ("xmc", "split", "libsvm", "npz")
 PREDICTION_FORMATS = ("text", "npz")
@@ -188,7 +188,7 @@ def read_libsvm(path: str, n_features: int | None = None, n_labels: int | None =
                 progress=None) -> XMCData:
     """Headerless multilabel libsvm (zero-based): `l1,l2 f:v f:v ...` per line.
 
-    The rules of a data line are the XMC text's (dslide.data); blank lines at the end
+    The rules of a data line are the XMC text's (dslide.io.data); blank lines at the end
     are padding. Widths: the largest index + 1, or n_features / n_labels when larger.
     """
     _, (xp, xi, xd, yp, yi), rows, nonblank = _parse_lines(path, 0, _NO_BOUND, _NO_BOUND, progress)
@@ -243,7 +243,7 @@ def write_data(path: str, data: XMCData, fmt: str | None = None) -> list[str]:
         return [path]
     xpath, ypath = _pair_names(path)
     if fmt == "npz":
-        from dslide.rundir import replacing
+        from dslide.io.rundir import replacing
 
         for p, M in ((xpath, data.X), (ypath, data.Y)):
             with replacing(p, binary=True) as f:  # atomic, never through a planted link
@@ -272,7 +272,7 @@ def _write_text(path: str, M, Y, header: str | None, ones: bool = False) -> None
     M = sp.csr_matrix(M)
     M.sort_indices()
     Yc = sp.csr_matrix(Y) if Y is not None else None
-    from dslide.rundir import replacing
+    from dslide.io.rundir import replacing
 
     with replacing(path, binary=False) as f:  # atomic, never through a planted link
         if header is not None:
@@ -342,8 +342,8 @@ def write_predictions(path: str, ids: np.ndarray, scores: np.ndarray, n_labels: 
     "text" (a header `n n_labels`, then per line the `label:score` pairs in label order, the
     scores to full precision) or "npz" (:func:`predictions_csr` saved with
     scipy.sparse.save_npz). :func:`read_predictions` gives back ids and scores best first.
-    Written atomically (dslide.rundir.replacing): a reader sees the old file or the new one."""
-    from dslide.rundir import replacing
+    Written atomically (dslide.io.rundir.replacing): a reader sees the old file or the new one."""
+    from dslide.io.rundir import replacing
 
     _check_format(fmt, PREDICTION_FORMATS)
     # a fresh temporary file (mkstemp: exclusive, so never through a symlink planted at any

@@ -41,11 +41,11 @@ How it is done
 Three modules do the work; this one is their public face (XMCData, read_xmc,
 write_xmc):
 
-* dslide.xmc_parse: the numba kernels from the file's bytes to CSR arrays,
+* dslide.io.xmc_parse: the numba kernels from the file's bytes to CSR arrays,
   and the ``file:line`` messages of what they reject;
-* dslide.xmc_cache: the binary cache beside the source, ``<path>.dslcache/``,
+* dslide.io.xmc_cache: the binary cache beside the source, ``<path>.dslcache/``,
   written atomically and checked before use;
-* dslide.xmc_write: the numba formatter behind write_xmc.
+* dslide.io.xmc_write: the numba formatter behind write_xmc.
 
 Reading: the file is read into one ``uint8`` array, its header checked, and
 the body parsed a block of lines at a time (a progress callback sees the bytes
@@ -65,11 +65,11 @@ from dataclasses import dataclass
 import numpy as np
 import scipy.sparse as sp
 
-from dslide import xmc_cache
-from dslide.xmc_cache import (CACHE_VERSION, XMCCacheWarning, _load_cache, _save_cache, cache_path,
+from dslide.io import xmc_cache
+from dslide.io.xmc_cache import (CACHE_VERSION, XMCCacheWarning, _load_cache, _save_cache, cache_path,
                               caches_held, write_caches)
-from dslide.xmc_parse import _OK, XMCFormatError, _count_bytes, _parse_header, parse_body, parse_error
-from dslide.xmc_write import write_xmc
+from dslide.io.xmc_parse import _OK, XMCFormatError, _count_bytes, _parse_header, parse_body, parse_error
+from dslide.io.xmc_write import write_xmc
 
 __all__ = ["XMCData", "XMCFormatError", "XMCFormatWarning", "XMCCacheWarning", "read_xmc",
            "write_xmc", "cache_path", "caches_held", "write_caches", "CACHE_VERSION"]

@@ -519,7 +519,7 @@ def _rmdir_quietly(path: Path) -> None:
 
 def check_output(out, inputs, what: str = "--out") -> None:
     """Refuse to write `out` onto any of `inputs` (compared as resolved paths, links followed)
-    or into a run's checkpoints (a run's files are its own: dslide.checkpoint)."""
+    or into a run's checkpoints (a run's files are its own: dslide.io.checkpoint)."""
     if not out:
         return
     target = os.path.realpath(out)

@@ -2,7 +2,7 @@
 
 After a successful parse the arrays are saved beside the source, one ``.npy``
 file each in the directory ``<path>.dslcache/``, and later memory-mapped from
-there with ``np.load(mmap_mode=...)`` (see dslide.data.read_xmc). The cache is
+there with ``np.load(mmap_mode=...)`` (see dslide.io.data.read_xmc). The cache is
 as private as its source (its files take the source's permission bits and
 group), is keyed on the source's size, mtime, ctime and a SHA-256 of its first
 and last MiB, and what it holds is checked before use (indices sorted, unique

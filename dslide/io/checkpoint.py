@@ -17,7 +17,7 @@ LATEST replaced (write to a temporary name, `os.replace`). A kill at any
 moment leaves LATEST naming a complete checkpoint; older ones are deleted
 only after that. The files themselves (an array to its .npy file and back,
 in bounded memory; names that stay inside the directory) are
-dslide.checkpoint_files.
+dslide.io.checkpoint_files.
 
 Reading goes straight into the network's own arrays (the ones its layers'
 `state()` returns), chunk by chunk with `readinto`, hashing as it reads: no
@@ -45,7 +45,7 @@ Nothing is read or written outside the checkpoint directory: the names in a
 manifest (`ranks[].dir`, each array's `file`) and in LATEST must be plain
 names (no `/`, no `..`) that resolve inside it, or the checkpoint is refused
 (CheckpointError), as is a manifest that is not the object this module writes.
-Temporary files are created exclusively (`dslide.rundir`), never opened
+Temporary files are created exclusively (`dslide.io.rundir`), never opened
 through a planted symlink. A save refuses parameters that are not finite
 (NaN, inf: a diverged run), so LATEST keeps naming the last good checkpoint.
 """
@@ -59,8 +59,9 @@ from pathlib import Path
 
 import numpy as np
 
-from dslide import hooks, rundir
-from dslide.checkpoint_files import (CheckpointError, Digest, NpyFile, check_manifest, fsync_dir, inside, mismatch,
+from dslide import hooks
+from dslide.io import rundir
+from dslide.io.checkpoint_files import (CheckpointError, Digest, NpyFile, check_manifest, fsync_dir, inside, mismatch,
                                      write_npy)
 from dslide.comm import Comm
 from dslide.config import Config

@@ -7,7 +7,7 @@ caller can show progress), with its own decimal-to-float32 conversion (within 1
 ulp of the nearest float32, exact but for float64 landing on a float32 rounding
 midpoint). On the first invalid byte the kernel stops and returns an error code
 and a byte offset; `parse_error` turns those into ``file:line: what was
-expected, got 'token'``. The format's rules are in dslide.data's docstring.
+expected, got 'token'``. The format's rules are in dslide.io.data's docstring.
 """
 
 from __future__ import annotations

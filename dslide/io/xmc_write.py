@@ -1,6 +1,6 @@
 """The XMC text writer: a numba kernel formats rows into a byte buffer, about
 16 MB at a time, each value as the shortest decimal that dslide's reader
-(dslide.xmc_parse) turns back into the same float32."""
+(dslide.io.xmc_parse) turns back into the same float32."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ import scipy.sparse as sp
 from numba import njit
 
 from dslide import _numba_cache  # noqa: F401  (before any kernel: the cache is keyed by module name)
-from dslide.xmc_cache import _umask
-from dslide.xmc_parse import _POW10, _dec_to_f64, _to_f32
+from dslide.io.xmc_cache import _umask
+from dslide.io.xmc_parse import _POW10, _dec_to_f64, _to_f32
 
 _MAX_FEATURE_CHARS = 20 + 1 + 16 + 1   # index, ':', value, ' '
 _MAX_LABEL_CHARS = 20 + 1              # index, ','

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from dslide import rundir
+from dslide.io import rundir
 
 CHUNK = 64 << 20  # bytes per read/write call: the extra memory a save or load needs
 
@@ -238,7 +238,7 @@ _OPTIONAL = {"contents": str, "n_params": int, "extra": dict, "bounds": list}
 
 
 def check_manifest(m: dict, where: Path) -> None:
-    """A manifest `m` (read from `where`) is the object dslide.checkpoint.save writes: every
+    """A manifest `m` (read from `where`) is the object dslide.io.checkpoint.save writes: every
     field of its type, every name in it a plain one (CheckpointError naming the field otherwise)."""
 
     def bad(field, value, want):
