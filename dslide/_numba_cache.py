@@ -13,8 +13,8 @@ name), so an index written under any other name (or by a dslide from before
 this change) does not match and is recompiled, never loaded.
 
 Imported, for its effect, by the modules that define cached kernels
-(dslide.rng, dslide.bfloat16, dslide.io.data, dslide.infer.fusion, dslide.lsh's _common;
-dslide.kernels and dslide.datasets through dslide.rng and dslide.io.data), before their decorators
+(dslide.rng, dslide.model.bfloat16, dslide.io.data, dslide.infer.fusion, dslide.lsh's _common;
+dslide.model.kernels and dslide.datasets through dslide.rng and dslide.io.data), before their decorators
 run: it prepends locator classes to numba's list that take dslide's kernels
 and leave every other function to numba's own classes (so other packages'
 caches in the same process are untouched).

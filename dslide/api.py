@@ -172,7 +172,7 @@ class Model:
     def predict(self, X, k: int | None = None, lsh: bool = False, sparse: bool = False, *,
                 top_k: int | None = None):
         """The top k labels of each row of X csr [n, n_features], best first (ties to the
-        lower label id, dslide.topk).
+        lower label id, dslide.model.topk).
 
         k: default 5; top_k is the same (napkinXC's and omikuji's name), give one of them.
         Returns (ids int64 [n, k], scores float64 [n, k]; -1 where fewer than k labels were

@@ -26,7 +26,7 @@ ADAM_DTYPES = ("float32", "float64", "bfloat16")
 PARALLEL = ("model", "data")
 OUTPUT_SPLITS = ("auto", "columns", "rows")
 #: lsh.family: where an LSH layer's candidates come from. The names live here, where they are
-#: validated; dslide.candidates.SOURCES holds one source for each and checks that it does
+#: validated; dslide.model.candidates.SOURCES holds one source for each and checks that it does
 FAMILIES = ("anchor", "dwta", "srp", "wta")
 #: lsh.max_active left at None: this many candidates per sample in a layer of at least
 #: CANDIDATES_MIN_WIDTH neurons, none in a narrower one (LSHConfig.active_count)
@@ -197,7 +197,7 @@ class LSHConfig:
     epoch for fewer samples/s (docs/lsh.md "Per-sample candidates" has the
     measurements).
 
-    family: where candidates come from (one of FAMILIES, a source each in dslide.candidates):
+    family: where candidates come from (one of FAMILIES, a source each in dslide.model.candidates):
       "anchor" (default): `anchors` k-means centres of the layer's inputs,
         learnt online from the batches; a sample's candidates are the
         `max_active` neurons scoring highest (w.x + b, biases included) at its

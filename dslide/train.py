@@ -12,7 +12,7 @@ runs on a stand-in communicator. Two things plug into the loop:
   what they changed (dslide.replicas.Replicas);
 - the network's gradient hook, chosen when it is built: in data-parallel mode
   (`parallel = "data"`) every rank holds the whole model, takes its own slice
-  of each batch and all-reduces the gradients (dslide.network).
+  of each batch and all-reduces the gradients (dslide.model.network).
 
 The run's timings (dslide.timings) live in one object, `Model.timings`. After
 the loop, `fit` has the model's inference parts built (dslide.infer.build);
@@ -39,8 +39,8 @@ from dslide.io.data import XMCData
 from dslide.infer.build import build_index, build_neighbours, epoch_scorer, fusion_pending, fusion_probe
 # the command line takes prediction from here until its split (issue 37, move 1) takes it from dslide.infer
 from dslide.infer.predict import evaluate, predict_topk, predict_topk_scores  # noqa: F401
-from dslide.inputs import csr_parts, input_norms, make_batch
-from dslide.network import Network
+from dslide.model.inputs import csr_parts, input_norms, make_batch
+from dslide.model.network import Network
 from dslide.replicas import Replicas
 from dslide.timings import Timings
 

@@ -194,8 +194,8 @@ def _resume_plan(comm, args, saved: dict, changed: dict, config, train, checksum
 
 def _check_layout(config, comm) -> None:
     """The ranks form the configuration's replicas and shard weights: checked before any file
-    is written (dslide.sharding.check_layout)."""
-    from dslide.sharding import check_layout
+    is written (dslide.model.sharding.check_layout)."""
+    from dslide.model.sharding import check_layout
 
     check_layout(comm.size, config.replicas, config.shard_weights)
 

@@ -26,7 +26,7 @@ from dslide.infer.fusion import NeighbourLabels
 from dslide.infer.index import InferenceIndex
 from dslide.infer.parts import index_seed
 from dslide.infer.predict import predict_topk_scores
-from dslide.inputs import csr_parts, input_norms, make_batch
+from dslide.model.inputs import csr_parts, input_norms, make_batch
 
 
 def fusion_counts(cfg: Config) -> tuple:

@@ -65,7 +65,7 @@ from dslide.io.checkpoint_files import (CheckpointError, Digest, NpyFile, check_
                                      write_npy)
 from dslide.comm import Comm
 from dslide.config import Config
-from dslide.network import Network
+from dslide.model.network import Network
 
 FORMAT = 2
 
@@ -558,7 +558,7 @@ def _read_resharded(net: Network, readers: list, whole: bool, weights_only: bool
 
 
 def _even(n: int, world: int) -> list:
-    from dslide.sharding import shard_bounds
+    from dslide.model.sharding import shard_bounds
 
     return shard_bounds(n, world).tolist()
 

@@ -32,7 +32,7 @@ order (the sparse-matrix text that pyxclib's `read_sparse_file` reads with its
 defaults: header=True, safe_read=True wants sorted, unique indices); "npz" a CSR
 float64 [n_points, n_labels] of the top-k scores (`scipy.sparse.load_npz`).
 Both hold the top k as a set: the ranking is by score, ties to the lower label
-id (dslide.topk), which :func:`read_predictions` restores. Scores are written
+id (dslide.model.topk), which :func:`read_predictions` restores. Scores are written
 to full float64 precision, so that ranking is the one `predict` returned.
 """
 

@@ -29,7 +29,7 @@ output layer's inference index adds their labels to the query's bucket.
 MinHash hashes the non-zero set of a vector, and a dslide layer's weight rows
 are dense (every row's set is every input), so it applies to sparse inputs
 only (CSR `hash_csr`); what a layer picks its neurons with is
-dslide.candidates.SOURCES.
+dslide.model.candidates.SOURCES.
 """
 
 from __future__ import annotations

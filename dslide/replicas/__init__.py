@@ -2,7 +2,7 @@
 
 Layout. A world of R x P ranks (R = `replicas`) forms R replicas of P model
 shards: world rank w is shard p = w % P of replica g = w // P
-(dslide.sharding.replica_place). Two communicators come from the world
+(dslide.model.sharding.replica_place). Two communicators come from the world
 (`layout.Layout`):
 
     model  the P ranks of replica g: the network's layers are split over them
@@ -10,7 +10,7 @@ shards: world rank w is shard p = w % P of replica g = w // P
     peer   the R ranks holding shard p, one per replica (its rank g = replica g)
 
 Shard p covers the same neurons in every replica (shard weights are per
-position, see `dslide.sharding.speed_weights`), so averaging two replicas'
+position, see `dslide.model.sharding.speed_weights`), so averaging two replicas'
 rows is an exchange between peers holding the same rows: no layer is ever
 gathered.
 

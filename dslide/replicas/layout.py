@@ -5,12 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dslide.comm import Comm
-from dslide.sharding import replica_place
+from dslide.model.sharding import replica_place
 
 
 @dataclass(frozen=True)
 class Layout:
-    """World rank `world.rank` is shard `shard` of replica `replica` (dslide.sharding.replica_place).
+    """World rank `world.rank` is shard `shard` of replica `replica` (dslide.model.sharding.replica_place).
 
     model: the replica's P ranks (rank p = shard p); peer: the R ranks holding this shard,
     one per replica (rank g = replica g; the single-process stand-in with one replica).

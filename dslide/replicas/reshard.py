@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 
 from dslide.comm import Comm
-from dslide.network import Network
-from dslide.sharding import moves
+from dslide.model.network import Network
+from dslide.model.sharding import moves
 
 
 def reshard(net: Network, weights) -> Network:
@@ -37,7 +37,7 @@ def reshard(net: Network, weights) -> Network:
 def redistribute(comm: Comm, arr: np.ndarray, axis: int, old_bounds, new_bounds) -> np.ndarray:
     """This rank's slice [new_lo, new_hi) along `axis` of an array split by old_bounds
     (each rank holding its old slice `arr`), gathered from the old owners
-    (dslide.sharding.moves: what goes where)."""
+    (dslide.model.sharding.moves: what goes where)."""
     r = comm.rank
     a = np.moveaxis(arr, axis, 0)
     rest = a.shape[1:]

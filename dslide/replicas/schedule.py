@@ -37,7 +37,7 @@ import time
 import numpy as np
 
 from dslide.comm import Board, Comm
-from dslide.sharding import speed_weights
+from dslide.model.sharding import speed_weights
 from dslide.timings import Timings
 
 from .allreduce import ExactMean

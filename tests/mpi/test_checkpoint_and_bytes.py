@@ -10,7 +10,7 @@ from dslide import train as T
 from dslide.comm import Comm, allreduce_bytes
 from dslide.config import Config, LSHConfig
 from dslide.infer.parts import sections
-from dslide.network import Network, full_parameters
+from dslide.model.network import Network, full_parameters
 from scripts import _costmodel
 
 WORLD = MPI.COMM_WORLD

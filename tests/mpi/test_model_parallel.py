@@ -12,8 +12,8 @@ from mpi4py import MPI
 
 from dslide.comm import Comm
 from dslide.config import Config
-from dslide.network import Network, full_parameters
-from dslide.inputs import csr_parts, make_batch
+from dslide.model.network import Network, full_parameters
+from dslide.model.inputs import csr_parts, make_batch
 from dslide.train import epoch_order
 
 
@@ -89,7 +89,7 @@ def test_data_parallel_p_ranks_equal_one_rank():
 
 
 def _train_dp(cfg, X, Y, comm, steps):
-    from dslide.sharding import shard_range
+    from dslide.model.sharding import shard_range
     from dslide.train import batch_rows
 
     net = Network(cfg, X.shape[1], Y.shape[1], comm, total_steps=steps)
@@ -194,8 +194,8 @@ def test_lsh_inference_index_gives_the_same_topk_and_share_at_p_ranks_as_at_one(
 
 
 def test_kth_largest_across_ranks_equals_numpy_on_the_concatenation():
-    from dslide.topk import kth_largest
-    from dslide.topk import order_keys as _order_keys
+    from dslide.model.topk import kth_largest
+    from dslide.model.topk import order_keys as _order_keys
 
     world = Comm(MPI.COMM_WORLD)
     rs = np.random.default_rng(100 + world.rank)

@@ -19,11 +19,11 @@ from dslide.io import checkpoint as ck
 from dslide.comm import Comm
 from dslide.config import Config, LSHConfig
 from dslide.io.data import XMCData
-from dslide.network import Network, full_parameters
+from dslide.model.network import Network, full_parameters
 from dslide.replicas import Replicas, reshard
 from dslide.replicas.partial import DEPTH
-from dslide.sharding import shard_bounds
-from dslide.inputs import csr_parts, make_batch
+from dslide.model.sharding import shard_bounds
+from dslide.model.inputs import csr_parts, make_batch
 from dslide.train import epoch_order, fit
 
 WORLD = Comm(MPI.COMM_WORLD)

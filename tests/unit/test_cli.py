@@ -18,7 +18,7 @@ from dslide.io import formats
 from dslide.cli import common
 from dslide.config import (BIAS_INITS, DTYPES, INPUT_NORMS, LAYER_KINDS, LR_SCHEDULES, PARALLEL, POLICIES, SELECT_MODES,
                            SYNC_MODES, Config, LSHConfig)
-from dslide.candidates import SOURCES
+from dslide.model.candidates import SOURCES
 from tests import faults
 
 try:
@@ -263,7 +263,7 @@ def test_resume_and_model_errors(trained, tiny, capsys, tmp_path):
 def test_incompatible_checkpoint_is_a_clear_error(trained, tmp_path):
     from dslide.io import checkpoint as ck
     from dslide.comm import Comm
-    from dslide.network import Network
+    from dslide.model.network import Network
 
     path = ck.latest(trained)
     net = Network(Config(hidden=(17,)), 1000, 500, Comm())  # the run has 32
@@ -363,7 +363,7 @@ def test_a_checkpoint_write_killed_midway_leaves_the_previous_one(trained, tiny,
         assert (run_dir / "checkpoints" / "LATEST").read_text() == before
         from dslide.io import checkpoint as ck
         from dslide.comm import Comm
-        from dslide.network import Network
+        from dslide.model.network import Network
 
         path = ck.latest(run_dir)
         net = Network(ck.config_of(path), 1000, 500, Comm())

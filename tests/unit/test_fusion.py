@@ -258,8 +258,8 @@ def _fit_tiny(knn, **kw):
 
 
 def test_predictions_are_the_numpy_fusion_of_model_softmax_and_neighbour_votes():
-    from dslide.network import full_parameters
-    from dslide.inputs import normalise_inputs
+    from dslide.model.network import full_parameters
+    from dslide.model.inputs import normalise_inputs
 
     T, model, tr, te = _fit_tiny(knn=4, proto_weight=0.5)
     ids, scores = T.predict_topk_scores(model, te.X, 5)

@@ -17,7 +17,7 @@ from dslide.config import Config
 from dslide.replicas import Replicas
 from dslide.replicas.board import STEP_BITS, pub_word
 from dslide.replicas.partial import fresh_partners, stale_limit
-from dslide.sharding import moves, replica_place, shard_bounds, shard_range, speed_weights
+from dslide.model.sharding import moves, replica_place, shard_bounds, shard_range, speed_weights
 
 ROOT = Path(__file__).resolve().parents[2]
 MPIEXEC = Path(sys.executable).with_name("mpiexec")

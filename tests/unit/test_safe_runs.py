@@ -163,7 +163,7 @@ def test_a_loss_that_becomes_nan_stops_training_naming_the_step_and_keeps_the_la
 
 
 def _network_of(run_dir):
-    from dslide.network import Network
+    from dslide.model.network import Network
 
     path = ck.latest(run_dir)
     manifest = ck.read_manifest(path)
@@ -554,7 +554,7 @@ def test_eval_does_not_write_into_a_run_another_process_holds(trained, data, tmp
 
 
 def test_rows_near_float32s_maximum_are_normalised_not_zeroed():
-    from dslide import inputs as I
+    from dslide.model import inputs as I
 
     X = sp.csr_matrix(np.array([[3.0e38, 3.0e38, 0.0], [1.0, 0.0, 2.0]], dtype=np.float32))
     norms = I.input_norms(X, "l2")

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from dslide import kernels
+from dslide.model import kernels
 from dslide import rng
-from dslide.batch import Act, Batch, Out
-from dslide.layers.base import Layer
-from dslide.loss import label_targets
-from dslide.optim import Grads
-from dslide.sharding import shard_bounds
-from dslide.topk import EXACT_BLOCK_BYTES, scores_topk
+from dslide.model.batch import Act, Batch, Out
+from dslide.model.layers.base import Layer
+from dslide.model.loss import label_targets
+from dslide.model.optim import Grads
+from dslide.model.sharding import shard_bounds
+from dslide.model.topk import EXACT_BLOCK_BYTES, scores_topk
 
 
 class DenseLayer(Layer):

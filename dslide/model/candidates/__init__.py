@@ -29,15 +29,15 @@ Chen et al. 2020). Item hashing also rebuilds every `lsh.rebuild_every` steps
 
 from __future__ import annotations
 
-from dslide.candidates.anchor import AnchorCandidates
-from dslide.candidates.base import CandidateSource, Schedule
-from dslide.candidates.hashing import HashCandidates
+from dslide.model.candidates.anchor import AnchorCandidates
+from dslide.model.candidates.base import CandidateSource, Schedule
+from dslide.model.candidates.hashing import HashCandidates
 from dslide.config import FAMILIES, LSHConfig
 
 #: lsh.family -> its source: one for each name of dslide.config.FAMILIES, which validates lsh.family
 SOURCES = {"anchor": AnchorCandidates, "dwta": HashCandidates, "srp": HashCandidates, "wta": HashCandidates}
 if tuple(SOURCES) != FAMILIES:
-    raise RuntimeError(f"dslide.candidates.SOURCES has {', '.join(SOURCES)} but dslide.config.FAMILIES (the "
+    raise RuntimeError(f"dslide.model.candidates.SOURCES has {', '.join(SOURCES)} but dslide.config.FAMILIES (the "
                       f"names lsh.family takes) has {', '.join(FAMILIES)}: register a source for each name there")
 
 

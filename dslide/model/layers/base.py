@@ -1,7 +1,7 @@
 """What every layer kind shares: sizes, shard, parameters, optimiser, state.
 
 A layer is one slice of a fully connected layer split column-wise over ranks
-(dslide.sharding): rank r holds the weights and biases of its neurons
+(dslide.model.sharding): rank r holds the weights and biases of its neurons
 [lo, hi), their Adam moments and whatever its kind derives from them.
 """
 
@@ -10,14 +10,15 @@ from __future__ import annotations
 import numpy as np
 import scipy.sparse as sp
 
-from dslide import kernels, rng
-from dslide.batch import Act
+from dslide import rng
+from dslide.model import kernels
+from dslide.model.batch import Act
 from dslide.comm import Comm
 from dslide.config import Config
-from dslide.optim import Adam
-from dslide.sharding import shard_bounds
+from dslide.model.optim import Adam
+from dslide.model.sharding import shard_bounds
 from dslide.timings import Timings
-from dslide.topk import blocked_topk
+from dslide.model.topk import blocked_topk
 
 
 class Layer:

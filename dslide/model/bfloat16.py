@@ -2,7 +2,7 @@
 
 bfloat16 is the upper half of a float32 (sign, the same 8 exponent bits, 7
 mantissa bits), so widening is exact and the range is float32's: TINY
-(dslide.kernels) is a normal bfloat16 and the kernels' flush keeps
+(dslide.model.kernels) is a normal bfloat16 and the kernels' flush keeps
 subnormals out as before. numpy
 has no bfloat16, so moments are stored as uint16 [same shape] and every
 Adam kernel widens them to float32, updates in float32 and narrows back.
@@ -15,12 +15,12 @@ v (tests/unit/test_adam_bfloat16.py compares both with float32 Adam over
 shrinking gradients). The random bits are a function of (key, step, the
 element's global position) only: results do not depend on threads or ranks.
 
-The Adam kernels (dslide.kernels) read and write moments through `load`,
+The Adam kernels (dslide.model.kernels) read and write moments through `load`,
 `store_nearest` and `store_stochastic`, which compile to plain loads and stores
 for moments in a float type; `rounding_key` gives them the random bits' stream
 of one parameter array. Every function here inlines into those kernels: numba
-keys their cache by dslide/kernels.py, so after editing this file delete its
-__pycache__/*.nbi and *.nbc files (or touch dslide/kernels.py).
+keys their cache by dslide/model/kernels.py, so after editing this file delete its
+__pycache__/*.nbi and *.nbc files (or touch dslide/model/kernels.py).
 """
 
 from __future__ import annotations

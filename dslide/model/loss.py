@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from dslide import kernels
+from dslide.model import kernels
 
 
 def label_targets(Y, lo: int, hi: int):

@@ -1,7 +1,7 @@
 """The optimiser: what backward hands to update (`Grads`) and Adam's moments (`Adam`).
 
 The update kernels themselves (dense, lazy rows, fused sparse rows) are in
-dslide.kernels; each layer calls the ones that fit its layout.
+dslide.model.kernels; each layer calls the ones that fit its layout.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dslide import bfloat16, kernels
+from dslide.model import bfloat16, kernels
 
 
 @dataclass
@@ -37,7 +37,7 @@ class Grads:
 
 class Adam:
     """Adam moments m, v of one parameter array, stored as `moment_dtype` (a float type, or
-    uint16 bit patterns for "bfloat16"; see dslide.bfloat16).
+    uint16 bit patterns for "bfloat16"; see dslide.model.bfloat16).
 
     key: the array's stream key for stochastic rounding; origin (r0, c0, stride): element
     (r, c) of the local array is global element (r + r0) * stride + c + c0 of the layer's

@@ -6,15 +6,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dslide import kernels
+from dslide.model import kernels
 from dslide import rng
-from dslide.batch import Batch, Out
-from dslide.candidates import SOURCES, make_candidates
+from dslide.model.batch import Batch, Out
+from dslide.model.candidates import SOURCES, make_candidates
 from dslide.config import Config, LSHConfig
-from dslide.layers.base import Layer
-from dslide.loss import label_targets
-from dslide.optim import Grads
-from dslide.sharding import scaled_count
+from dslide.model.layers.base import Layer
+from dslide.model.loss import label_targets
+from dslide.model.optim import Grads
+from dslide.model.sharding import scaled_count
 from dslide.timings import upkeep_name
 
 

@@ -23,7 +23,7 @@ disk (cache=True), the parallel ones too, so only a process's first run after
 a change compiles. numba 0.68 loads a cached parallel kernel at any thread
 count (tests/unit/test_numba_cache.py; older numba versions crashed). numba keys
 its cache by the file that defines a kernel: after editing dslide/rng.py,
-dslide/bfloat16.py, dslide/lsh/_common.py or dslide/lsh/_topk.py, whose functions other
+dslide/model/bfloat16.py, dslide/lsh/_common.py or dslide/lsh/_topk.py, whose functions other
 files' kernels inline, delete the __pycache__/*.nbi and *.nbc files (or touch
 those files).
 """
@@ -35,7 +35,7 @@ import numpy as np
 from numba import get_thread_id, njit, prange
 
 from dslide import rng
-from dslide.bfloat16 import load, row_seed, store_nearest, store_stochastic
+from dslide.model.bfloat16 import load, row_seed, store_nearest, store_stochastic
 from dslide.lsh.anchors import union_per_query
 
 EXP_FLOOR = -80.0  # exp(-80) = 1.8e-35: still a normal float32
@@ -152,7 +152,7 @@ def scale_flush_rows(e, scale):
 
 # ----------------------------------------------------------------------------
 # Adam (Kingma & Ba 2015) with bias correction, lazy over rows; moments in a float
-# type or in bfloat16 (dslide.bfloat16)
+# type or in bfloat16 (dslide.model.bfloat16)
 # ----------------------------------------------------------------------------
 
 MOMENT_DTYPES = {"float32": np.float32, "float64": np.float64, "bfloat16": np.uint16}
@@ -411,7 +411,7 @@ def dropout_mask(k, sample_ids, j0, n, rate, out):
 
 #: per sample i, the first k distinct ids of its buckets not marked (scored for every
 #: sample already), in rank order: lsh.anchors' union of buckets, per query. The name is
-#: the one dslide.candidates.anchor calls.
+#: the one dslide.model.candidates.anchor calls.
 own_candidates = union_per_query
 
 

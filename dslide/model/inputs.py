@@ -10,8 +10,8 @@ from __future__ import annotations
 import numpy as np
 import scipy.sparse as sp
 
-from dslide import kernels as K
-from dslide.batch import Batch
+from dslide.model import kernels as K
+from dslide.model.batch import Batch
 
 
 def normalise_inputs(X: sp.csr_matrix, how: str, dtype) -> sp.csr_matrix:

@@ -8,9 +8,9 @@ network, the training loop, the checkpoints and the memory account call only
 the protocol.
 """
 
-from dslide.layers.base import Layer
-from dslide.layers.dense import DenseLayer
-from dslide.layers.lsh import LSHLayer
+from dslide.model.layers.base import Layer
+from dslide.model.layers.dense import DenseLayer
+from dslide.model.layers.lsh import LSHLayer
 
 #: Config.layer_kind's names -> their classes
 KINDS = {"dense": DenseLayer, "lsh": LSHLayer}

@@ -1,7 +1,7 @@
 """The network: fully connected layers split column-wise over ranks.
 
 With P ranks, layer l of n_l neurons is split into contiguous column slices
-(`dslide.sharding`); rank r holds W_r, b_r, their Adam moments and, for an
+(`dslide.model.sharding`); rank r holds W_r, b_r, their Adam moments and, for an
 LSH layer, the tables over its own neurons only. One training step:
 
     forward   x_0 = X (sparse features, the same batch on every rank)
@@ -29,9 +29,9 @@ backward and update: `LocalGradients` (nothing: model parallelism, one rank)
 or `AllReduceGradients` (parallel = "data": every rank holds the whole model,
 trains its slice of the batch and all-reduces the gradients).
 
-Here: the Network, its gradient hooks and its step. Elsewhere: the batch types (dslide.batch),
-the loss (dslide.loss), the layer kinds (dslide.layers), the optimiser
-(dslide.optim); inference, the inference index and top k over ranks
+Here: the Network, its gradient hooks and its step. Elsewhere: the batch types (dslide.model.batch),
+the loss (dslide.model.loss), the layer kinds (dslide.model.layers), the optimiser
+(dslide.model.optim); inference, the inference index and top k over ranks
 (dslide.infer).
 """
 
@@ -41,17 +41,22 @@ import time
 
 import numpy as np
 
-from dslide import kernels
+from dslide.model import kernels
 from dslide import rng
-from dslide.batch import Act, Batch, Out
+from dslide.model.batch import Act, Batch, Out
 from dslide.comm import Comm
 from dslide.config import Config
-from dslide.layers import KINDS, Layer, make_layer
-from dslide.layers.dense import RowDenseLayer
-from dslide.loss import bce_finish, softmax_finish, softmax_stats
-from dslide.memory import n_params
-from dslide.sharding import shard_range
+from dslide.model.layers import KINDS, Layer, make_layer
+from dslide.model.layers.dense import RowDenseLayer
+from dslide.model.loss import bce_finish, softmax_finish, softmax_stats
+from dslide.model.sharding import shard_range
 from dslide.timings import STEP_PHASES, Timings
+
+
+def n_params(n_features: int, n_labels: int, hidden) -> int:
+    """Parameters of the whole model: sum over layers of d_in * n + n."""
+    widths = [n_features, *hidden, n_labels]
+    return sum(d * n + n for d, n in zip(widths[:-1], widths[1:]))
 
 class LocalGradients:
     """The gradient hook of model parallelism (and of one rank): every rank trains the whole

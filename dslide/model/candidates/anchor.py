@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from dslide import kernels, lsh
-from dslide.candidates.base import CandidateSource, Schedule
+from dslide import lsh
+from dslide.model import kernels
+from dslide.model.candidates.base import CandidateSource, Schedule
 from dslide.config import LSHConfig
 
 

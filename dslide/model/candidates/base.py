@@ -57,7 +57,7 @@ class CandidateSource:
 
     `dirty` uint8 [n_local] is the source's own: the rows whose weights changed since its
     tables last saw them. Others mark rows through `stale_mask()` (the array an update
-    kernel marks in place: dslide.kernels.adam_rows) and `mark_stale(ids)` (rows a replica
+    kernel marks in place: dslide.model.kernels.adam_rows) and `mark_stale(ids)` (rows a replica
     synchronisation rewrote); only the source clears it. Its upkeep is timed by its layer
     (the run's `upkeep[l]`, dslide.timings).
     """

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from dslide import lsh
-from dslide.candidates.base import CandidateSource, Schedule
+from dslide.model.candidates.base import CandidateSource, Schedule
 from dslide.config import LSHConfig
 
 
