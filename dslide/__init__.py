@@ -25,7 +25,7 @@ IMPORTED_AT = _time.perf_counter()
 # OpenBLAS reads its variable when it loads, with numpy: a program that
 # imported numpy before dslide keeps spinning BLAS threads (unless it set the
 # variable itself), and training then runs its BLAS products on one thread
-# when it has LSH layers (dslide.train._blas_threads).
+# when it has LSH layers (dslide.train.loop._blas_threads).
 BLAS_THREADS_SLEEP = "OPENBLAS_THREAD_TIMEOUT" in _os.environ or "numpy" not in _sys.modules
 _os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 _os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")

@@ -52,7 +52,7 @@ def account(config: Config, n_features: int, n_labels: int, world_size: int = 1,
     from dslide.model.layers.dense import RowDenseLayer
 
     config = config.resolve(n_labels)
-    # replicas: each replica's P ranks split the model; rank w is shard w % P (dslide.replicas)
+    # replicas: each replica's P ranks split the model; rank w is shard w % P (dslide.train.replicas)
     P = 1 if config.parallel == "data" else world_size // config.replicas
     rank = rank % P
     weights = config.shard_weights if isinstance(config.shard_weights, tuple) and config.shard_weights else None

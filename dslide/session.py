@@ -142,7 +142,7 @@ def check_memory(comm, need: int, what: str) -> None:
 def _threads_of(config) -> int:
     from dslide import train as T
 
-    return T._threads(config)
+    return T.rank_threads(config)
 
 
 def model_bytes(config, n_features: int, n_labels: int, comm, inference: bool = False, data=None) -> int:

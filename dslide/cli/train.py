@@ -229,7 +229,7 @@ def _train(args, comm, config, run_dir: Path, train, test, path, begun=None, che
               f"{comm.size // config.replicas} shard(s)" if config.replicas > 1 else f"{comm.size} rank(s)")
     say(comm, f"dslide {__import__('dslide').__version__}: training on {train.n_points:,} points, "
               f"{train.n_features:,} features, {train.n_labels:,} labels; {layout} x "
-              f"{T._threads(config)} thread(s); run directory {run_dir}")
+              f"{T.rank_threads(config)} thread(s); run directory {run_dir}")
     notice_threads(comm, config)
     if args.verbose:
         say(comm, "effective configuration:\n" + "\n".join("  " + l for l in config_toml(config).splitlines() if l))
@@ -331,7 +331,7 @@ def _final_metrics(model, history, test, wall, inv_prop) -> dict:
         "train_s": train_s,
         "steps": n_steps,
         "world_size": comm.size,
-        "threads": T._threads(model.config),
+        "threads": T.rank_threads(model.config),
         "parallel": model.config.parallel,
         "timers_s": {k: round(v, 3) for k, v in net.timers.items()},
         "index": model.index_info,

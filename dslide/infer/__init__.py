@@ -11,7 +11,7 @@ the model keeps a neighbour store its labels are fused in (`fusion`).
 The parts are the model's, not a layer's: the neighbour store
 (`fusion.NeighbourLabels`, a function of the training data) and the
 inference index (`index.InferenceIndex`, built from the output layer's final
-weights); `build` makes them at the end of training and `parts` gives their
-checkpoint sections. Their math takes arrays; splitting the work over ranks
+weights); training builds them at its end (dslide.train.infer_build) and
+`parts` gives their checkpoint sections. Their math takes arrays; splitting the work over ranks
 happens around it, in the functions that take a communicator.
 """

@@ -173,7 +173,7 @@ class Network:
         out.maintain(0)  # tables that rank by score see the new biases
 
     #: a multiplier of the schedule's learning rate that training may lower on a plateau of the
-    #: validation score (dslide.validation.EarlyStop)
+    #: validation score (dslide.train.validation.EarlyStop)
     lr_scale = 1.0
 
     def set_total_steps(self, total: int) -> None:

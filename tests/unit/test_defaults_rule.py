@@ -51,7 +51,7 @@ def test_wide_outputs_train_fewer_epochs_and_explicit_settings_win():
     wide = Config().resolve(670_091, 1.3, 30_000)
     assert (wide.batch_size, wide.lr, wide.hidden) == (128, 5e-3, (128,))  # WIDE_LR
     # with a validation split: up to EARLY_STOP_MAX_EPOCHS, stopped early on it
-    from dslide.validation import EARLY_STOP_MAX_EPOCHS
+    from dslide.train.validation import EARLY_STOP_MAX_EPOCHS
 
     assert wide.early_stop and wide.epochs == EARLY_STOP_MAX_EPOCHS
     assert not Config(epochs=2.0).resolve(670_091, 1.3, 30_000).early_stop  # epochs given: trained as asked

@@ -24,7 +24,7 @@ def _in_fresh_python(code: str, **env) -> str:
 
 
 def test_blas_threads_sleep_only_when_dslide_set_the_variable_before_numpy_loaded_openblas():
-    probe = ("import os, dslide; from dslide.train import _blas_threads; from dslide.model.network import Network; "
+    probe = ("import os, dslide; from dslide.train.loop import _blas_threads; from dslide.model.network import Network; "
              "from dslide.config import Config; "
              "lsh = Network(Config(hidden=(8,), kinds=('dense', 'lsh')), 50, 40); "
              "dense = Network(Config(hidden=(8,)), 50, 40); "

@@ -1,4 +1,4 @@
-"""The validation split and the choices made on it (dslide.validation): the split is a
+"""The validation split and the choices made on it (dslide.train.validation): the split is a
 function of the seed alone and disjoint from the gradient's points; each choice keeps its
 no-op on data built so that the no-op is best, and takes the other candidate on data built
 so that it helps; early stopping keeps the best epoch's weights."""
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
-from dslide import validation as V
+from dslide.train import validation as V
 from dslide.infer import fusion
 
 
@@ -229,7 +229,7 @@ def test_the_probe_scores_the_best_of_its_grid_the_network_alone_included():
 def test_a_busy_stage_says_so_every_few_seconds(capsys):
     import time
 
-    from dslide.infer.build import _busy
+    from dslide.train.infer_build import _busy
 
     with _busy("building something", True, every=0.2):
         time.sleep(0.5)

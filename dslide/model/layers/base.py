@@ -36,7 +36,7 @@ class Layer:
                                                   of bfloat16 moments)
         maintain(step) -> str | None              periodic upkeep (LSH tables)
         state() -> {name: array}, shard_axes() -> {name: axis | None}, load_state(arrays, same_layout)
-        sync_arrays() -> (rows, whole)            what replicas average (dslide.replicas)
+        sync_arrays() -> (rows, whole)            what replicas average (dslide.train.replicas)
         take_touched() -> int64 [m]               the rows its updates changed since the last
                                                   call (its `touched` mask, then cleared)
         rows_synced(ids)                          rows a replica synchronisation rewrote
@@ -44,14 +44,14 @@ class Layer:
                                                   neuron of its slice scored (inference)
         index_points() -> int                     the training points whose hidden vectors an
                                                   inference index over its neurons takes
-                                                  (dslide.infer.build; 0: none)
+                                                  (dslide.train.infer_build; 0: none)
         estimate(config, index, d_in, n, n_local, is_output, threads) -> {kind: bytes}
                                                   classmethod: its memory from the
                                                   configuration alone (dslide.memory)
     and three class attributes: `indexable` (an inference index can be built over its
     neurons, dslide.infer.index), `data_parallel` (its gradients can be all-reduced whole,
     parallel = "data") and `kernel_bound` (its step is mostly numba kernels, which wait
-    behind spinning BLAS threads: dslide.train._blas_threads).
+    behind spinning BLAS threads: dslide.train.loop._blas_threads).
 
     `touched` uint8 [rows of W] is the layer's own: set by `update` on every row of W it
     changed (axis 0: input rows of a dense layer, neurons of an LSH layer); others read it
@@ -139,7 +139,7 @@ class Layer:
         return {"weights": vals * np.dtype(config.dtype).itemsize,
                 "moments": 2 * vals * np.dtype(kernels.MOMENT_DTYPES[config.moment_dtype]).itemsize}
 
-    # -- replicas (dslide.replicas) ----------------------------------------------------
+    # -- replicas (dslide.train.replicas) ----------------------------------------------------
 
     def sync_arrays(self) -> tuple[list, list]:
         """(rows, whole): the parameters replicas average. `rows` share axis 0 with

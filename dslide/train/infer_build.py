@@ -5,7 +5,7 @@
 training points. `build_neighbours`: the neighbour store (dslide.infer.fusion)
 of the training data, with what is left to choose about fusing it (the count,
 the prototypes' share, the weight) chosen on the validation split
-(dslide.validation.choose_fusion). `epoch_scorer` scores the model through
+(dslide.train.validation.choose_fusion). `epoch_scorer` scores the model through
 the pipeline for the epoch checks of early stopping. Both parts are kept on
 the model (`Model.index`, `Model.neighbours`), never on a layer.
 """
@@ -20,7 +20,8 @@ import time
 import numpy as np
 import scipy.sparse as sp
 
-from dslide import metrics, validation
+from dslide import metrics
+from dslide.train import validation
 from dslide.config import Config, knn_default, points_per_label
 from dslide.infer.fusion import NeighbourLabels
 from dslide.infer.index import InferenceIndex
@@ -35,7 +36,7 @@ def fusion_counts(cfg: Config) -> tuple:
 
 def fusion_probe(model, fit_data, val) -> validation.FusionProbe:
     """The neighbour store of the gradient's points and the validation points' neighbours and
-    prototypes, for the epoch checks and the fusion choice (dslide.validation)."""
+    prototypes, for the epoch checks and the fusion choice (dslide.train.validation)."""
     cfg = model.config
     t0 = time.perf_counter()
     probe = validation.FusionProbe.build(fit_data, val, fusion_counts(cfg), cfg.proto_weight != 0,
@@ -75,7 +76,7 @@ def build_neighbours(model, train, progress: bool = False, val=None, fit_data=No
 
     What is left at None (the count from FUSION_COUNTS, the prototypes' share from
     FUSION_SHARES, the weight from FUSION_WEIGHTS) is chosen on the validation points `val`
-    (dslide.validation.choose_fusion) with a store of the gradient's points `fit_data`; the
+    (dslide.train.validation.choose_fusion) with a store of the gradient's points `fit_data`; the
     no-op, weight 0 (the network alone), is always a candidate and, when chosen, no store
     is kept. Otherwise the store is rebuilt from every training point with the choice kept
     in it. Without validation points nothing can be checked: a store whose settings are

@@ -13,7 +13,7 @@ is exact:
 
 Only ids and rows cross the network (`Comm.exchange`): |S| - 1 messages of
 |U| ids, then of |U| rows, per member. Rows outside U are left alone.
-(partial averages one-sidedly between global points: dslide.replicas.partial.)
+(partial averages one-sidedly between global points: dslide.train.replicas.partial.)
 
 Adam's moments are not averaged: each replica keeps its own m and v. They
 are per-coordinate statistics of the replica's own gradients (v a scale,

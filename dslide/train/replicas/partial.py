@@ -12,7 +12,7 @@ never waits: at its synchronisation point (every `sync_every` local steps) it
      before, ...), their current rows, the whole arrays. When every rank of the
      replica has written (a barrier on the model communicator) the leader sets
      the replica's board word PUB+g = (s << 40) | c, c = the global step
-     counter at publication (dslide.replicas.board);
+     counter at publication (dslide.train.replicas.board);
   2. pulls: the leader reads every other replica's PUB word; a partner h is
      fresh when its version v is newer than the last one this replica used
      (seen[h]) and c_h >= counter - STALE (STALE = stale_limit(R, sync_every)

@@ -5,17 +5,17 @@ Data. The global steps t = 1 .. T of `train.batch_rows` (a function of seed
 and step) are dealt to the replicas, so each batch of each epoch is trained
 by exactly one replica. `sync = "allreduce"`: replica g takes t = base +
 (s - 1) R + g + 1 at its local step s (deterministic), and every replica
-averages (dslide.replicas.allreduce) every `sync_every` local steps.
+averages (dslide.train.replicas.allreduce) every `sync_every` local steps.
 `sync = "partial"`: each replica takes the next t from a shared counter (the
 board's COUNTER) when it starts a step, so a faster replica takes more of
 them (the first R x AUTO_STEPS are dealt as in allreduce when `shard_weights
 = "auto"` measures speeds), and synchronises by gossip
-(dslide.replicas.partial). Batch.step is the global t: learning-rate
+(dslide.train.replicas.partial). Batch.step is the global t: learning-rate
 schedule, dropout and negative-sample streams and LSH upkeep periods follow
 the progress of the whole model.
 
 Global points (checkpoint, re-shard for "auto", end of the run) are world
-collectives, through the board (dslide.replicas.board) in partial mode. A
+collectives, through the board (dslide.train.replicas.board) in partial mode. A
 replica that wants one raises FROZEN; every replica sees it at its next step
 boundary (the leader reads STATE after every step) and enters. A replica
 with no step left sets its DONE bit and polls STATE (sleeping 1 ms between

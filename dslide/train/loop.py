@@ -9,13 +9,13 @@ runs on a stand-in communicator. Two things plug into the loop:
 - a synchronisation schedule, which deals the global steps: `Alone` (one
   replica trains every step in order), or with `replicas = R` the world's R
   replicas of the sharded model, which train on disjoint batches and average
-  what they changed (dslide.replicas.Replicas);
+  what they changed (dslide.train.replicas.Replicas);
 - the network's gradient hook, chosen when it is built: in data-parallel mode
   (`parallel = "data"`) every rank holds the whole model, takes its own slice
   of each batch and all-reduces the gradients (dslide.model.network).
 
 The run's timings (dslide.timings) live in one object, `Model.timings`. After
-the loop, `fit` has the model's inference parts built (dslide.infer.build);
+the loop, `fit` has the model's inference parts built (dslide.train.infer_build);
 prediction is dslide.infer.predict's.
 """
 
@@ -32,16 +32,16 @@ import scipy.sparse as sp
 from threadpoolctl import threadpool_limits
 
 import dslide
-from dslide import validation
+from dslide.train import validation
 from dslide.comm import Comm, allreduce_bytes, default_threads
 from dslide.config import Config, points_per_label
 from dslide.io.data import XMCData
-from dslide.infer.build import build_index, build_neighbours, epoch_scorer, fusion_pending, fusion_probe
+from dslide.train.infer_build import build_index, build_neighbours, epoch_scorer, fusion_pending, fusion_probe
 # the command line takes prediction from here until its split (issue 37, move 1) takes it from dslide.infer
 from dslide.infer.predict import evaluate, predict_topk, predict_topk_scores  # noqa: F401
 from dslide.model.inputs import csr_parts, input_norms, make_batch
 from dslide.model.network import Network
-from dslide.replicas import Replicas
+from dslide.train.replicas import Replicas
 from dslide.timings import Timings
 
 #: byte counters that belong to training steps (the rest: evaluation, logging, checks)
@@ -99,7 +99,7 @@ def total_steps(config: Config, n: int) -> int:
     return max(1, int(round(config.epochs * steps_per_epoch)))
 
 
-def _threads(config: Config) -> int:
+def rank_threads(config: Config) -> int:
     """numba threads of this rank: `threads`, or for 0 the node's cores divided by its ranks
     (dslide.comm.default_threads); never more than NUMBA_NUM_THREADS."""
     n = numba.config.NUMBA_NUM_THREADS
@@ -142,7 +142,7 @@ def build_network(train_shape: tuple[int, int], config: Config, comm: Comm | Non
     """
     comm = comm or Comm.world()
     comm.stall_timeout = config.stall_timeout  # before the split: sub-communicators inherit it
-    numba.set_num_threads(_threads(config))
+    numba.set_num_threads(rank_threads(config))
     timings = Timings()
     rep = Replicas(config, comm, timings) if (config.replicas > 1 or config.shard_weights == "auto") else None
     net = Network(config, train_shape[0], train_shape[1], rep.model if rep else comm, timings=timings)
@@ -206,9 +206,9 @@ def fit(train: XMCData, config: Config | None = None, test: XMCData | None = Non
     if (train.n_features, train.n_labels) != (net.n_features, net.n_labels):
         raise ValueError(f"the data has {train.n_features} features and {train.n_labels} labels, "
                          f"the model {net.n_features} and {net.n_labels}")
-    threads = _threads(config)
+    threads = rank_threads(config)
     numba.set_num_threads(threads)
-    # the held-out points that judge the choices made from the data (dslide.validation)
+    # the held-out points that judge the choices made from the data (dslide.train.validation)
     fit_data, val = train, None
     fusing = fusion_pending(config, train)
     if config.early_stop or fusing:

@@ -1,7 +1,7 @@
 """The words of the replicas' board: int64 words on world rank 0 (dslide.comm.Board), changed
 by the replicas' leaders only, with one-sided atomics.
 
-    STATE    FROZEN (a global point is under way) | STOP      (dslide.replicas.schedule)
+    STATE    FROZEN (a global point is under way) | STOP      (dslide.train.replicas.schedule)
     DONE     mask of the replicas that have no step left      (schedule)
     COUNTER  the last global step dealt (partial mode)        (schedule deals, partial reads)
     PUB+g    replica g's latest complete version and the counter then (partial: `pub_word`)
