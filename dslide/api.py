@@ -180,8 +180,8 @@ class Model:
         scores (as `predict_csr`). lsh: score only what the output layer's inference index
         retrieves (a model with an LSH output layer only).
         """
-        from dslide.io import formats
         from dslide import train as T
+        from dslide.io import formats
 
         model = self._fitted()
         if k is not None and top_k is not None and k != top_k:
@@ -227,11 +227,11 @@ class Model:
         The command line's rules (dslide.io.rundir.check_new): run_dir must be new or empty, or
         hold a dslide run and overwrite=True (its files are then replaced, other files kept);
         a directory holding anything else is refused, as is one in use."""
-        from dslide.io import checkpoint as ck
         from dslide import propensity
-        from dslide.io import rundir
         from dslide import train as T
         from dslide.infer.parts import sections
+        from dslide.io import checkpoint as ck
+        from dslide.io import rundir
 
         model = self._fitted()
         run_dir = Path(run_dir)

@@ -283,9 +283,9 @@ def _newest(comm, run_dir, missing_ok: bool = False):
 
 
 def _load_checkpoint(run_dir, path, comm, k):
-    from dslide.io import checkpoint as ck
     from dslide import train as T
     from dslide.infer.parts import sections
+    from dslide.io import checkpoint as ck
 
     # the layout it was trained on is not the model's: eval and predict split it over every rank,
     # each with the threads this process has (NUMBA_NUM_THREADS), not those of the training run

@@ -164,8 +164,8 @@ def child(case_path: str) -> None:
         result["inference"] = compare_inference(model, test, inv_prop)
     if case.get("save"):
         # the trained model, weights and index only, as `dslide export` writes it (for later measurements)
-        from dslide.io import checkpoint as ck
         from dslide import propensity
+        from dslide.io import checkpoint as ck
 
         ck.save(net, Path(case["save"]), comm, weights_only=True)
         if comm.rank == 0:

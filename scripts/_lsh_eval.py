@@ -23,10 +23,10 @@ import time
 import numpy as np
 import scipy.sparse as sp
 
-from dslide.model import inputs as I
 from dslide import train as T
-from dslide.metrics import evaluate
 from dslide.infer.index import index_bucket
+from dslide.metrics import evaluate
+from dslide.model import inputs as I
 from dslide.model.topk import kth_largest, merge_topk
 from dslide.model.topk import order_keys as _order_keys
 

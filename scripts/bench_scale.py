@@ -63,11 +63,11 @@ def child(case_path: str) -> None:
     import dslide  # noqa: F401  (first: thread settings for OpenBLAS)
     import numpy as np
 
-    from dslide.io import checkpoint as ck
     from dslide import memory
     from dslide import train as T
     from dslide.comm import Comm
     from dslide.config import Config
+    from dslide.io import checkpoint as ck
     from dslide.io.data import XMCData, read_xmc
 
     comm = Comm.world()

@@ -27,8 +27,8 @@ def add_parser(command) -> None:
 
 def run(args, comm) -> int:
     import dslide
-    from dslide.io import formats, rundir
     from dslide import train as T
+    from dslide.io import formats, rundir
 
     common.check_out(args)
     on_rank0(comm, lambda: rundir.check_writable(args.out))  # before the model and the scoring

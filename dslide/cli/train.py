@@ -95,8 +95,8 @@ def run(args, comm) -> int:
 
 
 def _run(args, comm, held) -> int:
-    from dslide.io import checkpoint as ck
     from dslide import train as T
+    from dslide.io import checkpoint as ck
     from dslide.io.data import checksum as data_checksum
     from dslide.io.data import write_caches
 
@@ -216,9 +216,9 @@ def _train(args, comm, config, run_dir: Path, train, test, path, begun=None, che
     """Train and save the run; begun (a list) gets an entry once the first step is done;
     checksum: the training data's (dslide.io.data.checksum), kept in every checkpoint."""
     import dslide
-    from dslide.io import checkpoint as ck
     from dslide import train as T
     from dslide.infer.parts import sections
+    from dslide.io import checkpoint as ck
     from dslide.io.rundir import dumps, write_atomic
 
     if comm.rank == 0:

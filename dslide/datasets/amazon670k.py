@@ -77,8 +77,8 @@ from typing import NamedTuple
 import numpy as np
 from numba import njit
 
-from dslide.io.data import XMCData
 from dslide.datasets.baskets import _powerlaw_const_nb
+from dslide.io.data import XMCData
 from dslide.datasets.synthetic import (
     Slots, _check_points, _emit_row, assemble, pick_preset, split_pair,
     _add_feature, _check_seed, _draw_features, _powerlaw_rank, _split_stream, _uniform,

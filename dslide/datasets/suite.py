@@ -18,8 +18,8 @@ from __future__ import annotations
 from collections import OrderedDict
 from types import ModuleType
 
-from dslide.io.data import XMCData
 from dslide.datasets import amazon670k, baskets, synthetic
+from dslide.io.data import XMCData
 
 FAMILIES: tuple[ModuleType, ...] = (synthetic, baskets, amazon670k)
 

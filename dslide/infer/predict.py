@@ -22,8 +22,8 @@ import scipy.sparse as sp
 
 from dslide import metrics
 from dslide.model.inputs import csr_parts, input_norms, make_batch
-from dslide.timings import Timings
 from dslide.model.topk import merge_topk
+from dslide.timings import Timings
 
 #: points scored at a time: exact scoring holds a [batch, column block] of scores; the
 #: inference index only [batch, hidden], and the more points a batch has, the more of

@@ -43,8 +43,8 @@ import os
 import numpy as np
 import scipy.sparse as sp
 
-from dslide.io import data as D
 from dslide import validate
+from dslide.io import data as D
 from dslide.io import xmc_parse as P
 from dslide.io.data import XMCData, XMCFormatError
 

@@ -35,8 +35,8 @@ import numpy as np
 from numba import get_thread_id, njit, prange
 
 from dslide import rng
-from dslide.model.bfloat16 import load, row_seed, store_nearest, store_stochastic
 from dslide.lsh.anchors import union_per_query
+from dslide.model.bfloat16 import load, row_seed, store_nearest, store_stochastic
 
 EXP_FLOOR = -80.0  # exp(-80) = 1.8e-35: still a normal float32
 TINY = 1e-30

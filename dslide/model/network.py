@@ -41,11 +41,11 @@ import time
 
 import numpy as np
 
-from dslide.model import kernels
 from dslide import rng
-from dslide.model.batch import Act, Batch, Out
 from dslide.comm import Comm
 from dslide.config import Config
+from dslide.model import kernels
+from dslide.model.batch import Act, Batch, Out
 from dslide.model.layers import KINDS, Layer, make_layer
 from dslide.model.layers.dense import RowDenseLayer
 from dslide.model.loss import bce_finish, softmax_finish, softmax_stats

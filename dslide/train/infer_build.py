@@ -21,13 +21,13 @@ import numpy as np
 import scipy.sparse as sp
 
 from dslide import metrics
-from dslide.train import validation
 from dslide.config import Config, knn_default, points_per_label
 from dslide.infer.fusion import NeighbourLabels
 from dslide.infer.index import InferenceIndex
 from dslide.infer.parts import index_seed
 from dslide.infer.predict import predict_topk_scores
 from dslide.model.inputs import csr_parts, input_norms, make_batch
+from dslide.train import validation
 
 
 def fusion_counts(cfg: Config) -> tuple:

@@ -32,17 +32,17 @@ import scipy.sparse as sp
 from threadpoolctl import threadpool_limits
 
 import dslide
-from dslide.train import validation
 from dslide.comm import Comm, allreduce_bytes, default_threads
 from dslide.config import Config, points_per_label
 from dslide.io.data import XMCData
+from dslide.train import validation
 from dslide.train.infer_build import build_index, build_neighbours, epoch_scorer, fusion_pending, fusion_probe
 # the command line takes prediction from here until its split (issue 37, move 1) takes it from dslide.infer
 from dslide.infer.predict import evaluate, predict_topk, predict_topk_scores  # noqa: F401
 from dslide.model.inputs import csr_parts, input_norms, make_batch
 from dslide.model.network import Network
-from dslide.train.replicas import Replicas
 from dslide.timings import Timings
+from dslide.train.replicas import Replicas
 
 #: byte counters that belong to training steps (the rest: evaluation, logging, checks)
 STEP_KINDS = ("allgather", "reduce_scatter", "allgather_block", "softmax_stats", "output_rows", "gradients")

@@ -62,8 +62,8 @@ def member_files(name: str, n_train: int | None, n_test: int | None, seed: int =
     """The member's XMC text files (generated once under runs/bench_data/); None if a real set is absent."""
     if name in REAL:
         return real_files(name)
-    from dslide.io.data import write_xmc
     from dslide.datasets import suite
+    from dslide.io.data import write_xmc
 
     d = M.ROOT / "runs" / "bench_data"
     stem = f"{name}-{n_train or 'default'}-{n_test or 'default'}-s{seed}"

@@ -12,8 +12,8 @@ from mpi4py import MPI
 
 from dslide.comm import Comm
 from dslide.config import Config
-from dslide.model.network import Network, full_parameters
 from dslide.model.inputs import csr_parts, make_batch
+from dslide.model.network import Network, full_parameters
 from dslide.train import epoch_order
 
 
@@ -148,8 +148,8 @@ def test_lsh_inference_index_gives_the_same_topk_and_share_at_p_ranks_as_at_one(
     agreed across ranks, and re-ranks exactly: P ranks retrieve and return what 1 rank does,
     whether the 16 anchors are filled at once or 5 at a time (chunks of 5, 5, 5, 1), and with
     the nearest training points' labels added (a graph whose rows the ranks share out)."""
-    from dslide.infer import index as I
     from dslide import train as T
+    from dslide.infer import index as I
 
     monkeypatch.setattr(I, "INDEX_CHUNK", chunk)
     from dslide.config import LSHConfig

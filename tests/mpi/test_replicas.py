@@ -15,16 +15,16 @@ import pytest
 import scipy.sparse as sp
 from mpi4py import MPI
 
-from dslide.io import checkpoint as ck
 from dslide.comm import Comm
 from dslide.config import Config, LSHConfig
+from dslide.io import checkpoint as ck
 from dslide.io.data import XMCData
+from dslide.model.inputs import csr_parts, make_batch
 from dslide.model.network import Network, full_parameters
+from dslide.model.sharding import shard_bounds
+from dslide.train import epoch_order, fit
 from dslide.train.replicas import Replicas, reshard
 from dslide.train.replicas.partial import DEPTH
-from dslide.model.sharding import shard_bounds
-from dslide.model.inputs import csr_parts, make_batch
-from dslide.train import epoch_order, fit
 
 WORLD = Comm(MPI.COMM_WORLD)
 LAYOUTS = [r for r in range(2, WORLD.size + 1) if WORLD.size % r == 0]  # replicas R > 1 that fit

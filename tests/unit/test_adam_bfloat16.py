@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 from numba import njit
 
+from dslide.config import Config
 from dslide.model import bfloat16 as BF
 from dslide.model import kernels as K
-from dslide.config import Config
 from dslide.model.network import Network
 
 

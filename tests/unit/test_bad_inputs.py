@@ -479,8 +479,8 @@ def test_label_lists_are_refused_not_converted(Y, message):
 
 
 def test_stored_zeros_in_Y_are_no_labels_and_duplicates_count_once(tmp_path):
-    from dslide.io import formats
     from dslide.api import labels_matrix
+    from dslide.io import formats
 
     Y = sp.csr_matrix((np.array([1.0, 0.0, 2.0, 0.0]), np.array([3, 1, 3, 4]), np.array([0, 3, 4])), shape=(2, 5))
     ref = Y.copy()

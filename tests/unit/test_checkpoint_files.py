@@ -9,13 +9,13 @@ import textwrap
 import numpy as np
 import pytest
 
-from dslide.datasets.synthetic import generate_split
-from dslide.io import checkpoint as ck
-from dslide.io import checkpoint_files as ckf
 from dslide import train as T
 from dslide.comm import Comm
 from dslide.config import Config, LSHConfig
+from dslide.datasets.synthetic import generate_split
 from dslide.infer.parts import sections
+from dslide.io import checkpoint as ck
+from dslide.io import checkpoint_files as ckf
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.uint16, np.int64, np.bool_])

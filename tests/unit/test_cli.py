@@ -14,8 +14,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dslide import cli, session
-from dslide.io import formats
 from dslide.cli import common
+from dslide.io import formats
 from dslide.config import (BIAS_INITS, DTYPES, INPUT_NORMS, LAYER_KINDS, LR_SCHEDULES, PARALLEL, POLICIES, SELECT_MODES,
                            SYNC_MODES, Config, LSHConfig)
 from dslide.model.candidates import SOURCES
@@ -261,8 +261,8 @@ def test_resume_and_model_errors(trained, tiny, capsys, tmp_path):
 
 
 def test_incompatible_checkpoint_is_a_clear_error(trained, tmp_path):
-    from dslide.io import checkpoint as ck
     from dslide.comm import Comm
+    from dslide.io import checkpoint as ck
     from dslide.model.network import Network
 
     path = ck.latest(trained)
@@ -361,8 +361,8 @@ def test_a_checkpoint_write_killed_midway_leaves_the_previous_one(trained, tiny,
                             "--set", "epochs=5", "--quiet"], env=env, capture_output=True, text=True, timeout=300)
         assert p.returncode == 75, p.stderr
         assert (run_dir / "checkpoints" / "LATEST").read_text() == before
-        from dslide.io import checkpoint as ck
         from dslide.comm import Comm
+        from dslide.io import checkpoint as ck
         from dslide.model.network import Network
 
         path = ck.latest(run_dir)

@@ -98,9 +98,9 @@ def test_state_round_trip_and_checks():
 
 
 def test_a_layer_uses_compact_tables_by_default():
-    from dslide.model.candidates.hashing import auto_range_pow
     from dslide.comm import Comm
     from dslide.config import Config, LSHConfig
+    from dslide.model.candidates.hashing import auto_range_pow
     from dslide.model.network import Network
 
     net = Network(Config(hidden=(16,), kinds=("dense", "lsh"), lsh=LSHConfig(family="dwta")), 50, 20000, Comm())

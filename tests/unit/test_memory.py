@@ -75,8 +75,8 @@ _CHILD = textwrap.dedent("""
     from dslide import memory
     from dslide.comm import Comm
     from dslide.config import Config, LSHConfig
-    from dslide.model.network import Network
     from dslide.model.inputs import csr_parts, make_batch
+    from dslide.model.network import Network
 
     def rss(field):
         for line in open("/proc/self/status"):

@@ -12,13 +12,13 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
-from dslide.model import kernels as K
 from dslide.config import Config, LSHConfig
 from dslide.infer.index import InferenceIndex
+from dslide.model import kernels as K
 from dslide.model.batch import Batch
+from dslide.model.inputs import csr_parts, make_batch
 from dslide.model.layers import DenseLayer, LSHLayer
 from dslide.model.network import Network
-from dslide.model.inputs import csr_parts, make_batch
 
 
 def _tiny_problem(seed=0, n=24, F=12, L=7, density=0.35, label_density=0.3):
@@ -647,8 +647,8 @@ def test_inference_index_buckets_are_each_anchors_top_labels_by_id_in_any_chunki
     """InferenceIndex.fill, anchors taken `chunk` at a time (and score_top's block of scores cut to a
     few anchors): every bucket holds exactly the T labels scoring highest at its anchor
     (numpy: C @ W.T + b, ties to the lower id), sorted by id, fill T."""
-    from dslide.infer import index as I
     from dslide.comm import Comm
+    from dslide.infer import index as I
     from dslide.lsh import anchors as LA
 
     monkeypatch.setattr(I, "INDEX_CHUNK", chunk)

@@ -8,13 +8,13 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
-from dslide.io import checkpoint as ck
 from dslide import memory
-from dslide.model import kernels
 from dslide import train as T
 from dslide.comm import Comm
 from dslide.config import Config
+from dslide.io import checkpoint as ck
 from dslide.io.data import XMCData
+from dslide.model import kernels
 from dslide.model.network import Network, full_parameters
 
 

@@ -21,15 +21,15 @@ import pytest
 import scipy.sparse as sp
 
 from dslide import cli, session
-from dslide.io import rundir
-from dslide.io import checkpoint as ck
-from dslide.io import checkpoint_files as ckf
-from dslide.io import data as D
-from dslide.io import xmc_cache as C
 from dslide.cli import common
 from dslide.cli import train as cli_train
 from dslide.comm import Comm
 from dslide.config import Config, LSHConfig
+from dslide.io import checkpoint as ck
+from dslide.io import checkpoint_files as ckf
+from dslide.io import data as D
+from dslide.io import rundir
+from dslide.io import xmc_cache as C
 from dslide.io.data import XMCCacheWarning, cache_path, read_xmc, write_xmc
 from tests import faults
 

@@ -22,10 +22,10 @@ import numpy as np
 import scipy.sparse as sp
 from threadpoolctl import threadpool_limits
 
-from dslide.model import inputs as I
 from dslide import train as T
 from dslide.config import Config, LSHConfig
 from dslide.datasets.synthetic import generate_split
+from dslide.model import inputs as I
 from dslide.model.network import Network
 
 kind = sys.argv[1]

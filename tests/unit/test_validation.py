@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
-from dslide.train import validation as V
 from dslide.infer import fusion
+from dslide.train import validation as V
 
 
 def test_the_split_is_a_function_of_the_seed_and_its_size_follows_the_rule():

@@ -29,10 +29,10 @@ Chen et al. 2020). Item hashing also rebuilds every `lsh.rebuild_every` steps
 
 from __future__ import annotations
 
+from dslide.config import FAMILIES, LSHConfig
 from dslide.model.candidates.anchor import AnchorCandidates
 from dslide.model.candidates.base import CandidateSource, Schedule
 from dslide.model.candidates.hashing import HashCandidates
-from dslide.config import FAMILIES, LSHConfig
 
 #: lsh.family -> its source: one for each name of dslide.config.FAMILIES, which validates lsh.family
 SOURCES = {"anchor": AnchorCandidates, "dwta": HashCandidates, "srp": HashCandidates, "wta": HashCandidates}

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 
 from dslide import lsh
+from dslide.config import LSHConfig
 from dslide.model import kernels
 from dslide.model.candidates.base import CandidateSource, Schedule
-from dslide.config import LSHConfig
 
 
 class AnchorCandidates(CandidateSource):

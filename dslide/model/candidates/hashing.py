@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 
 from dslide import lsh
-from dslide.model.candidates.base import CandidateSource, Schedule
 from dslide.config import LSHConfig
+from dslide.model.candidates.base import CandidateSource, Schedule
 
 
 class HashCandidates(CandidateSource):

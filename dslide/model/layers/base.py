@@ -11,14 +11,14 @@ import numpy as np
 import scipy.sparse as sp
 
 from dslide import rng
-from dslide.model import kernels
-from dslide.model.batch import Act
 from dslide.comm import Comm
 from dslide.config import Config
+from dslide.model import kernels
+from dslide.model.batch import Act
 from dslide.model.optim import Adam
 from dslide.model.sharding import shard_bounds
-from dslide.timings import Timings
 from dslide.model.topk import blocked_topk
+from dslide.timings import Timings
 
 
 class Layer:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from dslide.model import kernels
 from dslide import rng
+from dslide.model import kernels
 from dslide.model.batch import Act, Batch, Out
 from dslide.model.layers.base import Layer
 from dslide.model.loss import label_targets

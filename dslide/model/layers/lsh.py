@@ -6,11 +6,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dslide.model import kernels
 from dslide import rng
+from dslide.config import Config, LSHConfig
+from dslide.model import kernels
 from dslide.model.batch import Batch, Out
 from dslide.model.candidates import SOURCES, make_candidates
-from dslide.config import Config, LSHConfig
 from dslide.model.layers.base import Layer
 from dslide.model.loss import label_targets
 from dslide.model.optim import Grads
