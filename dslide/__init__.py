@@ -25,7 +25,7 @@ IMPORTED_AT = _time.perf_counter()
 # OpenBLAS reads its variable when it loads, with numpy: a program that
 # imported numpy before dslide keeps spinning BLAS threads (unless it set the
 # variable itself), and training then runs its BLAS products on one thread
-# when it has LSH layers (dslide.train._blas_threads).
+# when it has LSH layers (dslide.train.loop._blas_threads).
 BLAS_THREADS_SLEEP = "OPENBLAS_THREAD_TIMEOUT" in _os.environ or "numpy" not in _sys.modules
 _os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 _os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")
@@ -33,9 +33,9 @@ _os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")
 
 # The public surface, imported on first use (PEP 562): `import dslide` stays cheap (no numpy,
 # numba or scipy yet), and the environment above is set before any of them loads.
-_PUBLIC = {"Model": "dslide.api", "labels_matrix": "dslide.api", "XMCData": "dslide.data",
-           "read_xmc": "dslide.data", "write_xmc": "dslide.data", "read_data": "dslide.formats",
-           "write_data": "dslide.formats", "write_predictions": "dslide.formats",
+_PUBLIC = {"Model": "dslide.api", "labels_matrix": "dslide.api", "XMCData": "dslide.io.data",
+           "read_xmc": "dslide.io.data", "write_xmc": "dslide.io.data", "read_data": "dslide.io.formats",
+           "write_data": "dslide.io.formats", "write_predictions": "dslide.io.formats",
            "evaluate": "dslide.metrics", "inverse_propensity": "dslide.metrics"}
 __all__ = ["Model", "XMCData", "read_data", "write_data", "read_xmc", "write_xmc", "write_predictions",
            "labels_matrix", "evaluate", "inverse_propensity", "__version__"]

@@ -2,21 +2,19 @@
 
 numba keys a cached kernel by its source file (the file's path and a hash of
 its content), not by the name of the module it was compiled in; the compiled
-code, though, refers to that module by name. The folders lsh/ and datasets/
-are the packages dslide.lsh and dslide.datasets (setup.cfg maps them), but
-from the repository root `import lsh` used to import them under the wrong
-name: their kernels were cached as module `lsh`, and a later run, finding the
-entry for the same file, loaded it and died on every rank with
-`ModuleNotFoundError: No module named 'lsh'`. Importing them under another
-name now fails (their __init__), and this module makes the cache refuse
-such entries anyway: for every kernel of a module named dslide.*, the
+code, though, refers to that module by name. A package folder imported under
+another name (dslide/lsh/ put on sys.path as `lsh`) would have its kernels
+cached as module `lsh`, and a later run, finding the entry for the same file,
+would load it and die on every rank with `ModuleNotFoundError: No module
+named 'lsh'`. This module makes the cache refuse such entries: for every
+kernel of a module named dslide.*, the
 source stamp numba keeps in the cache index is (numba's stamp, the module's
 name), so an index written under any other name (or by a dslide from before
 this change) does not match and is recompiled, never loaded.
 
 Imported, for its effect, by the modules that define cached kernels
-(dslide.rng, dslide.bfloat16, dslide.data, dslide.infer.fusion, dslide.lsh's _common;
-dslide.kernels and dslide.datasets through dslide.rng and dslide.data), before their decorators
+(dslide.rng, dslide.model.bfloat16, dslide.io.data, dslide.infer.fusion, dslide.lsh's _common;
+dslide.model.kernels and dslide.datasets through dslide.rng and dslide.io.data), before their decorators
 run: it prepends locator classes to numba's list that take dslide's kernels
 and leave every other function to numba's own classes (so other packages'
 caches in the same process are untouched).

@@ -130,7 +130,7 @@ class Model:
         """
         from dslide import propensity
         from dslide import train as T
-        from dslide.data import XMCData
+        from dslide.io.data import XMCData
 
         X = _features(X)
         train = XMCData(X, labels_matrix(Y, X.shape[0], n_labels))
@@ -172,7 +172,7 @@ class Model:
     def predict(self, X, k: int | None = None, lsh: bool = False, sparse: bool = False, *,
                 top_k: int | None = None):
         """The top k labels of each row of X csr [n, n_features], best first (ties to the
-        lower label id, dslide.topk).
+        lower label id, dslide.model.topk).
 
         k: default 5; top_k is the same (napkinXC's and omikuji's name), give one of them.
         Returns (ids int64 [n, k], scores float64 [n, k]; -1 where fewer than k labels were
@@ -180,8 +180,8 @@ class Model:
         scores (as `predict_csr`). lsh: score only what the output layer's inference index
         retrieves (a model with an LSH output layer only).
         """
-        from dslide import formats
         from dslide import train as T
+        from dslide.io import formats
 
         model = self._fitted()
         if k is not None and top_k is not None and k != top_k:
@@ -224,13 +224,14 @@ class Model:
         propensity.npz): `dslide eval/predict --model run_dir` and `Model.load` read it.
         Every rank calls it (each writes its slices). Returns the checkpoint's path.
 
-        The command line's rules (dslide.rundir.check_new): run_dir must be new or empty, or
+        The command line's rules (dslide.io.rundir.check_new): run_dir must be new or empty, or
         hold a dslide run and overwrite=True (its files are then replaced, other files kept);
         a directory holding anything else is refused, as is one in use."""
-        from dslide import checkpoint as ck
-        from dslide import propensity, rundir
+        from dslide import propensity
         from dslide import train as T
         from dslide.infer.parts import sections
+        from dslide.io import checkpoint as ck
+        from dslide.io import rundir
 
         model = self._fitted()
         run_dir = Path(run_dir)
@@ -243,7 +244,7 @@ class Model:
         # save that fails midway leaves no half-built run_dir and an old run there untouched
         tmp, error = None, None
         if self.comm.rank == 0:
-            try:  # whole files, never through a planted link (dslide.rundir)
+            try:  # whole files, never through a planted link (dslide.io.rundir)
                 rundir.check_new(run_dir, bool(overwrite), "run_dir", hint)
                 tmp = rundir.begin_build(run_dir)
                 rundir.mark(tmp)

@@ -26,7 +26,7 @@ ADAM_DTYPES = ("float32", "float64", "bfloat16")
 PARALLEL = ("model", "data")
 OUTPUT_SPLITS = ("auto", "columns", "rows")
 #: lsh.family: where an LSH layer's candidates come from. The names live here, where they are
-#: validated; dslide.candidates.SOURCES holds one source for each and checks that it does
+#: validated; dslide.model.candidates.SOURCES holds one source for each and checks that it does
 FAMILIES = ("anchor", "dwta", "srp", "wta")
 #: lsh.max_active left at None: this many candidates per sample in a layer of at least
 #: CANDIDATES_MIN_WIDTH neurons, none in a narrower one (LSHConfig.active_count)
@@ -52,7 +52,7 @@ KNN = 10
 KNN_MAX_POINTS_PER_LABEL = 20.0
 #: the leave-one-out choices of dslide.fusion (`choose_k`, `choose_share`), kept for the
 #: benchmarks that compare them with the validation split; training itself chooses the count,
-#: the prototypes' share and the weight on held-out points (dslide.validation)
+#: the prototypes' share and the weight on held-out points (dslide.train.validation)
 KNN_CHOICES = (KNN, 5, 20)
 KNN_CHOICE_POINTS = 5000
 KNN_CHOICE_MARGIN = 0.0025
@@ -197,7 +197,7 @@ class LSHConfig:
     epoch for fewer samples/s (docs/lsh.md "Per-sample candidates" has the
     measurements).
 
-    family: where candidates come from (one of FAMILIES, a source each in dslide.candidates):
+    family: where candidates come from (one of FAMILIES, a source each in dslide.model.candidates):
       "anchor" (default): `anchors` k-means centres of the layer's inputs,
         learnt online from the batches; a sample's candidates are the
         `max_active` neurons scoring highest (w.x + b, biases included) at its
@@ -349,7 +349,7 @@ class Config:
         batch_size          512 (at least   128
                             8 steps/epoch)
         epochs              12              up to 10, stopped early on the validation
-                                            split (1.5 without one: dslide.validation)
+                                            split (1.5 without one: dslide.train.validation)
         early_stop          off             on where the data has a validation split
         init_input_scale    0.1             0.3
         knn                 0               chosen on the validation split from 10, 5,
@@ -429,7 +429,7 @@ class Config:
         world of R x P ranks forms R groups of P model shards (ranks g*P ..
         g*P + P - 1 are group g); the groups train on disjoint slices of each
         epoch and average the parameter rows they changed every `sync_every`
-        steps (dslide.replicas). The world size must be a multiple of R.
+        steps (dslide.train.replicas). The world size must be a multiple of R.
     sync: how replicas average: "allreduce" (every group at each
         synchronisation, bulk synchronous) or "partial" (asynchronous gossip:
         at its synchronisation a group publishes the rows it changed and
@@ -449,7 +449,7 @@ class Config:
         training data has few points per label, where the network's tail is
         weak and the neighbours' labels strong; the count, the prototypes'
         share and knn_weight are then chosen at the end of training on the
-        validation split (dslide.validation: the network alone, weight 0, is
+        validation split (dslide.train.validation: the network alone, weight 0, is
         always a candidate), kept with the model's neighbour store.
     knn_weight: the neighbours' weight in the fused score; None: chosen on the
         validation split from FUSION_WEIGHTS (0 drops the store).
@@ -457,7 +457,7 @@ class Config:
         network alone, or where the neighbours' labels are fused the best of a
         small fusion grid) and stop once it no longer gains, keeping the best
         epoch's weights
-        (dslide.validation.EarlyStop); `epochs` is then the most it trains.
+        (dslide.train.validation.EarlyStop); `epochs` is then the most it trains.
         None: on for wide outputs whose data has a validation split when
         `epochs` is left to the data (up to EARLY_STOP_MAX_EPOCHS), else off.
     proto_weight: where the neighbours' labels are fused, the share of their
@@ -466,7 +466,7 @@ class Config:
         each query's `proto_candidates` prototypes of largest cosine voting
         with their cosine to the power `proto_power`. 0: the points alone (and
         no prototypes built). None: chosen with the count and the weight on
-        the validation split (dslide.validation), kept with the store.
+        the validation split (dslide.train.validation), kept with the store.
     choice_points: no longer read by training (the choices are made on the
         validation split); kept so that older config.toml files still load,
         and read by scripts/bench_neighbours.py's leave-one-out study.
@@ -601,7 +601,7 @@ class Config:
                                  f"the update is computed in float32")
         _choice("parallel", self.parallel, PARALLEL)
         _choice("output_split", self.output_split, OUTPUT_SPLITS)
-        _int_range("replicas", self.replicas, 1, 60)  # one bit each in the board's open mask (dslide.replicas)
+        _int_range("replicas", self.replicas, 1, 60)  # one bit each in the board's open mask (dslide.train.replicas)
         _choice("sync", self.sync, SYNC_MODES)
         _int_range("sync_every", self.sync_every, 1)
         if self.replicas > 1 and self.parallel == "data":
@@ -655,7 +655,7 @@ class Config:
                 "lr": 1e-2 if narrow else WIDE_LR, "loss": NARROW_LOSS if narrow else "softmax", "batch_size": narrow_batch(n_points) if narrow else 128,
                 "epochs": NARROW_EPOCHS if narrow else WIDE_EPOCHS, "init_input_scale": 0.1 if narrow else 0.3,
                 "knn": knn_default(n_labels, points_per_label)}
-        from dslide.validation import EARLY_STOP_MAX_EPOCHS, validation_size
+        from dslide.train.validation import EARLY_STOP_MAX_EPOCHS, validation_size
 
         has_split = n_points is not None and validation_size(n_points) > 0
         if self.early_stop is None:

@@ -6,7 +6,7 @@ to uninstall. The product calls them and knows nothing of what they do.
     STEP         fn(comm, model, step): after each training step of `dslide train`
                  (comm: dslide.comm.Comm; model: dslide.train.Model; step: the global
                  step just trained), before its progress is shown
-    CHECKPOINT   fn(point): inside dslide.checkpoint.save, at "rank-file" (this rank's
+    CHECKPOINT   fn(point): inside dslide.io.checkpoint.save, at "rank-file" (this rank's
                  file written, the manifest not yet) and "before-latest" (the checkpoint
                  whole, LATEST not yet naming it)
     LOAD         fn(comm, path): in dslide.session.load_model (eval, predict, Model.load),

@@ -2,7 +2,7 @@
 
 `account(config, n_features, n_labels, world_size, rank)` gives one rank's
 bytes by part, each layer reporting its own slice (`estimate` of the layer
-kinds in dslide.layers, which ask their candidate source for theirs, and of
+kinds in dslide.model.layers, which ask their candidate source for theirs, and of
 the inference index, dslide.infer.index, over an output layer that can have
 one); this module adds them up:
 
@@ -31,15 +31,9 @@ from __future__ import annotations
 
 from dslide.config import Config
 from dslide.infer.index import InferenceIndex
-from dslide.sharding import shard_bounds
+from dslide.model.sharding import shard_bounds
 
 PARTS = ("weights", "moments", "tables", "index", "scratch", "neighbours", "step", "index_build")
-
-
-def n_params(n_features: int, n_labels: int, hidden) -> int:
-    """Parameters of the whole model: sum over layers of d_in * n + n."""
-    widths = [n_features, *hidden, n_labels]
-    return sum(d * n + n for d, n in zip(widths[:-1], widths[1:]))
 
 
 def account(config: Config, n_features: int, n_labels: int, world_size: int = 1, rank: int = 0,
@@ -54,11 +48,11 @@ def account(config: Config, n_features: int, n_labels: int, world_size: int = 1,
     set, for the neighbour store every rank holds where the neighbours' labels are fused
     (`neighbour_bytes`, with the label prototypes where proto_weight is on; 0 without data,
     or where knn resolves to 0)."""
-    from dslide.layers import KINDS as LAYER_KINDS
-    from dslide.layers.dense import RowDenseLayer
+    from dslide.model.layers import KINDS as LAYER_KINDS
+    from dslide.model.layers.dense import RowDenseLayer
 
     config = config.resolve(n_labels)
-    # replicas: each replica's P ranks split the model; rank w is shard w % P (dslide.replicas)
+    # replicas: each replica's P ranks split the model; rank w is shard w % P (dslide.train.replicas)
     P = 1 if config.parallel == "data" else world_size // config.replicas
     rank = rank % P
     weights = config.shard_weights if isinstance(config.shard_weights, tuple) and config.shard_weights else None

@@ -24,7 +24,7 @@ Predictions come in three forms, all reduced first to a top-k index array
 * a scipy sparse matrix ``[n, L]``: scores, and only stored entries (even stored
   zeros) are candidates; a row with fewer than ``k`` entries is padded with -1.
 
-Score ties are broken by the lower label index (dslide.topk, the one order of ties
+Score ties are broken by the lower label index (dslide.model.topk, the one order of ties
 used by predict and the prediction files too), so results never depend on sort
 internals. Everything is vectorised over points (no Python loop per point): true
 labels are looked up with one ``searchsorted`` over the row-major keys
@@ -38,7 +38,7 @@ from __future__ import annotations
 import numpy as np
 import scipy.sparse as sp
 
-from dslide.topk import best_columns
+from dslide.model.topk import best_columns
 
 __all__ = [
     "precision_at_k",

@@ -52,7 +52,7 @@ def compute(Y_train, A: float = 0.55, B: float = 1.5) -> dict:
 
 def save(run_dir, props: dict) -> Path:
     """Write `props` (from :func:`compute`) as run_dir/propensity.npz, atomically."""
-    from dslide.rundir import replacing
+    from dslide.io.rundir import replacing
 
     out = path_in(run_dir)
     # a fresh temporary file (never opened through a planted link), renamed into place;

@@ -39,7 +39,7 @@ INIT, DROPOUT, NEGATIVES, ROUNDING = 1, 2, 3, 6
 CANDIDATES, TABLES, INDEX = 7, 8, 9
 # The training points on which the neighbour count is chosen (dslide.infer.fusion.choose_k).
 NEIGHBOURS = 10
-# The held-out validation rows (dslide.validation.validation_rows).
+# The held-out validation rows (dslide.train.validation.validation_rows).
 VALIDATION = 11
 
 

@@ -13,7 +13,7 @@ never each other:
 
 Importing it loads none of numpy, numba, scipy or MPI: `dslide --help` stays quick, and
 dslide.cli.main checks NUMBA_NUM_THREADS before numba loads. So the modules that load
-them (dslide.comm, dslide.checkpoint, dslide.train, dslide.memory) are imported where
+them (dslide.comm, dslide.io.checkpoint, dslide.train, dslide.memory) are imported where
 they are used.
 """
 
@@ -26,7 +26,8 @@ import sys
 import time
 from pathlib import Path
 
-from dslide import hooks, rundir
+from dslide import hooks
+from dslide.io import rundir
 
 
 class UsageError(ValueError):
@@ -141,7 +142,7 @@ def check_memory(comm, need: int, what: str) -> None:
 def _threads_of(config) -> int:
     from dslide import train as T
 
-    return T._threads(config)
+    return T.rank_threads(config)
 
 
 def model_bytes(config, n_features: int, n_labels: int, comm, inference: bool = False, data=None) -> int:
@@ -242,7 +243,7 @@ def load_model(run_dir: str, comm, k: int | None = None):
     """The trained model of a run directory (dslide.train.Model), split over `comm`'s ranks
     for inference, with this process's threads. k: the --k to check against the model's
     labels first, before anything is allocated."""
-    from dslide import checkpoint as ck
+    from dslide.io import checkpoint as ck
 
     # a run still training replaces its checkpoint: LATEST may name a newer one by the time the
     # one resolved is read (its files then gone). Every rank reads the one rank 0 resolved; a
@@ -267,7 +268,7 @@ LOAD_TRIES = 5
 def _newest(comm, run_dir, missing_ok: bool = False):
     """The checkpoint LATEST names, as rank 0 reads it, on every rank (missing_ok: None when
     there is none, else a UsageError on every rank)."""
-    from dslide import checkpoint as ck
+    from dslide.io import checkpoint as ck
 
     def read():
         try:
@@ -282,9 +283,9 @@ def _newest(comm, run_dir, missing_ok: bool = False):
 
 
 def _load_checkpoint(run_dir, path, comm, k):
-    from dslide import checkpoint as ck
     from dslide import train as T
     from dslide.infer.parts import sections
+    from dslide.io import checkpoint as ck
 
     # the layout it was trained on is not the model's: eval and predict split it over every rank,
     # each with the threads this process has (NUMBA_NUM_THREADS), not those of the training run

@@ -17,7 +17,7 @@ kernels assume:
     pointers   int [n + 1], ids in a range, finite values: the arrays of a model directory
                (dslide.infer.fusion's neighbour store, lsh.NeighborIndex), whatever their hash says
 
-The XMC text reader checks the same while it parses (dslide.xmc_parse) and is not
+The XMC text reader checks the same while it parses (dslide.io.xmc_parse) and is not
 checked twice. Every check is one vectorised pass over an array (min, max, diff):
 linear, with no Python loop over rows or entries.
 """

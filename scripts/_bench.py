@@ -72,7 +72,7 @@ def load_data(spec: dict):
         family = family_of(spec["preset"])  # synthetic, baskets or amazon670k
         return family.generate_split(spec["preset"], n_train=spec.get("n_train"), n_test=spec.get("n_test"),
                                      seed=spec.get("seed", 0), **overrides)
-    from dslide.data import read_xmc
+    from dslide.io.data import read_xmc
 
     return read_xmc(spec["train"]), read_xmc(spec["test"])
 
@@ -86,7 +86,7 @@ def child(case_path: str) -> None:
     from dslide import train as T
     from dslide.comm import Comm
     from dslide.config import Config
-    from dslide.data import XMCData
+    from dslide.io.data import XMCData
     from dslide.metrics import evaluate, inverse_propensity
 
     comm = Comm.world()
@@ -164,8 +164,8 @@ def child(case_path: str) -> None:
         result["inference"] = compare_inference(model, test, inv_prop)
     if case.get("save"):
         # the trained model, weights and index only, as `dslide export` writes it (for later measurements)
-        from dslide import checkpoint as ck
         from dslide import propensity
+        from dslide.io import checkpoint as ck
 
         ck.save(net, Path(case["save"]), comm, weights_only=True)
         if comm.rank == 0:

@@ -23,12 +23,12 @@ import time
 import numpy as np
 import scipy.sparse as sp
 
-from dslide import inputs as I
 from dslide import train as T
-from dslide.metrics import evaluate
 from dslide.infer.index import index_bucket
-from dslide.topk import kth_largest, merge_topk
-from dslide.topk import order_keys as _order_keys
+from dslide.metrics import evaluate
+from dslide.model import inputs as I
+from dslide.model.topk import kth_largest, merge_topk
+from dslide.model.topk import order_keys as _order_keys
 
 
 def static_topk(model, X, k: int, m: int, batch_size: int = 1024):

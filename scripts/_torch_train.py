@@ -41,7 +41,7 @@ best of repeated runs on a shared machine):
 
 With `--output sampled` the output layer is a sampled softmax, as a careful
 PyTorch user writes one for a very wide output, built like dslide's shared
-block (see dslide/network.py LSHLayer, without the LSH candidates):
+block (see dslide/model/network.py LSHLayer, without the LSH candidates):
 
     C    = the batch's labels (sorted) + S negatives drawn uniformly without
            replacement from all labels, those among the batch's labels dropped

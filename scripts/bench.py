@@ -16,7 +16,7 @@ From the repository root:
 under the bench lock (flock /tmp/dslide-bench.lock ...); the full suite's
 parts are separate commands so that none holds it past ~30 minutes.
 `--preset amazon-tail` takes the longer-tailed variant of the synthetic data
-(datasets/synthetic.py) instead of amazon-like.
+(dslide/datasets/synthetic.py) instead of amazon-like.
 
 Each part is a module of scripts/suites/, whose docstring says what it runs:
 main (the same network by dslide, dense, data-parallel and PyTorch, the same

@@ -57,7 +57,7 @@ def child(case_path: str) -> None:
     from dslide import train as T
     from dslide.comm import Comm
     from dslide.config import Config
-    from dslide.data import XMCData
+    from dslide.io.data import XMCData
     from dslide.metrics import evaluate
 
     comm = Comm.world()
@@ -203,8 +203,8 @@ def main(argv=None) -> int:
     if a.quick:
         a.preset, a.n_train, a.n_test, a.budget, a.hidden, a.batch_size = "tiny", 2000, 500, 8.0, 64, 64
     # the data once, as files: the ranks of every case map the same cached arrays
-    from dslide.data import read_xmc
     from dslide.datasets.synthetic import generate_split, write
+    from dslide.io.data import read_xmc
 
     data_dir = Path(tempfile.gettempdir()) / f"dslide-hetero-{a.preset}-{a.n_train}-{a.n_test}"
     prefix = data_dir / "data"

@@ -1,4 +1,4 @@
-"""Benchmark the XMC text reader/writer of dslide.data on Amazon-like data.
+"""Benchmark the XMC text reader/writer of dslide.io.data on Amazon-like data.
 
     .venv/bin/python -m scripts.bench_io [--points 200000] [--keep DIR]
 
@@ -121,7 +121,7 @@ def generate(n_points: int, which: str):
 
 
 def _warm_up(tmpdir: str) -> None:
-    from dslide.data import cache_path, read_xmc, write_xmc  # noqa: PLC0415
+    from dslide.io.data import cache_path, read_xmc, write_xmc  # noqa: PLC0415
 
     X = sp.csr_matrix(np.array([[0, 1.5, 0], [2.25, 0, 1e-3]], dtype=np.float32))
     Y = sp.csr_matrix(np.array([[1, 0], [1, 1]], dtype=np.float32))
@@ -149,7 +149,7 @@ def _generate_child(args) -> dict:
 
 
 def _measure_child(args) -> dict:
-    from dslide.data import cache_path, read_xmc, write_xmc  # noqa: PLC0415
+    from dslide.io.data import cache_path, read_xmc, write_xmc  # noqa: PLC0415
 
     with tempfile.TemporaryDirectory() as tmp:
         _warm_up(tmp)

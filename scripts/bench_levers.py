@@ -34,8 +34,8 @@ CANDIDATES = 100
 
 
 def load(name: str):
-    from dslide.data import read_xmc
     from dslide.datasets import suite
+    from dslide.io.data import read_xmc
 
     if name == "bibtex":
         return read_xmc(M.SHARED_DATA / "bibtex_train.txt"), read_xmc(M.SHARED_DATA / "bibtex_test.txt")
@@ -46,9 +46,9 @@ def member_rows(name: str, epochs: list[float], threads: int, settings: dict | N
     import dslide  # noqa: F401  (first: the thread variables)
     import scipy.sparse as sp
 
-    from dslide.infer import fusion
     from dslide import train as T
     from dslide.config import Config
+    from dslide.infer import fusion
     from dslide.metrics import evaluate, inverse_propensity
 
     tr, te = load(name)

@@ -184,11 +184,11 @@ def describe(s):
 
 def trained_layer(args) -> None:
     """The --model mode (see the module docstring)."""
-    from dslide import checkpoint as ck
-    from dslide import inputs as I
     from dslide import train as T
     from dslide.comm import Comm
-    from dslide.data import read_xmc
+    from dslide.io import checkpoint as ck
+    from dslide.io.data import read_xmc
+    from dslide.model import inputs as I
 
     path = ck.latest(args.model)
     manifest = ck.read_manifest(path)
@@ -498,7 +498,7 @@ def eval_child(args) -> None:
 
     from dslide import propensity
     from dslide.comm import Comm
-    from dslide.data import read_xmc
+    from dslide.io.data import read_xmc
     from dslide.session import load_model
 
     from dslide import train as T

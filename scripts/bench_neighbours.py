@@ -47,7 +47,7 @@ def measure_member(name: str, points: int, k: int, pr_k: int) -> dict:
 
     from dslide import rng
     from dslide.infer import fusion
-    from dslide.data import read_xmc
+    from dslide.io.data import read_xmc
 
     from .suites.shapes import member_files
 

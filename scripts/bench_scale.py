@@ -63,12 +63,12 @@ def child(case_path: str) -> None:
     import dslide  # noqa: F401  (first: thread settings for OpenBLAS)
     import numpy as np
 
-    from dslide import checkpoint as ck
     from dslide import memory
     from dslide import train as T
     from dslide.comm import Comm
     from dslide.config import Config
-    from dslide.data import XMCData, read_xmc
+    from dslide.io import checkpoint as ck
+    from dslide.io.data import XMCData, read_xmc
 
     comm = Comm.world()
     me = {"rss_start": M.status_bytes("VmRSS:")}
@@ -216,13 +216,13 @@ def precision_cases(args) -> list[dict]:
 
 def prepare_data_case(case: dict) -> dict:
     """Parse the text file in a fresh process (writing the cache), then time a cached load."""
-    from dslide.data import cache_path
+    from dslide.io.data import cache_path
 
     path = case["train"]
     if os.path.exists(cache_path(path)):
         shutil.rmtree(cache_path(path)) if os.path.isdir(cache_path(path)) else os.remove(cache_path(path))
     # the child's own peak (VmHWM, measure.status_bytes), from the repository root
-    code = ("import time, sys; t=time.perf_counter(); from dslide.data import read_xmc; "
+    code = ("import time, sys; t=time.perf_counter(); from dslide.io.data import read_xmc; "
             "from scripts.measure import status_bytes; "
             "d=read_xmc(sys.argv[1]); print(time.perf_counter()-t, d.X.nnz, d.Y.nnz, d.n_points, "
             "status_bytes('VmHWM:'))")
@@ -383,7 +383,7 @@ def main(argv=None) -> int:
     command = M.command("bench_scale", argv if argv is not None else sys.argv[1:])
     for case in [] if args.no_run else cases:
         case["command"] = command
-        from dslide.data import read_xmc
+        from dslide.io.data import read_xmc
 
         head = read_xmc(case["test"])
         ok, need = fits(case, head.n_features, head.n_labels)

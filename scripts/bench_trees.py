@@ -95,7 +95,7 @@ def run_tree(system: str, train_path, test_path, *, n_test: int, n_labels: int, 
 
 
 def main(argv=None) -> int:
-    from dslide.data import read_xmc
+    from dslide.io.data import read_xmc
     from dslide.metrics import inverse_propensity
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])

@@ -30,7 +30,7 @@ def validation_seconds(path: Path, repeats: int = 3) -> tuple[float, dict]:
     import scipy.sparse as sp
 
     from dslide import validate
-    from dslide.data import read_xmc
+    from dslide.io.data import read_xmc
 
     data = read_xmc(path)
     X, Y = data.X, data.Y

@@ -47,7 +47,7 @@ from pathlib import Path
 import numpy as np
 import scipy.sparse as sp
 
-from dslide.data import XMCData
+from dslide.io.data import XMCData
 
 from . import _baselines as BL
 from . import measure as M
@@ -230,7 +230,7 @@ def load_data(spec: str, points: int | None, test_points: int | None, seed: int)
         from dslide.datasets.synthetic import generate_split  # noqa: PLC0415  (numba compiles on import of use)
 
         return generate_split(spec, points, test_points, seed)
-    from dslide.data import read_xmc  # noqa: PLC0415
+    from dslide.io.data import read_xmc  # noqa: PLC0415
 
     paths = [Path(f"{spec}_{s}.txt") for s in ("train", "test")]
     missing = [str(p) for p in paths if not p.exists()]

@@ -101,10 +101,10 @@ def make_config(config_file: str | None, sets: list[str]):
 
 def read(path: str, what: str, fmt: str | None = None, n_features: int | None = None,
          n_labels: int | None = None, comm=None, points: bool = True, quiet: bool = False):
-    """Read data argument `path` (dslide.formats: a file or FEATURES,LABELS; `fmt` or by name);
+    """Read data argument `path` (dslide.io.formats: a file or FEATURES,LABELS; `fmt` or by name);
     points: refuse data without data points. A file of LOUD_READ_BYTES or more shows, on rank 0
     and unless quiet, a bar of the bytes parsed (stderr a terminal) or a line before and after."""
-    from dslide import formats
+    from dslide.io import formats
 
     if not path:
         raise UsageError(f"{what} is required")
@@ -148,7 +148,7 @@ def read(path: str, what: str, fmt: str | None = None, n_features: int | None = 
 def read_accepted(path: str, what: str, accept, fmt: str | None = None, n_features: int | None = None,
                   n_labels: int | None = None, comm=None, quiet: bool = False):
     """`read`, the file's cache written only once accept(data) (checks that raise) has passed."""
-    from dslide.data import caches_held, write_caches
+    from dslide.io.data import caches_held, write_caches
 
     with caches_held() as held:
         data = read(path, what, fmt, n_features, n_labels, comm=comm, quiet=quiet)
@@ -163,7 +163,7 @@ def data_files(path: str) -> dict:
     it say which data they are of."""
     import hashlib
 
-    from dslide import formats
+    from dslide.io import formats
 
     files = []
     for p in (q for q in formats.split_pair(path) if q):
@@ -183,7 +183,7 @@ def data_files(path: str) -> dict:
 def check_out(args) -> None:
     """eval's and predict's --out: never one of their inputs (the data, a pair's labels file,
     the model's files) nor inside a run's checkpoints; checked before anything is read."""
-    from dslide import formats, rundir
+    from dslide.io import formats, rundir
 
     rundir.check_output(args.out, [*formats.split_pair(args.data or ""), *rundir.run_inputs(args.model)])
 
@@ -244,7 +244,7 @@ def add_sets(c) -> None:
 
 
 def add_in_format(c, what: str) -> None:
-    from dslide.formats import FORMATS
+    from dslide.io.formats import FORMATS
 
     # the input's format beside an output's (--out-format): named apart; --format, its old
     # name, still works but is not listed

@@ -10,7 +10,7 @@ EXAMPLES = """examples:
 
 
 def add_parser(command) -> None:
-    from dslide.formats import FORMATS
+    from dslide.io.formats import FORMATS
 
     c = command("config", "list the settings: default, valid range, and the value for a data set", EXAMPLES)
     csub = c.add_subparsers(dest="config_cmd", required=True, metavar="CONFIG_COMMAND")

@@ -14,7 +14,7 @@ EXAMPLES = """examples:
 
 
 def add_parser(command) -> None:
-    from dslide.formats import FORMATS
+    from dslide.io.formats import FORMATS
 
     d = command("data", "generate, convert and inspect data sets", EXAMPLES)
     dsub = d.add_subparsers(dest="data_cmd", required=True, metavar="DATA_COMMAND")
@@ -68,8 +68,8 @@ def run(args, comm) -> int:
 
 
 def _convert(args) -> int:
-    from dslide import formats
-    from dslide.data import cache_path, read_xmc, write_xmc
+    from dslide.io import formats
+    from dslide.io.data import cache_path, read_xmc, write_xmc
 
     src, dst = args.input, args.output
     if not os.path.exists(formats.split_pair(src)[0]):
@@ -98,9 +98,9 @@ def _convert(args) -> int:
 
 
 def _check_convert_outputs(src: str, dst: str, args) -> None:
-    """Every file convert would write (a pair format's two: dslide.formats.write_data) is none of
+    """Every file convert would write (a pair format's two: dslide.io.formats.write_data) is none of
     its inputs (a pair's second file included) and lies in no run's checkpoints."""
-    from dslide import formats, rundir
+    from dslide.io import formats, rundir
 
     inputs = [*formats.split_pair(src), getattr(args, "labels_xml", None)]
     outputs = [dst]

@@ -101,7 +101,7 @@ def _save_eval(args, m: dict) -> None:
     metrics.json keeps one evaluation per data file under "evals" (keyed by its absolute path,
     "FEATURES,LABELS" for a pair), and the latest under "eval": an eval of another file never
     replaces the figures of the test file. Each names its file(s) and their sha256."""
-    from dslide import rundir
+    from dslide.io import rundir
 
     m = {**common.data_files(args.data), **m}
     if args.out:

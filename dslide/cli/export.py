@@ -13,7 +13,7 @@ def add_parser(command) -> None:
 
 
 def run(args, comm) -> int:
-    from dslide import checkpoint as ck
+    from dslide.io import checkpoint as ck
 
     if comm.rank == 0:
         target = ck.export(args.model, args.out)

@@ -13,7 +13,7 @@ EXAMPLES = """examples:
 
 
 def add_parser(command) -> None:
-    from dslide.formats import PREDICTION_FORMATS
+    from dslide.io.formats import PREDICTION_FORMATS
 
     r = command("predict", "write the top-k labels of each point", EXAMPLES)
     common.add_model_options(r, exact_flag=False)
@@ -27,8 +27,8 @@ def add_parser(command) -> None:
 
 def run(args, comm) -> int:
     import dslide
-    from dslide import formats, rundir
     from dslide import train as T
+    from dslide.io import formats, rundir
 
     common.check_out(args)
     on_rank0(comm, lambda: rundir.check_writable(args.out))  # before the model and the scoring
@@ -59,7 +59,7 @@ def run(args, comm) -> int:
     startup = max(comm.allgather_object(t0 - dslide.IMPORTED_AT))
     load_s = max(comm.allgather_object(load_s))
     if comm.rank == 0:
-        # a fresh temporary file renamed into place, never through a planted link (dslide.rundir)
+        # a fresh temporary file renamed into place, never through a planted link (dslide.io.rundir)
         formats.write_predictions(args.out, ids, scores, model.n_labels, out_fmt)
         what = ("a CSR matrix of the top-k scores, scipy.sparse.load_npz" if out_fmt == "npz" else
                 "a header line 'points labels', then label:score pairs in label order per line, pyxclib's "

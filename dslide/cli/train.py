@@ -1,6 +1,6 @@
 """`dslide train`: train a model into a run directory, or continue one (--resume).
 
-A run directory has one writer (dslide.rundir: a lock file naming it) and is
+A run directory has one writer (dslide.io.rundir: a lock file naming it) and is
 never written over silently: `--out` refuses a directory holding a run unless
 `--overwrite` (which deletes that run's files) or `--resume`. A run refused
 before its first step leaves nothing behind: neither its directory's files nor
@@ -28,7 +28,7 @@ every setting, its default and range: dslide config show"""
 
 
 def add_parser(command) -> None:
-    from dslide.formats import FORMATS
+    from dslide.io.formats import FORMATS
 
     t = command("train", "train a model", EXAMPLES)
     t.add_argument("--train", required=True, metavar="DATA",
@@ -56,17 +56,17 @@ def _out_hint(run_dir: Path) -> str:
 
 def _check_new_run(run_dir: Path, overwrite: bool) -> None:
     """Before anything is read or written: `--out` must be new, empty, or (with --overwrite)
-    a dslide run (its marker: dslide.rundir.MARKER) that may be replaced; never one in use."""
-    from dslide import rundir
+    a dslide run (its marker: dslide.io.rundir.MARKER) that may be replaced; never one in use."""
+    from dslide.io import rundir
 
     rundir.check_new(run_dir, overwrite, "--out", _out_hint(run_dir))
 
 
 def _open_run(run_dir: Path, resume: bool, overwrite: bool):
-    """On rank 0: the run directory made and locked (dslide.rundir.RunLock, returned); for a
+    """On rank 0: the run directory made and locked (dslide.io.rundir.RunLock, returned); for a
     new run, checked again under the lock, with --overwrite emptied of the old run's files,
-    and marked as a run (dslide.rundir.open_new)."""
-    from dslide import rundir
+    and marked as a run (dslide.io.rundir.open_new)."""
+    from dslide.io import rundir
 
     if not resume:
         return rundir.open_new(run_dir, overwrite, "dslide train", "--out", _out_hint(run_dir))
@@ -76,7 +76,7 @@ def _open_run(run_dir: Path, resume: bool, overwrite: bool):
 
 
 def run(args, comm) -> int:
-    from dslide.data import caches_held
+    from dslide.io.data import caches_held
 
     if args.resume and args.overwrite:
         raise UsageError("--resume continues the run in RUN_DIR and --overwrite replaces one: give one of them")
@@ -95,10 +95,10 @@ def run(args, comm) -> int:
 
 
 def _run(args, comm, held) -> int:
-    from dslide import checkpoint as ck
     from dslide import train as T
-    from dslide.data import checksum as data_checksum
-    from dslide.data import write_caches
+    from dslide.io import checkpoint as ck
+    from dslide.io.data import checksum as data_checksum
+    from dslide.io.data import write_caches
 
     path = None
     if args.resume:
@@ -158,8 +158,8 @@ def _run(args, comm, held) -> int:
         return _train(args, comm, config, run_dir, train, test, None, begun, checksum=train_checksum)
     except BaseException:
         if not begun:  # refused before its first step: a rerun must find nothing of this one
-            from dslide import rundir
-            from dslide.xmc_cache import remove_caches
+            from dslide.io import rundir
+            from dslide.io.xmc_cache import remove_caches
 
             remove_caches(written)
             if lock is not None:
@@ -194,15 +194,15 @@ def _resume_plan(comm, args, saved: dict, changed: dict, config, train, checksum
 
 def _check_layout(config, comm) -> None:
     """The ranks form the configuration's replicas and shard weights: checked before any file
-    is written (dslide.sharding.check_layout)."""
-    from dslide.sharding import check_layout
+    is written (dslide.model.sharding.check_layout)."""
+    from dslide.model.sharding import check_layout
 
     check_layout(comm.size, config.replicas, config.shard_weights)
 
 
 def _check_labels(train, path: str) -> None:
     """Training data must have labels: a features file read without its labels file has none."""
-    from dslide import formats
+    from dslide.io import formats
 
     if train.n_labels == 0:
         first, second = formats.split_pair(path)
@@ -214,12 +214,12 @@ def _check_labels(train, path: str) -> None:
 
 def _train(args, comm, config, run_dir: Path, train, test, path, begun=None, checksum=None) -> int:
     """Train and save the run; begun (a list) gets an entry once the first step is done;
-    checksum: the training data's (dslide.data.checksum), kept in every checkpoint."""
+    checksum: the training data's (dslide.io.data.checksum), kept in every checkpoint."""
     import dslide
-    from dslide import checkpoint as ck
     from dslide import train as T
     from dslide.infer.parts import sections
-    from dslide.rundir import dumps, write_atomic
+    from dslide.io import checkpoint as ck
+    from dslide.io.rundir import dumps, write_atomic
 
     if comm.rank == 0:
         write_atomic(run_dir / "config.toml", config_toml(config))
@@ -229,7 +229,7 @@ def _train(args, comm, config, run_dir: Path, train, test, path, begun=None, che
               f"{comm.size // config.replicas} shard(s)" if config.replicas > 1 else f"{comm.size} rank(s)")
     say(comm, f"dslide {__import__('dslide').__version__}: training on {train.n_points:,} points, "
               f"{train.n_features:,} features, {train.n_labels:,} labels; {layout} x "
-              f"{T._threads(config)} thread(s); run directory {run_dir}")
+              f"{T.rank_threads(config)} thread(s); run directory {run_dir}")
     notice_threads(comm, config)
     if args.verbose:
         say(comm, "effective configuration:\n" + "\n".join("  " + l for l in config_toml(config).splitlines() if l))
@@ -331,7 +331,7 @@ def _final_metrics(model, history, test, wall, inv_prop) -> dict:
         "train_s": train_s,
         "steps": n_steps,
         "world_size": comm.size,
-        "threads": T._threads(model.config),
+        "threads": T.rank_threads(model.config),
         "parallel": model.config.parallel,
         "timers_s": {k: round(v, 3) for k, v in net.timers.items()},
         "index": model.index_info,

@@ -30,7 +30,7 @@ rank's own computing time, from which `shard_weights = "auto"` measures
 each rank's speed. The one-sided reads of dslide.comm.onesided's `Mailbox`
 add to the same two counters.
 
-Replicas (dslide.replicas) add two collectives: `split` (a replica's model
+Replicas (dslide.train.replicas) add two collectives: `split` (a replica's model
 communicator, the communicator of the ranks that hold the same shard in every
 replica) and `exchange` (an all-gather among any subset of a communicator's
 ranks by point-to-point messages, so a partial all-reduce needs no

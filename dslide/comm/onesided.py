@@ -1,4 +1,4 @@
-"""One-sided exchanges of the replicas (dslide.replicas): `Board` and `Mailbox`.
+"""One-sided exchanges of the replicas (dslide.train.replicas): `Board` and `Mailbox`.
 
 `Board`: a few int64 words on one rank that every rank reads and changes with
 one-sided atomic operations (MPI-3 RMA: compare-and-swap, fetch-and-add)

@@ -24,7 +24,7 @@ import numpy as np
 from dslide import lsh, validate
 from dslide.comm import Comm
 from dslide.config import LSHConfig
-from dslide.topk import kth_largest, order_keys
+from dslide.model.topk import kth_largest, order_keys
 
 #: anchors of the inference index filled at a time: their [chunk, T] ids, scores-turned-keys
 #: and comparison masks are the fill's transient (13 bytes an entry, a fraction of what all

@@ -1,6 +1,6 @@
 """The model's inference parts as checkpoint sections, beside the layers'.
 
-A section is what dslide.checkpoint saves and loads for a part of the model
+A section is what dslide.io.checkpoint saves and loads for a part of the model
 that is no layer's: `name` (its arrays are saved as "<name>/<key>"), `state()`
 (its arrays, {} when the model has none), `shard_axes()` (None for an array
 every rank holds alike; an array not named there is the rank's own, rebuilt

@@ -1,10 +1,10 @@
 """The inference pipeline: query -> hidden layers -> output top k -> merge -> fusion.
 
-    for each batch of query rows (normalised as they are gathered, dslide.inputs):
+    for each batch of query rows (normalised as they are gathered, dslide.model.inputs):
         x            = the network's hidden layers, no dropout (Network.hidden)
         (s, i)_r     = rank r's best K of its output slice: every label scored
                        (Layer.topk), or what the inference index retrieves
-        (s, i)       = merge_topk of every rank's (s, i)_r (dslide.topk)
+        (s, i)       = merge_topk of every rank's (s, i)_r (dslide.model.topk)
         fused top k  = the model's softmax over its K candidates mixed with the
                        neighbour store's votes (dslide.infer.fusion), where the
                        model keeps a store and knn is not 0
@@ -21,9 +21,9 @@ import numpy as np
 import scipy.sparse as sp
 
 from dslide import metrics
-from dslide.inputs import csr_parts, input_norms, make_batch
+from dslide.model.inputs import csr_parts, input_norms, make_batch
+from dslide.model.topk import merge_topk
 from dslide.timings import Timings
-from dslide.topk import merge_topk
 
 #: points scored at a time: exact scoring holds a [batch, column block] of scores; the
 #: inference index only [batch, hidden], and the more points a batch has, the more of

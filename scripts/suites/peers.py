@@ -34,7 +34,7 @@ def peer_files(spec: dict) -> tuple[Path, Path]:
     """XMC text files of a synthetic data set (written once under runs/bench_data/), or the given paths."""
     if "preset" not in spec:
         return Path(spec["train"]), Path(spec["test"])
-    from dslide.data import write_xmc
+    from dslide.io.data import write_xmc
 
     d = M.ROOT / "runs" / "bench_data"
     stem = f"{spec['preset']}-{spec['n_train']}-{spec['n_test']}-s{spec.get('seed', 0)}"
@@ -54,7 +54,7 @@ def peer_rows(train_path: Path, test_path: Path, suite_name: str, suite: dict, n
     from .. import bench_trees as TR
     from .. import bench_vs_torch as BT
     from dslide.config import Config
-    from dslide.data import read_xmc
+    from dslide.io.data import read_xmc
     from dslide.metrics import inverse_propensity
 
     train, test = read_xmc(train_path), read_xmc(test_path)

@@ -62,8 +62,8 @@ def member_files(name: str, n_train: int | None, n_test: int | None, seed: int =
     """The member's XMC text files (generated once under runs/bench_data/); None if a real set is absent."""
     if name in REAL:
         return real_files(name)
-    from dslide.data import write_xmc
     from dslide.datasets import suite
+    from dslide.io.data import write_xmc
 
     d = M.ROOT / "runs" / "bench_data"
     stem = f"{name}-{n_train or 'default'}-{n_test or 'default'}-s{seed}"
@@ -95,7 +95,7 @@ def dslide_row(name: str, paths, config: dict, lsh_inference: bool) -> dict:
 
 def tree_row(system: str, paths, workdir: Path) -> dict:
     from .. import bench_trees as TR
-    from dslide.data import read_xmc
+    from dslide.io.data import read_xmc
     from dslide.metrics import inverse_propensity
 
     lib, trees = ("omikuji", int(system[-1])) if system.startswith("omikuji") else (system, 1)
@@ -116,7 +116,7 @@ def tree_row(system: str, paths, workdir: Path) -> dict:
 def output_is_lsh(paths) -> bool:
     """Whether dslide's defaults make this member's output layer LSH-sparse (then --lsh is compared)."""
     from dslide.config import Config
-    from dslide.data import read_xmc
+    from dslide.io.data import read_xmc
 
     n_labels = read_xmc(paths[1]).n_labels
     cfg = Config().resolve(n_labels)
@@ -124,7 +124,7 @@ def output_is_lsh(paths) -> bool:
 
 
 def shape_of(paths) -> str:
-    from dslide.data import read_xmc
+    from dslide.io.data import read_xmc
 
     tr, te = read_xmc(paths[0]), read_xmc(paths[1])
     return f"{tr.n_points:,} / {te.n_points:,} points, {tr.n_features:,} features, {tr.n_labels:,} labels"

@@ -4,13 +4,13 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
-from dslide.datasets.synthetic import generate_split
-from dslide import checkpoint as ck
 from dslide import train as T
 from dslide.comm import Comm, allreduce_bytes
 from dslide.config import Config, LSHConfig
+from dslide.datasets.synthetic import generate_split
 from dslide.infer.parts import sections
-from dslide.network import Network, full_parameters
+from dslide.io import checkpoint as ck
+from dslide.model.network import Network, full_parameters
 from scripts import _costmodel
 
 WORLD = MPI.COMM_WORLD

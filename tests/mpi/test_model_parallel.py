@@ -12,8 +12,8 @@ from mpi4py import MPI
 
 from dslide.comm import Comm
 from dslide.config import Config
-from dslide.network import Network, full_parameters
-from dslide.inputs import csr_parts, make_batch
+from dslide.model.inputs import csr_parts, make_batch
+from dslide.model.network import Network, full_parameters
 from dslide.train import epoch_order
 
 
@@ -89,7 +89,7 @@ def test_data_parallel_p_ranks_equal_one_rank():
 
 
 def _train_dp(cfg, X, Y, comm, steps):
-    from dslide.sharding import shard_range
+    from dslide.model.sharding import shard_range
     from dslide.train import batch_rows
 
     net = Network(cfg, X.shape[1], Y.shape[1], comm, total_steps=steps)
@@ -148,12 +148,12 @@ def test_lsh_inference_index_gives_the_same_topk_and_share_at_p_ranks_as_at_one(
     agreed across ranks, and re-ranks exactly: P ranks retrieve and return what 1 rank does,
     whether the 16 anchors are filled at once or 5 at a time (chunks of 5, 5, 5, 1), and with
     the nearest training points' labels added (a graph whose rows the ranks share out)."""
-    from dslide.infer import index as I
     from dslide import train as T
+    from dslide.infer import index as I
 
     monkeypatch.setattr(I, "INDEX_CHUNK", chunk)
     from dslide.config import LSHConfig
-    from dslide.data import XMCData
+    from dslide.io.data import XMCData
 
     X, Y = _data(n=160, F=40, L=300)
     if neighbors:  # at most 2 labels a point (45 here), as in extreme classification
@@ -194,8 +194,8 @@ def test_lsh_inference_index_gives_the_same_topk_and_share_at_p_ranks_as_at_one(
 
 
 def test_kth_largest_across_ranks_equals_numpy_on_the_concatenation():
-    from dslide.topk import kth_largest
-    from dslide.topk import order_keys as _order_keys
+    from dslide.model.topk import kth_largest
+    from dslide.model.topk import order_keys as _order_keys
 
     world = Comm(MPI.COMM_WORLD)
     rs = np.random.default_rng(100 + world.rank)
@@ -213,7 +213,7 @@ def test_fused_predictions_at_p_ranks_equal_one_rank():
     """knn > 0: exact-mode training, the neighbours' votes and the label prototypes' give every
     rank the 1-rank top-k."""
     from dslide import train as T
-    from dslide.data import XMCData
+    from dslide.io.data import XMCData
 
     X, Y = _data(n=120, L=17)
     cfg = Config(hidden=(8,), exact=True, batch_size=32, seed=4, lr=1e-2, epochs=2.0, knn=3, knn_weight=0.5,
@@ -280,7 +280,7 @@ def test_the_validation_choices_at_p_ranks_are_the_one_rank_choices():
 
     from dslide import train as T
     from dslide.config import NARROW_OUTPUT
-    from dslide.data import XMCData
+    from dslide.io.data import XMCData
 
     rng = np.random.default_rng(8)
     n, L = 2400, NARROW_OUTPUT + 1

@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 from mpi4py import MPI
 
-from dslide import checkpoint as ck
 from dslide import session
 from dslide.comm import Comm
 from dslide.datasets import synthetic
 from dslide.datasets.synthetic import generate_split
+from dslide.io import checkpoint as ck
 
 from tests import faults
 from tests.conftest import TINY, run_cli

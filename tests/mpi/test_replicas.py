@@ -1,4 +1,4 @@
-"""Replicas of the sharded model (dslide.replicas) and uneven shards, on COMM_WORLD.
+"""Replicas of the sharded model (dslide.train.replicas) and uneven shards, on COMM_WORLD.
 
 Run at 1, 2 and 3 ranks by scripts/test.sh and at 4 ranks by
 tests/unit/test_replicas.py (which launches this file under `mpiexec -n 4`):
@@ -15,16 +15,16 @@ import pytest
 import scipy.sparse as sp
 from mpi4py import MPI
 
-from dslide import checkpoint as ck
 from dslide.comm import Comm
 from dslide.config import Config, LSHConfig
-from dslide.data import XMCData
-from dslide.network import Network, full_parameters
-from dslide.replicas import Replicas, reshard
-from dslide.replicas.partial import DEPTH
-from dslide.sharding import shard_bounds
-from dslide.inputs import csr_parts, make_batch
+from dslide.io import checkpoint as ck
+from dslide.io.data import XMCData
+from dslide.model.inputs import csr_parts, make_batch
+from dslide.model.network import Network, full_parameters
+from dslide.model.sharding import shard_bounds
 from dslide.train import epoch_order, fit
+from dslide.train.replicas import Replicas, reshard
+from dslide.train.replicas.partial import DEPTH
 
 WORLD = Comm(MPI.COMM_WORLD)
 LAYOUTS = [r for r in range(2, WORLD.size + 1) if WORLD.size % r == 0]  # replicas R > 1 that fit
@@ -260,8 +260,8 @@ def test_partial_reader_gets_the_rows_of_every_interval_it_missed(R):
 def test_partial_skips_a_version_older_than_the_staleness_bound(R):
     """A version published when the global counter was c is used while counter - c <=
     stale_limit(R, sync_every), and skipped (never used later) beyond it."""
-    from dslide.replicas.board import COUNTER
-    from dslide.replicas.partial import stale_limit
+    from dslide.train.replicas.board import COUNTER
+    from dslide.train.replicas.partial import stale_limit
 
     rep, net, train = _partial(R)
     X, _ = _data(L=300)

@@ -18,4 +18,4 @@ def test_ranks_on_the_node_and_their_threads():
     cpus, own = os.cpu_count(), len(os.sched_getaffinity(0))
     share = own if own < cpus else max(1, cpus // P)
     assert C.default_threads() == share
-    assert T._threads(Config()) == min(share, numba.config.NUMBA_NUM_THREADS)
+    assert T.rank_threads(Config()) == min(share, numba.config.NUMBA_NUM_THREADS)

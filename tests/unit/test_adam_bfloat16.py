@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 from numba import njit
 
-from dslide import bfloat16 as BF
-from dslide import kernels as K
 from dslide.config import Config
-from dslide.network import Network
+from dslide.model import bfloat16 as BF
+from dslide.model import kernels as K
+from dslide.model.network import Network
 
 
 @njit
@@ -163,7 +163,7 @@ def test_rounding_does_not_depend_on_threads_or_rank_layout():
 def test_network_trains_with_bfloat16_moments_close_to_float32():
     import scipy.sparse as sp
 
-    from dslide.inputs import csr_parts, make_batch
+    from dslide.model.inputs import csr_parts, make_batch
 
     rs = np.random.default_rng(0)
     n, F, L = 64, 40, 300

@@ -6,8 +6,9 @@ import pytest
 import scipy.sparse as sp
 
 import dslide
-from dslide import cli, formats
-from dslide.data import read_xmc
+from dslide import cli
+from dslide.io import formats
+from dslide.io.data import read_xmc
 
 SETTINGS = {"epochs": 2, "hidden": 32, "lr": 1e-2, "batch_size": 64, "dropout": 0.0, "seed": 3}
 

@@ -9,7 +9,7 @@ import pytest
 import scipy.sparse as sp
 
 from dslide.datasets.arff import read_arff
-from dslide.data import XMCFormatError, read_xmc
+from dslide.io.data import XMCFormatError, read_xmc
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 

@@ -25,7 +25,7 @@ import scipy.sparse as sp
 
 from dslide import cli
 from tests.conftest import run_cli  # noqa: E402
-from dslide.data import read_xmc
+from dslide.io.data import read_xmc
 
 S = ["--set", "hidden=16", "--set", "epochs=1", "--set", "batch_size=32", "--quiet"]
 
@@ -447,7 +447,7 @@ def test_predict_refuses_a_crafted_indptr(model):
 
 
 def test_predict_sums_duplicates_as_scipy_means_them(model, world):
-    from dslide.data import read_xmc
+    from dslide.io.data import read_xmc
 
     X = sp.csr_matrix(read_xmc(world["test"]).X[:40])
     # every row's entries twice, the copies reversed (unsorted): scipy's meaning is their sum, 2 X
@@ -479,8 +479,8 @@ def test_label_lists_are_refused_not_converted(Y, message):
 
 
 def test_stored_zeros_in_Y_are_no_labels_and_duplicates_count_once(tmp_path):
-    from dslide import formats
     from dslide.api import labels_matrix
+    from dslide.io import formats
 
     Y = sp.csr_matrix((np.array([1.0, 0.0, 2.0, 0.0]), np.array([3, 1, 3, 4]), np.array([0, 3, 4])), shape=(2, 5))
     ref = Y.copy()
@@ -495,7 +495,7 @@ def test_stored_zeros_in_Y_are_no_labels_and_duplicates_count_once(tmp_path):
 
 def test_api_arguments_of_the_wrong_kind_are_value_errors(world):
     import dslide
-    from dslide.data import read_xmc
+    from dslide.io.data import read_xmc
 
     with pytest.raises(ValueError, match="comm = 'world' must be a dslide.comm.Comm"):
         dslide.Model(comm="world")

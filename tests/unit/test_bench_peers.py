@@ -126,7 +126,7 @@ def _tree_python(system):
 def test_tree_libraries_on_tiny_data(system, tmp_path):
     py = _tree_python(system)
     from dslide.datasets.synthetic import generate_split
-    from dslide.data import write_xmc
+    from dslide.io.data import write_xmc
 
     train, test = generate_split("tiny", seed=0)
     paths = tmp_path / "train.txt", tmp_path / "test.txt"

@@ -16,8 +16,8 @@ from scripts.suites import shapes as S
 
 
 def _files(tmp_path):
-    from dslide.data import write_xmc
     from dslide.datasets.synthetic import generate_split
+    from dslide.io.data import write_xmc
 
     tr, te = generate_split("tiny", 200, 40, seed=1)
     paths = tmp_path / "m_train.txt", tmp_path / "m_test.txt"

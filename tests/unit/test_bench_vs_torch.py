@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
-from dslide.data import XMCData
+from dslide.io.data import XMCData
 
 from scripts import bench_vs_torch as bvt
 from scripts import measure as M

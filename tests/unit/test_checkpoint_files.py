@@ -9,13 +9,13 @@ import textwrap
 import numpy as np
 import pytest
 
-from dslide.datasets.synthetic import generate_split
-from dslide import checkpoint as ck
-from dslide import checkpoint_files as ckf
 from dslide import train as T
 from dslide.comm import Comm
 from dslide.config import Config, LSHConfig
+from dslide.datasets.synthetic import generate_split
 from dslide.infer.parts import sections
+from dslide.io import checkpoint as ck
+from dslide.io import checkpoint_files as ckf
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.uint16, np.int64, np.bool_])
@@ -65,7 +65,7 @@ def test_save_and_load_need_about_one_chunk_of_extra_memory(tmp_path):
     code = textwrap.dedent(f"""
         import resource, numpy as np
         from pathlib import Path
-        from dslide import checkpoint_files as ckf
+        from dslide.io import checkpoint_files as ckf
         a = np.arange(64 << 20, dtype=np.float32)  # 256 MiB, every page touched
         base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         ckf.write_npy(Path({str(tmp_path)!r}) / "big.npy", a)

@@ -13,11 +13,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dslide import cli, formats, session
+from dslide import cli, session
 from dslide.cli import common
+from dslide.io import formats
 from dslide.config import (BIAS_INITS, DTYPES, INPUT_NORMS, LAYER_KINDS, LR_SCHEDULES, PARALLEL, POLICIES, SELECT_MODES,
                            SYNC_MODES, Config, LSHConfig)
-from dslide.candidates import SOURCES
+from dslide.model.candidates import SOURCES
 from tests import faults
 
 try:
@@ -260,9 +261,9 @@ def test_resume_and_model_errors(trained, tiny, capsys, tmp_path):
 
 
 def test_incompatible_checkpoint_is_a_clear_error(trained, tmp_path):
-    from dslide import checkpoint as ck
     from dslide.comm import Comm
-    from dslide.network import Network
+    from dslide.io import checkpoint as ck
+    from dslide.model.network import Network
 
     path = ck.latest(trained)
     net = Network(Config(hidden=(17,)), 1000, 500, Comm())  # the run has 32
@@ -300,7 +301,7 @@ def test_train_eval_predict_end_to_end(trained, tiny, capsys, tmp_path):
         assert key in m, key
     assert m["world_size"] == 1 and m["steps"] == 128 and len(m["peak_rss_mb"]) == 1
     # learning: far above the most frequent label of the test set
-    from dslide.data import read_xmc
+    from dslide.io.data import read_xmc
 
     Y = read_xmc(tiny[1]).Y
     prior = np.asarray(Y.sum(axis=0)).ravel().max() / Y.shape[0]
@@ -360,9 +361,9 @@ def test_a_checkpoint_write_killed_midway_leaves_the_previous_one(trained, tiny,
                             "--set", "epochs=5", "--quiet"], env=env, capture_output=True, text=True, timeout=300)
         assert p.returncode == 75, p.stderr
         assert (run_dir / "checkpoints" / "LATEST").read_text() == before
-        from dslide import checkpoint as ck
         from dslide.comm import Comm
-        from dslide.network import Network
+        from dslide.io import checkpoint as ck
+        from dslide.model.network import Network
 
         path = ck.latest(run_dir)
         net = Network(ck.config_of(path), 1000, 500, Comm())

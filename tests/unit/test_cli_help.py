@@ -122,8 +122,8 @@ def test_reading_a_large_file_shows_a_bar_of_its_bytes(tmp_path, monkeypatch, qu
     import numpy as np
     import scipy.sparse as sp
 
-    from dslide import xmc_parse
-    from dslide.data import read_xmc, write_xmc
+    from dslide.io import xmc_parse
+    from dslide.io.data import read_xmc, write_xmc
 
     rng = np.random.default_rng(0)
     X = sp.random(300, 50, density=0.2, format="csr", dtype=np.float32, random_state=rng)

@@ -12,8 +12,9 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
-from dslide import cli, formats
-from dslide.data import XMCData
+from dslide import cli
+from dslide.io import formats
+from dslide.io.data import XMCData
 
 # the name a user would give each output format, and the name an input of it may have
 OUT_NAMES = {"xmc": ["out.txt"], "libsvm": ["out.svm"], "split": ["out_X_Xf.txt", "plain.txt"],

@@ -1,4 +1,4 @@
-"""XMC text I/O (dslide.data): every edge case of the format, the float parser
+"""XMC text I/O (dslide.io.data): every edge case of the format, the float parser
 against Python's own, the writer's round trip, the binary cache, and the real
 BibTeX / Amazon-670K files (skipped when ../shared/data is absent).
 
@@ -19,11 +19,11 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
-from dslide import data as D
-from dslide import xmc_cache as C
-from dslide import xmc_parse as P
-from dslide import xmc_write as W
-from dslide.data import (XMCCacheWarning, XMCData, XMCFormatError, XMCFormatWarning, cache_path,
+from dslide.io import data as D
+from dslide.io import xmc_cache as C
+from dslide.io import xmc_parse as P
+from dslide.io import xmc_write as W
+from dslide.io.data import (XMCCacheWarning, XMCData, XMCFormatError, XMCFormatWarning, cache_path,
                          read_xmc, write_xmc)
 
 FIXTURES = Path(__file__).resolve().parents[1] / "data"

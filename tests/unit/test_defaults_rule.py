@@ -51,7 +51,7 @@ def test_wide_outputs_train_fewer_epochs_and_explicit_settings_win():
     wide = Config().resolve(670_091, 1.3, 30_000)
     assert (wide.batch_size, wide.lr, wide.hidden) == (128, 5e-3, (128,))  # WIDE_LR
     # with a validation split: up to EARLY_STOP_MAX_EPOCHS, stopped early on it
-    from dslide.validation import EARLY_STOP_MAX_EPOCHS
+    from dslide.train.validation import EARLY_STOP_MAX_EPOCHS
 
     assert wide.early_stop and wide.epochs == EARLY_STOP_MAX_EPOCHS
     assert not Config(epochs=2.0).resolve(670_091, 1.3, 30_000).early_stop  # epochs given: trained as asked
@@ -103,7 +103,7 @@ def _wide(n, per_label, seed=0):
 
 def test_fit_resolves_knn_from_the_training_labels_and_the_split():
     from dslide import train as T
-    from dslide.data import XMCData
+    from dslide.io.data import XMCData
 
     cfg = Config(hidden=(4,), epochs=1.0, batch_size=200)
     # too few points for a validation split: nothing can be checked, the network alone
@@ -128,7 +128,7 @@ def test_fit_resolves_knn_from_the_training_labels_and_the_split():
 
 def test_the_neighbour_store_shows_its_stages_and_chooses_alike_with_a_bar(capsys):
     from dslide import train as T
-    from dslide.data import XMCData
+    from dslide.io.data import XMCData
 
     X, Y = _wide(2400, 2)
     cfg = Config(hidden=(4,), epochs=1.0, batch_size=200, early_stop=False)
@@ -146,7 +146,7 @@ def test_the_fusion_choice_depends_on_the_seed_and_data_only():
     """The validation points behind the choice are drawn by the seed: two fits agree, and
     another seed draws other points."""
     from dslide import train as T
-    from dslide.data import XMCData
+    from dslide.io.data import XMCData
 
     X, Y = _wide(2400, 2, seed=1)
     cfg = Config(hidden=(4,), epochs=1.0, batch_size=200, seed=3, early_stop=False)

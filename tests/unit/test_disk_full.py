@@ -16,7 +16,8 @@ import sys
 
 import pytest
 
-from dslide import cli, rundir
+from dslide import cli
+from dslide.io import rundir
 
 S = ["--set", "hidden=16", "--set", "batch_size=32", "--quiet"]
 

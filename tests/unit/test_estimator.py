@@ -13,7 +13,7 @@ import scipy.sparse as sp
 
 import dslide
 from dslide import cli, metrics
-from dslide.data import read_xmc
+from dslide.io.data import read_xmc
 
 SETTINGS = {"epochs": 1, "hidden": 16, "seed": 3, "lsh": {"K": 4}}
 

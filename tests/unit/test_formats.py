@@ -1,4 +1,4 @@
-"""dslide.formats: the split XMC files, headerless libsvm, .npz CSR pairs, prediction files.
+"""dslide.io.formats: the split XMC files, headerless libsvm, .npz CSR pairs, prediction files.
 
 Expected matrices are written out by hand from the files' text; round trips go through
 every format and back to the XMC text."""
@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
-from dslide import cli, formats
-from dslide.data import XMCData, XMCFormatError, read_xmc
+from dslide import cli
+from dslide.io import formats
+from dslide.io.data import XMCData, XMCFormatError, read_xmc
 
 # the same three points in each format: features [3, 5], labels [3, 4]
 X_DENSE = np.array([[1.5, 0, 0, 2, 0], [0, 0, 0, 0, 0.25], [0, 0, 1, 0, 0]], np.float32)

@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
-from dslide.infer import fusion
 from dslide.comm import Comm
+from dslide.infer import fusion
 
 
 def _data(seed=0, n=300, f=60, L=40, density=0.08):
@@ -248,8 +248,8 @@ def test_state_round_trip():
 def _fit_tiny(knn, **kw):
     from dslide import train as T
     from dslide.config import Config
-    from dslide.data import XMCData
     from dslide.datasets.synthetic import generate_split
+    from dslide.io.data import XMCData
 
     tr, te = generate_split("tiny", 400, 60, seed=3)
     cfg = Config(hidden=(16,), epochs=2.0, batch_size=32, knn=knn, knn_weight=0.6, knn_candidates=12, **kw)
@@ -258,8 +258,8 @@ def _fit_tiny(knn, **kw):
 
 
 def test_predictions_are_the_numpy_fusion_of_model_softmax_and_neighbour_votes():
-    from dslide.network import full_parameters
-    from dslide.inputs import normalise_inputs
+    from dslide.model.inputs import normalise_inputs
+    from dslide.model.network import full_parameters
 
     T, model, tr, te = _fit_tiny(knn=4, proto_weight=0.5)
     ids, scores = T.predict_topk_scores(model, te.X, 5)
@@ -317,9 +317,9 @@ def test_proto_weight_zero_builds_no_prototypes_and_fuses_the_points_alone():
 
 
 def test_store_survives_a_checkpoint(tmp_path):
-    from dslide import checkpoint as ck
     from dslide.comm import Comm
     from dslide.infer.parts import sections
+    from dslide.io import checkpoint as ck
     from dslide.train import build_network
 
     T, model, tr, te = _fit_tiny(knn=3, proto_weight=0.5)

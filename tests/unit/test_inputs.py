@@ -3,7 +3,7 @@
 import numpy as np
 import scipy.sparse as sp
 
-from dslide import inputs as I
+from dslide.model import inputs as I
 
 
 def test_batches_normalised_on_the_fly_equal_a_normalised_copy():

@@ -1,4 +1,4 @@
-"""Anchor tables (lsh/anchors.py, with lsh/kmeans.py and lsh/rerank.py) against numpy references
+"""Anchor tables (dslide/lsh/anchors.py, with kmeans.py and rerank.py) against numpy references
 and on planted structure."""
 
 import numpy as np
@@ -85,9 +85,9 @@ def test_union_of_buckets_matches_numpy():
 
 
 def test_union_per_query_is_each_querys_union_in_rank_order_skipping_marked_ids():
-    """dslide.kernels.own_candidates (lsh.scope = "sample"): per query, the first k distinct
+    """dslide.model.kernels.own_candidates (lsh.scope = "sample"): per query, the first k distinct
     ids of its buckets, rank by rank across the tables, leaving out the marked ones."""
-    from dslide import kernels
+    from dslide.model import kernels
 
     assert kernels.own_candidates is A.union_per_query
     rs = np.random.default_rng(3)

@@ -98,10 +98,10 @@ def test_state_round_trip_and_checks():
 
 
 def test_a_layer_uses_compact_tables_by_default():
-    from dslide.candidates.hashing import auto_range_pow
     from dslide.comm import Comm
     from dslide.config import Config, LSHConfig
-    from dslide.network import Network
+    from dslide.model.candidates.hashing import auto_range_pow
+    from dslide.model.network import Network
 
     net = Network(Config(hidden=(16,), kinds=("dense", "lsh"), lsh=LSHConfig(family="dwta")), 50, 20000, Comm())
     tables = net.layers[-1].candidates.tables

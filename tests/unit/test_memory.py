@@ -13,8 +13,8 @@ from dslide import memory
 from dslide.comm import Comm
 from dslide.config import Config, LSHConfig
 from dslide.infer.index import InferenceIndex
-from dslide.layers import LSHLayer
-from dslide.network import Network
+from dslide.model.layers import LSHLayer
+from dslide.model.network import Network, n_params
 
 
 def _held(net, index=None) -> dict:
@@ -65,7 +65,7 @@ def test_account_per_rank_adds_up_to_the_whole_model():
     cfg = Config(hidden=(32,), kinds=("dense", "lsh"))
     whole = memory.account(cfg, 5000, 40000)
     parts = [memory.account(cfg, 5000, 40000, world_size=3, rank=r) for r in range(3)]
-    assert sum(p["weights"] for p in parts) == whole["weights"] == 4 * memory.n_params(5000, 40000, (32,))
+    assert sum(p["weights"] for p in parts) == whole["weights"] == 4 * n_params(5000, 40000, (32,))
     assert sum(p["moments"] for p in parts) == whole["moments"]
 
 
@@ -75,8 +75,8 @@ _CHILD = textwrap.dedent("""
     from dslide import memory
     from dslide.comm import Comm
     from dslide.config import Config, LSHConfig
-    from dslide.network import Network
-    from dslide.inputs import csr_parts, make_batch
+    from dslide.model.inputs import csr_parts, make_batch
+    from dslide.model.network import Network
 
     def rss(field):
         for line in open("/proc/self/status"):

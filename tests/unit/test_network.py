@@ -12,13 +12,13 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
-from dslide import kernels as K
 from dslide.config import Config, LSHConfig
 from dslide.infer.index import InferenceIndex
-from dslide.batch import Batch
-from dslide.layers import DenseLayer, LSHLayer
-from dslide.network import Network
-from dslide.inputs import csr_parts, make_batch
+from dslide.model import kernels as K
+from dslide.model.batch import Batch
+from dslide.model.inputs import csr_parts, make_batch
+from dslide.model.layers import DenseLayer, LSHLayer
+from dslide.model.network import Network
 
 
 def _tiny_problem(seed=0, n=24, F=12, L=7, density=0.35, label_density=0.3):
@@ -495,7 +495,7 @@ def test_learning_rate_decays_linearly_over_the_run(schedule, step, moved):
 def test_output_bias_starts_at_the_smoothed_log_prior():
     # 4 points, 3 labels; label 0 on 3 points, label 1 on 1, label 2 on none:
     # b_j = log((count_j + 1) / (n + n_labels)) = log(4/7), log(2/7), log(1/7)
-    from dslide.data import XMCData
+    from dslide.io.data import XMCData
     from dslide.train import build_network, init_from_data
 
     X = sp.csr_matrix(np.eye(4, 5, dtype=np.float32))
@@ -510,7 +510,7 @@ def test_output_bias_starts_at_the_smoothed_log_prior():
 
 
 def test_fit_gives_the_network_the_length_of_the_whole_run_even_when_stopped_early():
-    from dslide.data import XMCData
+    from dslide.io.data import XMCData
     from dslide.train import fit
 
     X, Y = _tiny_problem(seed=3)  # 24 points
@@ -582,7 +582,7 @@ def test_default_candidates_depend_on_the_layer_width_and_an_explicit_max_active
 
 
 def test_item_hashing_candidates_cap_takes_rank_by_rank():
-    from dslide.candidates.hashing import _rank_major_union
+    from dslide.model.candidates.hashing import _rank_major_union
 
     rs = np.random.default_rng(9)
     lens = rs.integers(0, 6, 12)
@@ -600,7 +600,7 @@ def test_item_hashing_candidates_cap_takes_rank_by_rank():
 
 
 def test_order_keys_in_place_are_the_int64_keys_in_int32():
-    from dslide.topk import order_keys as _order_keys
+    from dslide.model.topk import order_keys as _order_keys
 
     rs = np.random.default_rng(4)
     s = np.concatenate([rs.normal(size=500) * 10.0 ** rs.integers(-20, 20, 500), [0.0, -0.0, -np.inf, np.inf]])
@@ -647,8 +647,8 @@ def test_inference_index_buckets_are_each_anchors_top_labels_by_id_in_any_chunki
     """InferenceIndex.fill, anchors taken `chunk` at a time (and score_top's block of scores cut to a
     few anchors): every bucket holds exactly the T labels scoring highest at its anchor
     (numpy: C @ W.T + b, ties to the lower id), sorted by id, fill T."""
-    from dslide.infer import index as I
     from dslide.comm import Comm
+    from dslide.infer import index as I
     from dslide.lsh import anchors as LA
 
     monkeypatch.setattr(I, "INDEX_CHUNK", chunk)
@@ -683,7 +683,7 @@ def test_exact_topk_in_column_blocks_matches_numpy(sparse, monkeypatch):
     """blocked_topk with blocks of 100 columns (EXACT_BLOCK_BYTES cut down; 3,000 columns,
     ties included) and with the default block: numpy's top k of x @ W.T + b, ties to the
     lower id, ids offset by the slice's first column."""
-    from dslide import topk as N
+    from dslide.model import topk as N
 
     rs = np.random.default_rng(7)
     x = rs.random((50, 8)).astype(np.float32)

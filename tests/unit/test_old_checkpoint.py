@@ -17,7 +17,7 @@ FIXTURE = Path(__file__).resolve().parents[1] / "data" / "run_store_in_layer"
 def test_a_run_with_the_store_in_the_layer_predicts_as_it_did(tmp_path, lsh):
     import dslide
     from dslide.comm import Comm
-    from dslide.data import read_xmc
+    from dslide.io.data import read_xmc
 
     run = tmp_path / "run"
     shutil.copytree(FIXTURE, run)  # reading queries.txt leaves a cache beside it
@@ -31,11 +31,11 @@ def test_a_run_with_the_store_in_the_layer_predicts_as_it_did(tmp_path, lsh):
 def test_saved_again_the_parts_are_model_sections_and_predict_the_same(tmp_path):
     """The old run's store and index, saved again, are the model's "neighbours/" and "index/"
     sections (nothing of them in the layer's files) and load to the same predictions."""
-    from dslide import checkpoint as ck
     from dslide.comm import Comm
-    from dslide.data import read_xmc
     from dslide.infer.parts import sections
     from dslide.infer.predict import predict_topk_scores
+    from dslide.io import checkpoint as ck
+    from dslide.io.data import read_xmc
     from dslide.session import load_model
 
     run = tmp_path / "run"

@@ -1,4 +1,4 @@
-"""The output layer split by rows (`output_split`, dslide.layers.dense.RowDenseLayer): the rule
+"""The output layer split by rows (`output_split`, dslide.model.layers.dense.RowDenseLayer): the rule
 that chooses it, its dropout against the column split's (its initial weights:
 test_network.test_init_does_not_depend_on_layout), and at one rank
 the same training and predictions as the column split and as plain numpy. Its P-rank runs
@@ -8,13 +8,14 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
-from dslide import checkpoint as ck
-from dslide import kernels, memory
+from dslide import memory
 from dslide import train as T
 from dslide.comm import Comm
 from dslide.config import Config
-from dslide.data import XMCData
-from dslide.network import Network, full_parameters
+from dslide.io import checkpoint as ck
+from dslide.io.data import XMCData
+from dslide.model import kernels
+from dslide.model.network import Network, full_parameters
 
 
 @pytest.mark.parametrize("cfg,n_labels,rows", [

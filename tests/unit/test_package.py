@@ -24,7 +24,7 @@ def _in_fresh_python(code: str, **env) -> str:
 
 
 def test_blas_threads_sleep_only_when_dslide_set_the_variable_before_numpy_loaded_openblas():
-    probe = ("import os, dslide; from dslide.train import _blas_threads; from dslide.network import Network; "
+    probe = ("import os, dslide; from dslide.train.loop import _blas_threads; from dslide.model.network import Network; "
              "from dslide.config import Config; "
              "lsh = Network(Config(hidden=(8,), kinds=('dense', 'lsh')), 50, 40); "
              "dense = Network(Config(hidden=(8,)), 50, 40); "
@@ -38,7 +38,7 @@ def test_blas_threads_sleep_only_when_dslide_set_the_variable_before_numpy_loade
 
 
 # ----------------------------------------------------------------------------
-# Import names: lsh/ and datasets/ install as dslide.lsh and dslide.datasets
+# Import names: dslide installs under its own name only
 # ----------------------------------------------------------------------------
 
 _PROBE = """
@@ -69,11 +69,11 @@ def _not_ours(found, *roots):
     return found is None or not any(str(r) in found for r in roots)
 
 
-def test_the_editable_install_maps_lsh_and_datasets_under_dslide_only(tmp_path):
+def test_the_editable_install_has_lsh_and_datasets_under_dslide_only(tmp_path):
     root = Path(__file__).resolve().parents[2]
     got = _probe(tmp_path)  # outside the repository: the current directory must not help
-    assert got["dslide.lsh"] == str(root / "lsh" / "__init__.py")
-    assert got["dslide.datasets"] == str(root / "datasets" / "__init__.py")
+    assert got["dslide.lsh"] == str(root / "dslide" / "lsh" / "__init__.py")
+    assert got["dslide.datasets"] == str(root / "dslide" / "datasets" / "__init__.py")
     assert _not_ours(got["lsh"], root) and _not_ours(got["datasets"], root), got
 
 
@@ -100,8 +100,7 @@ def test_the_wheel_holds_and_installs_only_dslide(tmp_path):
     src.mkdir()
     for name in ("setup.cfg", "pyproject.toml", "README.md"):
         shutil.copy(root / name, src / name)
-    for d in ("dslide", "lsh", "datasets"):
-        shutil.copytree(root / d, src / d, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(root / "dslide", src / "dslide", ignore=shutil.ignore_patterns("__pycache__"))
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index", "-q",
                     "-w", str(tmp_path / "dist"), str(src)], check=True, capture_output=True)
     (wheel,) = (tmp_path / "dist").glob("dslide-*.whl")
@@ -109,11 +108,8 @@ def test_the_wheel_holds_and_installs_only_dslide(tmp_path):
     info = f"dslide-{dslide.__version__}.dist-info"
     assert {n.split("/")[0] for n in names} == {"dslide", info}
     assert zipfile.ZipFile(wheel).read(f"{info}/top_level.txt").decode().split() == ["dslide"]
-    for d in ("dslide", "lsh", "datasets"):
-        for f in (root / d).glob("*.py"):
-            assert (f"dslide/{f.name}" if d == "dslide" else f"dslide/{d}/{f.name}") in names, f
-    for f in (root / "dslide").glob("*/*.py"):  # subpackages: setup.cfg must list each
-        assert f"dslide/{f.parent.name}/{f.name}" in names, f
+    for f in (root / "dslide").rglob("*.py"):  # subpackages too: setup.cfg must list each
+        assert f.relative_to(root).as_posix() in names, f
     site = tmp_path / "site"
     subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--no-index", "-q", "--target", str(site),
                     str(wheel)], check=True, capture_output=True)

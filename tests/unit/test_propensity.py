@@ -14,7 +14,7 @@ import pytest
 import scipy.sparse as sp
 
 from dslide import cli, propensity
-from dslide.data import read_xmc
+from dslide.io.data import read_xmc
 from dslide.metrics import inverse_propensity, psprecision_at_k
 
 # Training labels: 4 points, 3 labels; label 0 on 3 points, label 1 on 1, label 2 on none.
@@ -90,8 +90,8 @@ def test_eval_uses_the_training_propensities_saved_with_the_run(tiny_run, capsys
     assert "A = 0.6, B = 2.6" in out
     # and not the figure the test file's own propensities give
     from dslide import train as T
-    from dslide.session import load_model
     from dslide.comm import Comm
+    from dslide.session import load_model
 
     Yt = read_xmc(test).Y
     pred = T.predict_topk(load_model(str(run_dir), Comm()), read_xmc(test).X, 5)
@@ -174,8 +174,8 @@ def test_eval_recomputes_psp_from_the_saved_counts_with_other_constants(tiny_run
     out = capsys.readouterr().out
     ev = json.loads((run_dir / "metrics.json").read_text())["eval"]
     from dslide import train as T
-    from dslide.session import load_model
     from dslide.comm import Comm
+    from dslide.session import load_model
 
     Ytr, te = read_xmc(train).Y, read_xmc(test)
     N = Ytr.shape[0]

@@ -7,8 +7,8 @@ import shutil
 
 import pytest
 
-from dslide import checkpoint as ck
 from dslide import cli
+from dslide.io import checkpoint as ck
 
 from tests.conftest import TINY as S, tiny_run  # noqa: E402
 

@@ -97,7 +97,7 @@ def test_a_failed_export_leaves_no_directory_and_a_retry_works(world, tmp_path, 
 
 def _failing_save(monkeypatch):
     """ck.save that writes a checkpoint and then fails (a disk filling up at its end)."""
-    from dslide import checkpoint as ck
+    from dslide.io import checkpoint as ck
 
     real = ck.save
 

@@ -14,10 +14,10 @@ from hypothesis import strategies as st
 
 from dslide.comm import Comm
 from dslide.config import Config
-from dslide.replicas import Replicas
-from dslide.replicas.board import STEP_BITS, pub_word
-from dslide.replicas.partial import fresh_partners, stale_limit
-from dslide.sharding import moves, replica_place, shard_bounds, shard_range, speed_weights
+from dslide.model.sharding import moves, replica_place, shard_bounds, shard_range, speed_weights
+from dslide.train.replicas import Replicas
+from dslide.train.replicas.board import STEP_BITS, pub_word
+from dslide.train.replicas.partial import fresh_partners, stale_limit
 
 ROOT = Path(__file__).resolve().parents[2]
 MPIEXEC = Path(sys.executable).with_name("mpiexec")

@@ -7,7 +7,7 @@ import shutil
 import pytest
 
 from dslide import cli
-from dslide.data import checksum, read_xmc
+from dslide.io.data import checksum, read_xmc
 
 from tests.conftest import TINY as S, tiny_run  # noqa: E402
 
@@ -49,7 +49,7 @@ def test_the_checksum_is_of_the_content_not_the_file():
     import numpy as np
     import scipy.sparse as sp
 
-    from dslide.data import XMCData
+    from dslide.io.data import XMCData
 
     X = sp.csr_matrix(np.array([[0, 1.5, 0], [2, 0, 0]], np.float32))
     Y = sp.csr_matrix(np.array([[1, 0], [0, 1]], np.float32))

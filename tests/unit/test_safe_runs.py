@@ -20,16 +20,17 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
-from dslide import cli, rundir, session
-from dslide import checkpoint as ck
-from dslide import checkpoint_files as ckf
-from dslide import data as D
-from dslide import xmc_cache as C
+from dslide import cli, session
 from dslide.cli import common
 from dslide.cli import train as cli_train
 from dslide.comm import Comm
 from dslide.config import Config, LSHConfig
-from dslide.data import XMCCacheWarning, cache_path, read_xmc, write_xmc
+from dslide.io import checkpoint as ck
+from dslide.io import checkpoint_files as ckf
+from dslide.io import data as D
+from dslide.io import rundir
+from dslide.io import xmc_cache as C
+from dslide.io.data import XMCCacheWarning, cache_path, read_xmc, write_xmc
 from tests import faults
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -162,7 +163,7 @@ def test_a_loss_that_becomes_nan_stops_training_naming_the_step_and_keeps_the_la
 
 
 def _network_of(run_dir):
-    from dslide.network import Network
+    from dslide.model.network import Network
 
     path = ck.latest(run_dir)
     manifest = ck.read_manifest(path)
@@ -270,7 +271,7 @@ def test_a_stale_lock_is_taken_over_and_a_live_or_foreign_one_is_not(tmp_path):
 
 _TAKER = """
 import sys, time
-from dslide import rundir
+from dslide.io import rundir
 try:
     lock = rundir.RunLock.acquire(sys.argv[1], "taker")
 except rundir.RunDirError:
@@ -293,7 +294,7 @@ def test_processes_taking_over_one_stale_lock_at_once_leave_it_to_exactly_one(tm
 
 
 def test_a_lock_is_released_when_its_process_exits_without_releasing_it(tmp_path):
-    code = f"from dslide import rundir; lock = rundir.RunLock.acquire({str(tmp_path)!r}, 't'); print('held')"
+    code = f"from dslide.io import rundir; lock = rundir.RunLock.acquire({str(tmp_path)!r}, 't'); print('held')"
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert p.stdout.strip() == "held", p.stderr
     assert not (tmp_path / rundir.LOCK_NAME).exists()  # atexit
@@ -553,7 +554,7 @@ def test_eval_does_not_write_into_a_run_another_process_holds(trained, data, tmp
 
 
 def test_rows_near_float32s_maximum_are_normalised_not_zeroed():
-    from dslide import inputs as I
+    from dslide.model import inputs as I
 
     X = sp.csr_matrix(np.array([[3.0e38, 3.0e38, 0.0], [1.0, 0.0, 2.0]], dtype=np.float32))
     norms = I.input_norms(X, "l2")
@@ -579,22 +580,13 @@ def test_huge_values_without_normalisation_stop_training_instead_of_ending_well(
     assert math.isfinite(strict_json((tmp_path / "l2" / "log.jsonl").read_text().splitlines()[-1])["loss"])
 
 
-# -- 11. lsh/ and datasets/ import as dslide.lsh and dslide.datasets only ----------------------------
-
-
-@pytest.mark.parametrize("name, right", [("lsh", "dslide.lsh"), ("datasets", "dslide.datasets"),
-                                         ("lsh.dwta", "dslide.lsh"), ("datasets.synthetic", "dslide.datasets")])
-def test_importing_the_folders_under_another_name_fails_naming_the_right_one(name, right):
-    p = subprocess.run([sys.executable, "-c", f"import {name}"], capture_output=True, text=True, cwd=ROOT,
-                       timeout=120)
-    assert p.returncode != 0
-    assert f"ImportError: this folder is the package {right}" in p.stderr and f"import {right} instead" in p.stderr
+# -- 11. a kernel cached under another module name is not loaded ------------------------------------
 
 
 _WRONG_NAME = """
 import sys, types
 import numpy as np
-pkg = types.ModuleType("lsh")  # what `import lsh` from the repository root did before it failed
+pkg = types.ModuleType("lsh")  # the folder imported under a name not its own
 pkg.__path__ = [sys.argv[1]]
 sys.modules["lsh"] = pkg
 import lsh.dwta

@@ -34,11 +34,11 @@ import warnings
 import numpy as np
 import pytest
 
-from dslide.data import XMCFormatWarning, read_xmc
 from dslide.datasets import amazon670k as az
 from dslide.datasets import baskets as bk
 from dslide.datasets import suite
 from dslide.datasets import synthetic as syn
+from dslide.io.data import XMCFormatWarning, read_xmc
 
 NEW_PRESETS = [(bk, name) for name in bk.PRESETS] + [(az, name) for name in az.PRESETS]
 HEAD_BAND, TAIL_BAND = (0.10, 0.20), (0.01, 0.03)

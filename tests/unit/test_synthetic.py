@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from dslide.datasets import synthetic as syn
-from dslide.data import XMCData, XMCFormatWarning, read_xmc
+from dslide.io.data import XMCData, XMCFormatWarning, read_xmc
 
 
 @pytest.fixture(scope="module")

@@ -22,11 +22,11 @@ import numpy as np
 import scipy.sparse as sp
 from threadpoolctl import threadpool_limits
 
-from dslide import inputs as I
 from dslide import train as T
 from dslide.config import Config, LSHConfig
 from dslide.datasets.synthetic import generate_split
-from dslide.network import Network
+from dslide.model import inputs as I
+from dslide.model.network import Network
 
 kind = sys.argv[1]
 data, _ = generate_split("tiny", n_train=300, n_test=10, seed=1)
@@ -38,7 +38,7 @@ else:
                  min_active_share=0.5, max_active=24, rehash_every=2, rebuild_every=3), **base)
 cfg = cfg.resolve(data.n_labels)
 numba.set_num_threads(1)
-from dslide import kernels as K
+from dslide.model import kernels as K
 assert K.thread_scratch(5, np.float32).shape == (2, 5)  # a row for every thread numba may run later
 out = {}
 with threadpool_limits(1, user_api="blas"):

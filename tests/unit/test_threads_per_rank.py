@@ -34,9 +34,9 @@ def test_notice_only_when_the_threads_exceed_the_cores(monkeypatch):
 def test_training_threads_follow_the_split_and_numba_caps_them(monkeypatch):
     import numba
 
-    from dslide import train as T
     from dslide.config import Config
+    from dslide.train import loop as T
 
     monkeypatch.setattr(T, "default_threads", lambda: 1)
-    assert T._threads(Config()) == 1
-    assert T._threads(Config(threads=1024)) == numba.config.NUMBA_NUM_THREADS
+    assert T.rank_threads(Config()) == 1
+    assert T.rank_threads(Config(threads=1024)) == numba.config.NUMBA_NUM_THREADS

@@ -1,4 +1,4 @@
-"""The one order of tied scores (dslide.topk): higher score first, then the lower label id, the
+"""The one order of tied scores (dslide.model.topk): higher score first, then the lower label id, the
 same in the exact top k, the merge over ranks, the prediction files and every metric.
 
 Before it was pinned, the exact top k kept an arbitrary member of a tie straddling the k-th
@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
-from dslide import formats, metrics
-from dslide.topk import best_columns, blocked_topk, merge_topk, scores_topk
+from dslide import metrics
+from dslide.io import formats
+from dslide.model.topk import best_columns, blocked_topk, merge_topk, scores_topk
 
 
 def _reference(S: np.ndarray, k: int) -> np.ndarray:

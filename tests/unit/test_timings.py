@@ -5,9 +5,9 @@ import numpy as np
 import scipy.sparse as sp
 
 from dslide.config import Config, LSHConfig
-from dslide.network import Network
+from dslide.model.inputs import csr_parts, make_batch
+from dslide.model.network import Network
 from dslide.timings import STEP_PHASES, Timings, upkeep_name
-from dslide.inputs import csr_parts, make_batch
 from dslide.train import Alone, checkpoint_steps
 
 

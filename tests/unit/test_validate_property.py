@@ -78,7 +78,7 @@ KERNEL_CHECK = textwrap.dedent("""
     import sys
     import numpy as np
     import scipy.sparse as sp
-    from dslide.kernels import csr_times_rows, gather_rows
+    from dslide.model.kernels import csr_times_rows, gather_rows
 
     # boundscheck is on: a deliberate bad index raises (else this process would test nothing)
     try:

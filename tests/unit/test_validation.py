@@ -1,4 +1,4 @@
-"""The validation split and the choices made on it (dslide.validation): the split is a
+"""The validation split and the choices made on it (dslide.train.validation): the split is a
 function of the seed alone and disjoint from the gradient's points; each choice keeps its
 no-op on data built so that the no-op is best, and takes the other candidate on data built
 so that it helps; early stopping keeps the best epoch's weights."""
@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
-from dslide import validation as V
 from dslide.infer import fusion
+from dslide.train import validation as V
 
 
 def test_the_split_is_a_function_of_the_seed_and_its_size_follows_the_rule():
@@ -28,7 +28,7 @@ def test_split_parts_are_disjoint_and_cover_the_data():
     n = 3000
     X = sp.csr_matrix(np.arange(n, dtype=np.float32)[:, None] + 1)  # row i holds the value i + 1
     Y = sp.csr_matrix((np.ones(n, np.float32), rng.integers(0, 50, n), np.arange(n + 1)), shape=(n, 50))
-    from dslide.data import XMCData
+    from dslide.io.data import XMCData
 
     fit, val, rows = V.split(XMCData(X, Y), seed=3)
     got_fit = set(fit.X.toarray()[:, 0].astype(int) - 1)
@@ -159,7 +159,7 @@ def test_fit_holds_the_validation_points_out_and_picks_the_noop_on_independent_l
     gradient steps cover only the points outside the validation split."""
     from dslide import train as T
     from dslide.config import Config
-    from dslide.data import XMCData
+    from dslide.io.data import XMCData
 
     rng = np.random.default_rng(5)
     n, f, L = 2400, 300, 5000
@@ -211,7 +211,7 @@ def test_the_probe_scores_the_best_of_its_grid_the_network_alone_included():
     n = X.shape[0]
     q = np.arange(0, n, 6)
     keep = np.setdiff1d(np.arange(n), q)
-    from dslide.data import XMCData
+    from dslide.io.data import XMCData
 
     probe = V.FusionProbe.build(XMCData(X[keep], Y[keep]), XMCData(X[q], Y[q]), (10, 5, 20), True, 8)
     rng = np.random.default_rng(1)
@@ -229,7 +229,7 @@ def test_the_probe_scores_the_best_of_its_grid_the_network_alone_included():
 def test_a_busy_stage_says_so_every_few_seconds(capsys):
     import time
 
-    from dslide.infer.build import _busy
+    from dslide.train.infer_build import _busy
 
     with _busy("building something", True, every=0.2):
         time.sleep(0.5)
@@ -244,7 +244,7 @@ def test_the_index_build_keeps_what_training_recorded():
     """build_index adds its timings to model.index_info; the early-stopping record stays."""
     from dslide import train as T
     from dslide.config import Config, LSHConfig
-    from dslide.data import XMCData
+    from dslide.io.data import XMCData
 
     rng = np.random.default_rng(6)
     n, f, L = 2400, 200, 5000

@@ -12,8 +12,8 @@ from dslide import cli, warm
 
 # kernels every demo run calls: the parser, the step, the candidate tables, the inference
 # index and the neighbours' labels
-DEMO_KERNELS = ("dslide.xmc_parse._parse_body", "dslide.kernels.csr_times_rows", "dslide.kernels.rows_grad_adam",
-                "dslide.kernels.adam_dense", "dslide.lsh.anchors.top_rows", "dslide.lsh.rerank.topk_by_anchor",
+DEMO_KERNELS = ("dslide.io.xmc_parse._parse_body", "dslide.model.kernels.csr_times_rows", "dslide.model.kernels.rows_grad_adam",
+                "dslide.model.kernels.adam_dense", "dslide.lsh.anchors.top_rows", "dslide.lsh.rerank.topk_by_anchor",
                 "dslide.lsh.neighbors.beam_search", "dslide.infer.fusion.search", "dslide.infer.fusion.fuse",
                 "dslide.datasets.synthetic._draw_points")
 

@@ -2,7 +2,7 @@
 import json, sys
 import dslide
 from dslide.comm import Comm
-from dslide.data import read_xmc
+from dslide.io.data import read_xmc
 d = sys.argv[1]
 model = dslide.Model.load(d, comm=Comm())
 X = read_xmc(d + "/queries.txt").X

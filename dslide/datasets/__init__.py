@@ -1,0 +1,1 @@
+"""Synthetic extreme-classification data and converters for real formats."""

@@ -1,0 +1,469 @@
+"""Numba kernels of the training step: pure functions over flat arrays.
+
+Shapes use B for the batch, d for a layer's input width, n for the neurons a
+rank owns in a layer, A for the most active neurons per sample. Arrays are
+float32 in training and float64 in gradient checks: the kernels are generic
+in the float type, they allocate nothing of their own in hot loops.
+
+Denormals: a float32 softmax over many neurons produces exp() values and
+squared gradients below 1e-38 that make every later multiply slow (x86
+handles subnormals in microcode). Exponents below -80 are flushed to zero
+and Adam moments below 1e-30 likewise, so no subnormal ever enters a loop.
+
+Determinism: every sum runs in sample order inside one thread, and the
+threads split the rows of an array, never a row, so each element takes the
+same (vectorised or scalar: under fastmath they may round differently) code
+path whatever the thread count; these kernels' results do not depend on the
+number of threads (tests/unit/test_threads.py checks whole training steps at
+1 and 2 threads). The BLAS products beside them may round differently with
+another thread count: a run is reproducible for a given seed and thread count.
+
+Compilation: every kernel here, in dslide.rng and in dslide.lsh is cached on
+disk (cache=True), the parallel ones too, so only a process's first run after
+a change compiles. numba 0.68 loads a cached parallel kernel at any thread
+count (tests/unit/test_numba_cache.py; older numba versions crashed). numba keys
+its cache by the file that defines a kernel: after editing dslide/rng.py,
+dslide/model/bfloat16.py, dslide/lsh/_common.py or dslide/lsh/_topk.py, whose functions other
+files' kernels inline, delete the __pycache__/*.nbi and *.nbc files (or touch
+those files).
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+from numba import get_thread_id, njit, prange
+
+from dslide import rng
+from dslide.lsh.anchors import union_per_query
+from dslide.model.bfloat16 import load, row_seed, store_nearest, store_stochastic
+
+EXP_FLOOR = -80.0  # exp(-80) = 1.8e-35: still a normal float32
+TINY = 1e-30
+
+
+# ----------------------------------------------------------------------------
+# batches
+# ----------------------------------------------------------------------------
+
+
+@njit(cache=True)
+def gather_rows(indptr, indices, data, rows):
+    """CSR rows `rows` of a matrix: (indptr int64 [len(rows)+1], indices int32, data)."""
+    n = rows.shape[0]
+    out_ptr = np.zeros(n + 1, dtype=np.int64)
+    for i in range(n):
+        r = rows[i]
+        out_ptr[i + 1] = out_ptr[i] + indptr[r + 1] - indptr[r]
+    out_idx = np.empty(out_ptr[n], dtype=np.int32)
+    out_val = np.empty(out_ptr[n], dtype=data.dtype)
+    for i in range(n):
+        r = rows[i]
+        s = indptr[r]
+        o = out_ptr[i]
+        for e in range(indptr[r + 1] - s):
+            out_idx[o + e] = indices[s + e]
+            out_val[o + e] = data[s + e]
+    return out_ptr, out_idx, out_val
+
+
+@njit(cache=True)
+def row_norms(indptr, data, out):
+    """out[i] = sqrt(sum of data[e]^2 over row i), squared and summed in float64 (out: float64;
+    float32 values near float32's maximum would overflow their own type); 1 for a row of zeros."""
+    for i in range(indptr.shape[0] - 1):
+        s = 0.0
+        for e in range(indptr[i], indptr[i + 1]):
+            v = np.float64(data[e])  # (numba's float() of a float32 stays float32)
+            s += v * v
+        out[i] = np.sqrt(s) if s > 0.0 else 1.0
+
+
+# ----------------------------------------------------------------------------
+# dense layers over sparse inputs: z[i] = b + sum_f x[i, f] W[f]
+# ----------------------------------------------------------------------------
+
+
+@njit(parallel=True, fastmath=True, cache=True)
+def csr_times_rows(indptr, indices, data, W, b, out):
+    """out[i, :] = b + sum_{e in row i} data[e] * W[indices[e], :].
+
+    indptr int64 [B+1], indices int32, data float [nnz]; W float [d_in, n]
+    (input-major), b float [n], out float [B, n].
+    """
+    B = indptr.shape[0] - 1
+    n = W.shape[1]
+    for i in prange(B):
+        for k in range(n):
+            out[i, k] = b[k]
+        for e in range(indptr[i], indptr[i + 1]):
+            f = indices[e]
+            x = data[e]
+            for k in range(n):
+                out[i, k] += x * W[f, k]
+
+
+# ----------------------------------------------------------------------------
+# softmax cross-entropy, split over ranks (the exponentials are numpy's SIMD
+# np.exp; these kernels are the fused passes around them)
+# ----------------------------------------------------------------------------
+
+
+@njit(parallel=True, cache=True)
+def shift_rows(z, m):
+    """In place: z[i, :] -= m[i] (m float64 [B]; rows of -inf stay -inf).
+
+    No fastmath: unused slots hold -inf, and fastmath lets LLVM assume no value
+    is infinite (its result on -inf is then undefined).
+    """
+    for i in prange(z.shape[0]):
+        mi = z.dtype.type(m[i])
+        for a in range(z.shape[1]):
+            z[i, a] -= mi
+
+
+@njit(parallel=True, cache=True)
+def flush_sum_rows(e, out):
+    """In place: e[i, a] = 0 where e < TINY (no subnormal leaves); out[i] += sum_a e[i, a] (float64)."""
+    tiny = e.dtype.type(TINY)
+    zero = e.dtype.type(0.0)
+    for i in prange(e.shape[0]):
+        s = 0.0
+        for a in range(e.shape[1]):
+            v = e[i, a]
+            if v < tiny:
+                v = zero
+                e[i, a] = zero
+            s += v
+        out[i] += s
+
+
+@njit(parallel=True, cache=True)
+def scale_flush_rows(e, scale):
+    """In place: e[i, :] *= scale[i], flushing results below TINY to zero."""
+    tiny = e.dtype.type(TINY)
+    zero = e.dtype.type(0.0)
+    for i in prange(e.shape[0]):
+        c = e.dtype.type(scale[i])
+        for a in range(e.shape[1]):
+            v = e[i, a] * c
+            e[i, a] = v if v >= tiny else zero
+
+
+# ----------------------------------------------------------------------------
+# Adam (Kingma & Ba 2015) with bias correction, lazy over rows; moments in a float
+# type or in bfloat16 (dslide.model.bfloat16)
+# ----------------------------------------------------------------------------
+
+MOMENT_DTYPES = {"float32": np.float32, "float64": np.float64, "bfloat16": np.uint16}
+"""Storage of Adam's moments by configuration name (bfloat16: uint16 bit patterns)."""
+
+
+@njit(cache=True, inline="always")
+def _adam_elem(w, m, v, g, hp):
+    """One Adam update of a scalar; returns (w, m, v). hp from `adam_params`.
+
+    m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g^2;
+    w -= lr_t m / (sqrt(v) + eps_t), with lr_t = lr sqrt(1 - b2^t) / (1 - b1^t) and
+    eps_t = eps sqrt(1 - b2^t): algebraically w -= lr m_hat / (sqrt(v_hat) + eps).
+    Everything stays in the arrays' float type (a float64 constant would
+    promote the whole update and stop it vectorising well).
+    """
+    m = hp[0] * m + hp[1] * g
+    v = hp[2] * v + hp[3] * g * g
+    m = m if abs(m) >= hp[6] else hp[7]
+    v = v if v >= hp[6] else hp[7]
+    return w - hp[4] * m / (np.sqrt(v) + hp[5]), m, v
+
+
+@njit(cache=True, inline="always")
+def _adam_row(w, m, v, g, hp, rk, r):
+    """Adam on row views w, m, v (moments float or bfloat16 bits) with gradient row g;
+    r: the row's local index (its stochastic-rounding position, see `rounding_key`)."""
+    seed = row_seed(rk[0], (np.uint64(r) + rk[1]) * rk[3] + rk[2])
+    for k in range(w.shape[0]):
+        wk, mk, vk = _adam_elem(w[k], load(m, k), load(v, k), g[k], hp)
+        w[k] = wk
+        store_nearest(m, k, mk)
+        store_stochastic(v, k, vk, np.uint32(seed + np.uint32(k)))
+
+
+@njit(cache=True, inline="always")
+def _adam_one(w, m, v, i, g, hp, rk):
+    """Adam on element i of 1-D w, m, v (a bias), global position i + rk[2] (row 0)."""
+    wk, mk, vk = _adam_elem(w[i], load(m, i), load(v, i), g, hp)
+    w[i] = wk
+    store_nearest(m, i, mk)
+    store_stochastic(v, i, vk, row_seed(rk[0], rk[1] * rk[3] + rk[2] + np.uint64(i)))
+
+
+def adam_params(lr: float, b1: float, b2: float, eps: float, t: int, dtype) -> np.ndarray:
+    """Adam's constants at step t >= 1 as an array of `dtype` for the kernels:
+    [b1, 1 - b1, b2, 1 - b2, lr_t, eps_t, TINY, 0]."""
+    c2 = np.sqrt(1.0 - b2**t)
+    return np.array([b1, 1.0 - b1, b2, 1.0 - b2, lr * c2 / (1.0 - b1**t), eps * c2, TINY, 0.0], dtype=dtype)
+
+
+NO_ROUNDING = np.zeros(4, dtype=np.uint64)
+"""`rounding_key` stand-in for moments stored in a float type (nothing is drawn). Callers pass
+it explicitly: an omitted array argument is typed by its value, which numba's on-disk cache
+cannot match across processes (the kernel would compile in every run)."""
+
+
+@njit(parallel=True, fastmath=True, cache=True)
+def adam_dense(W, M, V, G, hp, rk=NO_ROUNDING):
+    """Adam on every element of W (W, M, V, G: C-contiguous, same shape, 1-D or 2-D;
+    M, V float or bfloat16 bits; rk from `rounding_key` for W's layout).
+
+    Rows in parallel, each row's elements in one loop, so an element takes the
+    same (vectorised or scalar) path whatever the thread count. A 1-D array is one row.
+    """
+    C = W.shape[-1]
+    w = W.reshape((-1, C))
+    m = M.reshape((-1, C))
+    v = V.reshape((-1, C))
+    g = G.reshape((-1, C))
+    for r in prange(w.shape[0]):
+          _adam_row(w[r], m[r], v[r], g[r], hp, rk, r)
+
+
+@njit(cache=True)
+def group_by_row(rows, n_rows, count, order):
+    """Counting sort of entry indices by their row, stable in entry order.
+
+    rows int32 [E] in [0, n_rows); count int32 [n_rows] all zero on entry
+    (scratch, zero again on return). Returns (touched int32 [T]: the rows
+    seen, in order of first appearance; start int64 [T + 1]) and fills
+    order int64 [E] so that entries of touched[t] are order[start[t]:start[t+1]].
+    """
+    E = rows.shape[0]
+    touched = np.empty(min(E, n_rows), dtype=np.int32)
+    T = 0
+    for e in range(E):
+          r = rows[e]
+          if count[r] == 0:
+                touched[T] = r
+                T += 1
+          count[r] += 1
+    start = np.empty(T + 1, dtype=np.int64)
+    start[0] = 0
+    for t in range(T):
+          r = touched[t]
+          start[t + 1] = start[t] + count[r]
+          count[r] = np.int32(start[t])  # becomes the write cursor of row r
+    for e in range(E):
+          r = rows[e]
+          order[count[r]] = e
+          count[r] += 1
+    for t in range(T):
+          count[touched[t]] = 0
+    return touched[:T], start
+
+
+@njit(parallel=True, fastmath=True, cache=True)
+def rows_grad_adam(touched, start, order, samples, coefs, V, W, M, Vm, bias, bM, bV, hp, gbuf, dirty,
+                       rk=NO_ROUNDING, rkb=NO_ROUNDING):
+    """Lazy Adam on the rows of W that received gradient.
+
+    The gradient of row r is g_r = sum_{e: rows[e] = r} coefs[e] * V[samples[e], :]
+    (and, when bias has rows, g_b[r] = sum_e coefs[e]). For a sparse layer the
+    rows are active neurons, coefs the logit gradients and V the layer input;
+    for a dense layer over a sparse input the rows are input features, coefs
+    the input values and V the output gradients.
+
+    touched int32 [T], start int64 [T+1], order int64 [E] from `group_by_row`;
+    samples int32 [E]; coefs float [E]; V float [B, d]; W float [R, d], M, Vm [R, d] float
+    or bfloat16 bits; bias, bM, bV [R] or empty; hp from `adam_params`; gbuf float
+    [threads, d] scratch; dirty uint8 [R] set to 1 for every updated row; rk, rkb:
+    `rounding_key` of W and of the bias.
+    """
+    d = W.shape[1]
+    has_bias = bias.shape[0] > 0
+    for t in prange(touched.shape[0]):
+          r = touched[t]
+          g = gbuf[get_thread_id()]
+          for k in range(d):
+                g[k] = 0.0
+          gb = 0.0
+          for q in range(start[t], start[t + 1]):
+                e = order[q]
+                c = coefs[e]
+                s = samples[e]
+                gb += c
+                for k in range(d):
+                    g[k] += c * V[s, k]
+          _adam_row(W[r], M[r], Vm[r], g, hp, rk, r)
+          if has_bias:
+                _adam_one(bias, bM, bV, r, gb, hp, rkb)
+          dirty[r] = 1
+
+
+# ----------------------------------------------------------------------------
+# active sets
+# ----------------------------------------------------------------------------
+
+
+@njit(parallel=True, fastmath=True, cache=True)
+def rows_grad(touched, start, order, samples, coefs, V, G):
+    """G[r, :] = sum_{e: rows[e] = r} coefs[e] * V[samples[e], :] for the touched rows
+    (the gradient `rows_grad_adam` applies, written out densely; other rows untouched)."""
+    d = G.shape[1]
+    for t in prange(touched.shape[0]):
+          r = touched[t]
+          for k in range(d):
+                G[r, k] = 0.0
+          for q in range(start[t], start[t + 1]):
+                e = order[q]
+                c = coefs[e]
+                s = samples[e]
+                for k in range(d):
+                    G[r, k] += c * V[s, k]
+
+
+@njit(cache=True)
+def shared_sample(k, n, size, mark):
+    """`size` distinct integers of [0, n), sorted, from stream k.
+
+    Rejection against a marker array (mark uint8 [n], all zero; zero again on
+    return): O(size) draws while size <= n / 2; past that it takes every
+    neuron but a random few, equally uniform.
+    """
+    size = min(size, n)
+    take = size if 2 * size <= n else n - size
+    out = np.empty(take, dtype=np.int32)
+    c = 0
+    draw = 0
+    while c < take:
+          j = rng.randbelow(k, draw, n)
+          draw += 1
+          if mark[j] == 0:
+                mark[j] = 1
+                out[c] = j
+                c += 1
+    if take == size:
+          for a in range(take):
+                mark[out[a]] = 0
+          out.sort()
+          return out
+    keep = np.empty(size, dtype=np.int32)  # the complement of the few drawn
+    c = 0
+    for j in range(n):
+          if mark[j] == 0:
+                keep[c] = j
+                c += 1
+          else:
+                mark[j] = 0
+    return keep
+
+
+
+@njit(parallel=True, fastmath=True, cache=True)
+def adam_rows(rows, G, gb, W, M, Vm, bias, bM, bV, hp, dirty, rk=NO_ROUNDING, rkb=NO_ROUNDING):
+    """Adam on rows `rows` of W (and bias) with their gradients G [len(rows), d], gb [len(rows)]
+    (moments float or bfloat16 bits; rk, rkb: `rounding_key` of W and of the bias)."""
+    for t in prange(rows.shape[0]):
+          r = rows[t]
+          _adam_row(W[r], M[r], Vm[r], G[t], hp, rk, r)
+          _adam_one(bias, bM, bV, r, gb[t], hp, rkb)
+          dirty[r] = 1
+
+
+@njit(parallel=True, fastmath=True, cache=True)
+def adam_rows_nobias(rows, G, W, M, Vm, hp, rk=NO_ROUNDING):
+    """Adam on rows `rows` of W with their gradients G [len(rows), d] (distinct rows)."""
+    for t in prange(rows.shape[0]):
+          r = rows[t]
+          _adam_row(W[r], M[r], Vm[r], G[t], hp, rk, r)
+
+
+def thread_scratch(n: int, dtype) -> np.ndarray:
+    """A zeroed [NUMBA_NUM_THREADS, n] scratch array, one row per numba thread.
+
+    Kernels index it by get_thread_id(), which is below the thread count in
+    force when they run: sized by the most threads numba can ever run
+    (set_num_threads cannot exceed NUMBA_NUM_THREADS), not by the count when
+    the layer was built, so a later set_num_threads(more) stays in bounds.
+    """
+    return np.zeros((numba.config.NUMBA_NUM_THREADS, n), dtype=dtype)
+
+
+# ----------------------------------------------------------------------------
+# dropout and dense helpers
+# ----------------------------------------------------------------------------
+
+
+@njit(parallel=True, cache=True)
+def dropout_mask(k, sample_ids, j0, n, rate, out):
+    """out[i, j] = 1 / (1 - rate) with probability 1 - rate, else 0, from stream k at (sample,
+    column j0 + j): columns j0..j0+n-1 of the whole layer's mask."""
+    keep = 1.0 / (1.0 - rate)
+    for i in prange(sample_ids.shape[0]):
+          ks = rng.key(k, sample_ids[i])
+          for j in range(n):
+                out[i, j] = keep if rng.uniform(ks, j0 + j) >= rate else 0.0
+
+
+# ----------------------------------------------------------------------------
+# each sample's own candidates (lsh.scope = "sample"): scored by gathers beside
+# the shared block, a few per sample
+# ----------------------------------------------------------------------------
+
+
+#: per sample i, the first k distinct ids of its buckets not marked (scored for every
+#: sample already), in rank order: lsh.anchors' union of buckets, per query. The name is
+#: the one dslide.model.candidates.anchor calls.
+own_candidates = union_per_query
+
+
+@njit(parallel=True, fastmath=True, cache=True)
+def own_scores(X, W, b, P, out):
+    """out[i, t] = W[P[i, t]] . X[i] + b[P[i, t]] (-inf where P[i, t] < 0)."""
+    B, k = P.shape
+    d = X.shape[1]
+    for i in prange(B):
+        for t in range(k):
+            j = P[i, t]
+            if j < 0:
+                out[i, t] = -np.inf
+                continue
+            s = 0.0
+            for c in range(d):
+                s += W[j, c] * X[i, c]
+            out[i, t] = s + b[j]
+
+
+@njit(parallel=True, fastmath=True, cache=True)
+def own_dx(G, W, P, dx):
+    """dx[i] += sum_t G[i, t] W[P[i, t]] (entries with P[i, t] < 0 skipped)."""
+    B, k = P.shape
+    d = W.shape[1]
+    for i in prange(B):
+        for t in range(k):
+            j = P[i, t]
+            if j < 0:
+                continue
+            g = G[i, t]
+            if g == 0:
+                continue
+            for c in range(d):
+                dx[i, c] += g * W[j, c]
+
+
+@njit(parallel=True, fastmath=True, cache=True)
+def own_dw(start, order, G, X, k, out, gb):
+    """out[u] = sum of G.flat[o] X[o // k] and gb[u] = sum of G.flat[o], over the occurrences
+    o = order[start[u]:start[u + 1]] of row u (out [U, d], gb [U])."""
+    U = start.shape[0] - 1
+    d = X.shape[1]
+    for u in prange(U):
+        for c in range(d):
+            out[u, c] = 0.0
+        s = 0.0
+        for q in range(start[u], start[u + 1]):
+            o = order[q]
+            i = o // k
+            g = G[i, o - i * k]
+            s += g
+            for c in range(d):
+                out[u, c] += g * X[i, c]
+        gb[u] = s

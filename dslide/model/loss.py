@@ -1,0 +1,113 @@
+"""The output layer's losses over logits split over ranks.
+
+Softmax cross-entropy (`loss = "softmax"`):
+
+Each rank computes its local statistics (`softmax_stats`), the network
+exchanges them (one all-reduce of per-sample max and sum of exponentials,
+`Comm.allreduce_logsumexp`), and each rank finishes its own slice
+(`softmax_finish`). `label_targets` says which of the batch's labels a rank's
+columns hold.
+
+Binary cross-entropy (`loss = "bce"`, `bce_finish`): one sigmoid per label, so each
+rank finishes its own slice with no exchange.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+from dslide.model import kernels
+
+
+def label_targets(Y, lo: int, hi: int):
+    """The batch's labels owned by columns [lo, hi): (rows int64, local cols int64, weights float64).
+
+    Each sample's labels share its unit of target mass: weight 1 / |labels|.
+    """
+    yp, yi = Y
+    per = np.diff(yp)
+    rows = np.repeat(np.arange(per.shape[0]), per)
+    w = 1.0 / per[rows]
+    sel = (yi >= lo) & (yi < hi)
+    return rows[sel], yi[sel].astype(np.int64) - lo, w[sel]
+
+
+def softmax_stats(z):
+    """Per sample, this rank's (m_i = max_j z_ij, s_i = sum_j exp(z_ij - m_i)) as float64 [B] each.
+
+    In place, z becomes exp(z - m) (rows of -inf: m = -inf, s = 0, z = 0);
+    values below kernels.TINY are flushed to zero (no subnormal leaves).
+    """
+    B = z.shape[0]
+    m = np.full(B, -np.inf)
+    if z.shape[1]:
+        np.maximum(m, z.max(axis=1), out=m)
+    m_safe = np.where(np.isfinite(m), m, 0.0)
+    kernels.shift_rows(z, m_safe)
+    np.exp(z, out=z)
+    se = np.zeros(B)
+    kernels.flush_sum_rows(z, se)
+    return m, se
+
+
+def softmax_finish(e, m, gmax, gsum, targets, y_logit, lab_ptr, mean_over: int) -> float:
+    """dz = (p - y) / N in place of e = exp(z - m) (from `softmax_stats`), given the
+    normaliser (gmax, gsum) of every rank's logits; returns this rank's share of
+    the batch's mean loss -sum y log p / N (N = mean_over).
+
+    targets (rows, cols, weights) index e; y_logit float64: the logits at the
+    targets, read before `softmax_stats`. A sample without labels gets dz = 0.
+    """
+    B = lab_ptr.shape[0] - 1
+    N = mean_over
+    ok = (np.diff(lab_ptr) > 0) & (gsum > 0)
+    m_safe = np.where(np.isfinite(m), m, 0.0)
+    scale = np.zeros(B)
+    scale[ok] = np.exp(m_safe[ok] - gmax[ok]) / gsum[ok] / N
+    kernels.scale_flush_rows(e, scale)
+    rows, cols, w = targets
+    np.subtract.at(e, (rows, cols), (w / N).astype(e.dtype))
+    return float(np.sum(w * (np.log(gsum[rows]) + gmax[rows] - y_logit))) / N
+
+
+
+@njit(parallel=True, cache=True)
+def _sigmoid_softplus(z):
+    """In place z <- sigmoid(z) (values below kernels.TINY flushed to 0); returns each row's
+    sum of softplus(z) = log(1 + e^z), float64 [B] (summed outside: a reduction here would
+    depend on the number of threads). An entry of -inf (a padding slot) becomes 0 and adds 0."""
+    B, m = z.shape
+    part = np.zeros(B)
+    for i in prange(B):
+        acc = 0.0
+        for j in range(m):
+            v = np.float64(z[i, j])
+            if v == -np.inf:
+                z[i, j] = 0.0
+                continue
+            if v >= 0.0:
+                e = np.exp(-v)
+                acc += v + np.log1p(e)
+                z[i, j] = 1.0 / (1.0 + e)
+            else:
+                e = np.exp(v)
+                acc += np.log1p(e)
+                p = e / (1.0 + e)
+                z[i, j] = p if p >= 1e-30 else 0.0
+        part[i] = acc
+    return part
+
+
+def bce_finish(z, targets, mean_over: int) -> float:
+    """dz = (sigmoid(z) - y) / N in place of the logits z [B, m], y = 1 at the targets
+    (rows, cols, _: each sample's labels among the columns) and 0 elsewhere; returns
+    this rank's share of the batch's loss sum_ij (log(1 + e^z_ij) - y_ij z_ij) / N
+    (N = mean_over). Every column is a negative of every sample it is not a label of."""
+    rows, cols, _ = targets
+    N = mean_over
+    y_sum = float(np.sum(z[rows, cols], dtype=np.float64))
+    total = float(np.sum(_sigmoid_softplus(z)))
+    np.subtract.at(z, (rows, cols), z.dtype.type(1.0))
+    z *= z.dtype.type(1.0 / N)
+    return (total - y_sum) / N

@@ -1,0 +1,245 @@
+"""Building the model's inference parts at the end of training.
+
+`build_index`: the inference index of an output layer that can have one
+(dslide.infer.index), from its final weights and the hidden vectors of some
+training points. `build_neighbours`: the neighbour store (dslide.infer.fusion)
+of the training data, with what is left to choose about fusing it (the count,
+the prototypes' share, the weight) chosen on the validation split
+(dslide.train.validation.choose_fusion). `epoch_scorer` scores the model through
+the pipeline for the epoch checks of early stopping. Both parts are kept on
+the model (`Model.index`, `Model.neighbours`), never on a layer.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import threading
+import time
+
+import numpy as np
+import scipy.sparse as sp
+
+from dslide import metrics
+from dslide.config import Config, knn_default, points_per_label
+from dslide.infer.fusion import NeighbourLabels
+from dslide.infer.index import InferenceIndex
+from dslide.infer.parts import index_seed
+from dslide.infer.predict import predict_topk_scores
+from dslide.model.inputs import csr_parts, input_norms, make_batch
+from dslide.train import validation
+
+
+def fusion_counts(cfg: Config) -> tuple:
+    return validation.FUSION_COUNTS if cfg.knn is None else (cfg.knn,)
+
+
+def fusion_probe(model, fit_data, val) -> validation.FusionProbe:
+    """The neighbour store of the gradient's points and the validation points' neighbours and
+    prototypes, for the epoch checks and the fusion choice (dslide.train.validation)."""
+    cfg = model.config
+    t0 = time.perf_counter()
+    probe = validation.FusionProbe.build(fit_data, val, fusion_counts(cfg), cfg.proto_weight != 0,
+                                         cfg.proto_candidates, model.comm)
+    model.index_info["probe_s"] = time.perf_counter() - t0
+    return probe
+
+
+def epoch_scorer(model, val, probe):
+    """scorer(model) -> (P@1, P@5) on the validation rows the epoch checks score
+    (`validation.check_rows`): the network alone, or with a probe the best of its fusion grid."""
+    rows = validation.check_rows(val.n_points, val.n_labels)
+    X, truth = sp.csr_matrix(val.X)[rows], sp.csr_matrix(val.Y)[rows]
+    cfg = model.config
+
+    def scorer(m) -> tuple[float, float]:
+        if probe is None:
+            r = metrics.evaluate(truth, predict_topk_scores(m, X, 5, fused=False)[0], k=5)
+            return float(r["p@1"]), float(r["p@5"])
+        ids, logits = predict_topk_scores(m, X, max(5, cfg.knn_candidates), exact=True, fused=False)
+        return probe.best(ids, logits, rows, cfg.knn_power, cfg.proto_power)
+
+    return scorer
+
+
+def fusion_pending(config: Config, train) -> bool:
+    """Whether the end of training fuses the neighbours' labels with something left to choose
+    (the count, the prototypes' share or the weight)."""
+    k = config.knn if config.knn is not None else knn_default(train.n_labels, points_per_label(train.Y))
+    return bool(k) and (config.knn is None or config.knn_weight is None or config.proto_weight is None)
+
+
+def build_neighbours(model, train, progress: bool = False, val=None, fit_data=None, probe=None) -> None:
+    """The model's neighbour store (`Model.neighbours`, dslide.infer.fusion) from the training data, when
+    `knn` > 0 or left to the data and on: every rank builds the same store, a function of
+    the data alone, with the label prototypes unless proto_weight is 0.
+
+    What is left at None (the count from FUSION_COUNTS, the prototypes' share from
+    FUSION_SHARES, the weight from FUSION_WEIGHTS) is chosen on the validation points `val`
+    (dslide.train.validation.choose_fusion) with a store of the gradient's points `fit_data`; the
+    no-op, weight 0 (the network alone), is always a candidate and, when chosen, no store
+    is kept. Otherwise the store is rebuilt from every training point with the choice kept
+    in it. Without validation points nothing can be checked: a store whose settings are
+    all given is built, and one with anything left to choose is not (the network alone).
+    model.index_info gets the figures behind the choice and the seconds taken.
+    progress: a progress bar (tqdm, stderr) of its stages."""
+    t0 = time.perf_counter()
+    cfg = model.config
+    k = cfg.knn if cfg.knn is not None else knn_default(train.n_labels, points_per_label(train.Y))
+    model.neighbours = None
+    if not k:
+        return
+    choosing = cfg.knn is None or cfg.proto_weight is None or cfg.knn_weight is None
+    if choosing and val is None:
+        model.index_info["fusion_choice"] = {"chosen": "off", "why": "no validation split to check it on"}
+        return
+    bar = _stage_bar(["store"] + ["validation choice", "store of every point"] * choosing,
+                     "neighbour labels") if progress else None
+    protos = cfg.proto_weight != 0
+    if choosing:
+        if probe is None:
+            probe = fusion_probe(model, fit_data, val)
+        _advance(bar)
+        counts = fusion_counts(cfg)
+        shares = validation.FUSION_SHARES if cfg.proto_weight is None else (cfg.proto_weight,)
+        weights = validation.FUSION_WEIGHTS if cfg.knn_weight is None else (0.0, cfg.knn_weight)
+        kk = max(5, cfg.knn_candidates)
+        with _busy("neighbour labels: scoring the validation points", bar is not None):
+            m_ids, m_logits = predict_topk_scores(model, val.X, kk, exact=True, fused=False)
+        (c, a, w), figures = validation.choose_fusion(
+            probe.store, probe.truth, m_ids, m_logits, probe.nn_ids, probe.nn_sims, probe.pr_ids, probe.pr_sims,
+            counts=counts,
+            shares=shares, weights=weights, power=cfg.knn_power, pr_power=cfg.proto_power)
+        _advance(bar)
+        model.index_info["fusion_choice"] = {
+            "chosen": "off" if w == 0 else {"knn": c, "proto_weight": a, "knn_weight": w},
+            "validation_points": val.n_points,
+            "p@1/p@5": {f"knn {kc} share {ka} weight {kw}": list(v) for (kc, ka, kw), v in figures.items()}}
+        if w == 0:
+            if bar is not None:
+                bar.close()
+            model.index_info["neighbours_s"] = time.perf_counter() - t0
+            return
+        store = NeighbourLabels.build(train.X, train.Y, prototypes=protos and a > 0, comm=model.comm)
+        store.k, store.share, store.weight = c, a, w
+    else:
+        store = NeighbourLabels.build(train.X, train.Y, prototypes=protos, comm=model.comm)
+        store.k, store.share, store.weight = k, cfg.proto_share(), cfg.fusion_weight()  # as given, kept with it
+    _advance(bar)
+    if bar is not None:
+        bar.close()
+    model.neighbours = store
+    model.index_info["neighbours_s"] = time.perf_counter() - t0
+
+
+@contextlib.contextmanager
+def _busy(what: str, on: bool, every: float = 6.0):
+    """While the block runs (when `on`), a line on stderr every `every` seconds saying `what` is
+    still going: a stage with no progress of its own never leaves a log silent for long."""
+    if not on:
+        yield
+        return
+    stop, t0 = threading.Event(), time.perf_counter()
+
+    def beat():
+        while not stop.wait(every):
+            print(f"[dslide] {what} ({time.perf_counter() - t0:.0f}s)", file=sys.stderr, flush=True)
+
+    thread = threading.Thread(target=beat, name="dslide-busy", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+
+
+def _stage_bar(stages: list[str], desc: str):
+    """A tqdm bar (stderr) of named stages, the current one's name beside it; `_advance` it."""
+    from tqdm import tqdm
+
+    bar = tqdm(total=len(stages), unit="stage", desc=desc, dynamic_ncols=True, leave=False)
+    bar.stages = stages
+    bar.set_postfix_str(stages[0])
+    return bar
+
+
+def _advance(bar) -> None:
+    """One stage of a `_stage_bar` done (None: no bar)."""
+    if bar is None:
+        return
+    bar.update(1)
+    if bar.n < len(bar.stages):
+        bar.set_postfix_str(bar.stages[bar.n])
+
+
+def build_index(model, train, progress: bool = False) -> dict:
+    """The model's inference index (`Model.index`) over an output layer that can have one,
+    from its final weights: anchors from the hidden vectors of at most `lsh.index_points`
+    training points (a sample chosen by the seed, the same on every rank). Returns (and adds
+    to model.index_info) its timings; {} when the output layer has no index
+    (`Layer.index_points` 0: a dense one, or lsh.index_anchors = 0). progress: a tqdm bar of
+    its two stages (the hidden vectors of the points, then anchors, buckets and graph)."""
+    net = model.network
+    out = net.layers[-1]
+    n = train.n_points
+    m = min(n, out.index_points())
+    if m == 0:
+        return {}
+    t0 = time.perf_counter()
+    rows = np.sort(np.random.default_rng([model.config.seed, 0x1DE]).choice(n, m, replace=False))
+    parts = csr_parts(train.X, net.dtype)
+    norms = input_norms(train.X, model.config.input_norm)
+    H = np.empty((m, out.d_in), np.float32)  # filled in place: no list of blocks to concatenate
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        # the second stage, anchors, buckets and the neighbour graph, counted as much as the first
+        bar = tqdm(total=2 * m, unit="point", desc="inference index", dynamic_ncols=True, leave=False)
+    for s in range(0, m, 4096):
+        batch = make_batch(parts, None, rows[s:s + 4096], net.step, norms=norms)
+        H[s:s + 4096] = net.hidden(batch).dense()
+        if bar is not None:
+            bar.update(min(m, s + 4096) - s)
+    Y = sp.csr_matrix(train.Y)[rows]
+    labels = (Y.indptr.astype(np.int64), Y.indices.astype(np.int32))
+    if bar is not None:
+        bar.set_postfix_str("anchors, buckets, neighbour graph")
+    with _busy("inference index: anchors, buckets, neighbour graph", bar is not None):
+        model.index, info = InferenceIndex.build(H, out.W, out.b, net.comm, model.config.layer_lsh(out.index), out.n,
+                                                 index_seed(model), labels)
+    # the share of the layer its buckets keep, summed over ranks
+    kept = net.comm.allreduce_sum(np.array([float(np.mean(model.index.tables.fill_count))]), kind="index")[0]
+    share = float(kept) / out.n
+    t1 = time.perf_counter()
+    if bar is not None:  # a line between the two stages: their heartbeats' silences never add up
+        bar.set_postfix_str("its query kernels")
+    with _busy("inference index: loading its query kernels", bar is not None):
+        warm_index(model)
+    info["warm_s"] = time.perf_counter() - t1
+    if bar is not None:
+        bar.update(m)
+        bar.close()
+    info.update({"points": m, "index_s": time.perf_counter() - t0, "share": share})
+    model.index_info.update(info)
+    return info
+
+
+def warm_index(model) -> None:
+    """Compile the inference index's query kernels (numba, into its on-disk cache) on a
+    tiny query of this rank's slice; nothing without an inference index.
+
+    Called at the end of `build_index`, so that the first `predict --lsh` of a run finds
+    them in the cache: compiled cold they take long enough to dominate a small
+    `predict --lsh` on a shared machine (docs/lsh.md). The query goes through the kernels
+    with the output layer's own arrays and the argument types scoring uses
+    (`InferenceIndex.topk`), so the compiled signatures are those scoring looks up.
+    """
+    if model.index is None:
+        return
+    out = model.network.layers[-1]
+    x = np.zeros((2, out.d_in), np.float32)
+    x[:, 0] = 1.0
+    # the scoring call itself (collective: every rank warms up together)
+    model.index.topk(x, out.W, out.b, 1, out.lo, model.network.comm, model.config.layer_lsh(out.index))

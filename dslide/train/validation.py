@@ -1,0 +1,247 @@
+"""The held-out validation split, and the choices training makes on it.
+
+Every choice a run makes from its data (when to stop training; whether the
+neighbours' labels are fused, how many, with what share of label prototypes
+and what weight) is judged on points that no gradient of that choice has
+seen: a validation split drawn from the training file by the seed,
+
+    n_val = clip(round(VALIDATION_SHARE * n), VALIDATION_MIN, VALIDATION_MAX_SHARE * n),
+
+the rows `validation_rows(n, seed)`: a function of the number of points and
+the seed alone, so the same at any number of ranks. The network trains on the
+other rows. Data of fewer than VALIDATION_MIN_POINTS points gets no split, and
+every choice then takes its no-op (no fusion; the epochs the rule gives).
+
+Each choice has the no-op among its candidates and keeps it unless another
+candidate's score (P@1 + P@5 on the validation points) is higher by more than
+a margin: a few thousand points measure a P@k to about a point, and a choice
+that only matches the no-op must not change the model.
+
+Early stopping (`EarlyStop`): with `early_stop` on, training runs for up to
+`epochs` (EARLY_STOP_MAX_EPOCHS when the epochs are left to the data) and
+scores the model after every epoch on `check_rows` of the validation points:
+the network alone, or, where the neighbours' labels will be fused, the best of
+a small fusion grid (`FusionProbe`), so that training stops when the model as
+it will be used stops gaining. On the first plateau the best epoch's weights
+come back at a lower learning rate; on the next training stops with them.
+
+Fusion (`choose_fusion`): before training, the neighbour store is built from
+the gradient's points and each validation point's nearest training points and
+label prototypes are found once (`FusionProbe`); after training the network's
+top candidates are scored once and every (count, share, weight) of the grid
+is scored by fusing those arrays (dslide.infer.fusion). Weight 0 is the network alone.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import scipy.sparse as sp
+
+from dslide import metrics, rng
+from dslide.infer.fusion import NeighbourLabels
+
+VALIDATION_SHARE = 0.05
+VALIDATION_MIN = 1000
+VALIDATION_MAX_SHARE = 0.25
+VALIDATION_MIN_POINTS = 2000
+#: a candidate replaces the no-op only when its P@1 + P@5 is higher by more than this
+CHOICE_MARGIN = 0.004
+#: the fusion weights tried (0: the network alone, always a candidate)
+FUSION_WEIGHTS = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
+#: the label prototypes' shares of the neighbour term tried (0: the points alone; 1: the prototypes alone)
+FUSION_SHARES = (0.0, 0.25, 0.5, 0.75, 1.0)
+#: the neighbour counts tried
+FUSION_COUNTS = (10, 5, 20)
+EARLY_STOP_MAX_EPOCHS = 10.0
+EARLY_STOP_PATIENCE = 1
+EARLY_STOP_MIN_GAIN = CHOICE_MARGIN  # below it an epoch is a plateau: the checks measure no finer
+#: on the first plateau the best epoch's weights are put back and the learning rate scaled by
+#: this; training stops at the next plateau (after EARLY_STOP_DECAYS of them)
+EARLY_STOP_DECAY = 0.25
+EARLY_STOP_DECAYS = 1
+#: the epoch checks score at most this many (point, label) pairs: clip(it / n_labels,
+#: EARLY_STOP_MIN_POINTS, the split) of the validation points, the same ones every check
+EARLY_STOP_LABEL_SCORES = 1e8
+EARLY_STOP_MIN_POINTS = 500
+#: where the neighbours' labels are fused, each epoch check scores the best of this small grid
+#: (count 10; the network alone among them), so training stops when the model as it will be
+#: used stops gaining
+PROBE_WEIGHTS = (0.0, 0.2, 0.4, 0.6, 0.8)
+PROBE_SHARES = (0.0, 0.5)
+PROBE_COUNT = 10
+
+
+def check_rows(n_val: int, n_labels: int) -> np.ndarray:
+    """The validation rows (of n_val) the epoch checks score: evenly spaced, a function of the
+    data's shape alone, so that every rank and every run scores the same ones."""
+    m = int(min(n_val, max(EARLY_STOP_MIN_POINTS, EARLY_STOP_LABEL_SCORES // max(1, n_labels))))
+    return np.unique(np.linspace(0, n_val - 1, m).round().astype(np.int64)) if n_val else np.empty(0, np.int64)
+
+
+class FusionProbe:
+    """What scoring a model fused on the validation points needs, computed once before training:
+    the neighbour store of the gradient's points (`fusion.NeighbourLabels`), each validation
+    point's `max(counts)` nearest of them and `pr_k` nearest label prototypes (None without)."""
+
+    def __init__(self, store, truth, nn_ids, nn_sims, pr_ids, pr_sims):
+        self.store, self.truth = store, sp.csr_matrix(truth)
+        self.nn_ids, self.nn_sims, self.pr_ids, self.pr_sims = nn_ids, nn_sims, pr_ids, pr_sims
+
+    @classmethod
+    def build(cls, fit_data, val, counts, prototypes: bool, pr_k: int, comm=None) -> "FusionProbe":
+        store = NeighbourLabels.build(fit_data.X, fit_data.Y, prototypes=prototypes, comm=comm)
+        nn_ids, nn_sims = store.neighbours(val.X, max(counts), comm)
+        pr_ids, pr_sims = store.prototypes(val.X, pr_k, comm) if prototypes else (None, None)
+        return cls(store, val.Y, nn_ids, nn_sims, pr_ids, pr_sims)
+
+    def best(self, m_ids, m_logits, rows, power: float, pr_power: float) -> tuple[float, float]:
+        """(P@1, P@5) of the best of the probe's small grid on validation rows `rows`, from the
+        network's candidates of those rows (m_ids, m_logits)."""
+        pr = (self.pr_ids[rows], self.pr_sims[rows]) if self.pr_ids is not None else (None, None)
+        k = min(PROBE_COUNT, self.nn_ids.shape[1])
+        _, figures = choose_fusion(self.store, self.truth[rows], m_ids, m_logits, self.nn_ids[rows][:, :k],
+                                   self.nn_sims[rows][:, :k], *pr, counts=(k,), shares=PROBE_SHARES,
+                                   weights=PROBE_WEIGHTS, power=power, pr_power=pr_power)
+        return max(figures.values(), key=sum)
+
+
+def validation_size(n_points: int) -> int:
+    """The points the validation split of n_points training points holds (0: no split)."""
+    n = int(n_points)
+    if n < VALIDATION_MIN_POINTS:
+        return 0
+    return int(min(max(round(VALIDATION_SHARE * n), VALIDATION_MIN), int(VALIDATION_MAX_SHARE * n)))
+
+
+def validation_rows(n_points: int, seed: int) -> np.ndarray:
+    """The validation rows of n_points training points: int64, sorted; empty when the data is too
+    small for a split. A function of (n_points, seed) alone."""
+    m = validation_size(n_points)
+    if m == 0:
+        return np.empty(0, np.int64)
+    pick = np.random.default_rng(rng.lsh_seed(seed, rng.VALIDATION))
+    return np.sort(pick.choice(int(n_points), m, replace=False)).astype(np.int64)
+
+
+def split(data, seed: int):
+    """(the gradient's part, the validation part, the validation rows) of an XMCData; the
+    validation part is None when the data gets no split."""
+    from dslide.io.data import XMCData
+
+    rows = validation_rows(data.n_points, seed)
+    if rows.size == 0:
+        return data, None, rows
+    keep = np.ones(data.n_points, bool)
+    keep[rows] = False
+    X, Y = sp.csr_matrix(data.X), sp.csr_matrix(data.Y)
+    return XMCData(X[keep], Y[keep]), XMCData(X[rows], Y[rows]), rows
+
+
+def score(metrics: dict) -> float:
+    """What the choices maximise: P@1 + P@5."""
+    return float(metrics["p@1"]) + float(metrics["p@5"])
+
+
+def pick(scores: dict, noop, margin: float = CHOICE_MARGIN):
+    """The key of `scores` ({candidate: score}) with the highest score, or `noop` unless that
+    score beats the no-op's by more than `margin` (ties: the earlier key)."""
+    keys = list(scores)
+    best = max(keys, key=lambda c: (scores[c], -keys.index(c)))
+    return best if scores[best] > scores[noop] + margin else noop
+
+
+def choose_fusion(store, truth: sp.csr_matrix, m_ids, m_logits, nn_ids, nn_sims, pr_ids, pr_sims, *,
+                  counts, shares, weights, power: float, pr_power: float) -> tuple[tuple, dict]:
+    """The (count, share, weight) of the fused scores that best predicts `truth` (csr [n, L]),
+    from the network's candidates (m_ids int64 [n, c], m_logits float64 [n, c]), the points'
+    nearest training points (nn_ids int32 [n, max(counts)], best first) and their nearest
+    prototypes (pr_ids, pr_sims; None without prototypes). The no-op (weight 0) wins unless
+    another beats it by more than CHOICE_MARGIN: ((count, share, weight), {(count, share,
+    weight): (P@1, P@5)}), the no-op under the key (0, 0.0, 0.0)."""
+    figures = {}
+    r = metrics.evaluate(truth, np.ascontiguousarray(m_ids[:, :5]), k=5)  # the network alone
+    noop = (0, 0.0, 0.0)
+    figures[noop] = (float(r["p@1"]), float(r["p@5"]))
+    for c in counts:
+        for a in (shares if pr_ids is not None else (0.0,)):
+            for w in weights:
+                if w == 0:
+                    continue
+                pred, _ = store.fuse(m_ids, m_logits, nn_ids[:, :c], nn_sims[:, :c], w, power, 5,
+                                     pr_ids if a > 0 else None, pr_sims if a > 0 else None, a, pr_power)
+                r = metrics.evaluate(truth, pred, k=5)
+                figures[(int(c), float(a), float(w))] = (float(r["p@1"]), float(r["p@5"]))
+    best = pick({key: sum(v) for key, v in figures.items()}, noop)
+    return best, figures
+
+
+class EarlyStop:
+    """Scores the model on validation points after every epoch (a "step" callback of
+    `train.fit`), keeps the best epoch's weights, lowers the learning rate on a first plateau
+    and asks to stop at the next. scorer(model) -> (P@1, P@5): the network alone, or where the
+    neighbours' labels are fused the best of a small fusion grid (`FusionProbe`). Every rank
+    calls it at the same steps (the scoring is collective) and gets the same answer."""
+
+    def __init__(self, scorer, steps_per_epoch: int, patience: int = EARLY_STOP_PATIENCE,
+                 min_gain: float = EARLY_STOP_MIN_GAIN, decay: float = EARLY_STOP_DECAY,
+                 decays: int = EARLY_STOP_DECAYS):
+        self.scorer, self.every = scorer, max(1, int(steps_per_epoch))
+        self.patience, self.min_gain = int(patience), float(min_gain)
+        self.decay, self.decays_left = float(decay), int(decays)
+        self.decayed_at = []
+        self.best, self.best_step, self.bad = -np.inf, 0, 0
+        self.snapshot = None
+        self.curve = []  # (step, P@1, P@5) of every check
+
+    def check(self, model, step: int) -> bool:
+        """Score the model at `step`; True when training should stop."""
+        p1, p5 = self.scorer(model)
+        s = float(p1) + float(p5)
+        self.curve.append((int(step), float(p1), float(p5)))
+        if s > self.best + self.min_gain or self.snapshot is None:
+            self.best, self.best_step, self.bad = max(s, self.best), int(step), 0
+            self.snapshot = [(layer.W.copy(), layer.b.copy()) for layer in model.network.layers]
+            return False
+        self.bad += 1
+        if self.bad < self.patience:
+            return False
+        if self.decays_left > 0:  # a plateau: back to the best epoch, at a lower learning rate
+            self.decays_left -= 1
+            self.bad = 0
+            self._restore(model)
+            model.network.lr_scale *= self.decay
+            self.decayed_at.append(int(step))
+            return False
+        return True
+
+    def _restore(self, model) -> None:
+        for layer, (W, b) in zip(model.network.layers, self.snapshot):
+            layer.W[...] = W
+            layer.b[...] = b
+        for layer in model.network.layers:
+            if hasattr(layer, "maintain"):
+                layer.maintain(0)  # tables that rank by the weights see the ones put back
+
+    def callback(self, inner=None):
+        """A `fit` callback: `inner`'s, with a check at every epoch's end."""
+
+        def cb(event, model, info):
+            out = inner(event, model, info) if inner is not None else None
+            if event == "step" and info % self.every == 0 and self.check(model, info):
+                return "stop"
+            return out
+
+        return cb
+
+    def finish(self, model) -> dict:
+        """At the end of training: score the last weights if unscored, put back the best epoch's,
+        and return what the run records (the curve and the step kept)."""
+        step = model.network.step
+        if not self.curve or self.curve[-1][0] != step:
+            self.check(model, step)
+        if self.snapshot is not None and self.best_step != step:
+            self._restore(model)
+        self.snapshot = None
+        model.network.lr_scale = 1.0
+        return {"kept_step": self.best_step, "curve": [list(c) for c in self.curve],
+                "lr_lowered_at": self.decayed_at}
