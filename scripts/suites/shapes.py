@@ -58,6 +58,20 @@ def real_files(name: str) -> tuple[Path, Path] | None:
     return paths if all(p.exists() for p in paths) else None
 
 
+def cached_files(stem: str, make) -> tuple[Path, Path]:
+    """runs/bench_data/STEM_train.txt and STEM_test.txt, written from make() -> (train, test) XMCData
+    when either is missing, else left as they are (make is not called)."""
+    from dslide.data import write_xmc
+
+    d = M.ROOT / "runs" / "bench_data"
+    paths = d / f"{stem}_train.txt", d / f"{stem}_test.txt"
+    if not all(p.exists() for p in paths):
+        d.mkdir(parents=True, exist_ok=True)
+        for path, data in zip(paths, make()):
+            write_xmc(path, data.X, data.Y)  # written under a temporary name, then renamed
+    return paths
+
+
 def member_files(name: str, n_train: int | None, n_test: int | None, seed: int = 0) -> tuple[Path, Path] | None:
     """The member's XMC text files (generated once under runs/bench_data/); None if a real set is absent."""
     if name in REAL:
@@ -65,14 +79,8 @@ def member_files(name: str, n_train: int | None, n_test: int | None, seed: int =
     from dslide.datasets import suite
     from dslide.io.data import write_xmc
 
-    d = M.ROOT / "runs" / "bench_data"
-    stem = f"{name}-{n_train or 'default'}-{n_test or 'default'}-s{seed}"
-    paths = d / f"{stem}_train.txt", d / f"{stem}_test.txt"
-    if not all(p.exists() for p in paths):
-        d.mkdir(parents=True, exist_ok=True)
-        for path, data in zip(paths, suite.generate_member(name, n_train, n_test, seed)):
-            write_xmc(path, data.X, data.Y)  # written under a temporary name, then renamed
-    return paths
+    return cached_files(f"{name}-{n_train or 'default'}-{n_test or 'default'}-s{seed}",
+                        lambda: suite.generate_member(name, n_train, n_test, seed))
 
 
 def dslide_row(name: str, paths, config: dict, lsh_inference: bool) -> dict:
@@ -93,7 +101,7 @@ def dslide_row(name: str, paths, config: dict, lsh_inference: bool) -> dict:
     return row
 
 
-def tree_row(system: str, paths, workdir: Path) -> dict:
+def tree_row(system: str, paths, workdir: Path, timeout: float | None = None) -> dict:
     from .. import bench_trees as TR
     from dslide.io.data import read_xmc
     from dslide.metrics import inverse_propensity
@@ -102,7 +110,7 @@ def tree_row(system: str, paths, workdir: Path) -> dict:
     train, test = read_xmc(paths[0]), read_xmc(paths[1])
     try:
         r = TR.run_tree(lib, paths[0], paths[1], n_test=test.n_points, n_labels=test.n_labels, threads=THREADS,
-                        trees=trees, workdir=workdir)
+                        trees=trees, workdir=workdir, timeout=timeout)
     except (RuntimeError, ValueError, OSError) as e:
         return {"system": system, "error": str(e).splitlines()[0]}
     if not r["available"]:
