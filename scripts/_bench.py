@@ -77,6 +77,78 @@ def load_data(spec: dict):
     return read_xmc(spec["train"]), read_xmc(spec["test"])
 
 
+def steps_per_epoch(config, train) -> int:
+    """Steps of one epoch of `train.fit` on `train` with the resolved `config`: over the points it
+    trains on, all but the validation split where it draws one (early stopping, or a fusion to
+    choose), as fit does."""
+    from dslide import validation
+    from dslide.infer.build import fusion_pending
+
+    held = validation.validation_size(train.n_points) if (config.early_stop or fusion_pending(config, train)) else 0
+    return -(-(train.n_points - held) // config.batch_size)
+
+
+class Curve:
+    """A run's test scores at given epochs, taken at the logging points of `fit` (outside its clock).
+
+    At each point the network alone is scored on every test point; where the end of training would
+    fuse the neighbours' labels, the neighbour store is also built there as the end of training
+    builds it (its settings chosen on the validation split), the fused model is scored, and the
+    store is dropped again (training goes on without it). A point's `train_s` is the training
+    time to it plus that build, as a run ending there would count it. Every rank calls `at_log`
+    at the same logging points (the scoring and the build are collective)."""
+
+    def __init__(self, epochs, config, train, test, inv_prop, comm):
+        import scipy.sparse as sp
+
+        from dslide import validation
+        from dslide.infer.build import fusion_counts, fusion_pending
+
+        self.todo = sorted(float(e) for e in epochs)
+        self.train, self.test, self.truth, self.inv_prop = train, test, sp.csr_matrix(test.Y), inv_prop
+        self.points = []
+        self.split = self.probe = None
+        self.probe_s = 0.0
+        if fusion_pending(config, train):
+            # the same split and probe as fit's (functions of the data and the seed): built once here
+            fit_data, val, _ = validation.split(train, config.seed)
+            t0 = time.perf_counter()
+            self.probe = validation.FusionProbe.build(fit_data, val, fusion_counts(config), config.proto_weight != 0,
+                                                      config.proto_candidates, comm)
+            self.probe_s = time.perf_counter() - t0
+            self.split = fit_data, val
+
+    def _scores(self, ids) -> dict:
+        from dslide.metrics import evaluate
+
+        m = evaluate(self.truth, ids, k=5, inv_prop=self.inv_prop)
+        return {k: float(m[k]) for k in ("p@1", "p@5", "psp@5") if k in m}
+
+    def at_log(self, model, record: dict) -> None:
+        """A point when `record` (a history record) has reached the next epoch asked for."""
+        if not self.todo or record["epoch"] < self.todo[0] - 1e-9:
+            return
+        while self.todo and record["epoch"] >= self.todo[0] - 1e-9:
+            self.todo.pop(0)
+        from dslide.infer.build import build_neighbours
+        from dslide.infer.predict import predict_topk_scores
+
+        point = {"epoch": record["epoch"], "step": record["step"], "wall_s": record["wall_s"],
+                 "network": self._scores(predict_topk_scores(model, self.test.X, 5, fused=False)[0])}
+        build_s, fused = 0.0, None
+        if self.split is not None:
+            fit_data, val = self.split
+            t0 = time.perf_counter()
+            build_neighbours(model, self.train, val=val, fit_data=fit_data, probe=self.probe)
+            build_s = time.perf_counter() - t0
+            point["fusion"] = model.index_info.get("fusion_choice", {}).get("chosen")
+            if model.neighbours is not None:
+                fused = self._scores(predict_topk_scores(model, self.test.X, 5)[0])
+            model.neighbours = None
+        point.update(fused or point["network"], neighbours_s=build_s, train_s=record["wall_s"] + build_s)
+        self.points.append(point)
+
+
 def child(case_path: str) -> None:
     case = json.loads(Path(case_path).read_text())
     import dslide  # noqa: F401  (first: it sets the thread variables OpenBLAS reads when numpy loads it)
@@ -103,12 +175,20 @@ def child(case_path: str) -> None:
     T.fit(warm, config.replace(epochs=1.0, eval_every=0, checkpoint_every=0), comm=comm, index=False)
     budget = case.get("time_budget")
     clock = {"train_s": 0.0, "since": None}  # training time: evaluations left out, as in the history
+    inv_prop = inverse_propensity(train.Y) if train.n_points >= 3 else None
+    curve = None
+    if case.get("curve_epochs"):
+        # a logging point at every epoch's end: the curve's points are taken there, outside the clock
+        config = config.replace(log_every=steps_per_epoch(config, train))
+        curve = Curve(case["curve_epochs"], config, train, test, inv_prop, comm)
 
     def callback(event, model, info):
-        now = time.perf_counter()
         if event == "log":
-            clock["train_s"], clock["since"] = info["wall_s"], now
+            if curve is not None:
+                curve.at_log(model, info)
+            clock["train_s"], clock["since"] = info["wall_s"], time.perf_counter()
             return None
+        now = time.perf_counter()
         if clock["since"] is None:
             clock["since"] = now
         if not budget:
@@ -117,13 +197,14 @@ def child(case_path: str) -> None:
         # every rank must stop at the same step: the slowest clock decides
         return "stop" if comm.allreduce_max(float(over)) > 0 else None
 
-    # the inference index (built after training, outside its time) only where inference is compared
-    model, history = T.fit(train, config, test, comm=comm, callback=callback, index=bool(case.get("inference")))
+    # the inference index (built after training, outside its time) only where --lsh is measured
+    lsh = bool(case.get("inference") or case.get("lsh_predict"))
+    model, history = T.fit(train, config, test, comm=comm, callback=callback, index=lsh)
+    T.predict_topk(model, test.X[:64], 5, exact=True)  # compile outside the timing
     t0 = time.perf_counter()
     pred = T.predict_topk(model, test.X, 5, exact=True)
     predict_s = time.perf_counter() - t0
     # PSP@k with the training labels' propensities (pyxclib's A, B), as `dslide train` reports it
-    inv_prop = inverse_propensity(train.Y) if train.n_points >= 3 else None
     final = evaluate(sp.csr_matrix(test.Y), pred, k=5, inv_prop=inv_prop)
     net = model.network
     steps = history[-1]["step"]
@@ -151,6 +232,15 @@ def child(case_path: str) -> None:
         "timers_s": {k: round(v, 2) for k, v in net.timers.items()},
         "curve": [{"wall_s": r["wall_s"], "step": r["step"], "p@1": r["p@1"]} for r in history if "p@1" in r],
     }
+    if curve is not None:
+        result["curve_points"], result["probe_s"] = curve.points, curve.probe_s
+    if case.get("lsh_predict") and model.index is not None:
+        T.predict_topk(model, test.X[:64], 5, exact=False)
+        t0 = time.perf_counter()
+        ids = T.predict_topk(model, test.X, 5, exact=False)
+        result["lsh_predict_s"] = time.perf_counter() - t0
+        m = evaluate(sp.csr_matrix(test.Y), ids, k=5, inv_prop=inv_prop)
+        result["lsh"] = {k: m[k] for k in ("p@1", "p@5", "psp@5") if k in m}
     out = net.layers[-1]
     if out.kind == "lsh":
         # the whole layer's block: each rank's mean summed over ranks
