@@ -234,6 +234,7 @@ def child(case_path: str) -> None:
     }
     if curve is not None:
         result["curve_points"], result["probe_s"] = curve.points, curve.probe_s
+    result["fusion_choice"] = model.index_info.get("fusion_choice", {}).get("chosen")
     if case.get("lsh_predict") and model.index is not None:
         T.predict_topk(model, test.X[:64], 5, exact=False)
         t0 = time.perf_counter()
