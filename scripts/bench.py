@@ -5,6 +5,7 @@ From the repository root:
 
     python -m scripts.bench --suite shapes                     (every data shape against the trees; suites/shapes.py)
     python -m scripts.bench --suite real                       (the real sets of ../shared/data against PECOS and omikuji)
+    python -m scripts.bench --suite scale                      (300,000 training points: dslide's P@1 against time; 45 minutes)
     python -m scripts.bench --suite quick                      (both parts, about 10 minutes)
     python -m scripts.bench --suite full --parts main          (about 25 minutes on 2 cores)
     python -m scripts.bench --suite full --parts peers         (about 15 minutes)
@@ -42,16 +43,17 @@ if __name__ == "__main__" and not __package__:  # `python scripts/bench.py ...`:
 import argparse  # noqa: E402
 import sys  # noqa: E402
 
-from .suites import common, lsh, main as main_part, peers, schedule, shapes  # noqa: E402
+from .suites import common, lsh, main as main_part, peers, scale, schedule, shapes  # noqa: E402
 
 PARTS = {"main": main_part.run, "peers": peers.run, "lsh": lsh.run, "schedule": schedule.run}
 
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--suite", choices=sorted(common.SUITES) + ["shapes", "real"], default="quick",
+    p.add_argument("--suite", choices=sorted(common.SUITES) + ["shapes", "real", "scale"], default="quick",
                    help="quick, full, or shapes: the data-shape suite (scripts/suites/shapes.py), "
-                        "dslide against the tree libraries on every member")
+                        "dslide against the tree libraries on every member; real: the real sets; scale: "
+                        "an Amazon-670K-shaped member at 300,000 training points (scripts/suites/scale.py)")
     p.add_argument("--parts", default="main,peers",
                    help="comma-separated: main (the same network by dslide, dense, data-parallel, PyTorch), "
                         "peers (dslide's defaults against omikuji, napkinXC, PyTorch sampled softmax), "
@@ -73,6 +75,8 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     if a.suite in ("shapes", "real"):
         return shapes.run(a)
+    if a.suite == "scale":
+        return scale.run(a)
     parts = [x.strip() for x in a.parts.split(",") if x.strip()]
     bad = sorted(set(parts) - set(PARTS))
     if bad or not parts:

@@ -5,5 +5,6 @@
 - `lsh`: what the hash tables buy, and `--lsh` inference;
 - `schedule`: the same with the default schedule;
 - `shapes` (`run(a)`): --suite shapes, every data shape against the tree libraries;
+- `scale` (`run(a)`): --suite scale, a member at 300,000 training points, dslide's P@1 against time;
 - `common`: the suites' data and settings, printing, plotting and recording a part.
 """
