@@ -77,15 +77,18 @@ def load_data(spec: dict):
     return read_xmc(spec["train"]), read_xmc(spec["test"])
 
 
-def steps_per_epoch(config, train) -> int:
-    """Steps of one epoch of `train.fit` on `train` with the resolved `config`: over the points it
-    trains on, all but the validation split where it draws one (early stopping, or a fusion to
-    choose), as fit does."""
+def validation_size(config, train) -> int:
+    """The points `train.fit` holds out of `train` with the resolved `config`: its validation
+    split where it draws one (early stopping, or a fusion to choose), as fit does; else 0."""
     from dslide import validation
     from dslide.infer.build import fusion_pending
 
-    held = validation.validation_size(train.n_points) if (config.early_stop or fusion_pending(config, train)) else 0
-    return -(-(train.n_points - held) // config.batch_size)
+    return validation.validation_size(train.n_points) if (config.early_stop or fusion_pending(config, train)) else 0
+
+
+def steps_per_epoch(config, train) -> int:
+    """Steps of one epoch of `train.fit` on `train`: over the points it trains on."""
+    return -(-(train.n_points - validation_size(config, train)) // config.batch_size)
 
 
 class Curve:
@@ -95,16 +98,19 @@ class Curve:
     fuse the neighbours' labels, the neighbour store is also built there as the end of training
     builds it (its settings chosen on the validation split), the fused model is scored, and the
     store is dropped again (training goes on without it). A point's `train_s` is the training
-    time to it plus that build, as a run ending there would count it. Every rank calls `at_log`
-    at the same logging points (the scoring and the build are collective)."""
+    time to it plus that build, as a run ending there would count it. A point at the run's last
+    step (`last_step`) is not built or fused here: the end of training builds the model's own
+    store, and `finish` gives that point the final model's scores and time. Every rank calls
+    `at_log` at the same logging points (the scoring and the build are collective)."""
 
-    def __init__(self, epochs, config, train, test, inv_prop, comm):
+    def __init__(self, epochs, config, train, test, inv_prop, comm, last_step: int | None = None):
         import scipy.sparse as sp
 
         from dslide import validation
         from dslide.infer.build import fusion_counts, fusion_pending
 
         self.todo = sorted(float(e) for e in epochs)
+        self.last_step = last_step
         self.train, self.test, self.truth, self.inv_prop = train, test, sp.csr_matrix(test.Y), inv_prop
         self.points = []
         self.split = self.probe = None
@@ -135,6 +141,10 @@ class Curve:
 
         point = {"epoch": record["epoch"], "step": record["step"], "wall_s": record["wall_s"],
                  "network": self._scores(predict_topk_scores(model, self.test.X, 5, fused=False)[0])}
+        if record["step"] == self.last_step:
+            point["pending"] = True  # the end of training's store: see finish
+            self.points.append(point)
+            return
         build_s, fused = 0.0, None
         if self.split is not None:
             fit_data, val = self.split
@@ -147,6 +157,16 @@ class Curve:
             model.neighbours = None
         point.update(fused or point["network"], neighbours_s=build_s, train_s=record["wall_s"] + build_s)
         self.points.append(point)
+
+    def finish(self, model, scores: dict) -> None:
+        """Give the point left pending at the last step the final model's `scores` (P@k on the
+        test points, as `at_log` takes them) and its training time, the store's build included."""
+        for point in self.points:
+            if point.pop("pending", False):
+                build_s = model.index_info.get("neighbours_s", 0.0)
+                point.update({k: scores[k] for k in ("p@1", "p@5", "psp@5") if k in scores},
+                             fusion=model.index_info.get("fusion_choice", {}).get("chosen"),
+                             neighbours_s=build_s, train_s=point["wall_s"] + build_s)
 
 
 def child(case_path: str) -> None:
@@ -180,7 +200,8 @@ def child(case_path: str) -> None:
     if case.get("curve_epochs"):
         # a logging point at every epoch's end: the curve's points are taken there, outside the clock
         config = config.replace(log_every=steps_per_epoch(config, train))
-        curve = Curve(case["curve_epochs"], config, train, test, inv_prop, comm)
+        curve = Curve(case["curve_epochs"], config, train, test, inv_prop, comm,
+                      last_step=T.total_steps(config, train.n_points - validation_size(config, train)))
 
     def callback(event, model, info):
         if event == "log":
@@ -233,6 +254,7 @@ def child(case_path: str) -> None:
         "curve": [{"wall_s": r["wall_s"], "step": r["step"], "p@1": r["p@1"]} for r in history if "p@1" in r],
     }
     if curve is not None:
+        curve.finish(model, final)
         result["curve_points"], result["probe_s"] = curve.points, curve.probe_s
     result["fusion_choice"] = model.index_info.get("fusion_choice", {}).get("chosen")
     if case.get("lsh_predict") and model.index is not None:

@@ -15,26 +15,29 @@ def _curve_run(preset: str, n_train: int, epochs: float, at):
     from dslide import train as T
     from dslide.config import Config
     from dslide.datasets.synthetic import generate_split
-    from dslide.metrics import inverse_propensity
+    from dslide.metrics import evaluate, inverse_propensity
 
     tr, te = generate_split(preset, n_train, 100, seed=3)
     config = Config.from_dict({"hidden": [16], "epochs": epochs, "threads": 1}).resolve(
         tr.n_labels, T.points_per_label(tr.Y), tr.n_points)
     config = config.replace(log_every=B.steps_per_epoch(config, tr))
-    curve = B.Curve(at, config, tr, te, inverse_propensity(tr.Y), None)
+    last = T.total_steps(config, tr.n_points - B.validation_size(config, tr))
+    curve = B.Curve(at, config, tr, te, inverse_propensity(tr.Y), None, last_step=last)
 
     def cb(event, model, info):
         if event == "log":
             curve.at_log(model, info)
 
     model, history = T.fit(tr, config, comm=None, callback=cb, index=False)
-    return curve, history, model
+    final = evaluate(te.Y, T.predict_topk(model, te.X, 5), k=5)  # the model as used: fused where it fuses
+    curve.finish(model, final)
+    return curve, history, model, final
 
 
 @pytest.mark.parametrize("preset, n_train", [("tiny", 600), ("small", 2400)])
 def test_the_curve_is_read_off_the_runs_history_at_the_epochs_asked(preset, n_train):
     # tiny: a narrow output, no validation split; small: wide, its fusion chosen on a split
-    curve, history, model = _curve_run(preset, n_train, 4.0, (1, 2, 4))
+    curve, history, model, final = _curve_run(preset, n_train, 4.0, (1, 2, 4))
     pts = curve.points
     assert [p["epoch"] for p in pts] == [1.0, 2.0, 4.0]  # log points fall on the epochs' ends
     by_step = {r["step"]: r for r in history}
@@ -43,11 +46,14 @@ def test_the_curve_is_read_off_the_runs_history_at_the_epochs_asked(preset, n_tr
         assert p["train_s"] == pytest.approx(p["wall_s"] + p["neighbours_s"])
         assert 0.0 <= p["p@1"] <= 1.0 and 0.0 <= p["network"]["p@1"] <= 1.0
     assert (curve.split is not None) == (preset == "small")
-    assert all(p["neighbours_s"] == 0.0 for p in pts) or preset == "small"
     if preset == "small":
         assert all(p["neighbours_s"] > 0.0 for p in pts) and all("fusion" in p for p in pts)
-    # the store built at a point is dropped: the end of training builds the model's own
-    assert pts[-1]["step"] == history[-1]["step"]
+    else:
+        assert all(p["neighbours_s"] == 0.0 for p in pts)
+    # the run's last point is the final model, its store the end of training's own
+    assert pts[-1]["step"] == history[-1]["step"] and "pending" not in pts[-1]
+    assert pts[-1]["p@1"] == final["p@1"] and pts[-1]["p@5"] == final["p@5"]
+    assert pts[-1]["neighbours_s"] == model.index_info.get("neighbours_s", 0.0)
 
 
 def test_the_member_is_generated_once_then_read_from_its_files(tmp_path, monkeypatch):
