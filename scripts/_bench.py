@@ -80,8 +80,8 @@ def load_data(spec: dict):
 def validation_size(config, train) -> int:
     """The points `train.fit` holds out of `train` with the resolved `config`: its validation
     split where it draws one (early stopping, or a fusion to choose), as fit does; else 0."""
-    from dslide import validation
-    from dslide.infer.build import fusion_pending
+    from dslide.train import validation
+    from dslide.train.infer_build import fusion_pending
 
     return validation.validation_size(train.n_points) if (config.early_stop or fusion_pending(config, train)) else 0
 
@@ -106,8 +106,8 @@ class Curve:
     def __init__(self, epochs, config, train, test, inv_prop, comm, last_step: int | None = None):
         import scipy.sparse as sp
 
-        from dslide import validation
-        from dslide.infer.build import fusion_counts, fusion_pending
+        from dslide.train import validation
+        from dslide.train.infer_build import fusion_counts, fusion_pending
 
         self.todo = sorted(float(e) for e in epochs)
         self.last_step = last_step
@@ -136,7 +136,7 @@ class Curve:
             return
         while self.todo and record["epoch"] >= self.todo[0] - 1e-9:
             self.todo.pop(0)
-        from dslide.infer.build import build_neighbours
+        from dslide.train.infer_build import build_neighbours
         from dslide.infer.predict import predict_topk_scores
 
         point = {"epoch": record["epoch"], "step": record["step"], "wall_s": record["wall_s"],

@@ -109,7 +109,7 @@ def curve_rows(result: dict) -> list[dict]:
 def library_row(system: str, paths, workdir: Path, timeout: float | None) -> dict:
     import subprocess
 
-    from dslide.data import read_xmc
+    from dslide.io.data import read_xmc
 
     n_test = read_xmc(paths[1]).n_points
     try:

@@ -61,7 +61,7 @@ def real_files(name: str) -> tuple[Path, Path] | None:
 def cached_files(stem: str, make) -> tuple[Path, Path]:
     """runs/bench_data/STEM_train.txt and STEM_test.txt, written from make() -> (train, test) XMCData
     when either is missing, else left as they are (make is not called)."""
-    from dslide.data import write_xmc
+    from dslide.io.data import write_xmc
 
     d = M.ROOT / "runs" / "bench_data"
     paths = d / f"{stem}_train.txt", d / f"{stem}_test.txt"
@@ -77,7 +77,6 @@ def member_files(name: str, n_train: int | None, n_test: int | None, seed: int =
     if name in REAL:
         return real_files(name)
     from dslide.datasets import suite
-    from dslide.io.data import write_xmc
 
     return cached_files(f"{name}-{n_train or 'default'}-{n_test or 'default'}-s{seed}",
                         lambda: suite.generate_member(name, n_train, n_test, seed))

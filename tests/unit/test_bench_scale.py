@@ -72,7 +72,7 @@ def test_the_member_is_generated_once_then_read_from_its_files(tmp_path, monkeyp
     monkeypatch.setattr(amazon670k, "generate_split", no_generation)
     again, made = SC.member_files("t")
     assert again == paths and made is None and [p.stat().st_mtime_ns for p in paths] == stamp
-    from dslide.data import read_xmc
+    from dslide.io.data import read_xmc
 
     assert read_xmc(paths[0]).n_points == 300 and read_xmc(paths[1]).n_points == 40
 
