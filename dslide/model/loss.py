@@ -72,6 +72,9 @@ def softmax_finish(e, m, gmax, gsum, targets, y_logit, lab_ptr, mean_over: int) 
 
 
 
+_TINY = kernels.TINY  # a global numba folds in as a constant
+
+
 @njit(parallel=True, cache=True)
 def _sigmoid_softplus(z):
     """In place z <- sigmoid(z) (values below kernels.TINY flushed to 0); returns each row's
@@ -94,7 +97,7 @@ def _sigmoid_softplus(z):
                 e = np.exp(v)
                 acc += np.log1p(e)
                 p = e / (1.0 + e)
-                z[i, j] = p if p >= 1e-30 else 0.0
+                z[i, j] = p if p >= _TINY else 0.0
         part[i] = acc
     return part
 
