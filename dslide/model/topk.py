@@ -16,8 +16,10 @@ ranking is by score descending and, on equal scores, by label id ascending:
 from __future__ import annotations
 
 import numpy as np
+from numba import njit, prange
 
 from dslide.comm import Comm
+from dslide.lsh._topk import push_top
 
 #: the most a column block of exact scoring may take: its scores (float32) and their
 #: argpartition (int64), 12 bytes an entry. Evaluation runs with every weight and moment
@@ -85,12 +87,29 @@ def best_columns(B: np.ndarray, k: int) -> np.ndarray:
 def _merge_block(best, s, k, first):
     """The top k of `best` (scores, ids [B, k]) and of the block s [B, c] of neurons first..;
     ties to the lower id, also where a tie straddles the k-th place."""
-    kk = min(k, s.shape[1])
-    part = best_columns(s, kk)
-    cand_s = np.concatenate([best[0], np.take_along_axis(s, part, axis=1).astype(np.float64)], axis=1)
-    cand_i = np.concatenate([best[1], part + first], axis=1)
-    order = np.lexsort((cand_i, -cand_s), axis=1)[:, :k]
-    return np.take_along_axis(cand_s, order, axis=1), np.take_along_axis(cand_i, order, axis=1)
+    top_s = np.array(best[0], dtype=np.float64, order="C")
+    top_i = np.array(best[1], dtype=np.int64, order="C")
+    _push_block(top_s, top_i, np.ascontiguousarray(s), int(first))
+    return top_s, top_i
+
+
+@njit(parallel=True, cache=True)
+def _push_block(top_s, top_i, s, first):
+    """Offer every score of the block s [B, c] (neuron first + column) to row r's sorted top-k
+    buffer (top_s, top_i) [B, k] (dslide.lsh._topk order: larger first, ties to the lower id).
+    One row per thread, columns in order: the result does not depend on the thread count."""
+    B, k = top_s.shape
+    for r in prange(B):
+        size = k
+        last = top_s[r, k - 1]
+        for c in range(s.shape[1]):
+            v = np.float64(s[r, c])
+            # the common case, a score below the k-th: one comparison (a tie with it
+            # at a higher id is refused by push_top too)
+            if v < last:
+                continue
+            size = push_top(top_s, top_i, r, size, k, v, first + c)
+            last = top_s[r, k - 1]
 
 
 def merge_topk(all_scores, all_ids, k):

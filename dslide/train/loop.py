@@ -21,6 +21,7 @@ prediction is dslide.infer.predict's.
 
 from __future__ import annotations
 
+import functools
 import math
 import resource
 import time
@@ -80,9 +81,13 @@ class TrainingDiverged(ValueError):
     """The loss became NaN or infinite: training stopped there, and no checkpoint holds that state."""
 
 
+@functools.lru_cache(maxsize=2)
 def epoch_order(seed: int, epoch: int, n: int) -> np.ndarray:
-    """The sample order of an epoch: a permutation from (seed, epoch) alone, the same on every rank."""
-    return np.random.default_rng([seed, 0x5EED, epoch]).permutation(n)
+    """The sample order of an epoch: a permutation from (seed, epoch) alone, the same on every
+    rank. Read-only, and kept for the epoch's steps (drawing it is a large share of a small step)."""
+    order = np.random.default_rng([seed, 0x5EED, epoch]).permutation(n)
+    order.setflags(write=False)
+    return order
 
 
 def batch_rows(config: Config, n: int, step: int) -> np.ndarray:

@@ -108,3 +108,27 @@ def test_the_text_file_is_what_pyxclib_reads_with_its_defaults(tmp_path):
     back_ids, back_scores = formats.read_predictions(str(tmp_path / "p.txt"), k=3)
     np.testing.assert_array_equal(back_ids, ids)  # best first again, -1 past the row's entries
     np.testing.assert_array_equal(back_scores[ids >= 0], scores[ids >= 0])
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_the_top_k_of_a_block_with_ties_and_fewer_columns_than_k_matches_a_full_sort(threads):
+    """scores_topk's kernel (rows split over threads) against one lexsort per row: ties
+    straddling the cut, a block narrower than k (padded with -inf and -1), -inf scores."""
+    import numba
+
+    S = _tied_scores(4, n=33, m=50)
+    S[::5, ::3] = -np.inf
+    old = numba.get_num_threads()
+    numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
+    try:
+        for k in (1, 4, 9):
+            s, ids = scores_topk(S, k, 100)
+            want = _reference(S, k)
+            np.testing.assert_array_equal(ids, want + 100)
+            np.testing.assert_array_equal(s, np.take_along_axis(S, want, axis=1))
+        narrow = _tied_scores(5, n=33, m=3)  # finite: a -inf score ranks with the padding
+        s, ids = scores_topk(narrow, 5, 0)
+        np.testing.assert_array_equal(ids[:, :3], _reference(narrow, 3))
+        assert (ids[:, 3:] == -1).all() and np.isneginf(s[:, 3:]).all()
+    finally:
+        numba.set_num_threads(old)
