@@ -67,13 +67,14 @@ WIDE_EPOCHS = 1.5  # epochs left at None, outputs wider than NARROW_OUTPUT
 #: hidden, epochs and batch_size left at None in outputs of at most NARROW_OUTPUT labels:
 #: batches of NARROW_BATCH (fewer where the data would give fewer than NARROW_MIN_STEPS steps
 #: per epoch: `narrow_batch`) through a NARROW_HIDDEN-wide layer reach in a few epochs what 30
-#: epochs of 64 at 1e-3 through a 1,024-wide one reached (docs/accuracy.md)
+#: epochs of 64 at 1e-3 through a 1,024-wide one reached (docs/accuracy.md); batches of 256
+#: gained over 512 on all three narrow real members (docs/benchmarks.md, `(narrow-levers)`)
 #: lr left at None, outputs wider than NARROW_OUTPUT: on both wide real members it beat 1e-2 on
 #: P@1 and P@5 (docs/benchmarks.md, `bench.py --suite real (levers)`); narrow ones lost with it
 WIDE_LR = 5e-3
 NARROW_HIDDEN = 512
 NARROW_EPOCHS = 12.0
-NARROW_BATCH = 512
+NARROW_BATCH = 256
 NARROW_MIN_STEPS = 8
 
 
@@ -346,7 +347,7 @@ class Config:
         hidden              (512,)          (128,)
         dropout             0.6             0.0
         lr                  1e-2            5e-3
-        batch_size          512 (at least   128
+        batch_size          256 (at least   128
                             8 steps/epoch)
         epochs              12              up to 10, stopped early on the validation
                                             split (1.5 without one: dslide.train.validation)

@@ -39,11 +39,12 @@ def _say(out, text: str) -> None:
 
 
 @contextlib.contextmanager
-def heartbeat(out=None, every: float = 6.0, prefix: str = "[dslide]"):
+def heartbeat(out=None, every: float = 6.0, prefix: str = "[dslide]", always: bool = False):
     """While the block runs, print to `out` (default stderr) a line every `every` seconds
     (6: well within the 10 s a terminal may stay silent) for as long as numba keeps compiling,
     naming the kernel it compiles and the seconds compiled so far. Nothing is printed while
-    nothing compiles, nor for a compile within `every` seconds of the last line."""
+    nothing compiles, nor for a compile within `every` seconds of the last line; with `always`
+    (`dslide warm`, whose stages print nothing of their own) a line also while nothing compiles."""
     global _active
     if _active:  # one heartbeat at a time (`dslide warm` runs dslide commands under its own)
         yield
@@ -84,8 +85,15 @@ def heartbeat(out=None, every: float = 6.0, prefix: str = "[dslide]"):
             now = time.monotonic()
             with lock:
                 if state["started"] is None:
+                    if always and now - state["said"] >= every:
+                        state["said"] = now
+                        _say(out, f"{prefix} still working")
                     continue
                 busy = state["depth"] > 0 or now - state["idle_since"] <= 1.0
+                if always and not busy and now - state["said"] >= every:
+                    state["said"] = now
+                    _say(out, f"{prefix} still working ({state['total']:.0f}s of compiling so far)")
+                    continue
                 if not busy or now - state["said"] < every:
                     continue
                 state["said"] = now
@@ -181,7 +189,7 @@ def warm(out=None, verbose: bool = False, *, run_command) -> list[Kernel]:
     t0 = time.perf_counter()
     _say(out, "[dslide warm] compiling dslide's kernels, or loading them from numba's cache "
               "(minutes once after an install or a code change, seconds afterwards)")
-    with tempfile.TemporaryDirectory(prefix="dslide-warm-") as tmp, heartbeat(out, prefix="[dslide warm]"):
+    with tempfile.TemporaryDirectory(prefix="dslide-warm-") as tmp, heartbeat(out, prefix="[dslide warm]", always=True):
         for what, run in _stages(Path(tmp), run_command):
             t = time.perf_counter()
             _say(out, f"[dslide warm] {what} ...")

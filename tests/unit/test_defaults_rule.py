@@ -78,15 +78,15 @@ def test_the_loss_follows_the_output_width_and_an_explicit_one_wins():
 
 
 @pytest.mark.parametrize("n_points,batch", [
-    (4_880, NARROW_BATCH),     # BibTeX: 10 steps an epoch
+    (4_880, NARROW_BATCH),     # BibTeX: 20 steps an epoch
     (15_000, NARROW_BATCH),
     (None, NARROW_BATCH),      # no data shape given
-    (2_000, 250),              # fewer than 8 steps of 512: 8 steps an epoch
+    (1_600, 200),              # fewer than 8 steps of 256: 8 steps an epoch
     (NARROW_BATCH * NARROW_MIN_STEPS, NARROW_BATCH),
     (5, 1),
 ])
 def test_narrow_outputs_train_large_batches_for_a_few_epochs(n_points, batch):
-    assert (NARROW_HIDDEN, NARROW_EPOCHS, NARROW_BATCH, NARROW_MIN_STEPS) == (512, 12.0, 512, 8)
+    assert (NARROW_HIDDEN, NARROW_EPOCHS, NARROW_BATCH, NARROW_MIN_STEPS) == (512, 12.0, 256, 8)
     narrow = Config().resolve(159, 73.1, n_points)
     assert (narrow.epochs, narrow.batch_size, narrow.lr, narrow.hidden) == (NARROW_EPOCHS, batch, 1e-2, (NARROW_HIDDEN,))
     explicit = Config(batch_size=64, lr=1e-3, epochs=30.0).resolve(159, 73.1, n_points)

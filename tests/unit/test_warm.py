@@ -46,6 +46,20 @@ def test_the_heartbeat_is_silent_when_nothing_compiles_or_a_compile_is_short():
     assert out.getvalue() == ""
 
 
+def test_the_heartbeat_of_warm_also_beats_while_nothing_compiles():
+    """`dslide warm`'s stages print nothing of their own: on a loaded machine a stage that
+    only runs (its kernels cached) must not leave the terminal silent either."""
+    out = io.StringIO()
+    with warm.heartbeat(out, every=0.3, prefix="[hb]", always=True):
+        time.sleep(1.0)
+        _compile("k", 0.05)
+        time.sleep(1.0)
+    lines = out.getvalue().splitlines()
+    assert len(lines) >= 5, lines  # a line every 0.3 s of the 2 s, compiling or not
+    assert all(line.startswith(("[hb] still working", "[hb] compiling numba kernels")) for line in lines), lines
+    assert lines[0] == "[hb] still working", lines
+
+
 def test_warm_loads_or_compiles_the_kernels_it_names_and_prints_each_stage():
     out = io.StringIO()
     report = warm.warm(out, verbose=True, run_command=cli.main)
