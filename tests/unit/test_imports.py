@@ -31,7 +31,10 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 #: (importer, imported): function-level imports that close a cycle today, and what removes them
-KNOWN_DODGES = {}
+KNOWN_DODGES = {
+    ("dslide.config", "dslide.train.validation"):
+        "move 2 (the declarative config): the data rules and choice constants in one module of dslide.config",
+}
 
 #: modules outside dslide and the standard library that dslide imports inside functions, and why
 LAZY_OUTSIDE = {
@@ -96,13 +99,25 @@ def _imports(name: str, path: Path):
 IMPORTS = {name: _imports(name, path) for name, path in MODULES.items()}
 
 
-def _graph(function_level: bool, leave_out=()) -> dict[str, set]:
-    graph = {name: set() for name in MODULES}
-    for name, found in IMPORTS.items():
+def _ancestors(module: str) -> list[str]:
+    """The packages whose __init__ runs before `module` (a.b.c: a, a.b)."""
+    parts = module.split(".")
+    return [".".join(parts[:i]) for i in range(1, len(parts))]
+
+
+def _graph(function_level: bool, leave_out=(), imports=None) -> dict[str, set]:
+    """Arrows importer -> imported, and to the imported module's packages: importing a.b.c runs
+    a/__init__ and a/b/__init__ first (but the importer's own packages, already importing)."""
+    imports = IMPORTS if imports is None else imports
+    known = set(MODULES) | set(imports)
+    graph = {name: set() for name in known}
+    for name, found in imports.items():
+        mine = set(_ancestors(name)) | {name}
         for module, in_function, _ in found:
-            if module in MODULES and module != name and (function_level or not in_function) \
+            if module in known and module != name and (function_level or not in_function) \
                     and (name, module) not in leave_out:
                 graph[name].add(module)
+                graph[name].update(p for p in _ancestors(module) if p in known and p not in mine)
     return graph
 
 
@@ -165,7 +180,9 @@ def test_each_known_dodge_still_closes_a_cycle(importer, imported):
     """Else it is fixed: take it out of KNOWN_DODGES."""
     lazy = [line for module, in_function, line in IMPORTS[importer] if module == imported and in_function]
     assert lazy, f"{importer} no longer imports {imported} inside a function: remove it from KNOWN_DODGES"
-    assert _reaches(_graph(function_level=True), imported, importer), \
+    graph = _graph(function_level=True)
+    runs = [imported] + [p for p in _ancestors(imported) if p in MODULES and p not in _ancestors(importer)]
+    assert any(_reaches(graph, m, importer) for m in runs), \
         f"{importer} -> {imported} no longer closes a cycle: remove it from KNOWN_DODGES"
 
 
@@ -184,5 +201,12 @@ def test_the_graph_reader_sees_a_cycle_and_a_dodge():
     assert _cycle(graph) is None
     graph["b"].add("a")
     assert _cycle(graph) == ["a", "b", "a"]
+    # a package's __init__ counts: c importing p.v runs p, whose p.loop imports c (the cycle
+    # dslide.config -> dslide.train.validation closed through dslide.train/__init__)
+    made_up = {"c": [("p.v", True, 1)], "p": [("p.loop", False, 1)], "p.loop": [("c", False, 1)], "p.v": []}
+    assert _cycle(_graph(function_level=False, imports=made_up)) is None
+    assert _cycle(_graph(function_level=True, imports=made_up)) == ["c", "p", "p.loop", "c"]
+    # but not the importer's own package: p.loop importing p.v does not run p again
+    assert "p" not in _graph(function_level=True, imports={"p": [], "p.loop": [("p.v", False, 1)], "p.v": []})["p.loop"]
     assert ("dslide.cli", False) in {(m, f) for m, f, _ in IMPORTS["dslide.__main__"]}
     assert any(m == "dslide.session" and not f for m, f, _ in IMPORTS["dslide.api"])
