@@ -78,10 +78,10 @@ import numpy as np
 from numba import njit
 
 from dslide.io.data import XMCData
+from dslide.datasets.draws import _draw_features, _next, _powerlaw_rank, _uniform
+from dslide.datasets.presets import pick_preset
 from dslide.datasets.synthetic import (
-    Slots, _check_points, _emit_row, assemble, pick_preset, split_pair,
-    _add_feature, _check_seed, _draw_features, _holds, _next, _powerlaw_rank,
-    _split_stream, _uniform,
+    Slots, _check_points, _emit_row, assemble, split_pair, _add_feature, _check_seed, _holds, _split_stream,
 )
 
 
