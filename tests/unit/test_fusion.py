@@ -176,12 +176,21 @@ def test_label_prototypes_match_numpy_whatever_the_thread_count():
         np.testing.assert_array_equal(got[0][name], got[1][name])
 
 
-def test_a_store_without_the_renumbering_searches_alike():
-    """A store saved before the renumbering (pr_lab holding the labels, no pr_perm: what
-    scripts/bench_neighbours.py times it against) finds the same prototypes: ids,
-    similarities and their ties to the lower label."""
-    from scripts.bench_neighbours import unrenumbered
+def unrenumbered(store):
+    """The same store with its prototypes' labels as they are, as stores were saved before the
+    renumbering (pr_lab holding the labels, no pr_perm)."""
+    a = dict(store.state_arrays())
+    perm = a.pop("pr_perm")
+    lab, ptr = perm[a["pr_lab"]], a["pr_ptr"]
+    order = np.concatenate([ptr[f] + np.argsort(lab[ptr[f]:ptr[f + 1]], kind="stable")
+                            for f in range(len(ptr) - 1)])
+    a["pr_lab"], a["pr_val"] = lab[order].astype(np.int32), a["pr_val"][order]
+    return fusion.NeighbourLabels.from_state(a)
 
+
+def test_a_store_without_the_renumbering_searches_alike():
+    """A store saved before the renumbering (pr_lab holding the labels, no pr_perm) finds
+    the same prototypes: ids, similarities and their ties to the lower label."""
     X, Y = _data()
     Xq, _ = _data(seed=8, n=30)
     new = fusion.NeighbourLabels.build(X, Y, prototypes=True)
