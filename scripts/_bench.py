@@ -176,10 +176,9 @@ def child(case_path: str) -> None:
     import scipy.sparse as sp
 
     from dslide import train as T
-    from dslide.config import points_per_label
     from dslide.infer.predict import predict_topk
     from dslide.comm import Comm
-    from dslide.config import Config
+    from dslide.config import Config, points_per_label
     from dslide.io.data import XMCData
     from dslide.metrics import evaluate, inverse_propensity
 

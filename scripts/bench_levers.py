@@ -47,9 +47,8 @@ def member_rows(name: str, epochs: list[float], threads: int, settings: dict | N
     import scipy.sparse as sp
 
     from dslide import train as T
-    from dslide.config import points_per_label
     from dslide.infer.predict import predict_topk_scores
-    from dslide.config import Config
+    from dslide.config import Config, points_per_label
     from dslide.infer import fusion
     from dslide.metrics import evaluate, inverse_propensity
 

@@ -13,9 +13,8 @@ from scripts.suites import shapes as S
 
 def _curve_run(preset: str, n_train: int, epochs: float, at):
     from dslide import train as T
-    from dslide.config import points_per_label
     from dslide.infer.predict import predict_topk
-    from dslide.config import Config
+    from dslide.config import Config, points_per_label
     from dslide.datasets.synthetic import generate_split
     from dslide.metrics import evaluate, inverse_propensity
 

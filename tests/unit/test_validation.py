@@ -158,8 +158,7 @@ def test_fit_holds_the_validation_points_out_and_picks_the_noop_on_independent_l
     neighbours' labels cannot help, so training keeps the network alone; the network's
     gradient steps cover only the points outside the validation split."""
     from dslide import train as T
-    from dslide.config import points_per_label
-    from dslide.config import Config
+    from dslide.config import Config, points_per_label
     from dslide.io.data import XMCData
 
     rng = np.random.default_rng(5)
@@ -244,8 +243,7 @@ def test_a_busy_stage_says_so_every_few_seconds(capsys):
 def test_the_index_build_keeps_what_training_recorded():
     """build_index adds its timings to model.index_info; the early-stopping record stays."""
     from dslide import train as T
-    from dslide.config import points_per_label
-    from dslide.config import Config, LSHConfig
+    from dslide.config import Config, LSHConfig, points_per_label
     from dslide.io.data import XMCData
 
     rng = np.random.default_rng(6)
