@@ -301,7 +301,7 @@ def _fill_baskets(topic_ptr, topic_labels, extra, label_zipf, window, window_sha
 
 @njit(cache=True)
 def _powerlaw_const_nb(n, a):
-    """synthetic._powerlaw_const inside kernels (n varies per topic / product there)."""
+    """draws._powerlaw_const inside kernels (n varies per topic / product there)."""
     if a == 1.0:
         return np.log(n + 1.0)
     return (n + 1.0) ** (1.0 - a) - 1.0
