@@ -130,6 +130,7 @@ class Model:
         """
         from dslide import propensity
         from dslide import train as T
+        from dslide.config import points_per_label
         from dslide.io.data import XMCData
 
         X = _features(X)
@@ -145,7 +146,7 @@ class Model:
             if Xv.shape[1] != X.shape[1]:
                 raise ValueError(f"X_val has {Xv.shape[1]} features, X has {X.shape[1]}")
             test = XMCData(Xv, labels_matrix(Y_val, Xv.shape[0], train.n_labels))
-        config = self.config.resolve(train.n_labels, T.points_per_label(train.Y), train.n_points)
+        config = self.config.resolve(train.n_labels, points_per_label(train.Y), train.n_points)
         notice_threads(self.comm, config)
         model = T.build_network((train.n_features, train.n_labels), config, self.comm)
         T.init_from_data(model, train)
@@ -181,6 +182,7 @@ class Model:
         retrieves (a model with an LSH output layer only).
         """
         from dslide import train as T
+        from dslide.infer.predict import predict_topk_scores
         from dslide.io import formats
 
         model = self._fitted()
@@ -188,7 +190,7 @@ class Model:
             raise ValueError(f"k = {k!r} and top_k = {top_k!r}: they are the same setting, give one of them")
         k = check_k(next((v for v in (k, top_k) if v is not None), 5), model.n_labels)
         check_lsh(model, lsh)
-        ids, scores = T.predict_topk_scores(model, _features(X), k, exact=not lsh)
+        ids, scores = predict_topk_scores(model, _features(X), k, exact=not lsh)
         return formats.predictions_csr(ids, scores, model.n_labels) if sparse else (ids, scores)
 
     def predict_csr(self, X, k: int | None = None, lsh: bool = False, *, top_k: int | None = None):

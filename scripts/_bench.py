@@ -176,8 +176,9 @@ def child(case_path: str) -> None:
     import scipy.sparse as sp
 
     from dslide import train as T
+    from dslide.infer.predict import predict_topk
     from dslide.comm import Comm
-    from dslide.config import Config
+    from dslide.config import Config, points_per_label
     from dslide.io.data import XMCData
     from dslide.metrics import evaluate, inverse_propensity
 
@@ -189,7 +190,7 @@ def child(case_path: str) -> None:
     if "hidden" in cfg:
         cfg["hidden"] = tuple(cfg["hidden"])
     config = Config.from_dict({**cfg, "threads": int(case.get("threads", 1))}).resolve(
-        train.n_labels, T.points_per_label(train.Y), train.n_points)  # as T.fit resolves it
+        train.n_labels, points_per_label(train.Y), train.n_points)  # as T.fit resolves it
     # compile the kernels on a few points first: the timings below are of training, not of numba
     warm = XMCData(train.X[:300], train.Y[:300])
     T.fit(warm, config.replace(epochs=1.0, eval_every=0, checkpoint_every=0), comm=comm, index=False)
@@ -221,9 +222,9 @@ def child(case_path: str) -> None:
     # the inference index (built after training, outside its time) only where --lsh is measured
     lsh = bool(case.get("inference") or case.get("lsh_predict"))
     model, history = T.fit(train, config, test, comm=comm, callback=callback, index=lsh)
-    T.predict_topk(model, test.X[:64], 5, exact=True)  # compile outside the timing
+    predict_topk(model, test.X[:64], 5, exact=True)  # compile outside the timing
     t0 = time.perf_counter()
-    pred = T.predict_topk(model, test.X, 5, exact=True)
+    pred = predict_topk(model, test.X, 5, exact=True)
     predict_s = time.perf_counter() - t0
     # PSP@k with the training labels' propensities (pyxclib's A, B), as `dslide train` reports it
     final = evaluate(sp.csr_matrix(test.Y), pred, k=5, inv_prop=inv_prop)
@@ -258,9 +259,9 @@ def child(case_path: str) -> None:
         result["curve_points"], result["probe_s"] = curve.points, curve.probe_s
     result["fusion_choice"] = model.index_info.get("fusion_choice", {}).get("chosen")
     if case.get("lsh_predict") and model.index is not None:
-        T.predict_topk(model, test.X[:64], 5, exact=False)
+        predict_topk(model, test.X[:64], 5, exact=False)
         t0 = time.perf_counter()
-        ids = T.predict_topk(model, test.X, 5, exact=False)
+        ids = predict_topk(model, test.X, 5, exact=False)
         result["lsh_predict_s"] = time.perf_counter() - t0
         m = evaluate(sp.csr_matrix(test.Y), ids, k=5, inv_prop=inv_prop)
         result["lsh"] = {k: m[k] for k in ("p@1", "p@5", "psp@5") if k in m}

@@ -23,7 +23,7 @@ import time
 import numpy as np
 import scipy.sparse as sp
 
-from dslide import train as T
+from dslide.infer.predict import predict_topk
 from dslide.infer.index import index_bucket
 from dslide.metrics import evaluate
 from dslide.model import inputs as I
@@ -81,14 +81,14 @@ def compare_inference(model, test, inv_prop, shares=()) -> list[dict]:
     """Rows for exact, --lsh and the static shortlist of equal size (see the module docstring),
     then --lsh again with the index refilled at each of `shares` (same anchors, other bucket sizes)."""
     Y = sp.csr_matrix(test.Y)
-    T.predict_topk(model, test.X[:64], 10, exact=False)  # compile outside the timings
+    predict_topk(model, test.X[:64], 10, exact=False)  # compile outside the timings
     rows = []
     t0 = time.perf_counter()
-    exact = T.predict_topk(model, test.X, 10, exact=True)
+    exact = predict_topk(model, test.X, 10, exact=True)
     rows.append(("exact", 1.0, time.perf_counter() - t0, exact))
     stats = {}
     t0 = time.perf_counter()
-    pred = T.predict_topk(model, test.X, 10, exact=False, stats=stats)
+    pred = predict_topk(model, test.X, 10, exact=False, stats=stats)
     rows.append(("--lsh (the index)", stats["scored_share"], time.perf_counter() - t0, pred))
     n_labels = model.network.n_labels
     m = max(1, int(round(stats["scored_share"] * n_labels)))
@@ -103,7 +103,7 @@ def compare_inference(model, test, inv_prop, shares=()) -> list[dict]:
             refill_index(model, share)
             stats = {}
             t0 = time.perf_counter()
-            pred = T.predict_topk(model, test.X, 10, exact=False, stats=stats)
+            pred = predict_topk(model, test.X, 10, exact=False, stats=stats)
             rows.append(("--lsh, buckets alone (no neighbours)", stats["scored_share"], time.perf_counter() - t0,
                          pred))
         finally:
@@ -111,10 +111,10 @@ def compare_inference(model, test, inv_prop, shares=()) -> list[dict]:
             refill_index(model, share)
     for share in shares:
         refill_index(model, share)
-        T.predict_topk(model, test.X[:64], 10, exact=False)
+        predict_topk(model, test.X[:64], 10, exact=False)
         stats = {}
         t0 = time.perf_counter()
-        pred = T.predict_topk(model, test.X, 10, exact=False, stats=stats)
+        pred = predict_topk(model, test.X, 10, exact=False, stats=stats)
         rows.append((f"--lsh, buckets of {share:.0%}", stats["scored_share"], time.perf_counter() - t0, pred))
     out = []
     for name, share, secs, ids in rows:

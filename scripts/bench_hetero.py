@@ -55,6 +55,7 @@ def child(case_path: str) -> None:
     import scipy.sparse as sp
 
     from dslide import train as T
+    from dslide.infer.predict import predict_topk_scores
     from dslide.comm import Comm
     from dslide.config import Config
     from dslide.io.data import XMCData
@@ -100,7 +101,7 @@ def child(case_path: str) -> None:
                                   "step_bytes": history[-1]["bytes_per_step"] if history else 0.0})
     # scored 128 points at a time: the default 1,024 holds [1,000, 670,091] logits (2.7 GB) on every
     # rank at 4x1, which with four whole models went past this machine's memory
-    pred = T.predict_topk_scores(model, test.X, 5, exact=True, batch_size=128)[0]
+    pred = predict_topk_scores(model, test.X, 5, exact=True, batch_size=128)[0]
     final = evaluate(sp.csr_matrix(test.Y), pred, k=5)
     if comm.rank != 0:
         return

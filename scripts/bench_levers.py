@@ -47,7 +47,8 @@ def member_rows(name: str, epochs: list[float], threads: int, settings: dict | N
     import scipy.sparse as sp
 
     from dslide import train as T
-    from dslide.config import Config
+    from dslide.infer.predict import predict_topk_scores
+    from dslide.config import Config, points_per_label
     from dslide.infer import fusion
     from dslide.metrics import evaluate, inverse_propensity
 
@@ -60,13 +61,13 @@ def member_rows(name: str, epochs: list[float], threads: int, settings: dict | N
     nn_ids, nn_sims = store.neighbours(te.X, max(NEIGHBOURS))
     pr_ids, pr_sims = store.prototypes(te.X, PROTO_CANDIDATES) if protos else (None, None)
     search_s = time.perf_counter() - t0
-    ppl = T.points_per_label(tr.Y)
+    ppl = points_per_label(tr.Y)
     rows = []
     for ep in epochs:
         model, hist = T.fit(tr, Config.from_dict({**(settings or {}), "threads": threads, "epochs": ep, "knn": 0}),
                             index=False)
         train_s = sum(r["wall_s_delta"] for r in hist)
-        mi, ms = T.predict_topk_scores(model, te.X, CANDIDATES)
+        mi, ms = predict_topk_scores(model, te.X, CANDIDATES)
         for k in NEIGHBOURS:
             for power in POWERS:
                 for share in SHARES:

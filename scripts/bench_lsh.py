@@ -420,7 +420,7 @@ def wall_table(args) -> None:
              f"machine: {M.machine()}; load average before: {os.getloadavg()[0]:.1f}", "",
              f"`mpiexec -n 2 dslide predict --model {args.model} --data {args.data} --k 5` (1 thread per rank); "
              "end to end: from the process's start to the predictions written; scoring: the seconds it printed "
-             "(T.predict_topk_scores); warm: numba's cache filled by a run just before; cold: an empty cache", "",
+             "(dslide.infer.predict.predict_topk_scores); warm: numba's cache filled by a run just before; cold: an empty cache", "",
              "| machine | numba cache | method | end to end s | scoring s | start-up s | of it loading s |",
              "|---|---|---|---|---|---|---|"]
     for cond, cache, method, r in rows:
@@ -502,12 +502,13 @@ def eval_child(args) -> None:
     from dslide.session import load_model
 
     from dslide import train as T
+    from dslide.train.infer_build import build_index
 
     comm = Comm()
     model = load_model(args.model, comm)
     info = {}
     if args.rebuild:
-        info = {k: v for k, v in T.build_index(model, read_xmc(args.rebuild)).items() if k != "share"}
+        info = {k: v for k, v in build_index(model, read_xmc(args.rebuild)).items() if k != "share"}
     shares = [float(x) for x in args.shares.split(",") if x.strip()]
     rows = compare_inference(model, read_xmc(args.data), propensity.load(args.model, model.n_labels)["inv_prop"],
                              shares)

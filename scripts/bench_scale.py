@@ -65,6 +65,8 @@ def child(case_path: str) -> None:
 
     from dslide import memory
     from dslide import train as T
+    from dslide.infer.predict import evaluate
+    from dslide.train.infer_build import build_index
     from dslide.comm import Comm
     from dslide.config import Config
     from dslide.io import checkpoint as ck
@@ -96,14 +98,14 @@ def child(case_path: str) -> None:
               "bytes_per_step": float(np.mean([r["bytes_per_step"] for r in history]))}
     if case.get("index"):
         t0 = time.perf_counter()
-        info = T.build_index(model, train)
+        info = build_index(model, train)
         me["index_s"] = time.perf_counter() - t0
         me["hwm_index"] = M.status_bytes("VmHWM:")
         result["index"] = {k: v for k, v in info.items() if isinstance(v, (int, float))}
     if case.get("eval_points"):
         m = min(case["eval_points"], test.n_points)
         t0 = time.perf_counter()
-        ev = T.evaluate(model, XMCData(test.X[:m], test.Y[:m]), k=5, exact=True)
+        ev = evaluate(model, XMCData(test.X[:m], test.Y[:m]), k=5, exact=True)
         me["eval_s"] = time.perf_counter() - t0
         result.update({"p@1": ev["p@1"], "p@5": ev["p@5"], "eval_points": m})
     if case.get("checkpoint"):

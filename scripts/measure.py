@@ -263,14 +263,22 @@ def report(module: str, argv: list[str], rows: list[dict], cols, out: str | None
     return text
 
 
+#: where docs/benchmarks.md's list of older runs (docs/benchmarks-history.md) starts: new sections go above it
+HISTORY = "<!-- history -->"
+
+
 def record(key: str, text: str) -> None:
-    """Put `text` in docs/benchmarks.md as the section of `key` (replacing the previous one)."""
+    """Put `text` in docs/benchmarks.md as the section of `key`: in place of the previous one, or
+    else last before the History list (HISTORY), or at the end of a page without one."""
     doc = ROOT / "docs" / "benchmarks.md"
     head, tail = f"<!-- {key} -->", f"<!-- end {key} -->"
     body = f"{head}\n## `scripts/{key}`\n\n{text.strip()}\n{tail}\n"
     old = doc.read_text() if doc.exists() else "# Benchmarks\n\nEvery figure here was printed by the command above it.\n\n"
     if head in old and tail in old:
         new = old[:old.index(head)] + body + old[old.index(tail) + len(tail) + 1:]
+    elif HISTORY in old:
+        at = old.index(HISTORY)
+        new = old[:at].rstrip("\n") + "\n\n" + body + "\n" + old[at:]
     else:
         new = old.rstrip("\n") + "\n\n" + body
     doc.parent.mkdir(exist_ok=True)

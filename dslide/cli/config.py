@@ -28,10 +28,10 @@ def run(args, comm) -> int:
     config = common.make_config(args.config, args.set)
     shape = (None, None, None, None)
     if args.data:
-        from dslide import train as T
+        from dslide.config import points_per_label
 
         data = common.read(args.data, "--data", args.format, comm=comm)
-        shape = (data.n_features, data.n_labels, T.points_per_label(data.Y), data.n_points)
+        shape = (data.n_features, data.n_labels, points_per_label(data.Y), data.n_points)
     if comm.rank == 0:
         if args.data:
             print(f"{args.data}: {shape[0]:,} features, {shape[1]:,} labels, "

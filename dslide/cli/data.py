@@ -48,7 +48,7 @@ def add_parser(command) -> None:
 
 
 def run(args, comm) -> int:
-    from dslide.datasets import suite, synthetic
+    from dslide.datasets import stats, suite, synthetic
 
     if comm.rank != 0:
         return 0
@@ -60,7 +60,7 @@ def run(args, comm) -> int:
         return 0
     if args.data_cmd == "stats":
         data = common.read(args.file, "data file", args.format, points=False)  # (statistics of nothing are zeros)
-        print(synthetic.format_stats(synthetic.stats(data)))
+        print(stats.format_stats(stats.stats(data)))
         return 0
     if args.data_cmd == "convert":
         return _convert(args)

@@ -43,6 +43,7 @@ def run(args, comm) -> int:
     import dslide
     from dslide import propensity
     from dslide import train as T
+    from dslide.infer.predict import predict_topk_scores
     from dslide.metrics import evaluate
 
     common.check_out(args)
@@ -64,7 +65,7 @@ def run(args, comm) -> int:
     t0 = time.perf_counter()
     stats = {}
     bar = common.points_bar(comm, data.n_points, args, "scoring")
-    pred = T.predict_topk_scores(model, data.X, args.k, exact=not args.lsh, stats=stats,
+    pred = predict_topk_scores(model, data.X, args.k, exact=not args.lsh, stats=stats,
                                  progress=bar.update if bar else None)[0]
     if bar:
         bar.close()

@@ -27,7 +27,7 @@ def add_parser(command) -> None:
 
 def run(args, comm) -> int:
     import dslide
-    from dslide import train as T
+    from dslide.infer.predict import predict_topk_scores
     from dslide.io import formats, rundir
 
     common.check_out(args)
@@ -50,7 +50,7 @@ def run(args, comm) -> int:
     stats = {}
     bar = common.points_bar(comm, data.n_points, args, "predicting")
     t0 = time.perf_counter()
-    ids, scores = T.predict_topk_scores(model, data.X, args.k, exact=not args.lsh, stats=stats,
+    ids, scores = predict_topk_scores(model, data.X, args.k, exact=not args.lsh, stats=stats,
                                         progress=bar.update if bar else None)
     dt = time.perf_counter() - t0
     if bar:

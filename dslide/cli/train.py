@@ -96,6 +96,7 @@ def run(args, comm) -> int:
 
 def _run(args, comm, held) -> int:
     from dslide import train as T
+    from dslide.config import points_per_label
     from dslide.io import checkpoint as ck
     from dslide.io.data import checksum as data_checksum
     from dslide.io.data import write_caches
@@ -139,7 +140,7 @@ def _run(args, comm, held) -> int:
             raise UsageError(f"--train {args.train} has {train.n_features:,} features and {train.n_labels:,} "
                              f"labels; the run in {args.resume} was trained on {saved['n_features']:,} and "
                              f"{saved['n_labels']:,}")
-    config = config.resolve(train.n_labels, T.points_per_label(train.Y), train.n_points)
+    config = config.resolve(train.n_labels, points_per_label(train.Y), train.n_points)
     train_checksum = comm.bcast_object(data_checksum(train) if comm.rank == 0 else None)
     if args.resume:
         _resume_plan(comm, args, saved, {k: (getattr(base, k), getattr(config, k)) for k in changes},
@@ -309,6 +310,7 @@ def _final_metrics(model, history, test, wall, inv_prop) -> dict:
     import scipy.sparse as sp
 
     from dslide import train as T
+    from dslide.infer.predict import predict_topk
 
     comm, net = model.comm, model.network
     steps = [r for r in history]
@@ -318,7 +320,7 @@ def _final_metrics(model, history, test, wall, inv_prop) -> dict:
     if test is not None:
         from dslide.metrics import evaluate
 
-        pred = T.predict_topk(model, test.X, 5, exact=True)
+        pred = predict_topk(model, test.X, 5, exact=True)
         out.update(evaluate(sp.csr_matrix(test.Y), pred, k=5, inv_prop=inv_prop))
     own = comm.allreduce_sum(np.array([sum(r["bytes_per_step"] * 1.0 for r in steps) / max(1, len(steps))]))[0]
     out.update({

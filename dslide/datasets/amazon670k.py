@@ -79,10 +79,10 @@ from numba import njit
 
 from dslide.datasets.baskets import _powerlaw_const_nb
 from dslide.io.data import XMCData
+from dslide.datasets.draws import _draw_features, _powerlaw_rank, _uniform, _zipf_mass
+from dslide.datasets.presets import pick_preset
 from dslide.datasets.synthetic import (
-    Slots, _check_points, _emit_row, assemble, pick_preset, split_pair,
-    _add_feature, _check_seed, _draw_features, _powerlaw_rank, _split_stream, _uniform,
-    _zipf_mass,
+    Slots, _check_points, _emit_row, assemble, split_pair, _add_feature, _check_seed, _split_stream,
 )
 
 

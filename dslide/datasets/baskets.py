@@ -78,10 +78,10 @@ import numpy as np
 from numba import njit
 
 from dslide.io.data import XMCData
+from dslide.datasets.draws import _draw_features, _next, _powerlaw_rank, _uniform
+from dslide.datasets.presets import pick_preset
 from dslide.datasets.synthetic import (
-    Slots, _check_points, _emit_row, assemble, pick_preset, split_pair,
-    _add_feature, _check_seed, _draw_features, _holds, _next, _powerlaw_rank,
-    _split_stream, _uniform,
+    Slots, _check_points, _emit_row, assemble, split_pair, _add_feature, _check_seed, _holds, _split_stream,
 )
 
 
@@ -301,7 +301,7 @@ def _fill_baskets(topic_ptr, topic_labels, extra, label_zipf, window, window_sha
 
 @njit(cache=True)
 def _powerlaw_const_nb(n, a):
-    """synthetic._powerlaw_const inside kernels (n varies per topic / product there)."""
+    """draws._powerlaw_const inside kernels (n varies per topic / product there)."""
     if a == 1.0:
         return np.log(n + 1.0)
     return (n + 1.0) ** (1.0 - a) - 1.0

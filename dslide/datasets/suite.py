@@ -19,6 +19,7 @@ from collections import OrderedDict
 from types import ModuleType
 
 from dslide.datasets import amazon670k, baskets, synthetic
+from dslide.datasets.stats import centroid_p_at_1
 from dslide.io.data import XMCData
 
 FAMILIES: tuple[ModuleType, ...] = (synthetic, baskets, amazon670k)
@@ -76,7 +77,7 @@ def member_stats(train: XMCData, test: XMCData) -> dict:
 
     points_per_label, labels_seen_1_5 and labels_seen_once are over the labels seen in
     train; top_label_share is the share of train points holding the most frequent label;
-    centroid_p1 is synthetic.centroid_p_at_1 and top_label_p1 the P@1 of always
+    centroid_p1 is dslide.datasets.stats.centroid_p_at_1 and top_label_p1 the P@1 of always
     predicting the most frequent train label.
     """
     import numpy as np
@@ -96,7 +97,7 @@ def member_stats(train: XMCData, test: XMCData) -> dict:
         "labels_seen": int(len(seen)),
         "labels_seen_once": float(np.mean(seen == 1)) if len(seen) else 0.0,
         "labels_seen_1_5": float(np.mean(seen <= 5)) if len(seen) else 0.0,
-        "centroid_p1": synthetic.centroid_p_at_1(train, test),
+        "centroid_p1": centroid_p_at_1(train, test),
         "top_label_p1": float(np.mean(np.diff(test.Y[:, top].tocsr().indptr) > 0)) if test.n_points else 0.0,
     }
 

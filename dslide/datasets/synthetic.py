@@ -10,7 +10,7 @@ A data set has a *world* and *points*. The world depends only on
 Zipf-like law. Below, "Zipf-like with exponent a over n items" means
 ``P(rank = r) = ∫_{r+1}^{r+2} x^-a dx / Z`` for ``r = 0..n-1``, i.e. about
 ``(r + 1.5)^-a``; it is sampled in O(1) by inverting its CDF
-(:func:`_powerlaw_rank`) or with an alias table.
+(`dslide.datasets.draws._powerlaw_rank`) or with an alias table.
 
 The world (F features, L labels)
 --------------------------------
@@ -59,7 +59,7 @@ apart; ``noise`` dilutes every point.
 
 Calibration
 -----------
-* ``tiny`` and ``small``: the label-centroid classifier (:func:`centroid_p_at_1`:
+* ``tiny`` and ``small``: the label-centroid classifier (`dslide.datasets.stats.centroid_p_at_1`:
   score labels by ``x @ C.T`` with ``C`` the mean L2-normalised train row of
   each label) reaches P@1 of about 0.82 and 0.83 (means over 10 and 5 seeds;
   0.81 and 0.84 at seed 0), far above predicting the most frequent label
@@ -95,224 +95,24 @@ Command line
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import functools
 import os
 import sys
 import time
 import zlib
-from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
 import scipy.sparse as sp
 from numba import njit
 
+from dslide.datasets.draws import (
+    _INV32, _LO32, _S32, _alias_pick, _alias_table, _compact_alias, _draw_features, _next,
+    _powerlaw_const, _powerlaw_rank, _uniform, _zipf_mass,
+)
+from dslide.datasets.presets import FIELD_KINDS, FIELDS, PRESETS, Preset, get_preset
+from dslide.datasets.stats import centroid_p_at_1, format_stats, stats
 from dslide.io.data import XMCData, write_xmc
-from dslide.rng import splitmix_next, unit
-
-
-# --------------------------------------------------------------------------- presets
-
-
-@dataclass(frozen=True)
-class Preset:
-    """Parameters of a synthetic data set (see the module docstring for the model).
-
-    n_features:   F, number of features.
-    n_labels:     L, number of labels.
-    n_train:      default number of points of the "train" split.
-    n_test:       default number of points of the "test" split.
-    nnz_mean:     mean number of non-zeros per point.
-    nnz_sigma:    log-normal shape of the non-zeros per point (larger: heavier tail).
-    nnz_max:      cap on the non-zeros of one point.
-    labels_mean:  mean number of labels per point before the cap (1 + Poisson(labels_mean - 1)).
-    labels_max:   cap on the labels of one point (keep it <= cluster_size when cluster_prob = 1,
-                  or the cap, not the cluster, limits the labels).
-    label_zipf:   exponent of the Zipf-like label popularity (0 = uniform).
-    cluster_size: labels per cluster (a random set of labels sharing a topic).
-    cluster_prob: probability that a further label of a point comes from the
-                  primary label's cluster rather than from global popularity.
-    proto_size:   features in each label's prototype.
-    topic_size:   features in each cluster's topic prototype.
-    topic_share:  fraction of signal draws taken from the cluster topic rather
-                  than from the label's own prototype.
-    proto_zipf:   the j-th feature of a prototype has weight (j + 1)^-proto_zipf.
-    proto_feature_zipf: prototype and topic features are drawn Zipf-like over the
-                  background ranks with this exponent (0: uniform over the features;
-                  larger: more shared, more frequent, lower-idf prototype features).
-    noise:        expected fraction of a point's non-zeros drawn from the background.
-    feature_zipf: exponent of the Zipf-like background feature popularity.
-    idf_slope:    idf of the feature of background rank r: 1 + idf_slope * log2(1 + r).
-    tf_power:     value = idf * tf ** tf_power (1: raw term counts, 0: binary-like).
-    """
-
-    n_features: int
-    n_labels: int
-    n_train: int
-    n_test: int
-    nnz_mean: float
-    nnz_sigma: float
-    nnz_max: int
-    labels_mean: float
-    labels_max: int
-    label_zipf: float
-    cluster_size: int
-    cluster_prob: float
-    proto_size: int
-    topic_size: int
-    topic_share: float
-    proto_zipf: float
-    proto_feature_zipf: float
-    noise: float
-    feature_zipf: float
-    idf_slope: float
-    tf_power: float
-
-    def __post_init__(self):
-        for name in FIELDS:
-            value = getattr(self, name)
-            kind = _FIELD_KINDS[name]
-            number_types = (int, np.integer) if kind is int else (int, float, np.number)
-            ok = isinstance(value, number_types)
-            if isinstance(value, bool) or not ok or (kind is float and not np.isfinite(value)):
-                raise ValueError(f"{name} ({value!r}) must be a finite {kind.__name__}")
-        for name in ("n_features", "n_labels", "nnz_max", "labels_max", "cluster_size",
-                     "proto_size", "topic_size"):
-            value = getattr(self, name)
-            # int32 ids in the kernels and the csr indices.
-            if not 1 <= value <= 2**31 - 1:
-                raise ValueError(f"{name} ({value}) must be in [1, 2**31 - 1]")
-        for name in ("n_train", "n_test"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name} ({getattr(self, name)}) must be >= 0")
-        if not 1.0 <= self.nnz_mean <= min(self.nnz_max, self.n_features):
-            raise ValueError(f"nnz_mean ({self.nnz_mean}) must be in [1, min(nnz_max, n_features)]"
-                             f" = [1, {min(self.nnz_max, self.n_features)}]")
-        if not 1.0 <= self.labels_mean <= self.labels_max:
-            raise ValueError(
-                f"labels_mean ({self.labels_mean}) must be in [1, labels_max] = [1, {self.labels_max}]")
-        if self.labels_max > self.n_labels:
-            raise ValueError(f"labels_max ({self.labels_max}) must be <= n_labels ({self.n_labels})")
-        for name in ("cluster_prob", "topic_share", "noise"):
-            value = getattr(self, name)
-            if not 0.0 <= value <= 1.0:
-                raise ValueError(f"{name} ({value}) must be in [0, 1]")
-        for name in ("nnz_sigma", "label_zipf", "proto_zipf", "proto_feature_zipf", "feature_zipf",
-                     "idf_slope", "tf_power"):
-            value = getattr(self, name)
-            if value < 0.0:
-                raise ValueError(f"{name} ({value}) must be >= 0")
-
-
-FIELDS = tuple(f.name for f in dataclasses.fields(Preset))
-_FIELD_KINDS = {f.name: {"int": int, "float": float}[f.type] for f in dataclasses.fields(Preset)}
-
-PRESETS: dict[str, Preset] = {
-    # For tests: generates in a few milliseconds.
-    "tiny": Preset(
-        n_features=1_000, n_labels=500, n_train=2_000, n_test=500,
-        nnz_mean=20.0, nnz_sigma=0.5, nnz_max=200, labels_mean=2.0, labels_max=4,
-        label_zipf=1.0, cluster_size=4, cluster_prob=1.0,
-        proto_size=10, topic_size=20, topic_share=0.3, proto_zipf=1.2, proto_feature_zipf=0.3,
-        noise=0.5, feature_zipf=1.0, idf_slope=0.5, tf_power=0.8,
-    ),
-    # The demo default: the shape of SLIDE's reference benchmark.
-    "small": Preset(
-        n_features=50_000, n_labels=20_000, n_train=20_000, n_test=2_000,
-        nnz_mean=28.0, nnz_sigma=0.7, nnz_max=500, labels_mean=2.0, labels_max=4,
-        label_zipf=1.0, cluster_size=4, cluster_prob=1.0,
-        proto_size=16, topic_size=32, topic_share=0.2, proto_zipf=1.5, proto_feature_zipf=0.3,
-        noise=0.2, feature_zipf=1.0, idf_slope=0.4, tf_power=0.8,
-    ),
-    # Statistics of Amazon-670K (calibrated on 512 real test points).
-    "amazon-like": Preset(
-        n_features=135_909, n_labels=670_091, n_train=50_000, n_test=5_000,
-        nnz_mean=64.0, nnz_sigma=0.85, nnz_max=2_000, labels_mean=5.0, labels_max=8,
-        label_zipf=0.9, cluster_size=8, cluster_prob=1.0,
-        proto_size=24, topic_size=48, topic_share=0.3, proto_zipf=1.2, proto_feature_zipf=0.7,
-        noise=0.35, feature_zipf=0.8, idf_slope=0.45, tf_power=0.8,
-    ),
-}
-# The same shape with a longer label tail (most frequent label in about 0.8% of the
-# points instead of 2.5%; the 0.1% most frequent labels hold 8% of the label
-# entries instead of 21%): judges whether a method leans on frequent labels.
-PRESETS["amazon-tail"] = dataclasses.replace(PRESETS["amazon-like"], label_zipf=0.75)
-
-
-def pick_preset(preset, overrides: dict, presets: dict, kind: type, fields: tuple):
-    """The preset named `preset` in `presets` (or a `kind` instance) with `overrides` (fields of
-    `kind`) applied and checked: every generator family's `get_preset`."""
-    if isinstance(preset, kind):
-        base = preset
-    elif preset in presets:
-        base = presets[preset]
-    else:
-        raise ValueError(f"unknown preset {preset!r}; valid presets: {', '.join(presets)}")
-    unknown = sorted(set(overrides) - set(fields))
-    if unknown:
-        raise ValueError(f"unknown preset field(s) {', '.join(unknown)}; valid fields: {', '.join(fields)}")
-    return dataclasses.replace(base, **overrides) if overrides else base
-
-
-def get_preset(preset: str | Preset, **overrides) -> Preset:
-    """The preset named `preset` (or the given Preset) with `overrides` applied and checked."""
-    return pick_preset(preset, overrides, PRESETS, Preset, FIELDS)
-
-
-# --------------------------------------------------------------------------- random numbers
-
-_S32 = np.uint64(32)
-_LO32 = np.uint64(0xFFFFFFFF)
-_INV32 = 1.0 / 4294967296.0
-
-
-@njit(cache=True)
-def _next(state):
-    """Next uint64 of a splitmix64 stream; state: uint64[1], advanced in place."""
-    return splitmix_next(state, 0)
-
-
-@njit(cache=True)
-def _uniform(state):
-    """Next float64 in [0, 1) (53 random bits) of the stream in `state`."""
-    return unit(_next(state))
-
-
-@njit(cache=True)
-def _alias_pick(u, prob, alias):
-    """Index drawn from the alias table (prob float64 [K], alias int64 [K]) with one uniform u."""
-    x = u * prob.shape[0]
-    i = min(np.int64(x), prob.shape[0] - 1)
-    if x - i < prob[i]:
-        return i
-    return alias[i]
-
-
-def _powerlaw_const(n: int, a: float) -> float:
-    """The constant c of `_powerlaw_rank` for n items and exponent a."""
-    if a == 1.0:
-        return float(np.log(n + 1.0))
-    return float((n + 1.0) ** (1.0 - a) - 1.0)
-
-
-@njit(cache=True)
-def _powerlaw_rank(u, n, a, c):
-    """Rank r in [0, n) with P(r) = ∫_{r+1}^{r+2} x^-a dx / Z, by inverting the CDF at u.
-
-    x = (1 + u c)^(1 / (1 - a)) with c = (n + 1)^(1 - a) - 1, or x = exp(u c) with
-    c = ln(n + 1) when a = 1; r = floor(x) - 1. O(1), no table.
-    """
-    if a == 1.0:
-        x = np.exp(u * c)
-    else:
-        x = (1.0 + u * c) ** (1.0 / (1.0 - a))
-    r = np.int64(x) - 1
-    if r < 0:
-        r = 0
-    if r > n - 1:
-        r = n - 1
-    return r
 
 
 # --------------------------------------------------------------------------- the world
@@ -348,76 +148,10 @@ class World(NamedTuple):
     bg_alias: np.ndarray
 
 
-@njit(cache=True)
-def _alias_table(weights):
-    """Walker/Vose alias table of weights (float64 [K], >= 0, positive sum).
-
-    Returns prob float64 [K] and alias int64 [K]: with x = u K (u uniform), item
-    i = floor(x) is kept when x - i < prob[i], else replaced by alias[i]; then
-    P(item j) = weights[j] / sum(weights).
-    """
-    k = weights.shape[0]
-    scaled = weights * (k / weights.sum())
-    prob = np.ones(k, dtype=np.float64)
-    alias = np.arange(k)
-    small = np.empty(k, dtype=np.int64)
-    large = np.empty(k, dtype=np.int64)
-    ns = 0
-    nl = 0
-    for i in range(k):
-        if scaled[i] < 1.0:
-            small[ns] = i
-            ns += 1
-        else:
-            large[nl] = i
-            nl += 1
-    while ns > 0 and nl > 0:
-        ns -= 1
-        s = small[ns]
-        nl -= 1
-        g = large[nl]
-        prob[s] = scaled[s]
-        alias[s] = g
-        scaled[g] = (scaled[g] + scaled[s]) - 1.0
-        if scaled[g] < 1.0:
-            small[ns] = g
-            ns += 1
-        else:
-            large[nl] = g
-            nl += 1
-    # Whatever is left is 1 up to rounding: it keeps prob 1 and aliases itself.
-    return prob, alias
-
-
-def _compact_alias(prob, alias):
-    # Halves the memory the hot loop touches per background draw (F can be ~1e5-1e6).
-    return prob.astype(np.float32), alias.astype(np.int32)
-
-
-def _zipf_mass(n: int, a: float) -> np.ndarray:
-    """float64 [n]: P(rank = r) ∝ ∫_{r+1}^{r+2} x^-a dx, the law `_powerlaw_rank` samples."""
-    r1 = np.arange(n, dtype=np.float64) + 1.0
-    t = np.log1p(1.0 / r1)  # ln((r+2)/(r+1))
-    if a == 1.0:
-        return t
-    # ((r+2)^(1-a) - (r+1)^(1-a)) / (1-a), written to stay accurate near a = 1.
-    return r1 ** (1.0 - a) * np.expm1((1.0 - a) * t) / (1.0 - a)
-
-
 def _position_weights(p: Preset) -> np.ndarray:
     wp = (np.arange(p.proto_size) + 1.0) ** -p.proto_zipf
     wt = (np.arange(p.topic_size) + 1.0) ** -p.proto_zipf
     return np.concatenate(((1.0 - p.topic_share) * wp / wp.sum(), p.topic_share * wt / wt.sum()))
-
-
-def _draw_features(rng, shape, feature_of_rank, a) -> np.ndarray:
-    """int32 array of `shape`: features drawn by background rank with Zipf-like exponent a."""
-    F = len(feature_of_rank)
-    u = rng.random(size=shape)
-    c = _powerlaw_const(F, a)
-    x = np.exp(u * c) if a == 1.0 else (1.0 + u * c) ** (1.0 / (1.0 - a))
-    rank = np.clip(x.astype(np.int64) - 1, 0, F - 1)
-    return feature_of_rank[rank]
 
 
 @functools.lru_cache(maxsize=2)
@@ -752,89 +486,6 @@ def write(prefix: str, train: XMCData, test: XMCData) -> tuple[str, str]:
     return paths
 
 
-# --------------------------------------------------------------------------- statistics
-
-
-def stats(data: XMCData) -> dict:
-    """Summary statistics of a data set (plain Python numbers and lists)."""
-    X, Y = data.X, data.Y
-    nnz = np.diff(X.indptr)
-    labs = np.diff(Y.indptr)
-    freq = np.bincount(Y.indices, minlength=data.n_labels)
-    occ = max(int(freq.sum()), 1)
-    sorted_freq = np.sort(freq)[::-1]
-    top1 = max(1, data.n_labels // 100)
-    q = [0.01, 0.1, 0.25, 0.5, 0.75, 0.9, 0.99]
-    values = X.data if X.nnz else np.zeros(1, dtype=np.float32)
-    return {
-        "points": data.n_points,
-        "features": data.n_features,
-        "labels": data.n_labels,
-        "nnz_mean": float(nnz.mean()) if len(nnz) else 0.0,
-        "nnz_median": float(np.median(nnz)) if len(nnz) else 0.0,
-        "nnz_p99": float(np.quantile(nnz, 0.99)) if len(nnz) else 0.0,
-        "nnz_max": int(nnz.max()) if len(nnz) else 0,
-        "labels_mean": float(labs.mean()) if len(labs) else 0.0,
-        "labels_max": int(labs.max()) if len(labs) else 0,
-        "value_quantiles": dict(zip(q, np.quantile(values, q).round(3).tolist())),
-        "value_max": float(values.max()),
-        "labels_seen": int(np.count_nonzero(freq)),
-        "label_freq_head": sorted_freq[:10].tolist(),
-        "label_top1pct_share": float(sorted_freq[:top1].sum() / occ),
-        "labels_seen_once": int(np.count_nonzero(freq == 1)),
-    }
-
-
-def format_stats(s: dict) -> str:
-    vq = "  ".join(f"p{int(k * 100)}={v:g}" for k, v in s["value_quantiles"].items())
-    return "\n".join([
-        f"points {s['points']:,}  features {s['features']:,}  labels {s['labels']:,}",
-        f"nnz/point     mean {s['nnz_mean']:.2f}  median {s['nnz_median']:g}  "
-        f"p99 {s['nnz_p99']:g}  max {s['nnz_max']}",
-        f"labels/point  mean {s['labels_mean']:.3f}  max {s['labels_max']}",
-        f"values        {vq}  max={s['value_max']:g}",
-        f"label freq    head {s['label_freq_head']}  top 1% of labels carry "
-        f"{100 * s['label_top1pct_share']:.1f}% of occurrences",
-        f"              {s['labels_seen']:,} labels occur, {s['labels_seen_once']:,} of them once",
-    ])
-
-
-def centroid_p_at_1(train: XMCData, test: XMCData, chunk: int = 256) -> float:
-    """P@1 of the label-centroid classifier: argmax_l (x_test · c_l).
-
-    c_l = mean of the L2-normalised rows of train.X over the train points carrying l
-    (csr [n_labels, n_features]); labels never seen in training score 0. A test point
-    counts as correct when its top-scoring label is one of its labels; ties go to the
-    lowest label id, and a point scoring 0 for every label counts as a miss. Computed on
-    `chunk` test points at a time so that memory stays bounded.
-    """
-    Xn = _l2_normalise(train.X)
-    Yt = train.Y.T.tocsr()
-    counts = np.asarray(Yt.sum(axis=1)).ravel()
-    inv = np.divide(1.0, counts, out=np.zeros_like(counts, dtype=np.float64), where=counts > 0)
-    C = (sp.diags(inv.astype(np.float32)) @ (Yt @ Xn)).tocsr()  # [L, F]
-    CT = C.T.tocsr()  # [F, L]
-    hits = 0
-    for a in range(0, test.n_points, chunk):
-        S = (test.X[a:a + chunk] @ CT).tocsr()  # [chunk, L], sparse
-        S.sort_indices()  # so that argmax breaks ties towards the lowest label id
-        Yc = test.Y[a:a + chunk]
-        for r in range(S.shape[0]):
-            lo, hi = S.indptr[r], S.indptr[r + 1]
-            if hi == lo:
-                continue
-            best = S.indices[lo + int(np.argmax(S.data[lo:hi]))]
-            row = Yc.indices[Yc.indptr[r]:Yc.indptr[r + 1]]
-            hits += bool(np.any(row == best))
-    return hits / max(test.n_points, 1)
-
-
-def _l2_normalise(X: sp.csr_matrix) -> sp.csr_matrix:
-    norms = np.sqrt(np.asarray(X.multiply(X).sum(axis=1)).ravel())
-    inv = np.divide(1.0, norms, out=np.zeros_like(norms), where=norms > 0)
-    return (sp.diags(inv.astype(np.float32)) @ X).tocsr()
-
-
 # --------------------------------------------------------------------------- command line
 
 
@@ -858,9 +509,9 @@ def main(argv=None) -> int:
                 raise ValueError(f"--set {item!r}: expected FIELD=VALUE with FIELD one of "
                                  f"{', '.join(FIELDS)}")
             try:
-                overrides[name] = _FIELD_KINDS[name](value)
+                overrides[name] = FIELD_KINDS[name](value)
             except ValueError:
-                raise ValueError(f"--set {item!r}: {name} takes a {_FIELD_KINDS[name].__name__}") from None
+                raise ValueError(f"--set {item!r}: {name} takes a {FIELD_KINDS[name].__name__}") from None
         p = get_preset(args.preset, **overrides)
         _check_seed(args.seed)
     except ValueError as e:

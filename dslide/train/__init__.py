@@ -8,12 +8,10 @@ made on that split; `infer_build` the model's inference parts, built at the
 end of training (and the epoch checks' scorer).
 """
 
-from dslide.train.loop import (STEP_KINDS, Alone, Model, TrainingDiverged, batch_rows, build_index,
-                               build_network, checkpoint_steps, data_parallel_bytes, epoch_order, evaluate, fit,
-                               format_record, init_from_data, peak_rss_mb, points_per_label, predict_topk,
-                               predict_topk_scores, rank_threads, save_model, throughput, total_steps)
+from dslide.train.loop import (STEP_KINDS, Alone, Model, TrainingDiverged, batch_rows, build_network,
+                               checkpoint_steps, data_parallel_bytes, epoch_order, fit, format_record,
+                               init_from_data, peak_rss_mb, rank_threads, save_model, throughput, total_steps)
 
-__all__ = ["STEP_KINDS", "Alone", "Model", "TrainingDiverged", "batch_rows", "build_index", "build_network",
-           "checkpoint_steps", "data_parallel_bytes", "epoch_order", "evaluate", "fit", "format_record",
-           "init_from_data", "peak_rss_mb", "points_per_label", "predict_topk", "predict_topk_scores", "rank_threads", "save_model",
-           "throughput", "total_steps"]
+__all__ = ["STEP_KINDS", "Alone", "Model", "TrainingDiverged", "batch_rows", "build_network", "checkpoint_steps",
+           "data_parallel_bytes", "epoch_order", "fit", "format_record", "init_from_data", "peak_rss_mb",
+           "rank_threads", "save_model", "throughput", "total_steps"]

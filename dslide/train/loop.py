@@ -39,7 +39,7 @@ from dslide.io.data import XMCData
 from dslide.train import validation
 from dslide.train.infer_build import build_index, build_neighbours, epoch_scorer, fusion_pending, fusion_probe
 # the command line takes prediction from here until its split (issue 37, move 1) takes it from dslide.infer
-from dslide.infer.predict import evaluate, predict_topk, predict_topk_scores  # noqa: F401
+from dslide.infer.predict import evaluate
 from dslide.model.inputs import csr_parts, input_norms, make_batch
 from dslide.model.network import Network
 from dslide.timings import Timings

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
+import time
 from pathlib import Path
 
 from .. import measure as M
@@ -41,6 +43,37 @@ def preset_flag(a) -> str:
 
 def notes_text(notes: list[str]) -> str:
     return ("\n" + "\n".join(f"- {n}" for n in notes) + "\n") if notes else ""
+
+
+def fmt(v, spec=".4f") -> str:
+    """`v` formatted by `spec`; "-" for None or NaN (a figure a system did not report)."""
+    return "-" if v is None or v != v else format(v, spec)
+
+
+def keep_row(r: dict, member: str, system: str, shape: str, rows: list, notes: list, out_json: Path) -> bool:
+    """One system's row on one member, as the member suites (shapes, real, scale) keep it: tagged
+    with the member, its shape and the load, reported on stderr, appended to `rows` and written to
+    `out_json` as it goes; a failed one ("error") goes to `notes` instead. Whether it was kept."""
+    r.update(member=member, shape=shape, load=os.getloadavg()[0])
+    if "error" in r:
+        notes.append(f"{member}: {system} failed: {r['error']}")
+        print(f"  failed: {r['error']}", file=sys.stderr, flush=True)
+        return False
+    print(f"  {r['train_s']:.1f} s, P@1 {r['p@1']:.4f} P@5 {r['p@5']:.4f} PSP@5 {fmt(r.get('psp@5'))}",
+          file=sys.stderr, flush=True)
+    rows.append(r)
+    out_json.write_text(json.dumps(rows, indent=1, default=float))
+    return True
+
+
+def finish(a, key: str, text: str, notes: list[str], t0: float) -> int:
+    """A member suite's section: `text`, its notes and its seconds in all, printed and recorded as
+    `key` (with " (TAG)" when --tag) unless --no-record."""
+    text += notes_text(notes) + f"\n({time.time() - t0:.0f} s in all)\n"
+    print(text)
+    if not a.no_record:
+        M.record(key + (f" ({a.tag})" if a.tag else ""), text)
+    return 0
 
 
 def publish(a, part: str, text: str, rows: list, title: str, payload) -> None:

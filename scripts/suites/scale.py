@@ -33,15 +33,15 @@ kept as JSON in runs/bench_scale.json.
 
 from __future__ import annotations
 
-import json
-import os
 import sys
 import time
 from pathlib import Path
 
 from .. import _bench as B
 from .. import measure as M
+from . import common as C
 from . import shapes as S
+from .common import fmt
 
 #: name -> the amazon670k preset, the points, and the preset fields changed
 MEMBERS = {
@@ -128,10 +128,6 @@ def reference(rows: list[dict]) -> dict | None:
     return by.get("omikuji3") or by.get("omikuji1")
 
 
-def fmt(v, spec=".4f") -> str:
-    return S.fmt(v, spec)
-
-
 def systems_table(rows: list[dict]) -> str:
     cols = [("member", "member"), ("shape", "shape"), ("system", lambda r: r.get("label", r["system"])),
             ("train s", lambda r: fmt(r.get("train_s"), ",.1f")),
@@ -207,19 +203,10 @@ def run(a) -> int:
                 r = dslide_row(paths, n_test)
             else:
                 r = library_row(system, paths, work / system, timeout=max(1.0, left) if system == "pecos" else None)
-            r.update(member=name, shape=shape, load=os.getloadavg()[0])
-            if "error" in r:
-                notes.append(f"{name}: {system}: {r['error']}")
-                print(f"  failed: {r['error']}", file=sys.stderr, flush=True)
-                continue
-            print(f"  {r['train_s']:.1f} s, P@1 {r['p@1']:.4f} P@5 {r['p@5']:.4f} PSP@5 {fmt(r.get('psp@5'))}",
-                  file=sys.stderr, flush=True)
-            rows.append(r)
-            if system == "dslide":
+            if C.keep_row(r, name, system, shape, rows, notes, out_json) and system == "dslide":
                 notes.append(f"{name}: dslide's final model fuses the neighbours' labels: {r['fusion']} (chosen on "
                              f"the validation split); its peak memory includes the curve's own copy of the "
                              f"validation probe")
-            out_json.write_text(json.dumps(rows, indent=1, default=float))  # kept as it goes
     cmd = M.command("bench", ["--suite scale"]) + "".join(
         f" --{k} {v}" for k, v in (("members", a.members), ("systems", a.systems)) if v)
     d = next((r for r in rows if r["system"] == "dslide"), None)
@@ -241,10 +228,4 @@ def run(a) -> int:
             + (f" (the validation split's neighbour probe, built once before training in "
                f"{d['probe_s']:.1f} s, is left out, as in every dslide row)" if d and d.get("probe_s") else "")
             + ":\n\n" + curve_table(rows) + "\n\n" + reach_line(rows) + "\n")
-    if notes:
-        text += "\n" + "\n".join(f"- {n}" for n in notes) + "\n"
-    text += f"\n({time.time() - t0:.0f} s in all)\n"
-    print(text)
-    if not a.no_record:
-        M.record("bench.py --suite scale" + (f" ({a.tag})" if a.tag else ""), text)
-    return 0
+    return C.finish(a, "bench.py --suite scale", text, notes, t0)

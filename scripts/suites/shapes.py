@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -35,6 +34,7 @@ from pathlib import Path
 from .. import _bench as B
 from .. import measure as M
 from . import common as C
+from .common import fmt
 
 #: dslide-net: dslide's defaults with the neighbours' labels off (knn 0), the network alone
 SYSTEMS = ("dslide", "dslide-net", "pecos", "omikuji3", "omikuji1", "napkinxc")
@@ -135,10 +135,6 @@ def shape_of(paths) -> str:
 
     tr, te = read_xmc(paths[0]), read_xmc(paths[1])
     return f"{tr.n_points:,} / {te.n_points:,} points, {tr.n_features:,} features, {tr.n_labels:,} labels"
-
-
-def fmt(v, spec=".4f") -> str:
-    return "-" if v is None or v != v else format(v, spec)
 
 
 def suite_table(rows: list[dict]) -> str:
@@ -253,15 +249,7 @@ def run(a) -> int:
                 r = dslide_row(system, paths, cfg or {}, lsh_inference=lsh_out and not a.no_lsh)
             else:
                 r = tree_row(system, paths, work / system)
-            r.update(member=name, shape=shape, load=os.getloadavg()[0])
-            if "error" in r:
-                notes.append(f"{name}: {system} failed: {r['error']}")
-                print(f"  failed: {r['error']}", file=sys.stderr, flush=True)
-                continue
-            print(f"  {r['train_s']:.1f} s, P@1 {r['p@1']:.4f} P@5 {r['p@5']:.4f} PSP@5 {fmt(r.get('psp@5'))}",
-                  file=sys.stderr, flush=True)
-            rows.append(r)
-            out_json.write_text(json.dumps(rows, indent=1, default=float))  # kept as it goes
+            C.keep_row(r, name, system, shape, rows, notes, out_json)
     add_gaps(rows)
     cmd = M.command("bench", [f"--suite {suite_name}"]) + "".join(
         f" --{k.replace('_', '-')} {v}" for k, v in (("members", a.members), ("systems", a.systems),
@@ -274,13 +262,7 @@ def run(a) -> int:
             + tables(rows))
     for v in variants:
         text += worst_line(rows, f"dslide {v}", real=True) + "\n"
-    if notes:
-        text += "\n" + "\n".join(f"- {n}" for n in notes) + "\n"
-    text += f"\n({time.time() - t0:.0f} s in all)\n"
-    print(text)
-    if not a.no_record:
-        M.record(f"bench.py --suite {suite_name}" + (f" ({a.tag})" if a.tag else ""), text)
-    return 0
+    return C.finish(a, f"bench.py --suite {suite_name}", text, notes, t0)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

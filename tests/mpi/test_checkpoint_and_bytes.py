@@ -5,6 +5,7 @@ import pytest
 from mpi4py import MPI
 
 from dslide import train as T
+from dslide.infer.predict import predict_topk
 from dslide.comm import Comm, allreduce_bytes
 from dslide.config import Config, LSHConfig
 from dslide.datasets.synthetic import generate_split
@@ -70,7 +71,7 @@ def test_a_checkpoint_loads_on_another_number_of_ranks(tiny, tmp_path_factory):
     if sub != MPI.COMM_NULL:
         model, _ = T.fit(train, cfg, comm=Comm(sub))
         ck.save(model.network, run_dir, Comm(sub), sections=sections(model))
-        saved = T.predict_topk(model, test.X, 5)
+        saved = predict_topk(model, test.X, 5)
         sub.Free()
     saved = WORLD.bcast(saved, root=0)  # rank 0 was one of the saving ranks
     preds = {}
@@ -78,7 +79,7 @@ def test_a_checkpoint_loads_on_another_number_of_ranks(tiny, tmp_path_factory):
         m = T.build_network((train.n_features, train.n_labels), cfg, comm)
         manifest = ck.load_into(m.network, ck.latest(run_dir), comm, sections=sections(m))
         assert manifest["world_size"] == WORLD.size - 1
-        preds[name] = T.predict_topk(m, test.X, 5)
+        preds[name] = predict_topk(m, test.X, 5)
     assert saved.shape == (test.n_points, 5) and (saved >= 0).all()
     np.testing.assert_array_equal(preds["all"], saved)
     np.testing.assert_array_equal(preds["one"], saved)
@@ -222,7 +223,7 @@ def test_a_checkpoint_converts_between_data_and_model_parallelism(tiny, tmp_path
     model, _ = T.fit(train, cfg.replace(parallel=saved_as), comm=comm, stop_at=4)
     run_dir = _shared_dir(tmp_path_factory, f"convert-{saved_as}-{hidden[0]}")
     ck.save(model.network, run_dir, comm, sections=sections(model))
-    want = T.predict_topk(model, test.X, 5)
+    want = predict_topk(model, test.X, 5)
     want_params = full_parameters(model.network)
     want_state = [{k: _whole(model.network, layer, k) for k in ("W.m", "W.v", "b.m", "b.v")}
                   for layer in model.network.layers]
@@ -236,7 +237,7 @@ def test_a_checkpoint_converts_between_data_and_model_parallelism(tiny, tmp_path
         for layer, state in zip(m.network.layers, want_state):
             for k, v in state.items():
                 np.testing.assert_array_equal(_whole(m.network, layer, k), v)
-        np.testing.assert_array_equal(T.predict_topk(m, test.X, 5), want)
+        np.testing.assert_array_equal(predict_topk(m, test.X, 5), want)
 
 
 def _whole(net, layer, key):

@@ -149,6 +149,8 @@ def test_lsh_inference_index_gives_the_same_topk_and_share_at_p_ranks_as_at_one(
     whether the 16 anchors are filled at once or 5 at a time (chunks of 5, 5, 5, 1), and with
     the nearest training points' labels added (a graph whose rows the ranks share out)."""
     from dslide import train as T
+    from dslide.infer.predict import predict_topk
+    from dslide.train.infer_build import build_index
     from dslide.infer import index as I
 
     monkeypatch.setattr(I, "INDEX_CHUNK", chunk)
@@ -170,10 +172,10 @@ def test_lsh_inference_index_gives_the_same_topk_and_share_at_p_ranks_as_at_one(
         net = Network(cfg, X.shape[1], Y.shape[1], comm)
         net.init_output_bias(np.asarray(Y.sum(axis=0)).ravel(), X.shape[0])
         model = T.Model(net, net.config, comm)
-        info = T.build_index(model, data)
+        info = build_index(model, data)
         stats = {}
-        ids = T.predict_topk(model, X, 5, exact=False, stats=stats)
-        exact = T.predict_topk(model, X, 5, exact=True)
+        ids = predict_topk(model, X, 5, exact=False, stats=stats)
+        exact = predict_topk(model, X, 5, exact=True)
         out[name] = (ids, stats["scored_share"], exact, info, model.index.neighbors)
     ids_p, share_p, exact_p, info_p, nn_p = out["p"]
     ids_1, share_1, exact_1, _, nn_1 = out["1"]
@@ -213,6 +215,7 @@ def test_fused_predictions_at_p_ranks_equal_one_rank():
     """knn > 0: exact-mode training, the neighbours' votes and the label prototypes' give every
     rank the 1-rank top-k."""
     from dslide import train as T
+    from dslide.infer.predict import predict_topk, predict_topk_scores
     from dslide.io.data import XMCData
 
     X, Y = _data(n=120, L=17)
@@ -221,8 +224,8 @@ def test_fused_predictions_at_p_ranks_equal_one_rank():
     world = Comm(MPI.COMM_WORLD)
     model_p, _ = T.fit(XMCData(X[:90], Y[:90]), cfg, comm=world, index=False)
     model_1, _ = T.fit(XMCData(X[:90], Y[:90]), cfg, comm=Comm(), index=False)
-    ids_p, s_p = T.predict_topk_scores(model_p, X[90:], 5)
-    ids_1, s_1 = T.predict_topk_scores(model_1, X[90:], 5)
+    ids_p, s_p = predict_topk_scores(model_p, X[90:], 5)
+    ids_1, s_1 = predict_topk_scores(model_1, X[90:], 5)
     np.testing.assert_allclose(s_p, s_1, rtol=1e-4, atol=1e-6)
     assert (ids_p == ids_1).mean() >= 0.95  # float ties at the k-th place aside
     assert model_p.config.proto_weight == 0.5 and model_p.neighbours.has_prototypes
@@ -240,13 +243,13 @@ def test_fused_predictions_at_p_ranks_equal_one_rank():
     pr_1 = model_1.neighbours.prototypes(X[90:], 6, approx=True)
     np.testing.assert_array_equal(pr_p[0], pr_1[0])
     np.testing.assert_array_equal(pr_p[1], pr_1[1])
-    lids_p, ls_p = T.predict_topk_scores(model_p, X[90:], 5, exact=False)
-    lids_1, ls_1 = T.predict_topk_scores(model_1, X[90:], 5, exact=False)
+    lids_p, ls_p = predict_topk_scores(model_p, X[90:], 5, exact=False)
+    lids_1, ls_1 = predict_topk_scores(model_1, X[90:], 5, exact=False)
     np.testing.assert_allclose(ls_p, ls_1, rtol=1e-4, atol=1e-6)
     assert (lids_p == lids_1).mean() >= 0.95
     # the votes count: the model alone ranks otherwise
     model_1.config = model_1.config.replace(knn=0)
-    assert not np.array_equal(T.predict_topk(model_1, X[90:], 5), ids_1)
+    assert not np.array_equal(predict_topk(model_1, X[90:], 5), ids_1)
 
 
 def test_label_prototypes_summed_over_p_ranks_are_the_one_rank_store_bit_for_bit():

@@ -13,13 +13,14 @@ from scripts.suites import shapes as S
 
 def _curve_run(preset: str, n_train: int, epochs: float, at):
     from dslide import train as T
-    from dslide.config import Config
+    from dslide.infer.predict import predict_topk
+    from dslide.config import Config, points_per_label
     from dslide.datasets.synthetic import generate_split
     from dslide.metrics import evaluate, inverse_propensity
 
     tr, te = generate_split(preset, n_train, 100, seed=3)
     config = Config.from_dict({"hidden": [16], "epochs": epochs, "threads": 1}).resolve(
-        tr.n_labels, T.points_per_label(tr.Y), tr.n_points)
+        tr.n_labels, points_per_label(tr.Y), tr.n_points)
     config = config.replace(log_every=B.steps_per_epoch(config, tr))
     last = T.total_steps(config, tr.n_points - B.validation_size(config, tr))
     curve = B.Curve(at, config, tr, te, inverse_propensity(tr.Y), None, last_step=last)
@@ -29,7 +30,7 @@ def _curve_run(preset: str, n_train: int, epochs: float, at):
             curve.at_log(model, info)
 
     model, history = T.fit(tr, config, comm=None, callback=cb, index=False)
-    final = evaluate(te.Y, T.predict_topk(model, te.X, 5), k=5)  # the model as used: fused where it fuses
+    final = evaluate(te.Y, predict_topk(model, te.X, 5), k=5)  # the model as used: fused where it fuses
     curve.finish(model, final)
     return curve, history, model, final
 

@@ -90,3 +90,20 @@ def test_variants_must_be_json_objects():
     for bad in ("wide", 'wide=[1]', "wide={nope"):
         with pytest.raises(SystemExit):
             S.parse_variants([bad])
+
+
+def test_a_member_suite_keeps_its_rows_as_they_come_and_notes_failures(tmp_path):
+    from types import SimpleNamespace
+    import json
+
+    from scripts.suites import common as C
+
+    rows, notes, out = [], [], tmp_path / "rows.json"
+    good = {"train_s": 1.0, "p@1": 0.5, "p@5": 0.2, "psp@5": float("nan")}
+    assert C.keep_row(good, "tiny", "dslide", "shape", rows, notes, out)
+    assert not C.keep_row({"error": "boom"}, "tiny", "omikuji1", "shape", rows, notes, out)
+    assert [r["member"] for r in rows] == ["tiny"] and rows[0]["shape"] == "shape"
+    assert json.loads(out.read_text())[0]["p@1"] == 0.5
+    assert notes == ["tiny: omikuji1 failed: boom"]
+    a = SimpleNamespace(no_record=True, tag="x")
+    assert C.finish(a, "bench.py --suite shapes", "table\n", notes, 0.0) == 0

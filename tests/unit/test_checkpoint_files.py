@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from dslide import train as T
+from dslide.infer.predict import predict_topk
 from dslide.comm import Comm
 from dslide.config import Config, LSHConfig
 from dslide.datasets.synthetic import generate_split
@@ -113,8 +114,8 @@ def test_weights_only_checkpoint_predicts_like_the_full_one_and_refuses_resume(t
         m = T.build_network((train.n_features, train.n_labels), cfg, Comm())
         ck.load_into(m.network, path, Comm(), weights_only=True, sections=sections(m))
         assert not m.network.layers[1].opt_W.v.any()  # moments not read
-        preds[name] = (T.predict_topk(m, test.X, 5, exact=True), T.predict_topk(m, test.X, 5, exact=False))
-    want = (T.predict_topk(model, test.X, 5, exact=True), T.predict_topk(model, test.X, 5, exact=False))
+        preds[name] = (predict_topk(m, test.X, 5, exact=True), predict_topk(m, test.X, 5, exact=False))
+    want = (predict_topk(model, test.X, 5, exact=True), predict_topk(model, test.X, 5, exact=False))
     for name in preds:
         for got, ref in zip(preds[name], want):
             np.testing.assert_array_equal(got, ref)
@@ -139,7 +140,7 @@ def test_export_and_the_cli_refusal(trained, tmp_path, capsys):
     assert all(v["inference"] for v in man["ranks"][0]["arrays"].values())
     m = T.build_network((train.n_features, train.n_labels), cfg, Comm())
     ck.load_into(m.network, path, Comm(), weights_only=True, sections=sections(m))
-    np.testing.assert_array_equal(T.predict_topk(m, test.X, 5), T.predict_topk(model, test.X, 5))
+    np.testing.assert_array_equal(predict_topk(m, test.X, 5), predict_topk(model, test.X, 5))
     with pytest.raises(ck.CheckpointError, match="not empty"):
         ck.export(run, out)
     # a corrupted weight file is caught on load

@@ -103,16 +103,17 @@ def _wide(n, per_label, seed=0):
 
 def test_fit_resolves_knn_from_the_training_labels_and_the_split():
     from dslide import train as T
+    from dslide.config import points_per_label
     from dslide.io.data import XMCData
 
     cfg = Config(hidden=(4,), epochs=1.0, batch_size=200)
     # too few points for a validation split: nothing can be checked, the network alone
     X, Y = _wide(60, 2)
-    small = cfg.resolve(Y.shape[1], T.points_per_label(Y), 60)
+    small = cfg.resolve(Y.shape[1], points_per_label(Y), 60)
     assert small.knn == 0 and not small.early_stop
     # a split, few points per label: fusion is chosen on it (the no-op among the candidates)
     X, Y = _wide(2400, 2)
-    model = T.fit(XMCData(X, Y), cfg.resolve(Y.shape[1], T.points_per_label(Y), 2400), index=False)[0]
+    model = T.fit(XMCData(X, Y), cfg.resolve(Y.shape[1], points_per_label(Y), 2400), index=False)[0]
     assert model.config.knn is None and model.config.knn_weight is None
     choice = model.index_info["fusion_choice"]
     assert choice["validation_points"] == 600 and "knn 0 share 0.0 weight 0.0" in choice["p@1/p@5"]

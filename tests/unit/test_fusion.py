@@ -6,6 +6,7 @@ import scipy.sparse as sp
 
 from dslide.comm import Comm
 from dslide.infer import fusion
+from dslide.infer.predict import predict_topk, predict_topk_scores
 
 
 def _data(seed=0, n=300, f=60, L=40, density=0.08):
@@ -175,12 +176,21 @@ def test_label_prototypes_match_numpy_whatever_the_thread_count():
         np.testing.assert_array_equal(got[0][name], got[1][name])
 
 
-def test_a_store_without_the_renumbering_searches_alike():
-    """A store saved before the renumbering (pr_lab holding the labels, no pr_perm: what
-    scripts/bench_neighbours.py times it against) finds the same prototypes: ids,
-    similarities and their ties to the lower label."""
-    from scripts.bench_neighbours import unrenumbered
+def unrenumbered(store):
+    """The same store with its prototypes' labels as they are, as stores were saved before the
+    renumbering (pr_lab holding the labels, no pr_perm)."""
+    a = dict(store.state_arrays())
+    perm = a.pop("pr_perm")
+    lab, ptr = perm[a["pr_lab"]], a["pr_ptr"]
+    order = np.concatenate([ptr[f] + np.argsort(lab[ptr[f]:ptr[f + 1]], kind="stable")
+                            for f in range(len(ptr) - 1)])
+    a["pr_lab"], a["pr_val"] = lab[order].astype(np.int32), a["pr_val"][order]
+    return fusion.NeighbourLabels.from_state(a)
 
+
+def test_a_store_without_the_renumbering_searches_alike():
+    """A store saved before the renumbering (pr_lab holding the labels, no pr_perm) finds
+    the same prototypes: ids, similarities and their ties to the lower label."""
     X, Y = _data()
     Xq, _ = _data(seed=8, n=30)
     new = fusion.NeighbourLabels.build(X, Y, prototypes=True)
@@ -262,7 +272,7 @@ def test_predictions_are_the_numpy_fusion_of_model_softmax_and_neighbour_votes()
     from dslide.model.network import full_parameters
 
     T, model, tr, te = _fit_tiny(knn=4, proto_weight=0.5)
-    ids, scores = T.predict_topk_scores(model, te.X, 5)
+    ids, scores = predict_topk_scores(model, te.X, 5)
     # the model's logits, by numpy from the gathered parameters
     (W0, b0), (W1, b1) = full_parameters(model.network)
     Xn = normalise_inputs(sp.csr_matrix(te.X), "l2", np.float32).toarray().astype(np.float64)
@@ -308,10 +318,10 @@ def test_proto_weight_zero_builds_no_prototypes_and_fuses_the_points_alone():
     assert not plain.neighbours.has_prototypes
     _, protos, _, _ = _fit_tiny(knn=4, proto_weight=0.5)  # the same network: proto_weight does not touch training
     assert protos.neighbours.has_prototypes
-    a = T.predict_topk_scores(plain, te.X, 5)
-    b = T.predict_topk_scores(protos, te.X, 5)
+    a = predict_topk_scores(plain, te.X, 5)
+    b = predict_topk_scores(protos, te.X, 5)
     assert not np.allclose(a[1], b[1])  # the prototypes move the fused scores
-    c = T.predict_topk_scores(dataclasses.replace(protos, config=protos.config.replace(proto_weight=0.0)), te.X, 5)
+    c = predict_topk_scores(dataclasses.replace(protos, config=protos.config.replace(proto_weight=0.0)), te.X, 5)
     np.testing.assert_array_equal(a[0], c[0])
     np.testing.assert_allclose(a[1], c[1], rtol=1e-12)
 
@@ -323,12 +333,12 @@ def test_store_survives_a_checkpoint(tmp_path):
     from dslide.train import build_network
 
     T, model, tr, te = _fit_tiny(knn=3, proto_weight=0.5)
-    before = T.predict_topk_scores(model, te.X, 5)
+    before = predict_topk_scores(model, te.X, 5)
     ck.save(model.network, tmp_path / "run", Comm(), weights_only=True, sections=sections(model))
     fresh = build_network((tr.n_features, tr.n_labels), model.config, Comm())
     ck.load_into(fresh.network, ck.latest(tmp_path / "run"), Comm(), weights_only=True, sections=sections(fresh))
     assert fresh.neighbours is not None
-    after = T.predict_topk_scores(fresh, te.X, 5)
+    after = predict_topk_scores(fresh, te.X, 5)
     np.testing.assert_array_equal(before[0], after[0])
     np.testing.assert_allclose(before[1], after[1], rtol=1e-12)
 
@@ -503,5 +513,5 @@ def test_without_a_validation_split_a_store_with_something_to_choose_is_not_buil
     assert model.neighbours is None
     assert model.index_info["fusion_choice"]["chosen"] == "off"
     _, alone, _, _ = _fit_tiny(knn=0)
-    np.testing.assert_array_equal(T.predict_topk(model, te.X, 5), T.predict_topk(alone, te.X, 5))
+    np.testing.assert_array_equal(predict_topk(model, te.X, 5), predict_topk(alone, te.X, 5))
 

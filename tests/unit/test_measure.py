@@ -69,6 +69,19 @@ def test_record_replaces_its_own_section_only(tmp_path, monkeypatch):
     assert doc.count("<!-- bench_x.py -->") == 1 and "## `scripts/bench_x.py`" in doc
 
 
+def test_record_puts_a_new_section_above_the_history_list(tmp_path, monkeypatch):
+    monkeypatch.setattr(M, "ROOT", tmp_path)
+    (tmp_path / "docs").mkdir()
+    page = tmp_path / "docs" / "benchmarks.md"
+    page.write_text(f"# Benchmarks\n\n{M.HISTORY}\n## History\n\n- older runs\n")
+    M.record("bench_x.py", "first")
+    M.record("bench_y.py", "other")
+    M.record("bench_x.py", "second")
+    doc = page.read_text()
+    assert doc.index("second") < doc.index("other") < doc.index(M.HISTORY) < doc.index("- older runs")
+    assert "first" not in doc and doc.count(M.HISTORY) == 1
+
+
 def test_table_formats_keys_and_callables():
     text = M.table([{"a": 1.23456, "b": "x"}], [("A", "a"), ("B", lambda r: r["b"] * 2)])
     assert text.splitlines() == ["| A | B |", "|---|---|", "| 1.235 | xx |"]

@@ -378,7 +378,7 @@ def test_training_on_tiny_beats_the_best_constant_predictor_by_far():
     scoring only what the tables retrieve; the most frequent training label
     alone gives 0.088. Pinned with margins: at least 0.55 and 4x the constant;
     LSH scoring at least half of exact and 3x the constant."""
-    from dslide.train import evaluate, predict_topk
+    from dslide.infer.predict import evaluate, predict_topk
 
     model, train, test = _tiny_fit(0)
     p1 = evaluate(model, test)["p@1"]
@@ -414,7 +414,8 @@ def test_two_hidden_layers_with_a_sparse_one_learn():
     """input -> 64 dense -> 256 LSH -> 500 LSH. Measured: P@1 0.412 after 5 epochs
     (constant predictor 0.088); pinned at 4x the constant."""
     from dslide.datasets.synthetic import generate_split
-    from dslide.train import evaluate, fit
+    from dslide.infer.predict import evaluate
+    from dslide.train import fit
 
     train, test = generate_split("tiny", seed=11)
     cfg = Config(hidden=(64, 256), kinds=("dense", "lsh", "lsh"), threads=1, epochs=5, batch_size=64, lr=1e-2,
@@ -541,7 +542,8 @@ def test_max_active_zero_trains_with_no_candidates_in_any_block():
     labels and random neurons only, and the model still learns: measured P@1 0.532 after
     5 epochs against 0.088 for the most frequent label (pinned at 4x)."""
     from dslide.datasets.synthetic import generate_split
-    from dslide.train import evaluate, fit
+    from dslide.infer.predict import evaluate
+    from dslide.train import fit
 
     train, test = generate_split("tiny", seed=11)
     cfg = Config(hidden=(32,), kinds=("dense", "lsh"), threads=1, epochs=5, batch_size=64, lr=1e-2, dropout=0.0,

@@ -76,6 +76,7 @@ from numba.core.registry import CPUDispatcher
 
 import dslide
 from dslide import train as T
+from dslide.infer.predict import predict_topk
 from dslide.config import Config, LSHConfig
 from dslide.datasets.synthetic import generate_split
 
@@ -85,8 +86,8 @@ for kinds in (("dense", "dense"), ("dense", "lsh")):
                  lsh=LSHConfig(K=2, L=4, range_pow=5, capacity=8, min_active=20, max_active=8, rehash_every=1,
                                rebuild_every=2))
     model, _ = T.fit(data, cfg)
-    T.predict_topk(model, data.X, 3)
-    T.predict_topk(model, data.X, 3, exact=False)
+    predict_topk(model, data.X, 3)
+    predict_topk(model, data.X, 3, exact=False)
 import sys
 stats = {}
 for name, mod in list(sys.modules.items()):

@@ -10,6 +10,7 @@ import scipy.sparse as sp
 
 from dslide import memory
 from dslide import train as T
+from dslide.infer.predict import predict_topk
 from dslide.comm import Comm
 from dslide.config import Config
 from dslide.io import checkpoint as ck
@@ -85,7 +86,7 @@ def test_at_one_rank_rows_train_and_predict_as_the_column_split_and_as_numpy():
     X /= np.maximum(np.linalg.norm(X, axis=1, keepdims=True), 1e-30)
     z = np.maximum(X @ W0 + b0, 0) @ W1 + b1
     want = np.argsort(-z, axis=1, kind="stable")[:, :5]
-    pred = T.predict_topk(got["rows"][2], data.X, 5)
+    pred = predict_topk(got["rows"][2], data.X, 5)
     assert (pred == want).mean() > 0.99  # float32 against float64: a near-tie may swap
 
 
@@ -113,7 +114,7 @@ def test_a_checkpoint_split_by_columns_loads_into_a_run_that_keeps_its_split(tmp
     assert ck.config_of(path).output_split == "columns"
     again = T.build_network((data.n_features, data.n_labels), ck.config_of(path), Comm())
     ck.load_into(again.network, path, Comm())
-    np.testing.assert_array_equal(T.predict_topk(again, data.X, 5), T.predict_topk(model, data.X, 5))
+    np.testing.assert_array_equal(predict_topk(again, data.X, 5), predict_topk(model, data.X, 5))
     rows = T.build_network((data.n_features, data.n_labels), cfg.replace(output_split="auto"), Comm())
     with pytest.raises(ck.CheckpointError, match="output split by columns in the checkpoint: set "
                                                  "output_split = 'columns'"):

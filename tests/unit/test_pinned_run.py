@@ -43,7 +43,8 @@ CASES = {
 def run(name: str) -> dict:
     """Train case `name` for 12 steps on one rank; its figures."""
     from dslide.datasets.synthetic import generate_split
-    from dslide.train import fit, predict_topk
+    from dslide.infer.predict import predict_topk
+    from dslide.train import fit
 
     train, test = generate_split("tiny", seed=11)
     # knn=0: the network's own top-5 (the neighbours' labels are pinned by tests/unit/test_fusion.py)

@@ -89,12 +89,12 @@ def test_eval_uses_the_training_propensities_saved_with_the_run(tiny_run, capsys
         assert f"PSP@{k} {trained[f'psp@{k}']:.4f}" in out
     assert "A = 0.6, B = 2.6" in out
     # and not the figure the test file's own propensities give
-    from dslide import train as T
+    from dslide.infer.predict import predict_topk
     from dslide.comm import Comm
     from dslide.session import load_model
 
     Yt = read_xmc(test).Y
-    pred = T.predict_topk(load_model(str(run_dir), Comm()), read_xmc(test).X, 5)
+    pred = predict_topk(load_model(str(run_dir), Comm()), read_xmc(test).X, 5)
     own = psprecision_at_k(Yt, pred, inverse_propensity(Yt, A=0.6, B=2.6), k=5)
     assert abs(own[0] - ev["psp@1"]) > 1e-3
 
@@ -173,7 +173,7 @@ def test_eval_recomputes_psp_from_the_saved_counts_with_other_constants(tiny_run
     assert cli.main(["eval", "--model", str(run_dir), "--data", str(test), *flags]) == 0
     out = capsys.readouterr().out
     ev = json.loads((run_dir / "metrics.json").read_text())["eval"]
-    from dslide import train as T
+    from dslide.infer.predict import predict_topk
     from dslide.comm import Comm
     from dslide.session import load_model
 
@@ -181,7 +181,7 @@ def test_eval_recomputes_psp_from_the_saved_counts_with_other_constants(tiny_run
     N = Ytr.shape[0]
     counts = np.bincount(Ytr.indices, minlength=Ytr.shape[1])
     inv = 1 + (np.log(N) - 1) * (B + 1) ** A * (counts + B) ** -A  # Jain et al., pyxclib's formula
-    pred = T.predict_topk(load_model(str(run_dir), Comm()), te.X, 5)
+    pred = predict_topk(load_model(str(run_dir), Comm()), te.X, 5)
     for k in (1, 3, 5):
         assert ev[f"psp@{k}"] == pytest.approx(_pyxclib_psp(te.Y, pred, inv, k), rel=1e-9)
     assert f"A = {A:g}, B = {B:g}" in out

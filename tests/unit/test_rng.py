@@ -61,7 +61,7 @@ def test_the_hash_tables_reservoir_stream_draws_from_splitmix64():
 
 
 def test_the_synthetic_datas_stream_draws_from_splitmix64():
-    from dslide.datasets.synthetic import _next, _uniform
+    from dslide.datasets.draws import _next, _uniform
 
     state = np.array([2024], dtype=np.uint64)
     ref = _splitmix64(2024, 4)

@@ -17,7 +17,7 @@ world's arrays), never taken from the generators' own summaries. Tolerances:
   70 % of the seen labels seen 1-5 times and 15-35 % seen once; each point's labels are a
   subset of one product's label set; the real Amazon-670K sample's non-zeros, labels
   per point and value quantiles within a factor of 2 (mean non-zeros within 25 %).
-* centroid P@1 (synthetic.centroid_p_at_1) on baskets-tail-40k and a670k-tail-40k with
+* centroid P@1 (dslide.datasets.stats.centroid_p_at_1) on baskets-tail-40k and a670k-tail-40k with
   8,000 train / 1,000 test points in [0.25, 0.60], at least 8 times the most-frequent-
   label P@1.
 * determinism: the same (preset, seed, split) gives the same bytes after the world cache
@@ -38,6 +38,7 @@ from dslide.datasets import amazon670k as az
 from dslide.datasets import baskets as bk
 from dslide.datasets import suite
 from dslide.datasets import synthetic as syn
+from dslide.datasets.stats import centroid_p_at_1
 from dslide.io.data import XMCFormatWarning, read_xmc
 
 NEW_PRESETS = [(bk, name) for name in bk.PRESETS] + [(az, name) for name in az.PRESETS]
@@ -304,7 +305,7 @@ def test_a670k_matches_the_real_amazon670k_sample(shared_data, design):
 @pytest.mark.parametrize("family, name", [(bk, "baskets-tail-40k"), (az, "a670k-tail-40k")])
 def test_centroid_p_at_1_is_in_its_band(family, name):
     train, test = family.generate_split(name, 8_000, 1_000, seed=0)
-    p1 = syn.centroid_p_at_1(train, test)
+    p1 = centroid_p_at_1(train, test)
     top = int(np.argmax(_label_freq(train)))
     baseline = np.mean(np.diff(test.Y[:, top].tocsr().indptr) > 0)
     print(f"{name}: centroid P@1 {p1:.3f}, most-frequent-label P@1 {baseline:.3f}")

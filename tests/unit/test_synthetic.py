@@ -11,7 +11,8 @@ import warnings
 import numpy as np
 import pytest
 
-from dslide.datasets import synthetic as syn
+from dslide.datasets import draws, synthetic as syn
+from dslide.datasets.stats import centroid_p_at_1
 from dslide.io.data import XMCData, XMCFormatWarning, read_xmc
 
 
@@ -211,19 +212,19 @@ def test_zipf_mass_matches_its_integral(a):
         ref = np.log((r + 2) / (r + 1))
     else:
         ref = ((r + 2) ** (1 - a) - (r + 1) ** (1 - a)) / (1 - a)
-    assert np.allclose(syn._zipf_mass(n, a), ref, rtol=1e-12)
+    assert np.allclose(draws._zipf_mass(n, a), ref, rtol=1e-12)
     # Continuous in a around 1 (the stable form has no cancellation there).
-    assert np.allclose(syn._zipf_mass(n, 1.0 - 1e-9), syn._zipf_mass(n, 1.0), rtol=1e-8)
+    assert np.allclose(draws._zipf_mass(n, 1.0 - 1e-9), draws._zipf_mass(n, 1.0), rtol=1e-8)
 
 
 @pytest.mark.parametrize("a", [0.8, 1.0])
 def test_powerlaw_rank_inverts_the_cdf_of_the_zipf_mass(a):
     n = 30
-    mass = syn._zipf_mass(n, a)
-    c = syn._powerlaw_const(n, a)
+    mass = draws._zipf_mass(n, a)
+    c = draws._powerlaw_const(n, a)
     m = 200_000
     u = (np.arange(m) + 0.5) / m  # a uniform grid: frequencies equal the masses up to O(1/m)
-    ranks = np.array([syn._powerlaw_rank(x, n, a, c) for x in u])
+    ranks = np.array([draws._powerlaw_rank(x, n, a, c) for x in u])
     freq = np.bincount(ranks, minlength=n) / m
     assert np.allclose(freq, mass / mass.sum(), atol=2e-5)
 
@@ -231,10 +232,10 @@ def test_powerlaw_rank_inverts_the_cdf_of_the_zipf_mass(a):
 def test_alias_table_reproduces_its_weights():
     w = np.random.default_rng(5).random(37) ** 3
     w[[3, 11]] = 0.0
-    prob, alias = syn._alias_table(w)
+    prob, alias = draws._alias_table(w)
     m = 400_000
     u = (np.arange(m) + 0.5) / m
-    picks = np.array([syn._alias_pick(x, prob, alias) for x in u])
+    picks = np.array([draws._alias_pick(x, prob, alias) for x in u])
     freq = np.bincount(picks, minlength=len(w)) / m
     assert np.allclose(freq, w / w.sum(), atol=1e-4)
     assert freq[3] == 0 and freq[11] == 0
@@ -258,7 +259,7 @@ def _centroid_p_at_1_dense(train, test):
 
 def test_tiny_is_learnable_but_not_trivial(tiny):
     train, test = tiny
-    p1 = syn.centroid_p_at_1(train, test)
+    p1 = centroid_p_at_1(train, test)
     assert p1 == pytest.approx(_centroid_p_at_1_dense(train, test), abs=1.5 / test.n_points)
     top = np.argmax(np.bincount(train.Y.indices, minlength=train.n_labels))
     baseline = np.mean(test.Y[:, top].toarray().ravel() > 0)

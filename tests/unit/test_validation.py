@@ -158,7 +158,7 @@ def test_fit_holds_the_validation_points_out_and_picks_the_noop_on_independent_l
     neighbours' labels cannot help, so training keeps the network alone; the network's
     gradient steps cover only the points outside the validation split."""
     from dslide import train as T
-    from dslide.config import Config
+    from dslide.config import Config, points_per_label
     from dslide.io.data import XMCData
 
     rng = np.random.default_rng(5)
@@ -168,7 +168,7 @@ def test_fit_holds_the_validation_points_out_and_picks_the_noop_on_independent_l
     labels = (np.minimum(rng.zipf(1.3, n), 999) * 5).astype(np.int64)  # a long tail, few points per label
     Y = sp.csr_matrix((np.ones(n, np.float32), labels, np.arange(n + 1)), shape=(n, L))
     cfg = Config(hidden=(16,), batch_size=100, threads=1)
-    resolved = cfg.resolve(L, T.points_per_label(Y), n)
+    resolved = cfg.resolve(L, points_per_label(Y), n)
     assert resolved.early_stop and resolved.knn is None and resolved.knn_weight is None
     model = T.build_network((f, L), resolved)
     model, history = T.fit(XMCData(X, Y), resolved, model=model, index=False)
@@ -243,7 +243,7 @@ def test_a_busy_stage_says_so_every_few_seconds(capsys):
 def test_the_index_build_keeps_what_training_recorded():
     """build_index adds its timings to model.index_info; the early-stopping record stays."""
     from dslide import train as T
-    from dslide.config import Config, LSHConfig
+    from dslide.config import Config, LSHConfig, points_per_label
     from dslide.io.data import XMCData
 
     rng = np.random.default_rng(6)
@@ -252,5 +252,5 @@ def test_the_index_build_keeps_what_training_recorded():
     Y = sp.csr_matrix((np.ones(n, np.float32), rng.integers(0, 2000, n), np.arange(n + 1)), shape=(n, L))
     lsh = LSHConfig(anchors=8, index_anchors=16, index_points=300, index_neighbors=3, index_search=8, index_degree=4)
     cfg = Config(hidden=(8,), kinds=("dense", "lsh"), batch_size=200, epochs=2.0, early_stop=True, knn=0, lsh=lsh)
-    model, _ = T.fit(XMCData(X, Y), cfg.resolve(L, T.points_per_label(Y), n), index=True)
+    model, _ = T.fit(XMCData(X, Y), cfg.resolve(L, points_per_label(Y), n), index=True)
     assert "index_s" in model.index_info and len(model.index_info["early_stop"]["curve"]) >= 1

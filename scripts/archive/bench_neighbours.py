@@ -1,7 +1,7 @@
 """The neighbour stage at the end of training, part by part, on suite members.
 
-    python -m scripts.bench_neighbours [--members amazon-like,a670k-tail,baskets-tail-40k]
-                                       [--points 5000] [--tag NAME] [--no-record]
+    python -m scripts.archive.bench_neighbours [--members amazon-like,a670k-tail,baskets-tail-40k]
+                                               [--points 5000] [--tag NAME] [--no-record]
 
 Where a wide output fuses the neighbours' labels (dslide.infer.fusion), training
 ends by building the neighbour store with its label prototypes and by
@@ -21,7 +21,7 @@ import argparse
 import sys
 import time
 
-from . import measure as M
+from .. import measure as M
 
 DEFAULT_MEMBERS = ("amazon-like", "a670k-tail", "baskets-tail-40k")
 
@@ -49,7 +49,7 @@ def measure_member(name: str, points: int, k: int, pr_k: int) -> dict:
     from dslide.infer import fusion
     from dslide.io.data import read_xmc
 
-    from .suites.shapes import member_files
+    from ..suites.shapes import member_files
 
     train = read_xmc(member_files(name, None, None)[0])
     t0 = time.perf_counter()
@@ -88,7 +88,7 @@ def main(argv=None) -> int:
     import dslide  # noqa: F401  (first: the thread variables)
     from dslide.config import KNN_CHOICES, Config
 
-    from .suites.shapes import members
+    from ..suites.shapes import members
 
     known = members()
     names = [m for m in args.members.split(",") if m]
@@ -102,7 +102,7 @@ def main(argv=None) -> int:
         print(f"running: {m} ...", file=sys.stderr, flush=True)
         rows.append(measure_member(m, args.points, max(KNN_CHOICES), Config().proto_candidates))
     cols = [(c, c) for c in rows[0]] if rows else []
-    text = M.report("bench_neighbours", argv if argv is not None else sys.argv[1:], rows, cols, None, False)
+    text = M.report("archive.bench_neighbours", argv if argv is not None else sys.argv[1:], rows, cols, None, False)
     if not args.no_record:
         head, sep, table = text.partition("\n\n")
         M.record("bench_neighbours.py" + (f" ({args.tag})" if args.tag else ""), f"{head}\ncode: {code}{sep}{table}")
