@@ -1,9 +1,10 @@
-"""The configuration: one frozen dataclass, validated on construction.
+"""The configuration's two frozen dataclasses, `Config` and `LSHConfig`, validated on construction.
 
 Every field has a default that trains well on ordinary extreme-classification
 data; a user changes only what differs. Layer sizes default from the data:
 the input width is the number of features and the output width the number
-of labels, so `hidden` lists only the hidden layers.
+of labels, so `hidden` lists only the hidden layers. The rules that resolve
+settings left at None are dslide.config.rules.
 
 Kernels never read the configuration: they get plain values as arguments
 (numba freezes globals at compile time).
@@ -12,168 +13,13 @@ Kernels never read the configuration: they get plain values as arguments
 from __future__ import annotations
 
 import dataclasses
-import difflib
-import math
 from dataclasses import dataclass, field, fields
-from typing import Any
 
-POLICIES = ("fifo", "reservoir")
-SELECT_MODES = ("topk", "threshold", "union")
-LAYER_KINDS = ("auto", "dense", "lsh")
-INPUT_NORMS = ("l2", "none")
-DTYPES = ("float32", "float64")
-ADAM_DTYPES = ("float32", "float64", "bfloat16")
-PARALLEL = ("model", "data")
-OUTPUT_SPLITS = ("auto", "columns", "rows")
-#: lsh.family: where an LSH layer's candidates come from. The names live here, where they are
-#: validated; dslide.model.candidates.SOURCES holds one source for each and checks that it does
-FAMILIES = ("anchor", "dwta", "srp", "wta")
-#: lsh.max_active left at None: this many candidates per sample in a layer of at least
-#: CANDIDATES_MIN_WIDTH neurons, none in a narrower one (LSHConfig.active_count)
-MAX_ACTIVE = 512
-CANDIDATES_MIN_WIDTH = 250_000  # between a width where candidates lose and one where they win: docs/lsh.md
-#: lsh.scope: "batch", the batch's candidates scored by every sample (one shared block);
-#: "sample", each sample scores only its own, by gathers beside the shared block
-SCOPES = ("batch", "sample")
-NARROW_OUTPUT = 4096  # labels: at most this many take the "narrow output" defaults
-LR_SCHEDULES = ("linear", "constant")
-#: loss: "softmax" over the labels (sampled in an LSH output), "bce": one binary classifier
-#: per label, against the block's other neurons as negatives, or the sum of both. Left at None:
-#: NARROW_LOSS in outputs of at most NARROW_OUTPUT labels (every label a negative of every
-#: point), else "softmax" (docs/accuracy.md: on the wide real members sampled negatives alone
-#: train poor binary classifiers)
-NARROW_LOSS = "softmax+bce"
-LOSSES = ("softmax", "bce", "softmax+bce")
-#: knn left at None: this many neighbours' labels fused at inference in outputs wider than
-#: NARROW_OUTPUT whose training data has fewer than KNN_MAX_POINTS_PER_LABEL points per label
-#: (none elsewhere: the network alone learns such labels well); `knn_default` states the
-#: rule, docs/accuracy.md the measurements behind it
-KNN = 10
-KNN_MAX_POINTS_PER_LABEL = 20.0
-#: the leave-one-out choices of dslide.fusion (`choose_k`, `choose_share`), kept for the
-#: benchmarks that compare them with the validation split; training itself chooses the count,
-#: the prototypes' share and the weight on held-out points (dslide.train.validation)
-KNN_CHOICES = (KNN, 5, 20)
-KNN_CHOICE_POINTS = 5000
-KNN_CHOICE_MARGIN = 0.0025
-#: lsh.max_active left at None where the neighbours' labels are fused (knn on): no candidates
-FUSED_MAX_ACTIVE = 0
-KNN_WEIGHT = 0.6  # the weight of a store saved without a chosen one and knn_weight left at None
-PROTO_CHOICES = (0.0, 0.25, 0.5, 0.75)
-PROTO_P1_TOLERANCE = 0.005
-#: the share of a store saved without a chosen one and proto_weight left at None
-PROTO_WEIGHT = 0.5
-WIDE_EPOCHS = 1.5  # epochs left at None, outputs wider than NARROW_OUTPUT
-#: hidden, epochs and batch_size left at None in outputs of at most NARROW_OUTPUT labels:
-#: batches of NARROW_BATCH (fewer where the data would give fewer than NARROW_MIN_STEPS steps
-#: per epoch: `narrow_batch`) through a NARROW_HIDDEN-wide layer reach in a few epochs what 30
-#: epochs of 64 at 1e-3 through a 1,024-wide one reached (docs/accuracy.md); batches of 256
-#: gained over 512 on all three narrow real members (docs/benchmarks.md, `(narrow-levers)`)
-#: lr left at None, outputs wider than NARROW_OUTPUT: on both wide real members it beat 1e-2 on
-#: P@1 and P@5 (docs/benchmarks.md, `bench.py --suite real (levers)`); narrow ones lost with it
-WIDE_LR = 5e-3
-NARROW_HIDDEN = 512
-NARROW_EPOCHS = 12.0
-NARROW_BATCH = 256
-NARROW_MIN_STEPS = 8
-
-
-def narrow_batch(n_points: int | None) -> int:
-    """The batch_size of a narrow output left at None: NARROW_BATCH, or for data of fewer than
-    NARROW_BATCH * NARROW_MIN_STEPS points n_points // NARROW_MIN_STEPS (at least 1), so that an
-    epoch still has NARROW_MIN_STEPS steps."""
-    if n_points is None:
-        return NARROW_BATCH
-    return max(1, min(NARROW_BATCH, int(n_points) // NARROW_MIN_STEPS))
-
-
-def knn_default(n_labels: int, points_per_label: float | None = None) -> int:
-    """The `knn` a run takes when it is left at None: KNN for outputs wider than NARROW_OUTPUT
-    whose training data has fewer than KNN_MAX_POINTS_PER_LABEL points per (occurring) label
-    (or whose figure is not given), else 0. Narrow outputs train a wide hidden layer, which
-    learns their labels better than the neighbours' votes."""
-    if n_labels <= NARROW_OUTPUT:
-        return 0
-    if points_per_label is not None and points_per_label >= KNN_MAX_POINTS_PER_LABEL:
-        return 0
-    return KNN
-
-
-def label_points(label_counts) -> float:
-    """Training points per label over the labels that occur: sum(counts) / #(counts > 0)
-    (a point with 3 labels counts for each; 0.0 for no labels)."""
-    import numpy as np
-
-    counts = np.asarray(label_counts)
-    seen = int(np.count_nonzero(counts))
-    return float(counts.sum()) / seen if seen else 0.0
-
-
-def points_per_label(Y) -> float:
-    """`label_points` of a label matrix Y (csr [n, L]): training points per label, over the
-    labels that occur (Config.resolve's data shape)."""
-    import numpy as np
-    import scipy.sparse as sp
-
-    Y = sp.csr_matrix(Y)
-    # the counts of the labels that occur only: no array of n_labels before the memory check
-    return label_points(np.unique(Y.indices, return_counts=True)[1])
-
-
-BIAS_INITS = ("log_prior", "zero")
-SYNC_MODES = ("allreduce", "partial")
-#: propensity presets, (A, B) of the label propensities behind PSP@k (Jain et al. 2016):
-#: the constants the Extreme Classification Repository uses for Amazon and Wikipedia
-#: data sets, and for everything else napkinXC's default (pyxclib has none)
-PROPENSITY_PRESETS = {"default": (0.55, 1.5), "amazon": (0.6, 2.6), "wikipedia": (0.5, 0.4)}
-
-
-def _choice(name: str, value: Any, valid: tuple) -> None:
-    if value not in valid:
-        raise ValueError(f"{name} = {value!r} is not valid; choose one of {', '.join(map(repr, valid))}")
-
-
-def _int_range(name: str, value: Any, lo: int, hi: int | None = None) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"{name} = {value!r} must be an integer")
-    if value < lo or (hi is not None and value > hi):
-        bound = f">= {lo}" if hi is None else f"in [{lo}, {hi}]"
-        raise ValueError(f"{name} = {value} must be {bound}")
-
-
-def _float_range(name: str, value: Any, lo: float, hi: float, lo_open=False, hi_open=False) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(f"{name} = {value!r} must be a number")
-    lb = "(" if lo_open else "["
-    hb = ")" if hi_open else "]"
-    try:
-        finite = math.isfinite(value)
-    except OverflowError:  # an int too large for a float
-        finite = False
-    if not finite:  # NaN passes every comparison below
-        raise ValueError(f"{name} = {value} must be a finite number in {lb}{lo}, {hi}{hb}")
-    bad = value < lo or value > hi or (lo_open and value == lo) or (hi_open and value == hi)
-    if bad:
-        raise ValueError(f"{name} = {value} must be in {lb}{lo}, {hi}{hb}")
-
-
-def _bool(name: str, value: Any) -> bool:
-    """true/false (a bool, or text in any case) or 1/0 (a number or its text); nothing else:
-    a bare string such as "False" or "yes" would otherwise count as true."""
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, int) and value in (0, 1):
-        return bool(value)
-    if isinstance(value, str) and value.strip().lower() in ("true", "false", "1", "0"):
-        return value.strip().lower() in ("true", "1")
-    raise ValueError(f"{name} = {value!r} must be true or false (or 1 / 0)")
-
-
-def _sequence(name: str, value: Any, what: str) -> tuple:
-    """A list or tuple setting as a tuple; anything else (a number, a string) is an error."""
-    if isinstance(value, (list, tuple)):
-        return tuple(value)
-    raise ValueError(f"{name} = {value!r} must be a list of {what}")
+from dslide.config import rules
+from dslide.config.checks import _bool, _choice, _float_range, _int_range, _sequence, _shard_weights, _unknown
+from dslide.config.rules import (ADAM_DTYPES, BIAS_INITS, DTYPES, FAMILIES, INPUT_NORMS, KNN, KNN_CHOICE_POINTS,
+                                 KNN_WEIGHT, LAYER_KINDS, LOSSES, LR_SCHEDULES, OUTPUT_SPLITS, PARALLEL, POLICIES,
+                                 PROPENSITY_PRESETS, PROTO_WEIGHT, SCOPES, SELECT_MODES, SYNC_MODES)
 
 
 @dataclass(frozen=True)
@@ -275,10 +121,11 @@ class LSHConfig:
                              "cannot tell dense weight rows apart; an LSH layer takes one of: "
                              + ", ".join(FAMILIES))
         _choice("lsh.family", self.family, FAMILIES)
+        K, L = rules.lsh_tables(self.family)
         if self.K is None:
-            object.__setattr__(self, "K", 6)
+            object.__setattr__(self, "K", K)
         if self.L is None:
-            object.__setattr__(self, "L", 1 if self.family == "anchor" else 50)
+            object.__setattr__(self, "L", L)
         _int_range("lsh.K", self.K, 1, 32)
         _int_range("lsh.L", self.L, 1, 1024)
         _int_range("lsh.anchors", self.anchors, 1, 1 << 20)
@@ -316,14 +163,8 @@ class LSHConfig:
                              f"{self.index_neighbors}: the search's beam holds the neighbours it returns")
 
     def active_count(self, width: int) -> int:
-        """Candidates per sample in a layer of `width` neurons: max_active, or when it is None
-        MAX_ACTIVE if width >= CANDIDATES_MIN_WIDTH else 0. In a very wide layer candidates
-        and uniform negatives give more P@1 than uniform negatives alone; in a narrower one
-        the batch's candidates cover much of the layer and cost more time per step than they
-        gain (docs/lsh.md, bench.py --parts schedule and lsh)."""
-        if self.max_active is not None:
-            return self.max_active
-        return MAX_ACTIVE if width >= CANDIDATES_MIN_WIDTH else 0
+        """Candidates per sample in a layer of `width` neurons (`rules.active_count`)."""
+        return rules.active_count(self.max_active, width)
 
     def random_count(self, width: int) -> int:
         """Shared random neurons per step in a layer of `width` neurons (all ranks together)."""
@@ -643,37 +484,15 @@ class Config:
     def resolve(self, n_labels: int, points_per_label: float | None = None,
                 n_points: int | None = None) -> "Config":
         """This configuration with every setting left at None taken from the data
-        (see the class docstring); settings given explicitly are kept.
+        (`rules.from_data`, the class docstring's table); settings given explicitly are kept.
 
         points_per_label: the training points per label, over the labels that occur
         (`label_points`); it decides whether `knn` is 0 (`knn_default`). Otherwise `knn`
         stays None: training chooses the count from its data (KNN_CHOICES), and a model
         whose store has no count uses KNN.
         n_points: the training points; a narrow output's batch_size takes them into account
-        (`narrow_batch`)."""
-        narrow = n_labels <= NARROW_OUTPUT
-        auto = {"hidden": (NARROW_HIDDEN,) if narrow else (128,), "dropout": 0.6 if narrow else 0.0,
-                "lr": 1e-2 if narrow else WIDE_LR, "loss": NARROW_LOSS if narrow else "softmax", "batch_size": narrow_batch(n_points) if narrow else 128,
-                "epochs": NARROW_EPOCHS if narrow else WIDE_EPOCHS, "init_input_scale": 0.1 if narrow else 0.3,
-                "knn": knn_default(n_labels, points_per_label)}
-        from dslide.train.validation import EARLY_STOP_MAX_EPOCHS, validation_size
-
-        has_split = n_points is not None and validation_size(n_points) > 0
-        if self.early_stop is None:
-            auto["early_stop"] = bool(not narrow and has_split and self.epochs is None and self.replicas == 1)
-        if auto.get("early_stop") and self.epochs is None:
-            auto["epochs"] = EARLY_STOP_MAX_EPOCHS
-        if n_points is not None and not has_split:
-            auto["knn"] = 0  # no held-out points to check the neighbours' labels on: the no-op
-        elif points_per_label is None or auto["knn"]:
-            del auto["knn"]  # on (or undecided): chosen on the validation split
-        changes = {k: v for k, v in auto.items() if getattr(self, k) is None}
-        knn = changes.get("knn", self.knn)
-        fused = knn if knn is not None else knn_default(n_labels, points_per_label)
-        if fused and self.lsh.max_active is None:
-            # the neighbours' labels carry the tail that the candidates' hard negatives would
-            # teach the network: uniform negatives alone, at a fraction of the upkeep
-            changes["lsh"] = dataclasses.replace(self.lsh, max_active=FUSED_MAX_ACTIVE)
+        (`narrow_batch`), and whether they leave a validation split decides early stopping."""
+        changes = rules.from_data(self, n_labels, points_per_label, n_points)
         return dataclasses.replace(self, **changes) if changes else self
 
     def neighbours(self, chosen: int | None = None) -> int:
@@ -713,35 +532,13 @@ class Config:
         return self.adam_dtype or self.dtype
 
     def layer_kind(self, index: int, width: int) -> str:
-        """'dense' or 'lsh' for layer `index` (0-based; the output is last) of `width` neurons."""
-        kind = self.kinds[index] if self.kinds else ("auto" if index == len(self.hidden) else "dense")
-        if self.exact or index == 0:
-            return "dense"
-        if kind == "auto":
-            lc = self.layer_lsh(index)
-            cheaper = width >= self.auto_lsh_ratio * (lc.random_count(width) + lc.active_count(width))
-            return "lsh" if cheaper and width >= self.auto_lsh_min_width else "dense"
-        return kind
+        """'dense' or 'lsh' for layer `index` (0-based; the output is last) of `width` neurons
+        (`rules.layer_kind`)."""
+        return rules.layer_kind(self, index, width)
 
     def output_rows(self, n_labels: int) -> bool:
-        """Whether the output layer of `n_labels` is split by rows (`output_split`): a dense
-        output over a dense last hidden layer (in data parallelism, where every rank holds the
-        whole model, the split is the same arithmetic over one rank). "auto" takes rows where
-        n_labels < hidden[-1]; "rows" where the layers allow it (a ValueError otherwise)."""
-        if self.output_split == "columns":
-            return False
-        hidden = self.hidden or ()
-        why = None
-        if not hidden:
-            why = "the network has no hidden layer"
-        elif "dense" != self.layer_kind(len(hidden), n_labels) or "dense" != self.layer_kind(len(hidden) - 1,
-                                                                                             hidden[-1]):
-            why = "the output layer and the last hidden layer must both be dense"
-        if self.output_split == "rows":
-            if why:
-                raise ValueError(f"output_split = 'rows' cannot apply: {why}; use 'auto' or 'columns'")
-            return True
-        return why is None and n_labels < hidden[-1]
+        """Whether the output layer of `n_labels` is split by rows (`rules.output_rows`)."""
+        return rules.output_rows(self, n_labels)
 
     def layer_lsh(self, index: int) -> LSHConfig:
         if self.lsh_layers and self.lsh_layers[index] is not None:
@@ -770,27 +567,6 @@ class Config:
         return cls(**values)
 
 
-def _shard_weights(value):
-    """() (even shares), "auto", or a tuple of positive floats; "even" and [] mean ()."""
-    if isinstance(value, str):
-        if value in ("auto", "even", ""):
-            return () if value != "auto" else "auto"
-        raise ValueError(f"shard_weights = {value!r} is not valid; give 'auto', 'even' or one positive "
-                         f"number per rank of a replica (e.g. 2,1,1)")
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        value = (value,)
-    try:
-        weights = tuple(value)
-    except TypeError:
-        raise ValueError(f"shard_weights = {value!r} is not valid; give 'auto', 'even' or one positive "
-                         f"number per rank of a replica (e.g. 2,1,1)") from None
-    for i, w in enumerate(weights):
-        if isinstance(w, bool) or not isinstance(w, (int, float)) or not (0 < w < float("inf")):
-            raise ValueError(f"shard_weights[{i}] = {w!r} must be a number > 0 (shares are in proportion "
-                             f"to the weights)")
-    return tuple(float(w) for w in weights)
-
-
 def _check_lsh_keys(where: str, values: dict) -> None:
     lsh_known = {f.name for f in fields(LSHConfig)}
     for k in values:
@@ -811,7 +587,3 @@ def _layer_lsh(i: int, x):
                      f"(the layer keeps the [lsh] settings)")
 
 
-def _unknown(key: str, known: set[str]) -> str:
-    close = difflib.get_close_matches(key, sorted(known), n=1)
-    hint = f"; did you mean {close[0]!r}?" if close else ""
-    return f"unknown configuration key {key!r}{hint} (valid keys: {', '.join(sorted(known))})"
