@@ -80,3 +80,76 @@ def _unknown(key: str, known: set[str]) -> str:
     close = difflib.get_close_matches(key, sorted(known), n=1)
     hint = f"; did you mean {close[0]!r}?" if close else ""
     return f"unknown configuration key {key!r}{hint} (valid keys: {', '.join(sorted(known))})"
+
+
+# -- a setting's valid values, as the field table states them -------------------------------
+#
+# Each is called as check(name, value) and returns the value in the configuration's type (a
+# ValueError otherwise); `text` says what is valid, for `dslide config show` and the docs' table.
+
+
+class Int:
+    """An integer in [lo, hi] (hi None: >= lo); pow2: a power of two."""
+
+    def __init__(self, lo: int, hi: int | None = None, pow2: bool = False):
+        self.lo, self.hi, self.pow2 = lo, hi, pow2
+
+    def __call__(self, name, value):
+        _int_range(name, value, self.lo, self.hi)
+        if self.pow2 and value & (value - 1):
+            raise ValueError(f"{name} = {value} must be a power of two (it is packed into code bits)")
+        return value
+
+    @property
+    def text(self) -> str:
+        bound = f">= {self.lo}" if self.hi is None else f"in [{self.lo}, {self.hi}]"
+        return ("a power of two " if self.pow2 else "an integer ") + bound
+
+
+class Float:
+    """A finite number in [lo, hi], either end open."""
+
+    def __init__(self, lo: float, hi: float, lo_open: bool = False, hi_open: bool = False):
+        self.lo, self.hi, self.lo_open, self.hi_open = lo, hi, lo_open, hi_open
+
+    def __call__(self, name, value):
+        _float_range(name, value, self.lo, self.hi, self.lo_open, self.hi_open)
+        return value
+
+    @property
+    def text(self) -> str:
+        return f"in {'(' if self.lo_open else '['}{self.lo}, {self.hi}{')' if self.hi_open else ']'}"
+
+
+class Choice:
+    """One of a few names."""
+
+    def __init__(self, values):
+        self.values = tuple(values)
+
+    def __call__(self, name, value):
+        _choice(name, value, self.values)
+        return value
+
+    @property
+    def text(self) -> str:
+        return "one of " + ", ".join(map(repr, self.values))
+
+
+class Bool:
+    """true or false (or 1 / 0, or their text)."""
+
+    text = "true or false"
+
+    def __call__(self, name, value):
+        return _bool(name, value)
+
+
+class Rule:
+    """A check that is a function (a tuple, a table), with the text of what it takes."""
+
+    def __init__(self, fn, text: str):
+        self.fn, self.text = fn, text
+
+    def __call__(self, name, value):
+        return self.fn(name, value)

@@ -16,13 +16,38 @@ import dataclasses
 from dataclasses import dataclass, field, fields
 
 from dslide.config import rules
-from dslide.config.checks import _bool, _choice, _float_range, _int_range, _sequence, _shard_weights, _unknown
-from dslide.config.rules import (ADAM_DTYPES, BIAS_INITS, DTYPES, FAMILIES, INPUT_NORMS, KNN, KNN_CHOICE_POINTS,
-                                 KNN_WEIGHT, LAYER_KINDS, LOSSES, LR_SCHEDULES, OUTPUT_SPLITS, PARALLEL, POLICIES,
-                                 PROPENSITY_PRESETS, PROTO_WEIGHT, SCOPES, SELECT_MODES, SYNC_MODES)
+from dslide.config.checks import _sequence, _unknown
+from dslide.config.fields import CONFIG_FIELDS, FROM_DATA, LSH_FIELDS
+from dslide.config.rules import FAMILIES, KNN, KNN_WEIGHT, PROPENSITY_PRESETS, PROTO_WEIGHT
 
 
-@dataclass(frozen=True)
+def _from_table(table):
+    """A frozen dataclass whose fields are the table's (dslide.config.fields), in its order."""
+
+    def make(cls):
+        cls.__annotations__ = {f.name: f.type for f in table}
+        for f in table:
+            setattr(cls, f.name, field(default_factory=LSHConfig) if f.name == "lsh" else f.default)
+        return dataclass(frozen=True)(cls)
+
+    return make
+
+
+def _check(obj, table, prefix: str, owner=None) -> None:
+    """Each setting of `table` in `obj` checked (None where the table allows it), and kept in its
+    type: the table's checks name the setting and what is valid (dslide.config.checks)."""
+    for f in table:
+        value = getattr(obj, f.name)
+        if value is None and f.none is not None:
+            continue
+        check = f.check
+        fn = getattr(owner, check.fn) if isinstance(getattr(check, "fn", None), str) else check
+        new = fn(prefix + f.name, value)
+        if new is not value:
+            object.__setattr__(obj, f.name, new)
+
+
+@_from_table(LSH_FIELDS)
 class LSHConfig:
     """How an LSH-sparse layer picks its neurons, and its inference index.
 
@@ -86,78 +111,25 @@ class LSHConfig:
     bench_lsh.py --eval --rebuild on the saved amazon-like model).
     """
 
-    family: str = "anchor"
-    K: int | None = None
-    L: int | None = None
-    anchors: int = 256
-    bin_size: int = 8
-    range_pow: int = 0
-    capacity: int = 0
-    policy: str = "fifo"
-    select: str = "topk"
-    threshold: int = 2
-    min_active: int = 8192
-    min_active_share: float = 0.2
-    max_active: int | None = None
-    max_candidates: int = 0
-    scope: str = "batch"
-    rehash_every: int = 50
-    rebuild_every: int = 1000
-    growth: float = 1.3
-    index_anchors: int = 2048
-    index_share: float = 0.02
-    index_probes: int = 1
-    index_shrink: float = 0.6
-    index_spread: float = 0.5
-    index_points: int = 50000
-    index_neighbors: int = 5
-    index_degree: int = 16
-    index_search: int = 96
-
     def __post_init__(self):
         if self.family == "minhash":
             # lsh.FAMILIES has it for sparse sets; a weight row's non-zero set is every input
             raise ValueError("lsh.family = 'minhash' hashes sets (the non-zero features of sparse inputs) and "
                              "cannot tell dense weight rows apart; an LSH layer takes one of: "
                              + ", ".join(FAMILIES))
-        _choice("lsh.family", self.family, FAMILIES)
+        _check(self, LSH_FIELDS[:1], "lsh.")
         K, L = rules.lsh_tables(self.family)
         if self.K is None:
             object.__setattr__(self, "K", K)
         if self.L is None:
             object.__setattr__(self, "L", L)
-        _int_range("lsh.K", self.K, 1, 32)
-        _int_range("lsh.L", self.L, 1, 1024)
-        _int_range("lsh.anchors", self.anchors, 1, 1 << 20)
-        _int_range("lsh.bin_size", self.bin_size, 2, 1 << 16)
-        if self.bin_size & (self.bin_size - 1):
-            raise ValueError(f"lsh.bin_size = {self.bin_size} must be a power of two (it is packed into code bits)")
-        _int_range("lsh.range_pow", self.range_pow, 0, 24)
-        _int_range("lsh.capacity", self.capacity, 0, 1 << 16)
-        _choice("lsh.policy", self.policy, POLICIES)
-        _choice("lsh.select", self.select, SELECT_MODES)
-        _int_range("lsh.threshold", self.threshold, 1, None if self.family == "anchor" else self.L)
-        _int_range("lsh.min_active", self.min_active, 0)
-        _float_range("lsh.min_active_share", self.min_active_share, 0.0, 1.0)
-        if self.max_active is not None:
-            _int_range("lsh.max_active", self.max_active, 0)
-        _int_range("lsh.max_candidates", self.max_candidates, 0)
-        _choice("lsh.scope", self.scope, SCOPES)
+        _check(self, LSH_FIELDS[1:], "lsh.")
+        # across settings
+        if self.family != "anchor" and self.threshold > self.L:
+            raise ValueError(f"lsh.threshold = {self.threshold} must be in [1, {self.L}]")
         if self.scope == "sample" and self.family != "anchor":
             raise ValueError(f"lsh.scope = 'sample' takes each sample's own anchor bucket and needs "
                              f"lsh.family = 'anchor' (got {self.family!r}); item hashing takes scope 'batch'")
-        _int_range("lsh.rehash_every", self.rehash_every, 1)
-        _int_range("lsh.rebuild_every", self.rebuild_every, 1)
-        _float_range("lsh.growth", self.growth, 1.0, 10.0)
-        _int_range("lsh.index_anchors", self.index_anchors, 0, 1 << 20)
-        _float_range("lsh.index_share", self.index_share, 0.0, 1.0, lo_open=True)
-        _int_range("lsh.index_probes", self.index_probes, 1, 1024)
-        _float_range("lsh.index_shrink", self.index_shrink, 0.0, 1.0)
-        _float_range("lsh.index_spread", self.index_spread, 0.0, 100.0)
-        _int_range("lsh.index_points", self.index_points, 1)
-        _int_range("lsh.index_neighbors", self.index_neighbors, 0, 1024)
-        _int_range("lsh.index_degree", self.index_degree, 1, 1024)
-        _int_range("lsh.index_search", self.index_search, 1, 1 << 16)
         if self.index_search < self.index_neighbors:
             raise ValueError(f"lsh.index_search = {self.index_search} must be >= lsh.index_neighbors = "
                              f"{self.index_neighbors}: the search's beam holds the neighbours it returns")
@@ -171,7 +143,7 @@ class LSHConfig:
         return min(self.min_active, int(self.min_active_share * width))
 
 
-@dataclass(frozen=True)
+@_from_table(CONFIG_FIELDS)
 class Config:
     """Everything a run needs besides its data.
 
@@ -330,156 +302,49 @@ class Config:
         which only the user knows (e.g. 600 for a large model).
     """
 
-    hidden: tuple[int, ...] | None = None
-    kinds: tuple[str, ...] = ()
-    lsh: LSHConfig = field(default_factory=LSHConfig)
-    lsh_layers: tuple[LSHConfig | None, ...] = ()
-    auto_lsh_ratio: float = 4.0
-    auto_lsh_min_width: int = 12000
-    exact: bool = False
-
-    epochs: float | None = None
-    batch_size: int | None = None
-    lr: float | None = None
-    lr_schedule: str = "linear"
-    loss: str | None = None
-    beta1: float = 0.9
-    beta2: float = 0.999
-    eps: float = 1e-8
-    dropout: float | None = None
-    input_norm: str = "l2"
-    init_input_scale: float | None = None
-    output_bias_init: str = "log_prior"
-    seed: int = 0
-    threads: int = 0
-    dtype: str = "float32"
-    adam_dtype: str | None = None
-    parallel: str = "model"
-    output_split: str = "auto"
-    propensity: str = "default"
-    propensity_a: float | None = None
-    propensity_b: float | None = None
-    early_stop: bool | None = None
-    knn: int | None = None
-    knn_weight: float | None = None
-    knn_power: float = 4.0
-    knn_candidates: int = 100
-    proto_weight: float | None = None
-    proto_power: float = 16.0
-    proto_candidates: int = 20
-    choice_points: int = KNN_CHOICE_POINTS
-    replicas: int = 1
-    sync: str = "allreduce"
-    sync_every: int = 8
-    shard_weights: tuple[float, ...] | str = ()
-
-    eval_every: int = 0
-    eval_points: int = 2000
-    log_every: int = 50
-    checkpoint_every: int = 0
-    checkpoint_moments: bool = True
-    stall_timeout: float = 0.0
-
     def __post_init__(self):
-        if self.hidden is not None:
-            hidden = (self.hidden,) if isinstance(self.hidden, int) and not isinstance(self.hidden, bool) \
-                else _sequence("hidden", self.hidden, "layer widths (integers >= 1), e.g. [256, 128]")
-            object.__setattr__(self, "hidden", hidden)
-        object.__setattr__(self, "kinds", _sequence("kinds", self.kinds, f"layer kinds ({', '.join(LAYER_KINDS)})"))
-        if isinstance(self.lsh, dict):
-            _check_lsh_keys("lsh", self.lsh)
-            object.__setattr__(self, "lsh", LSHConfig(**self.lsh))
-        elif not isinstance(self.lsh, LSHConfig):
-            raise ValueError(f"lsh = {self.lsh!r} must be a table of LSH settings ([lsh] in TOML, "
-                             f"--set lsh.K=8 on the command line)")
-        lsh_layers = _sequence("lsh_layers", self.lsh_layers, "tables of LSH settings or 'lsh', one per layer")
-        object.__setattr__(self, "lsh_layers", tuple(_layer_lsh(i, x) for i, x in enumerate(lsh_layers)))
-        object.__setattr__(self, "exact", _bool("exact", self.exact))
-        object.__setattr__(self, "checkpoint_moments", _bool("checkpoint_moments", self.checkpoint_moments))
-        if self.early_stop is not None:
-            object.__setattr__(self, "early_stop", _bool("early_stop", self.early_stop))
-        for i, h in enumerate(self.hidden or ()):
-            _int_range(f"hidden[{i}]", h, 1)
+        _check(self, CONFIG_FIELDS, "", self)
+        # across settings
         n_layers = len(self.hidden) + 1 if self.hidden is not None else None
         if self.kinds and n_layers is not None and len(self.kinds) != n_layers:
             raise ValueError(
                 f"kinds has {len(self.kinds)} entries but the network has {n_layers} layers "
                 f"({len(self.hidden)} hidden + output); give one per layer or none"
             )
-        for i, k in enumerate(self.kinds):
-            _choice(f"kinds[{i}]", k, LAYER_KINDS)
         if self.kinds and self.kinds[0] == "lsh":
             raise ValueError("kinds[0] = 'lsh' is not supported: the first layer reads the raw sparse "
                              "features and is always dense; valid: 'dense', 'auto'")
         if self.lsh_layers and n_layers is not None and len(self.lsh_layers) != n_layers:
             raise ValueError(f"lsh_layers has {len(self.lsh_layers)} entries; give one per layer ({n_layers}) or none")
-        _float_range("auto_lsh_ratio", self.auto_lsh_ratio, 1.0, 1e6)
-        _int_range("auto_lsh_min_width", self.auto_lsh_min_width, 0)
-        if self.epochs is not None:
-            _float_range("epochs", self.epochs, 0.0, 1e6, lo_open=True)
-        if self.batch_size is not None:
-            _int_range("batch_size", self.batch_size, 1)
-        if self.lr is not None:
-            _float_range("lr", self.lr, 0.0, 10.0, lo_open=True)
-        _choice("lr_schedule", self.lr_schedule, LR_SCHEDULES)
-        if self.loss is not None:
-            _choice("loss", self.loss, LOSSES)
-        _float_range("beta1", self.beta1, 0.0, 1.0, hi_open=True)
-        _float_range("beta2", self.beta2, 0.0, 1.0, hi_open=True)
-        _float_range("eps", self.eps, 0.0, 1.0, lo_open=True)
-        if self.dropout is not None:
-            _float_range("dropout", self.dropout, 0.0, 1.0, hi_open=True)
-        _choice("input_norm", self.input_norm, INPUT_NORMS)
-        if self.init_input_scale is not None:
-            _float_range("init_input_scale", self.init_input_scale, 0.0, 100.0, lo_open=True)
-        _choice("output_bias_init", self.output_bias_init, BIAS_INITS)
-        _int_range("seed", self.seed, 0, 2**63 - 1)
-        _int_range("threads", self.threads, 0, 1024)
-        _choice("dtype", self.dtype, DTYPES)
-        if self.adam_dtype is not None:
-            _choice("adam_dtype", self.adam_dtype, ADAM_DTYPES)
-            if self.adam_dtype == "bfloat16" and self.dtype != "float32":
-                raise ValueError(f"adam_dtype = 'bfloat16' needs dtype = 'float32' (got {self.dtype!r}): "
-                                 f"the update is computed in float32")
-        _choice("parallel", self.parallel, PARALLEL)
-        _choice("output_split", self.output_split, OUTPUT_SPLITS)
-        _int_range("replicas", self.replicas, 1, 60)  # one bit each in the board's open mask (dslide.train.replicas)
-        _choice("sync", self.sync, SYNC_MODES)
-        _int_range("sync_every", self.sync_every, 1)
+        if self.adam_dtype == "bfloat16" and self.dtype != "float32":
+            raise ValueError(f"adam_dtype = 'bfloat16' needs dtype = 'float32' (got {self.dtype!r}): "
+                             f"the update is computed in float32")
         if self.replicas > 1 and self.parallel == "data":
             raise ValueError(f"replicas = {self.replicas} needs parallel = 'model': replicas already "
                              f"split the data, and their groups split the model")
-        object.__setattr__(self, "shard_weights", _shard_weights(self.shard_weights))
         if self.shard_weights and self.parallel == "data":
             raise ValueError(f"shard_weights = {self.shard_weights!r} splits layers over ranks, which "
                              f"parallel = 'data' does not; use parallel = 'model' or no shard_weights")
-        _choice("propensity", self.propensity, tuple(PROPENSITY_PRESETS))
-        if self.propensity_a is not None:
-            _float_range("propensity_a", self.propensity_a, 0.0, 100.0)
-        if self.propensity_b is not None:
-            _float_range("propensity_b", self.propensity_b, 0.0, 1e6, lo_open=True)
-        if self.knn is not None:
-            _int_range("knn", self.knn, 0, 1024)
-        if self.knn_weight is not None:
-            _float_range("knn_weight", self.knn_weight, 0.0, 1.0)
-        _float_range("knn_power", self.knn_power, 0.0, 64.0)
-        _int_range("knn_candidates", self.knn_candidates, 1, 1 << 16)
-        _int_range("choice_points", self.choice_points, 1, 1 << 30)
-        if self.proto_weight is not None:
-            _float_range("proto_weight", self.proto_weight, 0.0, 1.0)
-        _float_range("proto_power", self.proto_power, 0.0, 64.0)
-        _int_range("proto_candidates", self.proto_candidates, 1, 1 << 16)
-        _int_range("eval_every", self.eval_every, 0)
-        _int_range("eval_points", self.eval_points, 1)
-        _int_range("log_every", self.log_every, 1)
-        _int_range("checkpoint_every", self.checkpoint_every, 0)
-        _float_range("stall_timeout", self.stall_timeout, 0.0, 1e6)
+
+    @staticmethod
+    def _lsh_table(name, value):
+        if isinstance(value, dict):
+            _check_lsh_keys("lsh", value)
+            return LSHConfig(**value)
+        if not isinstance(value, LSHConfig):
+            raise ValueError(f"lsh = {value!r} must be a table of LSH settings ([lsh] in TOML, "
+                             f"--set lsh.K=8 on the command line)")
+        return value
+
+    @staticmethod
+    def _lsh_layers(name, value):
+        value = _sequence(name, value, "tables of LSH settings or 'lsh', one per layer")
+        return tuple(_layer_lsh(i, x) for i, x in enumerate(value))
 
     # -- defaults from the data ---------------------------------------------------------
 
     #: the settings that `resolve` takes from the data when left at None (`dslide config show`)
-    FROM_DATA = ("hidden", "dropout", "lr", "loss", "batch_size", "epochs", "early_stop", "init_input_scale", "knn",
-                 "knn_weight", "proto_weight")  # knn_weight, proto_weight: chosen on the validation split
+    FROM_DATA = FROM_DATA
 
     def resolve(self, n_labels: int, points_per_label: float | None = None,
                 n_points: int | None = None) -> "Config":
@@ -585,5 +450,6 @@ def _layer_lsh(i: int, x):
         return LSHConfig(**x)
     raise ValueError(f"lsh_layers[{i}] = {x!r} must be a table of LSH settings or 'lsh' "
                      f"(the layer keeps the [lsh] settings)")
+
 
 
