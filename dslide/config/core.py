@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field, fields
 
-from dslide.config import rules
+from dslide.config import rules, tomlio
 from dslide.config.checks import _sequence, _unknown
 from dslide.config.fields import CONFIG_FIELDS, FROM_DATA, LSH_FIELDS
 from dslide.config.rules import FAMILIES, KNN, KNN_WEIGHT, PROPENSITY_PRESETS, PROTO_WEIGHT
@@ -415,14 +415,19 @@ class Config:
     def replace(self, **changes) -> "Config":
         return dataclasses.replace(self, **changes)
 
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+    #: settings in the nested form, the flat one or a mix, as the flat dict Config takes
+    flatten = staticmethod(tomlio.flatten)
+
+    def to_dict(self, flat: bool = False) -> dict:
+        """The settings as config.toml nests them ({table: {setting: value}}), or flat."""
+        d = dataclasses.asdict(self)
+        return d if flat else tomlio.nest(d)
 
     @classmethod
     def from_dict(cls, values: dict) -> "Config":
-        """A Config from a dict such as a parsed TOML file; unknown keys are errors with a suggestion."""
-        if not isinstance(values, dict):
-            raise ValueError(f"a configuration must be a table of settings, got {values!r}")
+        """A Config from a dict such as a parsed TOML file, nested or flat (`tomlio.flatten`);
+        unknown keys are errors with a suggestion."""
+        values = tomlio.flatten(values)
         known = {f.name for f in fields(cls)}
         for k, v in values.items():
             if k not in known:
