@@ -55,8 +55,7 @@ class LSHConfig:
     batch: in the output layer the batch's labels; the union of the samples'
     candidates from the layer's tables, at most `max_active` per sample (0:
     none, plain sampled softmax; None, the default: 512 in a layer of at least
-    CANDIDATES_MIN_WIDTH neurons and 0 in a narrower one, see `active_count`) and `max_candidates` per step (0: no cap;
-    taken rank by rank across the samples); and `min_active` neurons drawn uniformly
+    CANDIDATES_MIN_WIDTH neurons and 0 in a narrower one, see `active_count`); and `min_active` neurons drawn uniformly
     afresh each step (never more than `min_active_share` of the layer:
     `random_count`), which stand for all the others (log-Q correction). Counts
     are for the whole layer; each rank takes its share of them.
@@ -281,9 +280,6 @@ class Config:
         with their cosine to the power `proto_power`. 0: the points alone (and
         no prototypes built). None: chosen with the count and the weight on
         the validation split (dslide.train.validation), kept with the store.
-    choice_points: no longer read by training (the choices are made on the
-        validation split); kept so that older config.toml files still load,
-        and read by scripts/bench_neighbours.py's leave-one-out study.
     propensity: the preset of the constants A, B of the label propensities
         behind PSP@k (Jain et al. 2016; see dslide.metrics.inverse_propensity),
         computed from the training labels and saved with the run
@@ -329,8 +325,7 @@ class Config:
     @staticmethod
     def _lsh_table(name, value):
         if isinstance(value, dict):
-            _check_lsh_keys("lsh", value)
-            return LSHConfig(**value)
+            return LSHConfig(**_lsh_keys("lsh", value))
         if not isinstance(value, LSHConfig):
             raise ValueError(f"lsh = {value!r} must be a table of LSH settings ([lsh] in TOML, "
                              f"--set lsh.K=8 on the command line)")
@@ -433,15 +428,19 @@ class Config:
             if k not in known:
                 raise ValueError(_unknown(k, known))
             if k == "lsh" and isinstance(v, dict):
-                _check_lsh_keys("lsh", v)
+                _lsh_keys("lsh", v)
         return cls(**values)
 
 
-def _check_lsh_keys(where: str, values: dict) -> None:
+def _lsh_keys(where: str, values: dict) -> dict:
+    """A table of LSH settings without its retired keys (`tomlio.retire`); an unknown key is a
+    ValueError with a suggestion."""
+    values = tomlio.retire(values, "lsh.", where + ".")
     lsh_known = {f.name for f in fields(LSHConfig)}
     for k in values:
         if k not in lsh_known:
             raise ValueError(_unknown(f"{where}.{k}", {f"{where}.{x}" for x in lsh_known}))
+    return values
 
 
 def _layer_lsh(i: int, x):
@@ -451,8 +450,7 @@ def _layer_lsh(i: int, x):
     if isinstance(x, LSHConfig):
         return x
     if isinstance(x, dict):
-        _check_lsh_keys(f"lsh_layers[{i}]", x)
-        return LSHConfig(**x)
+        return LSHConfig(**_lsh_keys(f"lsh_layers[{i}]", x))
     raise ValueError(f"lsh_layers[{i}] = {x!r} must be a table of LSH settings or 'lsh' "
                      f"(the layer keeps the [lsh] settings)")
 

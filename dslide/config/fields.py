@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from dslide.config.checks import Bool, Choice, Float, Int, Rule, _sequence, _shard_weights
-from dslide.config.rules import (ADAM_DTYPES, BIAS_INITS, DTYPES, FAMILIES, INPUT_NORMS, KNN_CHOICE_POINTS,
-                                 LAYER_KINDS, LOSSES, LR_SCHEDULES, OUTPUT_SPLITS, PARALLEL, POLICIES,
+from dslide.config.rules import (ADAM_DTYPES, BIAS_INITS, DTYPES, FAMILIES, INPUT_NORMS, LAYER_KINDS,
+                                 LOSSES, LR_SCHEDULES, OUTPUT_SPLITS, PARALLEL, POLICIES,
                                  PROPENSITY_PRESETS, SCOPES, SELECT_MODES, SYNC_MODES)
 
 #: "from the data": the settings Config.resolve takes from the data when left at None
@@ -131,8 +131,6 @@ CONFIG_FIELDS = (
           "chosen on the validation split from 0 to 1 by 0.25"),
     Field("proto_power", "float", 16.0, Float(0.0, 64.0), "a prototype votes with its cosine to this power", N),
     Field("proto_candidates", "int", 20, Int(1, 1 << 16), "label prototypes that vote per query", N),
-    Field("choice_points", "int", KNN_CHOICE_POINTS, Int(1, 1 << 30),
-          "not read by training (kept so that older config.toml files load)", N),
     Field("replicas", "int", 1, Int(1, 60), "replica groups of the model (hybrid data x model parallelism)", R),
     Field("sync", "str", "allreduce", Choice(SYNC_MODES),
           "how replicas average: every group at once, or by one-sided gossip", R),
@@ -168,7 +166,6 @@ LSH_FIELDS = (
     Field("max_active", "int | None", None, Int(0), "candidates a sample (0: none, a plain sampled softmax)", L,
           "from the width", "512 in layers of at least 250,000 neurons, else 0; 0 where knn is on "
                             "(rules.active_count)"),
-    Field("max_candidates", "int", 0, Int(0), "candidates a step (0: no cap)", L),
     Field("scope", "str", "batch", Choice(SCOPES),
           "the batch's candidates scored by every sample, or each sample's by its own", L),
     Field("rehash_every", "int", 50, Int(1), "steps between refills of the tables", L),
@@ -190,3 +187,12 @@ LSH_FIELDS = (
 TABLES = (M, T, N, R, U)
 TABLE_OF = {f.name: f.table for f in CONFIG_FIELDS if f.name != "lsh"}
 FROM_DATA = tuple(f.name for f in CONFIG_FIELDS if f.none == DATA)
+
+#: settings that are no more: {key: (the one value an older config.toml may hold, why it went)}.
+#: A file (or checkpoint) with that value loads as before; any other value is refused.
+RETIRED = {
+    "choice_points": (5000, "training chooses the neighbours' settings on the validation split, and "
+                            "nothing read it"),
+    "lsh.max_candidates": (0, "the cap of a step's candidates was never set by a run, a benchmark or "
+                              "the docs; lsh.max_active bounds them per sample"),
+}

@@ -63,8 +63,6 @@ KNN_MAX_POINTS_PER_LABEL = 20.0
 #: benchmarks that compare them with the validation split; training itself chooses the count,
 #: the prototypes' share and the weight on held-out points (dslide.train.validation)
 KNN_CHOICES = (KNN, 5, 20)
-KNN_CHOICE_POINTS = 5000
-KNN_CHOICE_MARGIN = 0.0025
 #: lsh.max_active left at None where the neighbours' labels are fused (knn on): no candidates
 FUSED_MAX_ACTIVE = 0
 KNN_WEIGHT = 0.6  # the weight of a store saved without a chosen one and knn_weight left at None

@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 
 from dslide.config.checks import _unknown
-from dslide.config.fields import TABLE_OF, TABLES
+from dslide.config.fields import RETIRED, TABLE_OF, TABLES
 
 
 def nest(flat: dict) -> dict:
@@ -29,7 +29,7 @@ def nest(flat: dict) -> dict:
 def flatten(values: dict) -> dict:
     """Settings in the nested form, the flat one or a mix, as the flat dict Config takes. A
     table's key is `table.setting` in messages; keys that are no setting are left for
-    Config.from_dict to refuse."""
+    Config.from_dict to refuse. Retired settings at their one value are dropped (`retire`)."""
     if not isinstance(values, dict):
         raise ValueError(f"a configuration must be a table of settings, got {values!r}")
     out, given = {}, {}
@@ -46,6 +46,20 @@ def flatten(values: dict) -> dict:
             if name in out:
                 raise ValueError(f"{name} is given twice, as {given[name]!r} and as {where!r}; give it once")
             out[name], given[name] = x, where
+    return retire(out)
+
+
+def retire(values: dict, prefix: str = "", where: str = "") -> dict:
+    """`values` without the settings dslide no longer has (fields.RETIRED, keys prefix + name),
+    each of which must hold the value every older config.toml holds: a file that set another
+    is refused with a ValueError saying why the setting went. where: the table, for messages."""
+    out = dict(values)
+    for name in values:
+        if prefix + name in RETIRED:
+            kept, why = RETIRED[prefix + name]
+            if out.pop(name) != kept:
+                raise ValueError(f"{where or prefix}{name} = {values[name]!r}: dslide no longer has this setting "
+                                 f"({why}); only {kept!r}, what it always was, is still read")
     return out
 
 

@@ -1,6 +1,8 @@
 """config.toml in tables ([model], [train], [neighbours], [replicas], [run], [lsh]), and the
 flat config.toml files written before the tables still load to the same configuration."""
 
+import re
+
 import pytest
 
 try:
@@ -59,3 +61,13 @@ def test_set_takes_a_setting_by_its_plain_or_its_table_name_over_a_file_in_table
     f.write_text(config_toml(Config(lr=0.5, hidden=(64,))))
     c = common.make_config(str(f), ["lr=1e-3", "model.hidden=32", "lsh.K=3"])
     assert c.lr == 1e-3 and c.hidden == (32,) and c.lsh.K == 3
+
+
+@pytest.mark.parametrize("values, key", [({"choice_points": 100}, "choice_points"),
+                                         ({"lsh": {"max_candidates": 64}}, "lsh.max_candidates"),
+                                         ({"lsh_layers": [None, {"max_candidates": 8}]}, "lsh_layers[1].max_candidates")])
+def test_a_retired_setting_loads_at_its_old_value_and_is_refused_at_another(values, key):
+    with pytest.raises(ValueError, match=re.escape(key) + ".*no longer has this setting"):
+        Config.from_dict(values)
+    old = {"choice_points": 5000, "lsh": {"max_candidates": 0, "K": 3}}
+    assert Config.from_dict(old) == Config(lsh=LSHConfig(K=3))
