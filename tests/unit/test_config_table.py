@@ -46,3 +46,42 @@ def test_every_valid_text_names_what_the_check_refuses(key):
     name = key.split(".", 1)[-1]
     with pytest.raises(ValueError, match=re.escape(key)):
         (LSHConfig if key.startswith("lsh.") else Config)(**{name: probe})
+
+
+def _attributes_read(path: Path, skip_functions=()) -> set:
+    """The names of every attribute a module reads (x.name, not x.name = ...), leaving out the
+    bodies of functions named in skip_functions."""
+    import ast
+
+    names = set()
+
+    def visit(node):
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)) and child.name in skip_functions:
+                continue
+            if isinstance(child, ast.Attribute) and isinstance(child.ctx, ast.Load):
+                names.add(child.attr)
+            visit(child)
+
+    visit(ast.parse(path.read_text()))
+    return names
+
+
+def test_every_setting_in_the_table_is_read_by_the_product_or_retired():
+    """A setting no module of dslide reads is dead: retire it (fields.RETIRED) or use it. The
+    configuration's own table, checks, TOML i/o and listing do not count, nor the checks of
+    core.py's __post_init__; its methods and dslide.config.rules, which the product calls, do."""
+    from dslide.config.fields import RETIRED
+
+    package = ROOT / "dslide"
+    read = set()
+    for path in package.rglob("*.py"):
+        rel = path.relative_to(package).as_posix()
+        if rel in ("config/fields.py", "config/tomlio.py", "config/checks.py", "settings.py"):
+            continue
+        skip = ("__post_init__", "_lsh_table", "_lsh_layers") if rel == "config/core.py" else ()
+        read |= _attributes_read(path, skip)
+    unread = [f.name for f in (*CONFIG_FIELDS, *LSH_FIELDS) if f.name not in read]
+    assert not unread, f"no module of dslide reads {unread}: retire them in dslide.config.fields.RETIRED"
+    table = {f.name for f in CONFIG_FIELDS} | {f"lsh.{f.name}" for f in LSH_FIELDS}
+    assert not table & set(RETIRED), "a retired setting is still in the table"
