@@ -1,8 +1,10 @@
 """The configuration: one frozen, validated `Config` (and its `[lsh]` table, `LSHConfig`).
 
-    core.py     the two dataclasses, validated on construction
+    fields.py   the table of settings: name, type, default, valid values, doc, TOML table, data rule
+    core.py     the two dataclasses, made from the table and validated on construction
     rules.py    every rule that takes a setting from the data, and every choice constant
     checks.py   the checks of single values (a ValueError naming the setting and what is valid)
+    tomlio.py   the nested config.toml (and the flat one of older runs) to and from a Config
 
 `from dslide.config import Config, ...` gives every name the rest of dslide uses.
 """
