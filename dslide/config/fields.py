@@ -15,9 +15,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from dslide.config.checks import Bool, Choice, Float, Int, Rule, _sequence, _shard_weights
-from dslide.config.rules import (ADAM_DTYPES, BIAS_INITS, DTYPES, FAMILIES, INPUT_NORMS, LAYER_KINDS,
-                                 LOSSES, LR_SCHEDULES, OUTPUT_SPLITS, PARALLEL, POLICIES,
-                                 PROPENSITY_PRESETS, SCOPES, SELECT_MODES, SYNC_MODES)
+from dslide.config.rules import (ADAM_DTYPES, BIAS_INITS, CANDIDATES_MIN_WIDTH, DTYPES, EARLY_STOP_MAX_EPOCHS,
+                                 FAMILIES, FUSED_MAX_ACTIVE, INPUT_NORMS, KNN_MAX_POINTS_PER_LABEL, LAYER_KINDS,
+                                 LOSSES, LR_SCHEDULES, MAX_ACTIVE, NARROW_BATCH, NARROW_EPOCHS, NARROW_HIDDEN,
+                                 NARROW_LOSS, NARROW_MIN_STEPS, NARROW_OUTPUT, OUTPUT_SPLITS, PARALLEL, POLICIES,
+                                 PROPENSITY_PRESETS, SCOPES, SELECT_MODES, SYNC_MODES, WIDE_EPOCHS, WIDE_LR)
 
 #: "from the data": the settings Config.resolve takes from the data when left at None
 DATA = "from the data"
@@ -56,13 +58,13 @@ def _kinds(name, value):
 
 
 M, T, N, R, U, L = "model", "train", "neighbours", "replicas", "run", "lsh"
-NARROW = "at most 4,096 labels"
+NARROW = f"at most {NARROW_OUTPUT:,} labels"
 
 #: Config's settings, in the order of its fields
 CONFIG_FIELDS = (
     Field("hidden", "tuple[int, ...] | None", None, Rule(_hidden, "widths >= 1 of the hidden layers, e.g. 256,128"),
           "widths of the hidden layers (ReLU); the output has one neuron per label", M, DATA,
-          f"512 for {NARROW}, else 128"),
+          f"{NARROW_HIDDEN} for {NARROW}, else 128"),
     Field("kinds", "tuple[str, ...]", (), Rule(_kinds, "one per layer (hidden ones, then the output) of 'auto', "
                                                       "'dense', 'lsh'; first not 'lsh'"),
           "per layer: 'dense', 'lsh' (LSH-selected neurons) or 'auto'; empty: dense hidden layers, an 'auto' output",
@@ -78,16 +80,17 @@ CONFIG_FIELDS = (
     Field("auto_lsh_min_width", "int", 12000, Int(0), "an 'auto' layer is LSH only from this width", M),
     Field("exact", "bool", False, Bool(), "every neuron of every layer active, no LSH (the reference path)", M),
     Field("epochs", "float | None", None, Float(0.0, 1e6, lo_open=True), "passes over the training data", T, DATA,
-          f"12 for {NARROW}; else up to 10, stopped early on the validation split (1.5 without one)"),
+          f"{NARROW_EPOCHS:g} for {NARROW}; else up to {EARLY_STOP_MAX_EPOCHS:g}, stopped early on the validation "
+          f"split ({WIDE_EPOCHS:g} without one)"),
     Field("batch_size", "int | None", None, Int(1), "training points per step", T, DATA,
-          f"512 for {NARROW} (fewer where an epoch would have under 8 steps), else 128"),
+          f"{NARROW_BATCH} for {NARROW} (fewer where an epoch would have under {NARROW_MIN_STEPS} steps), else 128"),
     Field("lr", "float | None", None, Float(0.0, 10.0, lo_open=True), "Adam's learning rate", T, DATA,
-          f"1e-2 for {NARROW}, else 5e-3"),
+          f"1e-2 for {NARROW}, else {WIDE_LR:g}"),
     Field("lr_schedule", "str", "linear", Choice(LR_SCHEDULES),
           "'linear' decays lr to 0 over the run's epochs; 'constant' keeps it", T),
     Field("loss", "str | None", None, Choice(LOSSES),
           "softmax cross-entropy, one binary cross-entropy per label, or their sum", T, DATA,
-          f"softmax+bce for {NARROW}, else softmax"),
+          f"{NARROW_LOSS} for {NARROW}, else softmax"),
     Field("beta1", "float", 0.9, Float(0.0, 1.0, hi_open=True), "Adam's first-moment decay", T),
     Field("beta2", "float", 0.999, Float(0.0, 1.0, hi_open=True), "Adam's second-moment decay", T),
     Field("eps", "float", 1e-8, Float(0.0, 1.0, lo_open=True), "Adam's epsilon", T),
@@ -120,8 +123,8 @@ CONFIG_FIELDS = (
           "on for wide outputs whose data has a validation split when epochs is unset, else off"),
     Field("knn", "int | None", None, Int(0, 1024),
           "neighbours whose labels vote at inference beside the network (0: the network alone)", N, DATA,
-          f"0 for {NARROW}, from 20 training points per label, or without a validation split; "
-          "else chosen on the split from 10, 5, 20 (rules.knn_default)"),
+          f"0 for {NARROW}, from {KNN_MAX_POINTS_PER_LABEL:g} training points per label, or without a validation "
+          "split; else chosen on the split from 10, 5, 20 (rules.knn_default)"),
     Field("knn_weight", "float | None", None, Float(0.0, 1.0), "the neighbours' weight in the fused score", N,
           DATA, "chosen on the validation split from 0 (the network alone) to 0.9"),
     Field("knn_power", "float", 4.0, Float(0.0, 64.0), "a neighbour votes with its similarity to this power", N),
@@ -164,7 +167,8 @@ LSH_FIELDS = (
     Field("min_active_share", "float", 0.2, Float(0.0, 1.0), "uniform negatives are at most this share of the layer",
           L),
     Field("max_active", "int | None", None, Int(0), "candidates a sample (0: none, a plain sampled softmax)", L,
-          "from the width", "512 in layers of at least 250,000 neurons, else 0; 0 where knn is on "
+          "from the width", f"{MAX_ACTIVE} in layers of at least {CANDIDATES_MIN_WIDTH:,} neurons, else 0; "
+                            f"{FUSED_MAX_ACTIVE} where knn is on "
                             "(rules.active_count)"),
     Field("scope", "str", "batch", Choice(SCOPES),
           "the batch's candidates scored by every sample, or each sample's by its own", L),
