@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 
 from dslide import hooks
+from dslide.config.tomlio import config_toml, toml_value as _toml_value  # noqa: F401 (the API and the CLI write it)
 from dslide.io import rundir
 
 
@@ -44,60 +45,6 @@ def normalise_values(values: dict) -> dict:
         if key in values and isinstance(values[key], list):
             values[key] = tuple(values[key])
     return values
-
-
-def config_toml(config) -> str:
-    """The configuration as TOML (what the run directory keeps and --config reads back).
-
-    Settings that are None ("from the data") are left out and read back as
-    None; an entry of lsh_layers that keeps the [lsh] settings (None) is
-    written "lsh", the others as inline tables. make_config(file) of the
-    text gives back an equal Config (tests/unit/test_cli.py checks it for
-    any valid Config).
-    """
-    d = config.to_dict()
-    lines, tables = [], []
-    for k, v in d.items():
-        if v is None:
-            continue
-        if isinstance(v, dict):
-            tables.append((k, v))
-        elif k == "lsh_layers":
-            if v:
-                lines.append(f"{k} = {_toml_value(['lsh' if x is None else x for x in v])}")
-        else:
-            lines.append(f"{_toml_key(k)} = {_toml_value(v)}")
-    for name, table in tables:
-        lines.append(f"\n[{name}]")
-        lines.extend(f"{_toml_key(k)} = {_toml_value(v)}" for k, v in table.items() if v is not None)
-    return "\n".join(lines) + "\n"
-
-
-def _toml_value(v) -> str:
-    """One TOML value (TOML 1.0) of a bool, int, float, str, list/tuple or dict (an inline table)."""
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, int):
-        return str(v)
-    if isinstance(v, float):
-        # repr: the shortest text that reads back as the same double, in a form
-        # TOML takes as it is (1e-05, 0.001, inf, -inf, nan)
-        return repr(v)
-    if isinstance(v, str):
-        return '"' + "".join(_TOML_ESCAPES.get(c) or (f"\\u{ord(c):04x}" if ord(c) < 0x20 or c == "\x7f" else c)
-                             for c in v) + '"'
-    if isinstance(v, (list, tuple)):
-        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
-    if isinstance(v, dict):
-        return "{" + ", ".join(f"{_toml_key(k)} = {_toml_value(x)}" for k, x in v.items() if x is not None) + "}"
-    raise TypeError(f"cannot write {v!r} as TOML")
-
-
-def _toml_key(k: str) -> str:
-    return k if re.fullmatch(r"[A-Za-z0-9_-]+", k) else _toml_value(k)
-
-
-_TOML_ESCAPES = {'"': '\\"', "\\": "\\\\", "\b": "\\b", "\t": "\\t", "\n": "\\n", "\f": "\\f", "\r": "\\r"}
 
 
 def on_rank0(comm, fn):

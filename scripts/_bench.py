@@ -238,7 +238,7 @@ def child(case_path: str) -> None:
         "data": {"n_train": train.n_points, "n_test": test.n_points, "n_features": train.n_features,
                  "n_labels": train.n_labels},
         "kinds": [l.kind for l in net.layers],
-        "config": {k: v for k, v in config.to_dict().items() if k != "lsh_layers"},
+        "config": {k: v for k, v in config.to_dict(flat=True).items() if k != "lsh_layers"},
         "steps": steps, "epochs": history[-1]["epoch"],
         # training includes the neighbour store and its count's choice (outside the steps' clock)
         "train_s": sum(r["wall_s_delta"] for r in history) + model.index_info.get("neighbours_s", 0.0),

@@ -67,7 +67,10 @@ def _parse_value(text: str):
 
 
 def apply_sets(values: dict, sets: list[str]) -> dict:
-    """Overlay `key=value` strings on a configuration dict; dotted keys reach tables (lsh.K=8)."""
+    """Overlay `key=value` strings on a flat configuration dict; dotted keys reach the [lsh]
+    table (lsh.K=8), and name a setting by its TOML table (train.lr=1e-3 is lr=1e-3)."""
+    from dslide.config.fields import TABLES
+
     out = {k: (dict(v) if isinstance(v, dict) else v) for k, v in values.items()}
     for item in sets or []:
         if "=" not in item:
@@ -75,7 +78,9 @@ def apply_sets(values: dict, sets: list[str]) -> dict:
         key, text = item.split("=", 1)
         key = key.strip()
         value = _parse_value(text.strip())
-        if "." in key:
+        if "." in key and key.split(".", 1)[0] in TABLES:
+            out[key.split(".", 1)[1]] = value  # train.lr: the flat name (dslide.config.fields)
+        elif "." in key:
             table, sub = key.split(".", 1)
             out.setdefault(table, {})
             if not isinstance(out[table], dict):
@@ -89,7 +94,7 @@ def apply_sets(values: dict, sets: list[str]) -> dict:
 def make_config(config_file: str | None, sets: list[str]):
     from dslide.config import Config
 
-    values = _toml_load(config_file) if config_file else {}
+    values = Config.flatten(_toml_load(config_file)) if config_file else {}
     values = apply_sets(values, sets)
     return Config.from_dict(normalise_values(values))
 

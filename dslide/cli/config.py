@@ -1,4 +1,5 @@
-"""`dslide config show`: every setting with its default and valid range, and what a data set resolves it to."""
+"""`dslide config show`: every setting with its default and valid range, and what a data set resolves it to;
+`dslide config table`: the settings table of docs/configuration.md."""
 
 from __future__ import annotations
 
@@ -6,7 +7,8 @@ from dslide.cli import common
 
 EXAMPLES = """examples:
   dslide config show
-  dslide config show --data data/small_train.txt --set hidden=256"""
+  dslide config show --data data/small_train.txt --set hidden=256
+  dslide config table > table.md"""
 
 
 def add_parser(command) -> None:
@@ -20,11 +22,18 @@ def add_parser(command) -> None:
     show.add_argument("--format", choices=FORMATS, help=common.FORMAT_HELP)
     common.add_sets(show)
     common.add_debug(show)
+    md = csub.add_parser("table", help="every setting as the Markdown table of docs/configuration.md",
+                         formatter_class=common.Help, epilog=EXAMPLES)
+    common.add_debug(md)
 
 
 def run(args, comm) -> int:
     from dslide import settings
 
+    if args.config_cmd == "table":
+        if comm.rank == 0:
+            print(settings.markdown(), end="")
+        return 0
     config = common.make_config(args.config, args.set)
     shape = (None, None, None, None)
     if args.data:

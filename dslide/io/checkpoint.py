@@ -294,9 +294,8 @@ def config_of(path) -> Config:
     """The configuration a checkpoint was trained with, its output_split the one its layers
     have (checkpoints from before the setting split every output by columns)."""
     manifest = read_manifest(path)
-    d = {**manifest["config"], "output_split": output_split_of(manifest)}
     try:
-        return Config.from_dict(d)
+        return Config.from_dict({**Config.flatten(manifest["config"]), "output_split": output_split_of(manifest)})
     except (ValueError, TypeError) as e:
         raise CheckpointError(f"{Path(path) / 'manifest.json'}: its configuration is not valid: {e}") from None
 

@@ -38,12 +38,10 @@ import numpy as np
 import scipy.sparse as sp
 
 from dslide import metrics, rng
+from dslide.config.rules import (EARLY_STOP_MAX_EPOCHS, VALIDATION_MAX_SHARE, VALIDATION_MIN,  # noqa: F401
+                                 VALIDATION_MIN_POINTS, VALIDATION_SHARE, validation_size)
 from dslide.infer.fusion import NeighbourLabels
 
-VALIDATION_SHARE = 0.05
-VALIDATION_MIN = 1000
-VALIDATION_MAX_SHARE = 0.25
-VALIDATION_MIN_POINTS = 2000
 #: a candidate replaces the no-op only when its P@1 + P@5 is higher by more than this
 CHOICE_MARGIN = 0.004
 #: the fusion weights tried (0: the network alone, always a candidate)
@@ -52,7 +50,6 @@ FUSION_WEIGHTS = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
 FUSION_SHARES = (0.0, 0.25, 0.5, 0.75, 1.0)
 #: the neighbour counts tried
 FUSION_COUNTS = (10, 5, 20)
-EARLY_STOP_MAX_EPOCHS = 10.0
 EARLY_STOP_PATIENCE = 1
 EARLY_STOP_MIN_GAIN = CHOICE_MARGIN  # below it an epoch is a plateau: the checks measure no finer
 #: on the first plateau the best epoch's weights are put back and the learning rate scaled by
@@ -103,14 +100,6 @@ class FusionProbe:
                                    self.nn_sims[rows][:, :k], *pr, counts=(k,), shares=PROBE_SHARES,
                                    weights=PROBE_WEIGHTS, power=power, pr_power=pr_power)
         return max(figures.values(), key=sum)
-
-
-def validation_size(n_points: int) -> int:
-    """The points the validation split of n_points training points holds (0: no split)."""
-    n = int(n_points)
-    if n < VALIDATION_MIN_POINTS:
-        return 0
-    return int(min(max(round(VALIDATION_SHARE * n), VALIDATION_MIN), int(VALIDATION_MAX_SHARE * n)))
 
 
 def validation_rows(n_points: int, seed: int) -> np.ndarray:

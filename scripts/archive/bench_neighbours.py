@@ -6,7 +6,7 @@
 Where a wide output fuses the neighbours' labels (dslide.infer.fusion), training
 ends by building the neighbour store with its label prototypes and by
 choosing the neighbour count and the prototypes' share from leave-one-out
-predictions on `--points` training points (`choice_points`). This times
+predictions on `--points` training points. This times
 those parts one after another, in this process, on one thread: the store's
 build, the points' leave-one-out search, and the prototypes' leave-one-out
 search twice, with the labels renumbered by frequency (the store as built)
@@ -79,7 +79,7 @@ def measure_member(name: str, points: int, k: int, pr_k: int) -> dict:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--members", default=",".join(DEFAULT_MEMBERS), help="comma-separated suite members")
-    ap.add_argument("--points", type=int, default=5000, help="leave-one-out queries (choice_points)")
+    ap.add_argument("--points", type=int, default=5000, help="leave-one-out queries")
     ap.add_argument("--no-record", action="store_true", help="do not update docs/benchmarks.md")
     ap.add_argument("--tag", default="", help="a name for this run's section in docs/benchmarks.md")
     args = ap.parse_args(argv)

@@ -291,7 +291,8 @@ CASES = [
     ("manifest-world-size", lambda w, t: _eval(w, _manifest(w, t, lambda m: {**m, "world_size": 3})),
      "says 3 ranks but lists 1"),
     ("manifest-step-type", lambda w, t: _eval(w, _manifest(w, t, lambda m: {**m, "step": "x"})), "step = \"x\" is not valid"),
-    ("manifest-bad-config", lambda w, t: _eval(w, _manifest(w, t, lambda m: {**m, "config": {**m["config"], "lr": "x"}})),
+    ("manifest-bad-config", lambda w, t: _eval(w, _manifest(w, t, lambda m: {
+        **m, "config": {**m["config"], "train": {**m["config"]["train"], "lr": "x"}}})),
      "its configuration is not valid: lr = 'x' must be a number"),
     ("manifest-dir-escape-export", lambda w, t: _export(w, _manifest(w, t, lambda m: _set_dir(m, "../../../escape"))),
      "ranks[0].dir '../../../escape' is not a plain name"),

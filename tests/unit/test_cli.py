@@ -146,7 +146,8 @@ def test_lsh_layers_are_written_as_toml_not_as_a_comment(tmp_path):
     c = Config(hidden=(16, 8), kinds=("dense", "lsh", "lsh"), lsh_layers=(None, LSHConfig(K=4, L=9), None))
     text = session.config_toml(c)
     assert "#" not in text
-    assert tomllib.loads(text)["lsh_layers"][0] == "lsh" and tomllib.loads(text)["lsh_layers"][1]["L"] == 9
+    layers = tomllib.loads(text)["model"]["lsh_layers"]
+    assert layers[0] == "lsh" and layers[1]["L"] == 9
     f = tmp_path / "c.toml"
     f.write_text(text)
     assert common.make_config(str(f), []).lsh_layers == (None, LSHConfig(K=4, L=9), None)

@@ -93,7 +93,7 @@ def test_verbose_prints_the_configuration(capsys, tmp_path):
     assert cli.main(["train", "--train", str(tmp_path / "t_train.txt"), "--out", str(tmp_path / "r"), "--verbose",
                      "--set", "epochs=1", "--set", "hidden=8"]) == 0
     out = capsys.readouterr().out
-    assert "effective configuration:\n  hidden = [8]" in out
+    assert "effective configuration:\n  [model]\n  hidden = [8]" in out  # config.toml in tables
 
 
 class _Terminal:

@@ -31,10 +31,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 #: (importer, imported): function-level imports that close a cycle today, and what removes them
-KNOWN_DODGES = {
-    ("dslide.config", "dslide.train.validation"):
-        "move 2 (the declarative config): the data rules and choice constants in one module of dslide.config",
-}
+KNOWN_DODGES = {}
 
 #: modules outside dslide and the standard library that dslide imports inside functions, and why
 LAZY_OUTSIDE = {

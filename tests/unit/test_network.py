@@ -583,24 +583,6 @@ def test_default_candidates_depend_on_the_layer_width_and_an_explicit_max_active
     assert sum(c for _, c, _ in blocks["explicit"]) > 0
 
 
-def test_item_hashing_candidates_cap_takes_rank_by_rank():
-    from dslide.model.candidates.hashing import _rank_major_union
-
-    rs = np.random.default_rng(9)
-    lens = rs.integers(0, 6, 12)
-    ptr = np.concatenate(([0], np.cumsum(lens))).astype(np.int64)
-    ids = rs.integers(0, 30, ptr[-1]).astype(np.int32)
-    np.testing.assert_array_equal(_rank_major_union(ptr, ids, 0), np.unique(ids))
-    for total in (1, 4, 9, 100):
-        seen, order = set(), []
-        for t in range(lens.max()):
-            for i in range(lens.size):
-                if t < lens[i] and int(ids[ptr[i] + t]) not in seen:
-                    seen.add(int(ids[ptr[i] + t]))
-                    order.append(int(ids[ptr[i] + t]))
-        np.testing.assert_array_equal(_rank_major_union(ptr, ids, total), sorted(order[:total]))
-
-
 def test_order_keys_in_place_are_the_int64_keys_in_int32():
     from dslide.model.topk import order_keys as _order_keys
 

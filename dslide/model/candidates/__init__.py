@@ -41,9 +41,9 @@ if tuple(SOURCES) != FAMILIES:
                       f"names lsh.family takes) has {', '.join(FAMILIES)}: register a source for each name there")
 
 
-def make_candidates(lc: LSHConfig, d_in: int, n_local: int, per_sample: int, seeds: tuple, per_step: int = 0):
+def make_candidates(lc: LSHConfig, d_in: int, n_local: int, per_sample: int, seeds: tuple):
     """The candidate source of an LSH layer (`lc.family`)."""
-    return SOURCES[lc.family](d_in, n_local, per_sample, lc, seeds, per_step)
+    return SOURCES[lc.family](d_in, n_local, per_sample, lc, seeds)
 
 
 __all__ = ["SOURCES", "AnchorCandidates", "CandidateSource", "HashCandidates", "Schedule", "make_candidates"]

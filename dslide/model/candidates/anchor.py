@@ -18,8 +18,8 @@ class AnchorCandidates(CandidateSource):
     kind = "anchor"
     per_sample_candidates = True
 
-    def __init__(self, d_in: int, n_local: int, per_sample: int, lc: LSHConfig, seeds: tuple, per_step: int = 0):
-        super().__init__(d_in, n_local, per_sample, lc, seeds, per_step)
+    def __init__(self, d_in: int, n_local: int, per_sample: int, lc: LSHConfig, seeds: tuple):
+        super().__init__(d_in, n_local, per_sample, lc, seeds)
         self.lc = lc
         self.tables = lsh.AnchorTables(d_in, lc.L, lc.anchors, max(1, per_sample), seeds[0])
         self.refill = Schedule(lc.rehash_every, lc.growth, 0)
@@ -29,7 +29,7 @@ class AnchorCandidates(CandidateSource):
     def batch(self, x) -> np.ndarray:
         """Sorted local ids: the union of the training batch's buckets (empty before the first
         fill); the batch x float [B, d_in] then moves the anchors (the first ones place them)."""
-        out = self._query(x, lambda codes: self.tables.candidates(codes, self.per_sample, self.per_step, self._mark))
+        out = self._query(x, lambda codes: self.tables.candidates(codes, self.per_sample, 0, self._mark))
         return np.empty(0, np.int32) if out is None else out
 
     def own(self, x, skip, out):

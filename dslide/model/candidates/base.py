@@ -32,10 +32,9 @@ class Schedule:
 class CandidateSource:
     """The protocol of a candidate source over one rank's n_local neurons of a layer.
 
-        __init__(d_in, n_local, per_sample, lc, seeds, per_step)
+        __init__(d_in, n_local, per_sample, lc, seeds)
                                    seeds: (family seed, table seed), from the seed and the
-                                   layer only, never the rank; per_step caps a step's
-                                   candidates (0: no cap)
+                                   layer only, never the rank
         batch(x) -> int32 [m]      sorted local ids: the union of the batch's candidates
                                    (x float [B, d_in]); may learn from x
         own(x, skip, out)          each sample's own candidates (lsh.scope "sample"), if
@@ -66,8 +65,8 @@ class CandidateSource:
     #: whether `own` gives each sample its own candidates (lsh.scope = "sample")
     per_sample_candidates = False
 
-    def __init__(self, d_in: int, n_local: int, per_sample: int, lc: LSHConfig, seeds: tuple, per_step: int = 0):
-        self.per_sample, self.per_step = per_sample, per_step
+    def __init__(self, d_in: int, n_local: int, per_sample: int, lc: LSHConfig, seeds: tuple):
+        self.per_sample = per_sample
         self.dirty = np.zeros(n_local, dtype=np.uint8)
 
     def stale_mask(self) -> np.ndarray:

@@ -16,8 +16,8 @@ class HashCandidates(CandidateSource):
 
     kind = "hash"
 
-    def __init__(self, d_in: int, n_local: int, per_sample: int, lc: LSHConfig, seeds: tuple, per_step: int = 0):
-        super().__init__(d_in, n_local, per_sample, lc, seeds, per_step)
+    def __init__(self, d_in: int, n_local: int, per_sample: int, lc: LSHConfig, seeds: tuple):
+        super().__init__(d_in, n_local, per_sample, lc, seeds)
         self.lc = lc
         self.family = _family(lc, d_in, seeds[0])
         range_pow = lc.range_pow or auto_range_pow(n_local, lc.capacity, self.family.code_bits)
@@ -41,7 +41,7 @@ class HashCandidates(CandidateSource):
         else:
             ptr, ids, _ = self.tables.query(x, mode="union")
             ptr, ids = _cut_rows(ptr, ids, self.per_sample, spread=True)
-        return _rank_major_union(ptr, ids, self.per_step)
+        return np.unique(ids).astype(np.int32)
 
     def maintain(self, step: int, W, b) -> str | None:
         dirty = self.dirty
@@ -116,18 +116,6 @@ def _cut_rows(ptr, ids, limit: int, spread: bool = False):
     new_ptr = np.zeros(lens.size + 1, np.int64)
     np.cumsum([r.size for r in out], out=new_ptr[1:])
     return new_ptr, np.concatenate(out)
-
-
-def _rank_major_union(ptr, ids, total: int) -> np.ndarray:
-    """Sorted unique ids of CSR rows (each row best first), at most `total` (0: all): the
-    cap takes every row's first id, then every row's second, and so on."""
-    if total <= 0:
-        return np.unique(ids).astype(np.int32)
-    rank = np.arange(ids.size, dtype=np.int64) - np.repeat(ptr[:-1], np.diff(ptr))
-    order = np.argsort(rank, kind="stable")
-    uniq, first = np.unique(ids[order], return_index=True)
-    keep = uniq[np.argsort(first, kind="stable")[:total]]
-    return np.sort(keep).astype(np.int32)
 
 
 def _family(lc: LSHConfig, d_in: int, seed: int):

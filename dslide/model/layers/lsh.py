@@ -18,15 +18,14 @@ from dslide.model.sharding import scaled_count
 from dslide.timings import upkeep_name
 
 
-def block_counts(lc: LSHConfig, n: int, n_local: int) -> tuple[int, int, int]:
+def block_counts(lc: LSHConfig, n: int, n_local: int) -> tuple[int, int]:
     """A rank's share of the layer's per-step counts, for n_local of its n neurons:
-    (candidates per sample, candidates per step (0: no cap), random neurons)."""
+    (candidates per sample, random neurons)."""
     per = lc.active_count(n)
     max_active = min(scaled_count(per, n_local, n), n_local) if per else 0
-    max_candidates = scaled_count(lc.max_candidates, n_local, n) if lc.max_candidates else 0
     n_random = lc.random_count(n)
     n_random = min(scaled_count(n_random, n_local, n), n_local) if n_random else 0
-    return max_active, max_candidates, n_random
+    return max_active, n_random
 
 
 @dataclass
@@ -90,7 +89,7 @@ class LSHLayer(Layer):
         rng.init_neuron_major(self.init_key, self.lo, self.W, self.scale)
         self.b = np.zeros(self.n_local, dtype=self.dtype)
         self._optimiser((self.lo, 0, self.d_in))  # W [n_r, d_in]: row r is neuron lo + r
-        self.max_active, self.max_candidates, self.n_random = block_counts(lc, self.n, self.n_local)
+        self.max_active, self.n_random = block_counts(lc, self.n, self.n_local)
         self.own = self.is_output and lc.scope == "sample" and self.max_active > 0
         # the softmax's random neurons stand for the rest of the slice (log-Q correction);
         # a binary loss alone takes them as plain negatives
@@ -111,7 +110,7 @@ class LSHLayer(Layer):
     def _make_candidates(self):
         seed = self.config.seed
         seeds = (rng.lsh_seed(seed, rng.CANDIDATES, self.index), rng.lsh_seed(seed, rng.TABLES, self.index, self.lo))
-        return make_candidates(self.lc, self.d_in, self.n_local, self.max_active, seeds, self.max_candidates)
+        return make_candidates(self.lc, self.d_in, self.n_local, self.max_active, seeds)
 
     # -- the step's block ----------------------------------------------------------------
 
@@ -271,7 +270,7 @@ class LSHLayer(Layer):
         item = np.dtype(config.dtype).itemsize
         B = config.batch_size
         lc = config.layer_lsh(index)
-        per, _, n_random = block_counts(lc, n, n_local)
+        per, n_random = block_counts(lc, n, n_local)
         source = SOURCES[lc.family].estimate(d_in, n_local, per, lc, B, item)
         out["tables"] = source["tables"]
         # _pos int32, _mark, touched, the source's stale mask uint8 [n_local]; and the source's own
