@@ -65,7 +65,7 @@ def measure(run_dir: str, data_path: str, k: int = 10) -> dict:
     fusion = Fusion.of(model)
     if fusion is not None:  # the approximate neighbours against the exact ones
         e_ids, _ = fusion.store.neighbours(X, fusion.neighbours, comm)
-        a_ids, _ = fusion.store.neighbours(X, fusion.neighbours, comm, approx=True)
+        a_ids, _ = fusion.store.neighbours(X, fusion.neighbours, comm, approx=fusion.bound)
         result["neighbours"] = fusion.neighbours
         result["neighbour_recall"] = recall(a_ids, e_ids, fusion.neighbours)
     return result

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dslide.config.checks import Bool, Choice, Float, Int, Rule, _sequence, _shard_weights
-from dslide.config.rules import (ADAM_DTYPES, BIAS_INITS, CANDIDATES_MIN_WIDTH, DTYPES, EARLY_STOP_MAX_EPOCHS,
+from dslide.config.rules import (ADAM_DTYPES, APPROX_CANDIDATES, APPROX_FEATURES, APPROX_POSTINGS, BIAS_INITS, CANDIDATES_MIN_WIDTH, DTYPES, EARLY_STOP_MAX_EPOCHS,
                                  FAMILIES, FUSED_MAX_ACTIVE, INPUT_NORMS, KNN_MAX_POINTS_PER_LABEL, LAYER_KINDS,
                                  LOSSES, LR_SCHEDULES, MAX_ACTIVE, NARROW_BATCH, NARROW_EPOCHS, NARROW_HIDDEN,
                                  NARROW_LOSS, NARROW_MIN_STEPS, NARROW_OUTPUT, OUTPUT_SPLITS, PARALLEL, POLICIES,
@@ -134,6 +134,12 @@ CONFIG_FIELDS = (
           "chosen on the validation split from 0 to 1 by 0.25"),
     Field("proto_power", "float", 16.0, Float(0.0, 64.0), "a prototype votes with its cosine to this power", N),
     Field("proto_candidates", "int", 20, Int(1, 1 << 16), "label prototypes that vote per query", N),
+    Field("approx_postings", "int", APPROX_POSTINGS, Int(1, 1 << 24),
+          "under --lsh: training points (or prototypes) the neighbours' search keeps per feature", N),
+    Field("approx_features", "int", APPROX_FEATURES, Int(1, 1 << 16),
+          "under --lsh: a query's largest features the neighbours' search reads", N),
+    Field("approx_candidates", "int", APPROX_CANDIDATES, Int(1, 1 << 16),
+          "under --lsh: candidates of the neighbours' search re-ranked by their exact cosine", N),
     Field("replicas", "int", 1, Int(1, 60), "replica groups of the model (hybrid data x model parallelism)", R),
     Field("sync", "str", "allreduce", Choice(SYNC_MODES),
           "how replicas average: every group at once, or by one-sided gossip", R),

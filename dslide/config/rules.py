@@ -91,6 +91,12 @@ VALIDATION_MAX_SHARE = 0.25
 VALIDATION_MIN_POINTS = 2000
 #: epochs left at None where early stopping is on: the most it trains
 EARLY_STOP_MAX_EPOCHS = 10.0
+#: the neighbours' search under --lsh (dslide.infer.approx): training points kept per feature,
+#: the query's largest features read, candidates re-ranked by their exact cosine; recall and
+#: speed against the exact search: scripts/bench_lsh.py --fused (docs/benchmarks.md)
+APPROX_POSTINGS = 256
+APPROX_FEATURES = 16
+APPROX_CANDIDATES = 64
 
 
 # -- the rules ------------------------------------------------------------------------

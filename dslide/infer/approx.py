@@ -26,19 +26,38 @@ not saved: a model of any age gets them.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import scipy.sparse as sp
 from numba import get_num_threads, njit, prange
 
 from dslide import _numba_cache  # noqa: F401  (before any kernel: the cache is keyed by module name)
+from dslide.config.rules import APPROX_CANDIDATES, APPROX_FEATURES, APPROX_POSTINGS
 from dslide.lsh._topk import better, push_top
 from dslide.lsh.neighbors import _pop, _push
 
 #: the defaults of a fused `--lsh` prediction's search: points kept per feature, the query's
-#: features searched, the candidates re-ranked exactly (scripts/bench_lsh.py --fused)
-POSTINGS = 256
-QUERY_FEATURES = 16
-CANDIDATES = 64
+#: features searched, the candidates re-ranked exactly (the settings approx_postings,
+#: approx_features, approx_candidates; scripts/bench_lsh.py --fused)
+POSTINGS = APPROX_POSTINGS
+QUERY_FEATURES = APPROX_FEATURES
+CANDIDATES = APPROX_CANDIDATES
+
+
+@dataclass(frozen=True)
+class Bound:
+    """What one query of the pruned search reads: `postings` points kept per feature (the
+    pruned lists), its `query_features` largest features, `candidates` re-ranked exactly."""
+
+    postings: int = POSTINGS
+    query_features: int = QUERY_FEATURES
+    candidates: int = CANDIDATES
+
+    @classmethod
+    def of(cls, config) -> "Bound":
+        """The bound of a configuration's approx_* settings."""
+        return cls(config.approx_postings, config.approx_features, config.approx_candidates)
 
 
 @njit(cache=True, parallel=True)

@@ -383,7 +383,7 @@ class NeighbourLabels:
             weight = float(np.asarray(arrays["weight"]).reshape(-1)[0])
         #: the neighbours' weight in the fused score (None: not chosen; knn_weight decides)
         self.weight = weight
-        self._approx_cache = {}  # derived from the arrays on first use (`_approx`)
+        self._approx_cache = {}  # derived from the arrays on first use (`_search`)
 
     @classmethod
     def build(cls, X, Y, prototypes: bool = False, comm=None) -> "NeighbourLabels":
@@ -435,41 +435,45 @@ class NeighbourLabels:
         """Forget the label prototypes (a store whose chosen share is 0 need not hold them)."""
         for name in _PROTOTYPES + ("pr_perm",):
             self.arrays.pop(name, None)
-        self._approx_cache.pop("prototypes", None)
+        for key in [key for key in self._approx_cache if key[0] == "prototypes"]:
+            del self._approx_cache[key]
 
     def nbytes(self) -> int:
         return sum(a.nbytes for a in self.arrays.values())
 
-    def neighbours(self, Xq: sp.csr_matrix, k: int, comm=None, approx: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    def neighbours(self, Xq: sp.csr_matrix, k: int, comm=None, approx=False) -> tuple[np.ndarray, np.ndarray]:
         """The k nearest training points of each query row (cosine): (ids int32 [n, k], sims float32 [n, k]).
         With a communicator, each rank searches a contiguous share of the rows and all gather them.
-        approx: searched within a bound independent of the training points (dslide.infer.approx)."""
+        approx: an approx.Bound (True: the default one), a search bounded whatever the points."""
         a = self.arrays
         return _shared_search(Xq, k, comm, a["post_ptr"], a["post_pt"], a["post_val"], self.n_points,
-                              approx=self._approx("points").search if approx else None)
+                              approx=self._search("points", approx))
 
-    def prototypes(self, Xq: sp.csr_matrix, k: int, comm=None, approx: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    def prototypes(self, Xq: sp.csr_matrix, k: int, comm=None, approx=False) -> tuple[np.ndarray, np.ndarray]:
         """The k label prototypes of largest cosine with each query row, as `neighbours`."""
         if not self.has_prototypes:
             raise ValueError("this neighbour store has no label prototypes (built with prototypes=False)")
         a = self.arrays
         return _shared_search(Xq, k, comm, a["pr_ptr"], a["pr_lab"], a["pr_val"], self.n_labels,
                               a.get("pr_perm", _NO_PERM),
-                              approx=self._approx("prototypes").search if approx else None)
+                              approx=self._search("prototypes", approx))
 
-    def _approx(self, which: str):
-        """The pruned posting lists and rows of the points or the prototypes (dslide.infer.approx),
-        derived from the store's arrays on first use."""
-        from dslide.infer.approx import ApproxPostings
+    def _search(self, which: str, approx):
+        """The pruned search (dslide.infer.approx) of the points or the prototypes under `approx`
+        (False: None, the exact one; True: the default Bound), its lists derived on first use."""
+        from dslide.infer.approx import ApproxPostings, Bound
 
-        cache = self._approx_cache
-        if which not in cache:
+        if approx is False or approx is None:
+            return None
+        bound = Bound() if approx is True else approx
+        key = (which, bound.postings)
+        if key not in self._approx_cache:
             a = self.arrays
-            cache[which] = (ApproxPostings(a["post_ptr"], a["post_pt"], a["post_val"], self.n_points, _NO_PERM)
-                            if which == "points" else
-                            ApproxPostings(a["pr_ptr"], a["pr_lab"], a["pr_val"], self.n_labels,
-                                           a.get("pr_perm", _NO_PERM)))
-        return cache[which]
+            lists = ((a["post_ptr"], a["post_pt"], a["post_val"], self.n_points, _NO_PERM) if which == "points" else
+                     (a["pr_ptr"], a["pr_lab"], a["pr_val"], self.n_labels, a.get("pr_perm", _NO_PERM)))
+            self._approx_cache[key] = ApproxPostings(*lists, bound.postings)
+        pruned = self._approx_cache[key]
+        return lambda rows, k: pruned.search(rows, k, bound.query_features, bound.candidates)
 
     def fuse(self, m_ids, m_logits, nn_ids, nn_sims, weight: float, power: float, k: int,
              pr_ids=None, pr_sims=None, share: float = 0.0, pr_power: float = 1.0):

@@ -21,6 +21,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from dslide import metrics
+from dslide.infer.approx import Bound
 from dslide.model.inputs import csr_parts, input_norms, make_batch
 from dslide.model.topk import merge_topk
 from dslide.timings import Timings
@@ -45,6 +46,7 @@ class Fusion:
     prototypes: int  # prototypes a query takes (0: none)
     pr_power: float
     candidates: int  # the network's candidates the softmax runs over
+    bound: object  # approx.Bound: what a query's searches read under --lsh
 
     @classmethod
     def of(cls, model) -> "Fusion | None":
@@ -55,7 +57,7 @@ class Fusion:
         share = cfg.proto_share(store.share)
         return cls(store, cfg.neighbours(store.k), cfg.fusion_weight(store.weight), cfg.knn_power, share,
                    cfg.proto_candidates if store.has_prototypes and share > 0 else 0, cfg.proto_power,
-                   cfg.knn_candidates)
+                   cfg.knn_candidates, Bound.of(cfg))
 
     def fuse(self, X: sp.csr_matrix, m_ids, m_scores, k: int, comm, exact: bool = True, timings=None):
         """Top k of the fused scores of query rows X from the network's merged candidates:
@@ -64,9 +66,9 @@ class Fusion:
         timings (dslide.timings.Timings): gets the seconds of each search and of the fusion."""
         timings = Timings() if timings is None else timings
         with timings.time("fusion_neighbours"):
-            nn_ids, nn_sims = self.store.neighbours(X, self.neighbours, comm, approx=not exact)
+            nn_ids, nn_sims = self.store.neighbours(X, self.neighbours, comm, approx=not exact and self.bound)
         with timings.time("fusion_prototypes"):
-            pr_ids, pr_sims = (self.store.prototypes(X, self.prototypes, comm, approx=not exact) if self.prototypes
+            pr_ids, pr_sims = (self.store.prototypes(X, self.prototypes, comm, approx=not exact and self.bound) if self.prototypes
                                else (None, None))
         with timings.time("fusion_fuse"):
                 return self.store.fuse(m_ids, m_scores, nn_ids, nn_sims, self.weight, self.power, k, pr_ids, pr_sims,

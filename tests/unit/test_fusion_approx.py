@@ -153,3 +153,31 @@ def test_recall_grows_with_the_lists_kept_and_is_whole_without_pruning():
         recalls.append(_recall(ids, ref_ids))
     assert recalls == sorted(recalls)
     assert recalls[0] < 0.9 and recalls[-1] >= 0.99  # the last: float ties aside
+
+
+def test_the_approx_settings_bound_the_search_that_fused_prediction_runs():
+    """approx_postings / approx_features / approx_candidates reach the store's search: a
+    prediction's Fusion carries them, and the store searches exactly what a direct pruned
+    search with them finds (brute force judges that the tight bound recalls less)."""
+    from dslide.config import Config
+    from dslide.infer.predict import Fusion
+
+    X, Y = _clustered()
+    Xq, _ = _clustered(seed=1, n=200)
+    store = fusion.NeighbourLabels.build(X, Y)
+    cfg = Config(knn=10, approx_postings=8, approx_features=2, approx_candidates=12)
+    bound = Fusion.of(type("M", (), {"config": cfg, "neighbours": store})()).bound
+    assert bound == approx.Bound(8, 2, 12) and approx.Bound.of(Config()) == approx.Bound()
+    ids, sims = store.neighbours(Xq, 10, approx=bound)
+    a = store.arrays
+    direct = approx.ApproxPostings(a["post_ptr"], a["post_pt"], a["post_val"], store.n_points,
+                                   np.empty(0, np.int32), postings=8)
+    d_ids, d_sims, read = direct.search(fusion.l2_rows(Xq), 10, query_features=2, candidates=12)
+    np.testing.assert_array_equal(ids, d_ids)
+    np.testing.assert_array_equal(sims, d_sims)
+    default = approx.ApproxPostings(a["post_ptr"], a["post_pt"], a["post_val"], store.n_points, np.empty(0, np.int32))
+    assert read.sum() < default.search(fusion.l2_rows(Xq), 10)[2].sum()  # the tight bound reads less
+    ref_ids, _ = _brute(Xq, X, 10)
+    assert _recall(ids, ref_ids) < _recall(store.neighbours(Xq, 10, approx=True)[0], ref_ids)
+    with pytest.raises(ValueError, match="approx_postings"):
+        Config(approx_postings=0)
