@@ -70,7 +70,10 @@ def _check_accepted(M, data, indices, ptr, shape):
         row = M.indices[p[i]:p[i + 1]]
         assert (np.diff(row) > 0).all()  # sorted, unique
     assert np.isfinite(M.data).all()
-    ref = sp.csr_matrix((np.asarray(data, np.float64), np.asarray(indices), np.asarray(ptr, np.int64)), shape=shape)
+    # the reference in float32 too: a float64 value becomes its nearest float32 (1e-45 becomes
+    # the subnormal 1.4e-45), which no relative tolerance would accept
+    ref = sp.csr_matrix((np.asarray(data, np.float64).astype(np.float32), np.asarray(indices),
+                         np.asarray(ptr, np.int64)), shape=shape)
     np.testing.assert_allclose(M.toarray(), ref.toarray(), rtol=1e-6)
 
 
@@ -108,7 +111,7 @@ KERNEL_CHECK = textwrap.dedent("""
 def test_malformed_csr_is_refused_with_a_message_or_passes_the_kernels(tmp_path):
     accepted, refused = [], []
 
-    @settings(max_examples=400, deadline=None, database=None,
+    @settings(derandomize=True, max_examples=400, deadline=None, database=None,
               suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
     @given(raw_csr())
     def one(parts):
