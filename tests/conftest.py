@@ -3,6 +3,12 @@
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
+
+# property tests draw their examples from a fixed seed: a run's result depends on the code alone
+# (a test's own @settings keeps this unless it says otherwise)
+settings.register_profile("dslide", derandomize=True, database=None)
+settings.load_profile("dslide")
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = ROOT.parent / "shared" / "data"
