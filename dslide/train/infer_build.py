@@ -109,7 +109,7 @@ def build_neighbours(model, train, progress: bool = False, val=None, fit_data=No
         (c, a, w), figures = validation.choose_fusion(
             probe.store, probe.truth, m_ids, m_logits, probe.nn_ids, probe.nn_sims, probe.pr_ids, probe.pr_sims,
             counts=counts,
-            shares=shares, weights=weights, power=cfg.knn_power, pr_power=cfg.proto_power)
+            shares=shares, weights=weights, power=cfg.knn_power, pr_power=cfg.proto_power, comm=model.comm)
         _advance(bar)
         model.index_info["fusion_choice"] = {
             "chosen": "off" if w == 0 else {"knn": c, "proto_weight": a, "knn_weight": w},

@@ -80,16 +80,17 @@ class FusionProbe:
     the neighbour store of the gradient's points (`fusion.NeighbourLabels`), each validation
     point's `max(counts)` nearest of them and `pr_k` nearest label prototypes (None without)."""
 
-    def __init__(self, store, truth, nn_ids, nn_sims, pr_ids, pr_sims):
+    def __init__(self, store, truth, nn_ids, nn_sims, pr_ids, pr_sims, comm=None):
         self.store, self.truth = store, sp.csr_matrix(truth)
         self.nn_ids, self.nn_sims, self.pr_ids, self.pr_sims = nn_ids, nn_sims, pr_ids, pr_sims
+        self.comm = comm
 
     @classmethod
     def build(cls, fit_data, val, counts, prototypes: bool, pr_k: int, comm=None) -> "FusionProbe":
         store = NeighbourLabels.build(fit_data.X, fit_data.Y, prototypes=prototypes, comm=comm)
         nn_ids, nn_sims = store.neighbours(val.X, max(counts), comm)
         pr_ids, pr_sims = store.prototypes(val.X, pr_k, comm) if prototypes else (None, None)
-        return cls(store, val.Y, nn_ids, nn_sims, pr_ids, pr_sims)
+        return cls(store, val.Y, nn_ids, nn_sims, pr_ids, pr_sims, comm)
 
     def best(self, m_ids, m_logits, rows, power: float, pr_power: float) -> tuple[float, float]:
         """(P@1, P@5) of the best of the probe's small grid on validation rows `rows`, from the
@@ -98,7 +99,7 @@ class FusionProbe:
         k = min(PROBE_COUNT, self.nn_ids.shape[1])
         _, figures = choose_fusion(self.store, self.truth[rows], m_ids, m_logits, self.nn_ids[rows][:, :k],
                                    self.nn_sims[rows][:, :k], *pr, counts=(k,), shares=PROBE_SHARES,
-                                   weights=PROBE_WEIGHTS, power=power, pr_power=pr_power)
+                                   weights=PROBE_WEIGHTS, power=power, pr_power=pr_power, comm=self.comm)
         return max(figures.values(), key=sum)
 
 
@@ -140,26 +141,33 @@ def pick(scores: dict, noop, margin: float = CHOICE_MARGIN):
 
 
 def choose_fusion(store, truth: sp.csr_matrix, m_ids, m_logits, nn_ids, nn_sims, pr_ids, pr_sims, *,
-                  counts, shares, weights, power: float, pr_power: float) -> tuple[tuple, dict]:
+                  counts, shares, weights, power: float, pr_power: float, comm=None) -> tuple[tuple, dict]:
     """The (count, share, weight) of the fused scores that best predicts `truth` (csr [n, L]),
     from the network's candidates (m_ids int64 [n, c], m_logits float64 [n, c]), the points'
     nearest training points (nn_ids int32 [n, max(counts)], best first) and their nearest
     prototypes (pr_ids, pr_sims; None without prototypes). The no-op (weight 0) wins unless
     another beats it by more than CHOICE_MARGIN: ((count, share, weight), {(count, share,
-    weight): (P@1, P@5)}), the no-op under the key (0, 0.0, 0.0)."""
+    weight): (P@1, P@5)}), the no-op under the key (0, 0.0, 0.0).
+
+    comm: ranks that hold the same arrays share the grid (candidate i is scored by rank
+    i mod P, the figures gathered): every rank gets the figures one rank would."""
     figures = {}
     r = metrics.evaluate(truth, np.ascontiguousarray(m_ids[:, :5]), k=5)  # the network alone
     noop = (0, 0.0, 0.0)
     figures[noop] = (float(r["p@1"]), float(r["p@5"]))
-    for c in counts:
-        for a in (shares if pr_ids is not None else (0.0,)):
-            for w in weights:
-                if w == 0:
-                    continue
-                pred, _ = store.fuse(m_ids, m_logits, nn_ids[:, :c], nn_sims[:, :c], w, power, 5,
-                                     pr_ids if a > 0 else None, pr_sims if a > 0 else None, a, pr_power)
-                r = metrics.evaluate(truth, pred, k=5)
-                figures[(int(c), float(a), float(w))] = (float(r["p@1"]), float(r["p@5"]))
+    grid = [(int(c), float(a), float(w)) for c in counts for a in (shares if pr_ids is not None else (0.0,))
+            for w in weights if w != 0]
+    size, rank = (1, 0) if comm is None else (comm.size, comm.rank)
+    per = -(-len(grid) // size)
+    mine = np.full((per, 2), np.nan)
+    for j, (c, a, w) in enumerate(grid[rank::size]):
+        pred, _ = store.fuse(m_ids, m_logits, nn_ids[:, :c], nn_sims[:, :c], w, power, 5,
+                             pr_ids if a > 0 else None, pr_sims if a > 0 else None, a, pr_power)
+        r = metrics.evaluate(truth, pred, k=5)
+        mine[j] = float(r["p@1"]), float(r["p@5"])
+    every = mine[None] if size == 1 else comm.allgather_rows(mine, kind="evaluation")
+    for i, key in enumerate(grid):
+        figures[key] = (float(every[i % size, i // size, 0]), float(every[i % size, i // size, 1]))
     best = pick({key: sum(v) for key, v in figures.items()}, noop)
     return best, figures
 

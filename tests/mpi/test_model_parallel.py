@@ -304,3 +304,30 @@ def test_the_validation_choices_at_p_ranks_are_the_one_rank_choices():
     assert [c[0] for c in ea["curve"]] == [c[0] for c in eb["curve"]]
     np.testing.assert_allclose(np.array(ea["curve"])[:, 1:], np.array(eb["curve"])[:, 1:], atol=2.5 / 600)
     assert len(set(world.allgather_object(json.dumps(a, sort_keys=True)))) == 1
+
+
+def test_the_ranks_share_the_fusion_grid_and_each_gets_every_figure():
+    """choose_fusion with a communicator: each rank scores a share of the (count, share, weight)
+    grid, and every rank ends with the figures and the choice of one process scoring it all."""
+    from dslide.infer import fusion
+    from dslide.train import validation as V
+
+    rng = np.random.default_rng(5)
+    n, L, q = 300, 40, 60
+    X = sp.random(n, 30, density=0.2, format="csr", random_state=rng, dtype=np.float32)
+    Y = sp.csr_matrix((np.ones(n, np.float32), (np.arange(n), rng.integers(0, L, n))), shape=(n, L))
+    store = fusion.NeighbourLabels.build(X[q:], Y[q:], prototypes=True)
+    nn_ids, nn_sims = store.neighbours(X[:q], 20)
+    pr_ids, pr_sims = store.prototypes(X[:q], 8)
+    m_ids = np.stack([rng.permutation(L)[:20] for _ in range(q)]).astype(np.int64)
+    m_logits = np.sort(rng.random(m_ids.shape))[:, ::-1].copy()
+    args = (store, Y[:q], m_ids, m_logits, nn_ids, nn_sims, pr_ids, pr_sims)
+    kw = dict(counts=(10, 5, 20), shares=V.FUSION_SHARES, weights=V.FUSION_WEIGHTS, power=4.0, pr_power=16.0)
+    world = Comm(MPI.COMM_WORLD)
+    shared = V.choose_fusion(*args, comm=world, **kw)
+    alone = V.choose_fusion(*args, **kw)
+    assert shared == alone  # the choice and every figure, in the same order
+    assert list(shared[1]) == list(alone[1])
+    assert len(alone[1]) == 1 + 3 * len(V.FUSION_SHARES) * (len(V.FUSION_WEIGHTS) - 1)
+    if world.size > 1:
+        assert world.bytes_sent.get("evaluation", 0) > 0
