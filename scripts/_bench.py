@@ -240,8 +240,11 @@ def child(case_path: str) -> None:
         "kinds": [l.kind for l in net.layers],
         "config": {k: v for k, v in config.to_dict(flat=True).items() if k != "lsh_layers"},
         "steps": steps, "epochs": history[-1]["epoch"],
-        # training includes the neighbour store and its count's choice (outside the steps' clock)
-        "train_s": sum(r["wall_s_delta"] for r in history) + model.index_info.get("neighbours_s", 0.0),
+        # training includes the validation probe, the neighbour store and its choice (outside the
+        # steps' clock); the inference index, built after it where --lsh is measured, is index_s
+        "train_s": sum(r["wall_s_delta"] for r in history) + model.index_info.get("neighbours_s", 0.0)
+        + model.index_info.get("probe_s", 0.0),
+        "index_s": model.index_info.get("index_s") if lsh else None,
         "samples_per_s": T.throughput(history, config.batch_size),
         "p@1": final["p@1"], "p@3": final["p@3"], "p@5": final["p@5"],
         **{f"psp@{k}": final[f"psp@{k}"] for k in (1, 3, 5) if f"psp@{k}" in final},

@@ -102,7 +102,9 @@ class LSHConfig:
     nearest anchors hold, and the labels of its `index_neighbors` nearest
     training points among those index_points (cosine of the hidden vectors,
     found by a beam of width `index_search` on a graph of each point's
-    `index_degree` nearest and as many reverse links; lsh.neighbors). The
+    `index_degree` nearest (found among the points of `index_graph_cells`
+    nearby cells, or all of them at 0) and as many reverse links;
+    lsh.neighbors). The
     buckets give up the room those labels take on average, so a query scores
     about `index_share` of the labels in all. index_anchors = 0: no index;
     index_neighbors = 0: buckets alone. The neighbours' labels recover much

@@ -190,6 +190,8 @@ LSH_FIELDS = (
     Field("index_points", "int", 50000, Int(1), "training points whose hidden vectors the index is built from", L),
     Field("index_neighbors", "int", 5, Int(0, 1024), "nearest of those points whose labels a query scores", L),
     Field("index_degree", "int", 16, Int(1, 1024), "links per point of the nearest-neighbour graph", L),
+    Field("index_graph_cells", "int", 24, Int(0, 1 << 20),
+          "the graph's links: a point's nearest among the points of this many nearest cells (0: exact)", L),
     Field("index_search", "int", 96, Int(1, 1 << 16), "the beam of the graph's search", L),
 )
 

@@ -67,9 +67,11 @@ class InferenceIndex:
         t2 = time.perf_counter()
         info = {"kmeans_s": t1 - t0, "fill_s": t2 - t1, "anchors": A, "bucket": T}
         if use_nn:
+            near = lsh.neighbors.near_cells(tables.anchors[0], lc.index_graph_cells) if lc.index_graph_cells else None
             index.neighbors = lsh.NeighborIndex.build(H, tables.codes(H)[:, 0], A, labels[0], labels[1],
-                                                      lc.index_degree, lc.index_degree,
-                                                      rows=lambda P, M: _graph_rows(P, M, comm))
+                                                      lc.index_degree, lc.index_degree, near=near,
+                                                      share=lambda m, width, rows: _rows_shared(m, width, comm,
+                                                                                                "index", rows))
             info["graph_s"] = time.perf_counter() - t2
         return index, info
 
@@ -202,12 +204,6 @@ def _nearest_points(index, x, cells, ef: int, k: int, comm: Comm) -> np.ndarray:
     1/P of its time at P ranks."""
     return _rows_shared(x.shape[0], k, comm, "evaluation",
                         lambda lo, hi: index.neighbors(x[lo:hi], cells[lo:hi], ef, k)[0])
-
-
-def _graph_rows(P, M: int, comm: Comm) -> np.ndarray:
-    """The k-NN graph rows of all n points P (unit rows, the same on every rank): int32 [n, M],
-    each rank computing a share of them."""
-    return _rows_shared(P.shape[0], M, comm, "index", lambda lo, hi: lsh.neighbors.knn_rows(P, lo, hi, M))
 
 
 def _rows_shared(n: int, width: int, comm: Comm, kind: str, rows) -> np.ndarray:

@@ -10,8 +10,12 @@ nearest training point. scripts/bench_lsh.py --eval measures what the index
 gains from them (docs/lsh.md).
 
 Graph. Each of the n points P (unit rows, float32 [n, d]) links to its M
-nearest others by cosine (exact, BLAS blocks: O(n^2 d) once), then to up to R
-of the points that link to it, the most similar first. The reverse links
+nearest others by cosine, then to up to R of the points that link to it, the
+most similar first. The M nearest are exact (`knn_rows`, BLAS blocks: O(n^2 d)
+once) or approximate: the nearest among the points of the c cells (k-means
+anchors) nearest the point's own (`cell_rows`, O(n c n/A d)), then the best of
+those and their own neighbours' neighbours (`refine_rows`, one local join of
+NN-descent, Dong et al. 2011). The reverse links
 matter: a k-NN graph is dominated by hubs, and the points few others list
 are the tail points the search is for; without reverse links the search
 seldom reaches them.
@@ -94,6 +98,87 @@ def knn_rows(P, lo: int, hi: int, M: int, block: int = GRAPH_BLOCK) -> np.ndarra
         e = min(hi, s + block)
         top_of_rows(P[s:e] @ P.T, M, s, out[s - lo:e - lo])
     return out
+
+
+@njit(parallel=True, fastmath=True, cache=True)
+def cell_rows(P, codes, cell_ptr, near, lo, hi, M, out):
+    """out[i - lo] := for each point lo <= i < hi of P (unit rows, float32 [n, d], ordered by
+    cell: codes int64 [n] sorted, cell_ptr int64 [A + 1]), its M most similar other points
+    among those of the cells near[codes[i]] (int32 [A, c], -1 ignored), best first, ties to
+    the lower index; -1 pads a row with fewer candidates. O((hi - lo) c n / A d)."""
+    d = P.shape[1]
+    for i in prange(lo, hi):
+        ts = np.empty((1, M), np.float32)
+        ti = np.empty((1, M), np.int32)
+        cnt = 0
+        a = codes[i]
+        for t in range(near.shape[1]):
+            c = near[a, t]
+            if c < 0:
+                continue
+            for j in range(cell_ptr[c], cell_ptr[c + 1]):
+                if j == i:
+                    continue
+                s = np.float32(0.0)
+                for f in range(d):
+                    s += P[i, f] * P[j, f]
+                cnt = push_top(ts, ti, 0, cnt, M, s, j)
+        for t in range(M):
+            out[i - lo, t] = ti[0, t] if t < cnt else -1
+
+
+@njit(parallel=True, fastmath=True, cache=True)
+def refine_rows(P, G, lo, hi, out):
+    """One round of neighbour-of-neighbour search (NN-descent's local join): out[i - lo] := the
+    M best, by P[i] . P[j], of G[i] and the rows G[j] of its neighbours j (G int32 [n, M], -1
+    ignored), i itself left out; best first, ties to the lower index. Never worse than G[i]."""
+    M = G.shape[1]
+    d = P.shape[1]
+    for i in prange(lo, hi):
+        cand = np.empty(M + M * M, np.int32)
+        m = 0
+        for t in range(M):
+            j = G[i, t]
+            if j < 0:
+                continue
+            cand[m] = j
+            m += 1
+            for u in range(M):
+                v = G[j, u]
+                if v >= 0 and v != i:
+                    cand[m] = v
+                    m += 1
+        cand[:m].sort()
+        ts = np.empty((1, M), np.float32)
+        ti = np.empty((1, M), np.int32)
+        cnt = 0
+        prev = -1
+        for t in range(m):
+            j = cand[t]
+            if j == prev:
+                continue
+            prev = j
+            s = np.float32(0.0)
+            for f in range(d):
+                s += P[i, f] * P[j, f]
+            cnt = push_top(ts, ti, 0, cnt, M, s, j)
+        for t in range(M):
+            out[i - lo, t] = ti[0, t] if t < cnt else -1
+
+
+def near_cells(C, c: int) -> np.ndarray:
+    """int32 [A, min(c, A)]: each anchor's c nearest anchors of C [A, d] (itself first), by
+    Euclidean distance, ties to the lower index: the cells whose points `cell_rows` offers."""
+    from .kmeans import nearest
+
+    C = np.ascontiguousarray(C, dtype=np.float32)
+    return np.ascontiguousarray(nearest(C, C, min(int(c), C.shape[0])), dtype=np.int32)
+
+
+def local_rows(n: int, width: int, rows) -> np.ndarray:
+    """int32 [n, width]: rows(0, n), the whole of a row-range function in one process (the
+    `share` of `NeighborIndex.build` without ranks)."""
+    return np.ascontiguousarray(rows(0, n), dtype=np.int32)
 
 
 @njit(parallel=True, fastmath=True, cache=True)
@@ -324,10 +409,10 @@ class NeighborIndex:
     """Training points (their unit hidden vectors and labels) and their k-NN graph.
 
     NeighborIndex(points, graph, cell_ptr, cell_ids, label_ptr, label_ids): see the module
-    docstring for the arrays. `build(H, codes, A, label_ptr, label_ids, M, R, rows=None)`
-    makes one (rows: a function (lo, hi) -> knn_rows of those points, so that ranks can
-    share the O(n^2 d) work). `neighbors(Q, qcells, ef, k)` finds the k nearest training
-    points of each query; `extras(nn, lo, hi)` their labels in [lo, hi) as local ids.
+    docstring for the arrays. `build(H, codes, A, label_ptr, label_ids, M, R, share=None,
+    near=None)` makes one (share: how ranks split its row-range work; near: the cells of an
+    approximate graph). `neighbors(Q, qcells, ef, k)` finds the k nearest training points of
+    each query; `extras(nn, lo, hi)` their labels in [lo, hi) as local ids.
     """
 
     KEYS = ("points", "graph", "cell_ptr", "cell_ids", "label_ptr", "label_ids")
@@ -345,10 +430,16 @@ class NeighborIndex:
                              f"labels for {self.label_ptr.shape[0] - 1}")
 
     @classmethod
-    def build(cls, H, codes, A: int, label_ptr, label_ids, M: int, R: int, rows=None) -> "NeighborIndex":
+    def build(cls, H, codes, A: int, label_ptr, label_ids, M: int, R: int, share=None,
+              near=None) -> "NeighborIndex":
         """H float [n, d] the training points' hidden vectors; codes int [n] their anchor cells
         (0 <= code < A); label_ptr/label_ids their labels (CSR, global ids); M nearest plus
-        up to R reverse links per point. The index keeps the points ordered by cell (stable)."""
+        up to R reverse links per point. The index keeps the points ordered by cell (stable).
+        near: None, the exact M nearest (`knn_rows`, O(n^2 d)); or int32 [A, c] each cell's
+        nearest cells (`near_cells`), the approximate graph: each point's M nearest among the
+        points of its cell's near cells (`cell_rows`), then one neighbour-of-neighbour round
+        (`refine_rows`). share(n, width, rows) -> int32 [n, width]: the rows of a row-range
+        function rows(lo, hi), so that ranks can share the work (default `local_rows`)."""
         # the points cell by cell: a search mostly moves between points of nearby cells, so
         # this keeps what it reads closer together in memory
         codes = np.asarray(codes, dtype=np.int64).ravel()
@@ -360,13 +451,33 @@ class NeighborIndex:
         M = check_int("M (graph degree)", M, 1)
         R = check_int("R (reverse links)", R, 0)
         M = min(M, max(1, n - 1))
-        G = knn_rows(P, 0, n, M) if rows is None else rows(P, M)
+        share = local_rows if share is None else share
+        cell_ptr = np.zeros(A + 1, np.int64)
+        np.cumsum(np.bincount(codes, minlength=A), out=cell_ptr[1:])
+        if near is None:
+            G = share(n, M, lambda lo, hi: knn_rows(P, lo, hi, M))
+        else:
+            near = np.ascontiguousarray(near, dtype=np.int32)
+            if near.ndim != 2 or near.shape[0] != A or near.size == 0 or near.min() < -1 or near.max() >= A:
+                raise ValueError(f"near: expected int32 [{A}, c] cells in [-1, {A}), got {near.shape}")
+
+            def first(lo, hi):
+                out = np.empty((hi - lo, M), np.int32)
+                cell_rows(P, codes, cell_ptr, near, lo, hi, M, out)
+                return out
+
+            G0 = share(n, M, first)
+
+            def second(lo, hi):
+                out = np.empty((hi - lo, M), np.int32)
+                refine_rows(P, G0, lo, hi, out)
+                return out
+
+            G = share(n, M, second)
         rptr, rids = reverse_lists(G, n)
         full = np.empty((n, M + R), np.int32)
         add_reverse(G, P, R, rptr, rids, full)
         cell_ids = np.arange(n, dtype=np.int32)  # sorted by cell already
-        cell_ptr = np.zeros(A + 1, np.int64)
-        np.cumsum(np.bincount(codes, minlength=A), out=cell_ptr[1:])
         return cls(quantize(P), full, cell_ptr, cell_ids, label_ptr, label_ids)
 
     @property

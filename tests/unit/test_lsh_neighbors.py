@@ -161,3 +161,85 @@ def test_the_index_keeps_points_cell_by_cell_with_their_own_labels():
     np.testing.assert_array_equal(index.cell_ptr, np.concatenate([[0], np.cumsum(np.bincount(codes, minlength=4))]))
     for i, p in enumerate(perm):  # point i of the index is point p of the input, labels and all
         np.testing.assert_array_equal(index.label_ids[index.label_ptr[i]:index.label_ptr[i + 1]], [10 * p, 10 * p + 1])
+
+
+def _integer_points(seed, n=240, d=10, cells=12):
+    """Small-integer vectors (every dot product exact in float32, many ties) sorted by a cell
+    code, with the cells' CSR pointer: the inputs of cell_rows and refine_rows."""
+    rs = np.random.default_rng(seed)
+    P = rs.integers(-3, 4, size=(n, d)).astype(np.float32)
+    P[5] = P[4]  # exact duplicates: their ties go to the lower index
+    codes = np.sort(rs.integers(0, cells, n)).astype(np.int64)
+    ptr = np.zeros(cells + 1, np.int64)
+    np.cumsum(np.bincount(codes, minlength=cells), out=ptr[1:])
+    return P, codes, ptr
+
+
+def _best(P, i, pool, M):
+    """The M best of `pool` for point i by P[i] . P[j] (float64, exact here), i left out, ties to
+    the lower index; -1 pads."""
+    pool = np.array(sorted(set(int(j) for j in pool) - {i}), np.int64)
+    s = P[pool].astype(np.float64) @ P[i].astype(np.float64)
+    top = pool[np.lexsort((pool, -s))][:M]
+    return np.concatenate([top, -np.ones(M - top.size, np.int64)])
+
+
+def test_cell_rows_equal_a_numpy_search_of_the_near_cells_and_knn_rows_with_every_cell():
+    P, codes, ptr = _integer_points(3)
+    n, A, M = P.shape[0], ptr.size - 1, 7
+    rs = np.random.default_rng(4)
+    near = np.stack([np.concatenate([[a], rs.choice(np.setdiff1d(np.arange(A), [a]), 2, replace=False)])
+                     for a in range(A)]).astype(np.int32)
+    near[0, 2] = -1  # an ignored slot
+    got = np.empty((n, M), np.int32)
+    NB.cell_rows(P, codes, ptr, near, 0, n, M, got)
+    for i in range(n):
+        pool = np.concatenate([np.arange(ptr[c], ptr[c + 1]) for c in near[codes[i]] if c >= 0])
+        np.testing.assert_array_equal(got[i], _best(P, i, pool, M))
+    part = np.empty((50, M), np.int32)
+    NB.cell_rows(P, codes, ptr, near, 100, 150, M, part)
+    np.testing.assert_array_equal(part, got[100:150])  # any row range: what ranks share
+    every = np.tile(np.arange(A, dtype=np.int32), (A, 1))  # all cells: the exact graph
+    NB.cell_rows(P, codes, ptr, every, 0, n, M, got)
+    np.testing.assert_array_equal(got, NB.knn_rows(P, 0, n, M))
+
+
+def test_refine_rows_take_the_best_of_the_neighbours_neighbours_and_never_lose():
+    P, codes, ptr = _integer_points(5)
+    n, M = P.shape[0], 6
+    rs = np.random.default_rng(6)
+    G = np.stack([rs.choice(np.setdiff1d(np.arange(n), [i]), M, replace=False) for i in range(n)]).astype(np.int32)
+    G[9, 3:] = -1  # a short row
+    got = np.empty((n, M), np.int32)
+    NB.refine_rows(P, G, 0, n, got)
+    S = P.astype(np.float64) @ P.astype(np.float64).T
+    for i in range(n):
+        pool = [j for j in G[i] if j >= 0] + [v for j in G[i] if j >= 0 for v in G[j] if v >= 0]
+        np.testing.assert_array_equal(got[i], _best(P, i, pool, M))
+        old = sorted((S[i, j] for j in G[i] if j >= 0), reverse=True)
+        assert all(S[i, got[i, t]] >= old[t] for t in range(len(old)))
+
+
+def test_the_approximate_graph_finds_most_of_the_exact_neighbours():
+    """On clustered points, the cells of k-means anchors and one neighbour-of-neighbour round
+    find at least 95% of the exact graph's links; with every cell near, all of them."""
+    from dslide.lsh.kmeans import kmeans, nearest
+
+    X, _ = _clusters(7, n=1500, d=16, k=40, noise=0.4)
+    A = 60
+    C = kmeans(X, A, 1)
+    codes = nearest(X, C, 1)[:, 0]
+    labels = (np.arange(1501, dtype=np.int64), np.zeros(1500, np.int32))
+    exact = lsh.NeighborIndex.build(X, codes, A, *labels, M=8, R=0)
+    approx = lsh.NeighborIndex.build(X, codes, A, *labels, M=8, R=0, near=NB.near_cells(C, 6))
+    every = lsh.NeighborIndex.build(X, codes, A, *labels, M=8, R=0, near=NB.near_cells(C, A))
+    def found(g):
+        return np.mean([len(np.intersect1d(g.graph[i], exact.graph[i])) / 8 for i in range(1500)])
+
+    assert found(approx) >= 0.95
+    # BLAS against the kernel's own sums may swap near-equal links (the integer test above is exact)
+    assert found(every) >= 0.999
+    nc = NB.near_cells(C, 6)
+    assert (nc[:, 0] == np.arange(A)).all()  # a cell is its own nearest
+    with pytest.raises(ValueError, match="near"):
+        lsh.NeighborIndex.build(X, codes, A, *labels, M=8, R=0, near=nc[:5])
