@@ -36,6 +36,21 @@ def common() -> dict:
             "epochs": 1000.0, "dropout": c.dropout, "init_input_scale": c.init_input_scale}
 
 
+def warm_kernels(notes: list[str]) -> None:
+    """Compile every kernel before the first timing (`dslide warm`, in a subprocess of this
+    checkout): numba caches them beside the source, so a fresh checkout would otherwise time
+    the first member that reaches a kernel (the index's, the fusion's) with its compilation."""
+    import subprocess
+
+    t = time.time()
+    print("running: dslide warm (the kernels compiled before any timing) ...", file=sys.stderr, flush=True)
+    r = subprocess.run([sys.executable, "-m", "dslide", "warm"], cwd=M.ROOT, stdout=subprocess.DEVNULL,
+                       stderr=subprocess.PIPE, text=True)
+    if r.returncode:
+        raise SystemExit(f"dslide warm failed ({r.returncode}): {r.stderr.strip()[-500:]}")
+    notes.append(f"the kernels were compiled before the first timing (dslide warm, {time.time() - t:.0f} s)")
+
+
 def preset_flag(a) -> str:
     return (f" --preset {a.preset}" if a.preset != "amazon-like" else "") + (
         f" --labels {a.labels}" if a.labels else "")

@@ -187,6 +187,7 @@ def run(a) -> int:
     rows, notes = [], []
     out_json = M.ROOT / "runs" / f"bench_scale{('_' + a.tag) if a.tag else ''}.json"
     out_json.parent.mkdir(exist_ok=True)
+    C.warm_kernels(notes)
     for name in names:
         print(f"member: {name} ...", file=sys.stderr, flush=True)
         paths, made_s = member_files(name)

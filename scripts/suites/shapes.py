@@ -235,6 +235,7 @@ def run(a) -> int:
     suite_name = "real" if real_only else "shapes"
     out_json = M.ROOT / "runs" / f"bench_{suite_name}{('_' + a.tag) if a.tag else ''}.json"
     out_json.parent.mkdir(exist_ok=True)
+    C.warm_kernels(notes)
     for name in names:
         paths = member_files(name, a.points, a.test_points)
         if paths is None:

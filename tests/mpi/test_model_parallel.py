@@ -142,12 +142,14 @@ def test_softmax_normaliser_merges_over_ranks_with_rows_empty_on_some():
         assert S[i] == pytest.approx(float(np.sum(all_s[live, i] * np.exp(all_m[live, i] - ref_M))), rel=1e-12)
 
 
-@pytest.mark.parametrize("chunk,neighbors", [(256, 0), (5, 0), (256, 5)])
-def test_lsh_inference_index_gives_the_same_topk_and_share_at_p_ranks_as_at_one(chunk, neighbors, monkeypatch):
+@pytest.mark.parametrize("chunk,neighbors,cells", [(256, 0, 24), (5, 0, 24), (256, 5, 0), (256, 5, 3)])
+def test_lsh_inference_index_gives_the_same_topk_and_share_at_p_ranks_as_at_one(chunk, neighbors, cells,
+                                                                                 monkeypatch):
     """The inference index keeps, per anchor, the labels of the whole layer above one threshold
     agreed across ranks, and re-ranks exactly: P ranks retrieve and return what 1 rank does,
     whether the 16 anchors are filled at once or 5 at a time (chunks of 5, 5, 5, 1), and with
-    the nearest training points' labels added (a graph whose rows the ranks share out)."""
+    the nearest training points' labels added (a graph whose rows the ranks share out: exact,
+    cells 0, or from each point's 3 nearest cells and their neighbours' neighbours)."""
     from dslide import train as T
     from dslide.infer.predict import predict_topk
     from dslide.train.infer_build import build_index
@@ -163,7 +165,7 @@ def test_lsh_inference_index_gives_the_same_topk_and_share_at_p_ranks_as_at_one(
                            np.arange(0, 321, 2)), shape=Y.shape)
         Y.sum_duplicates()
     lc = LSHConfig(min_active=30, max_active=10, anchors=8, index_anchors=16, index_share=0.1,
-                   index_neighbors=neighbors, index_degree=4, index_search=8)
+                   index_neighbors=neighbors, index_degree=4, index_search=8, index_graph_cells=cells)
     cfg = Config(hidden=(16,), kinds=("dense", "lsh"), input_norm="none", seed=3, lr_schedule="constant",
                  dropout=0.0, lsh=lc)
     data = XMCData(X, Y)
