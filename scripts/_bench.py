@@ -98,7 +98,8 @@ class Curve:
     fuse the neighbours' labels, the neighbour store is also built there as the end of training
     builds it (its settings chosen on the validation split), the fused model is scored, and the
     store is dropped again (training goes on without it). A point's `train_s` is the training
-    time to it plus that build, as a run ending there would count it. A point at the run's last
+    time to it plus that build and the validation probe's (built once, before training), as a
+    run ending there would count it. A point at the run's last
     step (`last_step`) is not built or fused here: the end of training builds the model's own
     store, and `finish` gives that point the final model's scores and time. Every rank calls
     `at_log` at the same logging points (the scoring and the build are collective)."""
@@ -155,7 +156,8 @@ class Curve:
             if model.neighbours is not None:
                 fused = self._scores(predict_topk_scores(model, self.test.X, 5)[0])
             model.neighbours = None
-        point.update(fused or point["network"], neighbours_s=build_s, train_s=record["wall_s"] + build_s)
+        point.update(fused or point["network"], neighbours_s=build_s,
+                     train_s=record["wall_s"] + build_s + self.probe_s)
         self.points.append(point)
 
     def finish(self, model, scores: dict) -> None:
@@ -166,7 +168,7 @@ class Curve:
                 build_s = model.index_info.get("neighbours_s", 0.0)
                 point.update({k: scores[k] for k in ("p@1", "p@5", "psp@5") if k in scores},
                              fusion=model.index_info.get("fusion_choice", {}).get("chosen"),
-                             neighbours_s=build_s, train_s=point["wall_s"] + build_s)
+                             neighbours_s=build_s, train_s=point["wall_s"] + build_s + self.probe_s)
 
 
 def child(case_path: str) -> None:

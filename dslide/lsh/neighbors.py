@@ -100,6 +100,15 @@ def knn_rows(P, lo: int, hi: int, M: int, block: int = GRAPH_BLOCK) -> np.ndarra
     return out
 
 
+@njit(inline="always", fastmath=True)
+def _dot(P, i, j, d):
+    """P[i] . P[j] in float32 (rows of a float32 [n, d])."""
+    acc = np.float32(0.0)
+    for f in range(d):
+        acc += P[i, f] * P[j, f]
+    return acc
+
+
 @njit(parallel=True, fastmath=True, cache=True)
 def cell_rows(P, codes, cell_ptr, near, lo, hi, M, out):
     """out[i - lo] := for each point lo <= i < hi of P (unit rows, float32 [n, d], ordered by
@@ -119,10 +128,7 @@ def cell_rows(P, codes, cell_ptr, near, lo, hi, M, out):
             for j in range(cell_ptr[c], cell_ptr[c + 1]):
                 if j == i:
                     continue
-                s = np.float32(0.0)
-                for f in range(d):
-                    s += P[i, f] * P[j, f]
-                cnt = push_top(ts, ti, 0, cnt, M, s, j)
+                cnt = push_top(ts, ti, 0, cnt, M, _dot(P, i, j, d), j)
         for t in range(M):
             out[i - lo, t] = ti[0, t] if t < cnt else -1
 
@@ -158,10 +164,7 @@ def refine_rows(P, G, lo, hi, out):
             if j == prev:
                 continue
             prev = j
-            s = np.float32(0.0)
-            for f in range(d):
-                s += P[i, f] * P[j, f]
-            cnt = push_top(ts, ti, 0, cnt, M, s, j)
+            cnt = push_top(ts, ti, 0, cnt, M, _dot(P, i, j, d), j)
         for t in range(M):
             out[i - lo, t] = ti[0, t] if t < cnt else -1
 
@@ -208,10 +211,7 @@ def add_reverse(G, P, R, rptr, rids, out):
                     break
             if dup:
                 continue
-            acc = np.float32(0.0)
-            for f in range(d):
-                acc += P[i, f] * P[v, f]
-            c = push_top(sims, cand, 0, c, R, acc, v)
+            c = push_top(sims, cand, 0, c, R, _dot(P, i, v, d), v)
         for t in range(c):
             out[i, M + t] = cand[0, t]
 

@@ -5,7 +5,7 @@ neighbours' labels are fused, how many, with what share of label prototypes
 and what weight) is judged on points that no gradient of that choice has
 seen: a validation split drawn from the training file by the seed,
 
-    n_val = clip(round(VALIDATION_SHARE * n), VALIDATION_MIN, VALIDATION_MAX_SHARE * n),
+    n_val = min(clip(round(VALIDATION_SHARE * n), VALIDATION_MIN, VALIDATION_MAX_SHARE * n), VALIDATION_MAX),
 
 the rows `validation_rows(n, seed)`: a function of the number of points and
 the seed alone, so the same at any number of ranks. The network trains on the
@@ -38,8 +38,8 @@ import numpy as np
 import scipy.sparse as sp
 
 from dslide import metrics, rng
-from dslide.config.rules import (EARLY_STOP_MAX_EPOCHS, VALIDATION_MAX_SHARE, VALIDATION_MIN,  # noqa: F401
-                                 VALIDATION_MIN_POINTS, VALIDATION_SHARE, validation_size)
+from dslide.config.rules import (EARLY_STOP_MAX_EPOCHS, VALIDATION_MAX, VALIDATION_MAX_SHARE,  # noqa: F401
+                                 VALIDATION_MIN, VALIDATION_MIN_POINTS, VALIDATION_SHARE, validation_size)
 from dslide.infer.fusion import NeighbourLabels
 
 #: a candidate replaces the no-op only when its P@1 + P@5 is higher by more than this

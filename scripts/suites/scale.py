@@ -232,6 +232,7 @@ def run(a) -> int:
             f"training time to it, evaluations left out, plus the neighbour store's build with its settings "
             f"chosen on the validation split, as at the end of a run"
             + (f" (the validation split's neighbour probe, built once before training in "
-               f"{d['probe_s']:.1f} s, is left out, as in every dslide row)" if d and d.get("probe_s") else "")
+               f"{d['probe_s']:.1f} s, is counted in every point, as in every dslide row)" if d and d.get("probe_s")
+               else "")
             + ":\n\n" + curve_table(rows) + "\n\n" + reach_line(rows) + "\n")
     return C.finish(a, "bench.py --suite scale", text, notes, t0)

@@ -44,7 +44,7 @@ def test_the_curve_is_read_off_the_runs_history_at_the_epochs_asked(preset, n_tr
     by_step = {r["step"]: r for r in history}
     for p in pts:
         assert p["wall_s"] == by_step[p["step"]]["wall_s"]  # the run's clock, evaluations left out
-        assert p["train_s"] == pytest.approx(p["wall_s"] + p["neighbours_s"])
+        assert p["train_s"] == pytest.approx(p["wall_s"] + p["neighbours_s"] + curve.probe_s)
         assert 0.0 <= p["p@1"] <= 1.0 and 0.0 <= p["network"]["p@1"] <= 1.0
     assert (curve.split is not None) == (preset == "small")
     if preset == "small":

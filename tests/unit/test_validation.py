@@ -16,6 +16,8 @@ def test_the_split_is_a_function_of_the_seed_and_its_size_follows_the_rule():
     assert V.validation_size(2000) == 500  # at most a quarter
     assert V.validation_size(4000) == 1000
     assert V.validation_size(45_697) == 2285  # 5 %
+    assert V.validation_size(100_000) == 5000
+    assert V.validation_size(300_000) == 5000  # at most VALIDATION_MAX
     a, b = V.validation_rows(10_000, 7), V.validation_rows(10_000, 7)
     np.testing.assert_array_equal(a, b)
     assert a.size == 1000 and np.all(np.diff(a) > 0) and a[0] >= 0 and a[-1] < 10_000
