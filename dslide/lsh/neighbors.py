@@ -44,6 +44,7 @@ from numba import njit, prange
 
 from ._common import check_int
 from ._topk import better, push_top
+from .kmeans import nearest
 
 
 # ----------------------------------------------------------------------------
@@ -172,8 +173,6 @@ def refine_rows(P, G, lo, hi, out):
 def near_cells(C, c: int) -> np.ndarray:
     """int32 [A, min(c, A)]: each anchor's c nearest anchors of C [A, d] (itself first), by
     Euclidean distance, ties to the lower index: the cells whose points `cell_rows` offers."""
-    from .kmeans import nearest
-
     C = np.ascontiguousarray(C, dtype=np.float32)
     return np.ascontiguousarray(nearest(C, C, min(int(c), C.shape[0])), dtype=np.int32)
 
