@@ -107,6 +107,7 @@ class Curve:
     def __init__(self, epochs, config, train, test, inv_prop, comm, last_step: int | None = None):
         import scipy.sparse as sp
 
+        from dslide.infer.approx import Bound
         from dslide.train import validation
         from dslide.train.infer_build import fusion_counts, fusion_pending
 
@@ -121,7 +122,7 @@ class Curve:
             fit_data, val, _ = validation.split(train, config.seed)
             t0 = time.perf_counter()
             self.probe = validation.FusionProbe.build(fit_data, val, fusion_counts(config), config.proto_weight != 0,
-                                                      config.proto_candidates, comm)
+                                                      config.proto_candidates, comm, Bound.of(config))
             self.probe_s = time.perf_counter() - t0
             self.split = fit_data, val
 
@@ -262,6 +263,7 @@ def child(case_path: str) -> None:
     if curve is not None:
         curve.finish(model, final)
         result["curve_points"], result["probe_s"] = curve.points, curve.probe_s
+        result["probe_search"] = curve.probe.search.get("search") if curve.probe is not None else None
     result["fusion_choice"] = model.index_info.get("fusion_choice", {}).get("chosen")
     if case.get("lsh_predict") and model.index is not None:
         predict_topk(model, test.X[:64], 5, exact=False)

@@ -378,7 +378,10 @@ def choice_lines(info: dict) -> list[str]:
             key = "knn 0 share 0.0 weight 0.0" if c == "off" else \
                 f"knn {c['knn']} share {float(c['proto_weight'])} weight {float(c['knn_weight'])}"
             got = figs.get(key, off)
-            out.append(f"fusion chosen on {fc['validation_points']:,} validation points: network alone P@1 "
+            ps = info.get("probe_search") or {}
+            how = (f" (their neighbours by the bounded search: the exact one would read "
+                   f"{ps['exact_reads']:,} posting entries)" if ps.get("search") == "bounded" else "")
+            out.append(f"fusion chosen on {fc['validation_points']:,} validation points{how}: network alone P@1 "
                        f"{off[0]:.4f} P@5 {off[1]:.4f}; chosen P@1 {got[0]:.4f} P@5 {got[1]:.4f}")
         else:
             out.append(f"neighbour labels off: {fc.get('why', 'chosen on the validation split')}")

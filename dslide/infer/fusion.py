@@ -458,6 +458,18 @@ class NeighbourLabels:
                               a.get("pr_perm", _NO_PERM),
                               approx=self._search("prototypes", approx))
 
+    def search_reads(self, Xq: sp.csr_matrix, which: str = "points") -> int:
+        """The posting entries the exact search of the query rows Xq reads in the points' lists
+        (which="points") or the prototypes' ("prototypes"): the sum over every stored feature of
+        each query of its list's length."""
+        if which not in ("points", "prototypes"):
+            raise ValueError(f"which is {which!r}; expected 'points' or 'prototypes'")
+        ptr = self.arrays["post_ptr" if which == "points" else "pr_ptr"]
+        Xq = sp.csr_matrix(Xq)
+        if Xq.shape[1] != ptr.shape[0] - 1:
+            raise ValueError(f"queries have {Xq.shape[1]} features but the neighbour store holds {ptr.shape[0] - 1}")
+        return int(np.diff(ptr)[Xq.indices].sum())
+
     def _search(self, which: str, approx):
         """The pruned search (dslide.infer.approx) of the points or the prototypes under `approx`
         (False: None, the exact one; True: the default Bound), its lists derived on first use."""

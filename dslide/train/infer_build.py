@@ -22,6 +22,7 @@ import scipy.sparse as sp
 
 from dslide import metrics
 from dslide.config import Config, knn_default, points_per_label
+from dslide.infer.approx import Bound
 from dslide.infer.fusion import NeighbourLabels
 from dslide.infer.index import InferenceIndex
 from dslide.infer.parts import index_seed
@@ -40,8 +41,9 @@ def fusion_probe(model, fit_data, val) -> validation.FusionProbe:
     cfg = model.config
     t0 = time.perf_counter()
     probe = validation.FusionProbe.build(fit_data, val, fusion_counts(cfg), cfg.proto_weight != 0,
-                                         cfg.proto_candidates, model.comm)
+                                         cfg.proto_candidates, model.comm, Bound.of(cfg))
     model.index_info["probe_s"] = time.perf_counter() - t0
+    model.index_info["probe_search"] = probe.search
     return probe
 
 

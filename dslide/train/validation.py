@@ -27,7 +27,9 @@ come back at a lower learning rate; on the next training stops with them.
 
 Fusion (`choose_fusion`): before training, the neighbour store is built from
 the gradient's points and each validation point's nearest training points and
-label prototypes are found once (`FusionProbe`); after training the network's
+label prototypes are found once (`FusionProbe`: by the exact search while it reads
+at most PROBE_EXACT_READS posting entries, else by the bounded search of `--lsh`
+prediction, whose cost does not grow with the training points); after training the network's
 top candidates are scored once and every (count, share, weight) of the grid
 is scored by fusing those arrays (dslide.infer.fusion). Weight 0 is the network alone.
 """
@@ -38,8 +40,9 @@ import numpy as np
 import scipy.sparse as sp
 
 from dslide import metrics, rng
-from dslide.config.rules import (EARLY_STOP_MAX_EPOCHS, VALIDATION_MAX, VALIDATION_MAX_SHARE,  # noqa: F401
+from dslide.config.rules import (EARLY_STOP_MAX_EPOCHS, PROBE_EXACT_READS, VALIDATION_MAX, VALIDATION_MAX_SHARE,  # noqa: F401
                                  VALIDATION_MIN, VALIDATION_MIN_POINTS, VALIDATION_SHARE, validation_size)
+from dslide.infer.approx import Bound
 from dslide.infer.fusion import NeighbourLabels
 
 #: a candidate replaces the no-op only when its P@1 + P@5 is higher by more than this
@@ -80,17 +83,28 @@ class FusionProbe:
     the neighbour store of the gradient's points (`fusion.NeighbourLabels`), each validation
     point's `max(counts)` nearest of them and `pr_k` nearest label prototypes (None without)."""
 
-    def __init__(self, store, truth, nn_ids, nn_sims, pr_ids, pr_sims, comm=None):
+    def __init__(self, store, truth, nn_ids, nn_sims, pr_ids, pr_sims, comm=None, search: dict | None = None):
         self.store, self.truth = store, sp.csr_matrix(truth)
         self.nn_ids, self.nn_sims, self.pr_ids, self.pr_sims = nn_ids, nn_sims, pr_ids, pr_sims
         self.comm = comm
+        #: how the neighbours were found: {"search": "exact" | "bounded", "exact_reads": int}
+        self.search = search or {}
 
     @classmethod
-    def build(cls, fit_data, val, counts, prototypes: bool, pr_k: int, comm=None) -> "FusionProbe":
+    def build(cls, fit_data, val, counts, prototypes: bool, pr_k: int, comm=None, bound=None,
+              max_exact_reads: int = PROBE_EXACT_READS) -> "FusionProbe":
+        """The store of fit_data and val's `max(counts)` nearest points and `pr_k` nearest
+        prototypes, by the exact search while it reads at most `max_exact_reads` posting
+        entries (points and prototypes together), else by the bounded search `bound` (an
+        approx.Bound; None: the default one). The reads are a function of the data alone, so
+        every rank takes the same search."""
         store = NeighbourLabels.build(fit_data.X, fit_data.Y, prototypes=prototypes, comm=comm)
-        nn_ids, nn_sims = store.neighbours(val.X, max(counts), comm)
-        pr_ids, pr_sims = store.prototypes(val.X, pr_k, comm) if prototypes else (None, None)
-        return cls(store, val.Y, nn_ids, nn_sims, pr_ids, pr_sims, comm)
+        reads = store.search_reads(val.X) + (store.search_reads(val.X, "prototypes") if prototypes else 0)
+        approx = (bound or Bound()) if reads > max_exact_reads else False
+        nn_ids, nn_sims = store.neighbours(val.X, max(counts), comm, approx=approx)
+        pr_ids, pr_sims = store.prototypes(val.X, pr_k, comm, approx=approx) if prototypes else (None, None)
+        search = {"search": "bounded" if approx else "exact", "exact_reads": reads}
+        return cls(store, val.Y, nn_ids, nn_sims, pr_ids, pr_sims, comm, search)
 
     def best(self, m_ids, m_logits, rows, power: float, pr_power: float) -> tuple[float, float]:
         """(P@1, P@5) of the best of the probe's small grid on validation rows `rows`, from the

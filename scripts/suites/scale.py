@@ -99,7 +99,8 @@ def dslide_row(paths, n_test: int) -> dict:
             "exact_ms": 1e3 * r["predict_s"] / n_test,
             "lsh_ms": 1e3 * r["lsh_predict_s"] / n_test if "lsh_predict_s" in r else None,
             "lsh": r.get("lsh"), "peak_rss_mb": r["peak_rss_mb"], "epochs": r["epochs"],
-            "curve": curve_rows(r), "probe_s": r.get("probe_s", 0.0), "fusion": r.get("fusion_choice")}
+            "curve": curve_rows(r), "probe_s": r.get("probe_s", 0.0), "probe_search": r.get("probe_search"),
+            "fusion": r.get("fusion_choice")}
 
 
 def curve_rows(result: dict) -> list[dict]:
@@ -232,7 +233,8 @@ def run(a) -> int:
             f"training time to it, evaluations left out, plus the neighbour store's build with its settings "
             f"chosen on the validation split, as at the end of a run"
             + (f" (the validation split's neighbour probe, built once before training in "
-               f"{d['probe_s']:.1f} s, is counted in every point, as in every dslide row)" if d and d.get("probe_s")
+               f"{d['probe_s']:.1f} s by the {d.get('probe_search') or 'exact'} search, is counted in every "
+               f"point, as in every dslide row)" if d and d.get("probe_s")
                else "")
             + ":\n\n" + curve_table(rows) + "\n\n" + reach_line(rows) + "\n")
     return C.finish(a, "bench.py --suite scale", text, notes, t0)

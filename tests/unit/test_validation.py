@@ -195,6 +195,10 @@ def test_the_summary_names_what_its_figures_are_and_the_choices_behind_them():
     assert "network alone P@1 0.6800 P@5 0.3400; chosen P@1 0.7000 P@5 0.3600" in lines[1]
     assert "2,285 validation points" in lines[1]
     assert lines[2].startswith("early stopping: kept step 680 of 1020 (validation P@1 0.6800 P@5 0.3400")
+    assert "bounded" not in lines[1]
+    info["probe_search"] = {"search": "bounded", "exact_reads": 2_300_000_000}
+    assert ("2,285 validation points (their neighbours by the bounded search: the exact one would read "
+            "2,300,000,000 posting entries): network alone") in choice_lines(info)[1]
     info["fusion_choice"]["chosen"] = "off"
     assert choice_lines(info)[0] == "network alone"
     assert choice_lines({}) == []
@@ -226,6 +230,52 @@ def test_the_probe_scores_the_best_of_its_grid_the_network_alone_included():
     assert sum(best) > sum(alone[(0, 0.0, 0.0)]) + 0.5  # the neighbours know the clusters, the network does not
     half = np.arange(0, len(q), 2)
     assert probe.best(m_ids[half], m_logits[half], half, 4.0, 16.0)[0] > 0.9
+
+
+def test_search_reads_counts_the_posting_entries_of_every_query_feature():
+    rng = np.random.default_rng(3)
+    X = sp.csr_matrix(rng.random((60, 30)) * (rng.random((60, 30)) < 0.2), dtype=np.float32)
+    Y = sp.csr_matrix((rng.random((60, 12)) < 0.15).astype(np.float32))
+    Xq = sp.csr_matrix(rng.random((9, 30)) * (rng.random((9, 30)) < 0.3), dtype=np.float32)
+    store = fusion.NeighbourLabels.build(X, Y, prototypes=True)
+    # by brute force: for each query and each of its features, the training points (the labels
+    # with a point) holding that feature
+    held = X.toarray() != 0
+    lab_held = (Y.T.toarray() @ held) > 0
+    qd = Xq.toarray() != 0
+    assert store.search_reads(Xq) == sum(int(held[:, f].sum()) for q in qd for f in np.flatnonzero(q)) > 0
+    assert store.search_reads(Xq, "prototypes") == sum(int(lab_held[:, f].sum()) for q in qd for f in np.flatnonzero(q))
+    with pytest.raises(ValueError, match="'labels'.*'points' or 'prototypes'"):
+        store.search_reads(Xq, "labels")
+    with pytest.raises(ValueError, match="queries have 29 features but the neighbour store holds 30"):
+        store.search_reads(Xq[:, :29])
+
+
+def test_the_probe_searches_exactly_within_its_read_budget_and_bounded_past_it():
+    from dslide.infer.approx import Bound
+    from dslide.io.data import XMCData
+
+    X, Y = _duplicates()
+    n = X.shape[0]
+    q = np.arange(0, n, 6)
+    keep = np.setdiff1d(np.arange(n), q)
+    fit, val = XMCData(X[keep], Y[keep]), XMCData(X[q], Y[q])
+    tight = Bound(postings=2, query_features=2, candidates=20)  # misses neighbours the exact search finds
+    store = fusion.NeighbourLabels.build(fit.X, fit.Y, prototypes=True)
+    reads = store.search_reads(val.X) + store.search_reads(val.X, "prototypes")
+    exact = V.FusionProbe.build(fit, val, (10, 5, 20), True, 8, bound=tight, max_exact_reads=reads)
+    bounded = V.FusionProbe.build(fit, val, (10, 5, 20), True, 8, bound=tight, max_exact_reads=reads - 1)
+    assert exact.search == {"search": "exact", "exact_reads": reads}
+    assert bounded.search == {"search": "bounded", "exact_reads": reads}
+    e_ids, e_sims = store.neighbours(val.X, 20)
+    b_ids, b_sims = store.neighbours(val.X, 20, approx=tight)
+    assert not np.array_equal(e_ids, b_ids)  # the two searches differ on this data
+    np.testing.assert_array_equal(exact.nn_ids, e_ids)
+    np.testing.assert_array_equal(exact.nn_sims, e_sims)
+    np.testing.assert_array_equal(bounded.nn_ids, b_ids)
+    np.testing.assert_array_equal(bounded.nn_sims, b_sims)
+    np.testing.assert_array_equal(exact.pr_ids, store.prototypes(val.X, 8)[0])
+    np.testing.assert_array_equal(bounded.pr_ids, store.prototypes(val.X, 8, approx=tight)[0])
 
 
 def test_a_busy_stage_says_so_every_few_seconds(capsys):
