@@ -47,6 +47,7 @@ __all__ = [
     "psndcg_at_k",
     "inverse_propensity",
     "evaluate",
+    "precision_from_hits",
 ]
 
 # Dense top-k works on row blocks of about this many scores, to bound the
@@ -260,6 +261,13 @@ def _hits(Yc: sp.csr_matrix, top: np.ndarray) -> np.ndarray:
     return ((ykeys[pos] == qkeys) & (top >= 0)).astype(np.float64)
 
 
+def precision_from_hits(hits: np.ndarray) -> np.ndarray:
+    """P@k' for k' = 1..k from hits float64 [n, k] (1.0 where point i's r-th prediction is one of
+    its labels, as `_hits`): float64 [k], the mean over the n points of (hits of the first k') / k'."""
+    ks = np.arange(1, hits.shape[1] + 1)
+    return (np.cumsum(hits, axis=1) / ks).mean(axis=0)
+
+
 def _discounts(k: int) -> np.ndarray:
     """1 / log2(r + 1) for ranks r = 1..k; float64 [k]."""
     return 1.0 / np.log2(np.arange(2, k + 2, dtype=np.float64))
@@ -301,8 +309,7 @@ class _Prepared:
         self.hits = _hits(self.Y, self.top)
 
     def precision(self) -> np.ndarray:
-        ks = np.arange(1, self.k + 1)
-        return (np.cumsum(self.hits, axis=1) / ks).mean(axis=0)
+        return precision_from_hits(self.hits)
 
     def ndcg(self) -> np.ndarray:
         dcg = np.cumsum(self.hits * _discounts(self.k), axis=1)

@@ -46,7 +46,9 @@ point sharing one of its features (the posting lists of its features) into a
 per-thread dense accumulator and keeps the k best in a sorted insertion
 list; ties go to the lower point id, and the sums run over the query's
 features in index order, so the result does not depend on the thread count.
-`fuse` merges the model's candidates and the neighbours' labels per query.
+`fuse` merges the model's candidates and the neighbours' labels per query;
+`fuse_grid_hits` does it for a grid of (share, weight) at once, sharing the
+per-query work, and tells which of each cell's predictions are true labels.
 
 How many neighbours. Left to the data (`knn` None), training picks `k` from
 a few choices by leave-one-out on its own points (`choose_k`): a sample of
@@ -265,6 +267,131 @@ def fuse(m_ids, m_logits, nn_ids, nn_sims, y_ptr, y_idx, weight, power, pr_ids, 
                     r -= 1
                 best[r] = s
                 best_ids[r] = j
+
+
+@njit(cache=True, inline="always")
+def _holds(idx, lo, hi, j):
+    """Whether the ascending idx[lo:hi] holds j."""
+    end = hi
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if idx[mid] < j:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo < end and idx[lo] == j
+
+
+@njit(cache=True, parallel=True)
+def fuse_grid_hits(m_ids, m_logits, nn_ids, nn_sims, y_ptr, y_idx, power, pr_ids, pr_sims, pr_power, cells, t_ptr,
+                   t_idx, out_hits, out_scores):
+    """`fuse`'s top k under every (share, weight) of a grid, looked up in the queries' true labels:
+    out_hits[g, q, r] = 1 where the r-th label of query q fused with cells[g] is one of q's, else 0.
+
+    The arrays as in `fuse`; cells float64 [m, 2]: (share, weight), a share of 0 leaving the
+    prototypes out (`fuse` given kp = 0); t_ptr int64 [n + 1], t_idx int32: the true labels (CSR,
+    ascending within a row); out_hits uint8 [m, n, k]; out_scores float64 [m, n, k]: the cells'
+    top-k scores (`fuse`'s out_scores), or [0, 0, 0] for none. Per query the softmax normaliser, the
+    weight sums, the contributions' labels and one stable sort by label are computed once; each
+    cell's contributions are `fuse`'s float expressions summed in `fuse`'s order (by label, then
+    model, neighbours, prototypes) and ranked by its rule, so each cell's top k is `fuse`'s.
+    """
+    n, K = m_ids.shape
+    kn = nn_ids.shape[1]
+    kp = pr_ids.shape[1]
+    m = cells.shape[0]
+    k = out_hits.shape[2]
+    for q in prange(n):
+        mx = -np.inf
+        for j in range(K):
+            if m_ids[q, j] >= 0 and m_logits[q, j] > mx:
+                mx = m_logits[q, j]
+        z = 0.0
+        for j in range(K):
+            if m_ids[q, j] >= 0:
+                z += np.exp(m_logits[q, j] - mx)
+        wsum = 0.0
+        n_lab = 0
+        for i in range(kn):
+            p = nn_ids[q, i]
+            if p >= 0 and nn_sims[q, i] > 0:
+                wsum += float(nn_sims[q, i]) ** power
+                n_lab += y_ptr[p + 1] - y_ptr[p]
+        psum = 0.0
+        for i in range(kp):
+            if pr_ids[q, i] >= 0 and pr_sims[q, i] > 0:
+                psum += float(pr_sims[q, i]) ** pr_power
+        # each contribution's label, source (0 model, 1 neighbour, 2 prototype) and the factor
+        # of its value that does not depend on the cell
+        lab = np.empty(K + n_lab + kp, np.int64)
+        src = np.empty(K + n_lab + kp, np.uint8)
+        base = np.empty(K + n_lab + kp, np.float64)
+        c = 0
+        for j in range(K):
+            if m_ids[q, j] >= 0:
+                lab[c] = m_ids[q, j]
+                src[c] = 0
+                base[c] = np.exp(m_logits[q, j] - mx)
+                c += 1
+        if wsum > 0:
+            for i in range(kn):
+                p = nn_ids[q, i]
+                if p >= 0 and nn_sims[q, i] > 0:
+                    b = float(nn_sims[q, i]) ** power
+                    for a in range(y_ptr[p], y_ptr[p + 1]):
+                        lab[c] = y_idx[a]
+                        src[c] = 1
+                        base[c] = b
+                        c += 1
+        if psum > 0:
+            for i in range(kp):
+                if pr_ids[q, i] >= 0 and pr_sims[q, i] > 0:
+                    lab[c] = pr_ids[q, i]
+                    src[c] = 2
+                    base[c] = float(pr_sims[q, i]) ** pr_power
+                    c += 1
+        order = np.argsort(lab[:c], kind="mergesort")
+        slab = lab[order]
+        ssrc = src[order]
+        sbase = base[order]
+        best_ids = np.empty(k, np.int64)
+        best = np.empty(k, np.float64)
+        for g in range(m):
+            share = cells[g, 0]
+            weight = cells[g, 1]
+            protos = share > 0 and psum > 0
+            points_w = weight * (1.0 - share) if protos else weight
+            best_ids[:] = -1
+            best[:] = -np.inf
+            t = 0
+            while t < c:
+                j = slab[t]
+                s = 0.0
+                held = False  # a label only the prototypes hold has no score where they are left out
+                while t < c and slab[t] == j:
+                    if ssrc[t] == 0:
+                        s += (1.0 - weight) * sbase[t] / z
+                        held = True
+                    elif ssrc[t] == 1:
+                        s += points_w * sbase[t] / wsum
+                        held = True
+                    elif protos:
+                        s += weight * share * sbase[t] / psum
+                        held = True
+                    t += 1
+                if held and (s > best[k - 1] or (s == best[k - 1] and best_ids[k - 1] < 0)):
+                    r = k - 1
+                    while r > 0 and best[r - 1] < s:
+                        best[r] = best[r - 1]
+                        best_ids[r] = best_ids[r - 1]
+                        r -= 1
+                    best[r] = s
+                    best_ids[r] = j
+            for r in range(k):
+                j = best_ids[r]
+                out_hits[g, q, r] = 1 if j >= 0 and _holds(t_idx, t_ptr[q], t_ptr[q + 1], j) else 0
+            if out_scores.shape[0] > 0:
+                out_scores[g, q] = best
 
 
 def _shared_search(Xq, k: int, comm, ptr, pt, val, n_items: int, perm=_NO_PERM,
@@ -502,6 +629,29 @@ class NeighbourLabels:
              np.ascontiguousarray(pr_ids, np.int32), np.ascontiguousarray(pr_sims, np.float32), float(share),
              float(pr_power), int(k), out_ids, out_scores)
         return out_ids, out_scores
+
+    def fuse_grid_hits(self, m_ids, m_logits, nn_ids, nn_sims, power: float, pr_ids, pr_sims, pr_power: float,
+                       cells, truth: sp.csr_matrix, k: int) -> np.ndarray:
+        """Which of the top k fused labels are true (truth: csr [n, L], sorted unique indices,
+        no stored zeros) for every (share, weight) of cells (float64 [m, 2]): uint8 [m, n, k],
+        1 where label r of query q under cell g, `fuse(..., weight, power, k, pr_ids, pr_sims,
+        share, pr_power)` (the prototypes left out where share is 0), is one of q's labels."""
+        n = m_ids.shape[0]
+        if truth.shape[0] != n:
+            raise ValueError(f"truth has {truth.shape[0]} rows but there are {n} queries")
+        if not truth.has_canonical_format or (truth.data == 0).any():
+            raise ValueError("truth must have sorted, unique indices and no stored zeros "
+                             "(sum_duplicates(), then eliminate_zeros())")
+        if pr_ids is None:
+            pr_ids, pr_sims = np.empty((n, 0), np.int32), np.empty((n, 0), np.float32)
+        out = np.empty((len(cells), n, k), np.uint8)
+        fuse_grid_hits(np.ascontiguousarray(m_ids, np.int64), np.ascontiguousarray(m_logits, np.float64),
+                       np.ascontiguousarray(nn_ids, np.int32), np.ascontiguousarray(nn_sims, np.float32),
+                       self.arrays["y_ptr"], self.arrays["y_idx"], float(power),
+                       np.ascontiguousarray(pr_ids, np.int32), np.ascontiguousarray(pr_sims, np.float32),
+                       float(pr_power), np.ascontiguousarray(cells, np.float64).reshape(-1, 2),
+                       truth.indptr.astype(np.int64), truth.indices.astype(np.int32), out, np.empty((0, 0, 0)))
+        return out
 
     def left_out_neighbours(self, X, rows: np.ndarray, k: int, comm=None) -> tuple[np.ndarray, np.ndarray]:
         """The k nearest *other* training points of the training points `rows` (X: the training

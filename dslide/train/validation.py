@@ -31,7 +31,8 @@ label prototypes are found once (`FusionProbe`: by the exact search while it rea
 at most PROBE_EXACT_READS posting entries, else by the bounded search of `--lsh`
 prediction, whose cost does not grow with the training points); after training the network's
 top candidates are scored once and every (count, share, weight) of the grid
-is scored by fusing those arrays (dslide.infer.fusion). Weight 0 is the network alone.
+is scored by fusing those arrays (dslide.infer.fusion), one kernel pass per count
+for all its (share, weight) cells. Weight 0 is the network alone.
 """
 
 from __future__ import annotations
@@ -174,11 +175,15 @@ def choose_fusion(store, truth: sp.csr_matrix, m_ids, m_logits, nn_ids, nn_sims,
     size, rank = (1, 0) if comm is None else (comm.size, comm.rank)
     per = -(-len(grid) // size)
     mine = np.full((per, 2), np.nan)
-    for j, (c, a, w) in enumerate(grid[rank::size]):
-        pred, _ = store.fuse(m_ids, m_logits, nn_ids[:, :c], nn_sims[:, :c], w, power, 5,
-                             pr_ids if a > 0 else None, pr_sims if a > 0 else None, a, pr_power)
-        r = metrics.evaluate(truth, pred, k=5)
-        mine[j] = float(r["p@1"]), float(r["p@5"])
+    own = grid[rank::size]
+    labels = metrics._binary_labels(truth)  # the true labels as evaluate reads them
+    for c in dict.fromkeys(key[0] for key in own):  # one pass of the fusion kernel per count
+        at = [j for j, key in enumerate(own) if key[0] == c]
+        hits = store.fuse_grid_hits(m_ids, m_logits, nn_ids[:, :c], nn_sims[:, :c], power, pr_ids, pr_sims, pr_power,
+                                    np.array([own[j][1:] for j in at], np.float64), labels, 5)
+        for j, h in zip(at, hits):
+            p = metrics.precision_from_hits(h.astype(np.float64))  # evaluate's P@k of these hits
+            mine[j] = float(p[0]), float(p[4])
     every = mine[None] if size == 1 else comm.allgather_rows(mine, kind="evaluation")
     for i, key in enumerate(grid):
         figures[key] = (float(every[i % size, i // size, 0]), float(every[i % size, i // size, 1]))

@@ -1,0 +1,146 @@
+"""The fusion grid scored in one kernel pass per count (fusion.fuse_grid_hits, validation.choose_fusion)
+against `fuse` and `metrics.evaluate` cell by cell: the same figures, exactly."""
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+from dslide import metrics
+from dslide.infer import fusion
+from dslide.train import validation as V
+
+SHARES = (0.0, 0.25, 0.5, 0.75, 1.0)
+WEIGHTS = (0.0, 0.1, 0.3, 0.5, 0.9, 1.0)  # 1.0: every model candidate scores 0, tied
+COUNTS = (4, 1, 8)
+
+
+def _labels(rng, rows, n_labels, most):
+    """csr [rows, n_labels]: up to `most` distinct labels a row, some rows none."""
+    per = rng.integers(0, most + 1, rows)
+    cols = np.concatenate([rng.choice(n_labels, c, replace=False) for c in per]).astype(np.int32)
+    Y = sp.csr_matrix((np.ones(cols.size, np.float32), cols, np.r_[0, np.cumsum(per)]), shape=(rows, n_labels))
+    Y.sort_indices()
+    return Y
+
+
+def _grid_inputs(seed, n=150, n_points=40, n_labels=20, K=12, kn=8, kp=6):
+    """A store and its queries' arrays whose values come from a few levels, so that fused scores tie:
+    missing candidates (-1), queries without candidates, neighbours or prototypes, similarities
+    <= 0, training points and queries without labels."""
+    rng = np.random.default_rng(seed)
+    X = sp.random(n_points, 8, density=0.5, format="csr", random_state=rng, dtype=np.float32)
+    store = fusion.NeighbourLabels.build(X, _labels(rng, n_points, n_labels, 5))
+
+    def pick(width, n_items, levels):
+        ids = np.stack([rng.permutation(n_items)[:width] for _ in range(n)]).astype(np.int64)
+        ids[rng.random(ids.shape) < 0.2] = -1
+        return ids, rng.choice(levels, ids.shape)
+
+    m_ids, m_logits = pick(K, n_labels, [0.0, 0.5, 1.0])
+    m_ids[0] = -1
+    m_ids[5:15, 2:] = -1  # with few neighbours below: fewer than 5 labels
+    nn_ids, nn_sims = pick(kn, n_points, [-0.5, 0.0, 0.3, 0.6, 1.0])
+    nn_ids[1:3] = -1
+    nn_ids[5:15, 1:] = -1
+    pr_ids, pr_sims = pick(kp, n_labels, [0.0, 0.4, 0.7, 1.0])
+    pr_ids[3] = -1
+    pr_sims[4] = 0.0
+    truth = _labels(rng, n, n_labels, 3)
+    return (store, truth, m_ids, m_logits.astype(np.float64), nn_ids.astype(np.int32), nn_sims.astype(np.float32),
+            pr_ids.astype(np.int32), pr_sims.astype(np.float32))
+
+
+def _cell_hits(store, truth, m_ids, m_logits, nn_ids, nn_sims, pr_ids, pr_sims, share, weight, power, pr_power):
+    """`fuse` of one cell as choose_fusion called it (no prototypes where the share is 0), its
+    labels looked up as evaluate does: (ids, scores, hits float64 [n, 5])."""
+    ids, scores = store.fuse(m_ids, m_logits, nn_ids, nn_sims, weight, power, 5, pr_ids if share > 0 else None,
+                             pr_sims if share > 0 else None, share, pr_power)
+    return ids, scores, metrics._Prepared(truth, ids, 5).hits
+
+
+def _kernel_scores(store, truth, m_ids, m_logits, nn_ids, nn_sims, pr_ids, pr_sims, power, pr_power, cells):
+    """The kernel's top-5 scores of every cell (what choose_fusion does not ask for): float64 [m, n, 5]."""
+    n = len(m_ids)
+    scores = np.empty((len(cells), n, 5))
+    fusion.fuse_grid_hits(m_ids, m_logits, nn_ids, nn_sims, store.arrays["y_ptr"], store.arrays["y_idx"], power,
+                          pr_ids, pr_sims, pr_power, cells, truth.indptr.astype(np.int64), truth.indices,
+                          np.empty((len(cells), n, 5), np.uint8), scores)
+    return scores
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_the_grid_kernel_scores_every_cell_as_fuse_and_evaluate_do(seed):
+    store, truth, m_ids, m_logits, nn_ids, nn_sims, pr_ids, pr_sims = _grid_inputs(seed)
+    cells = np.array([(a, w) for a in SHARES for w in WEIGHTS], np.float64)
+    ties = short = 0
+    for c in COUNTS:
+        nn = np.ascontiguousarray(nn_ids[:, :c]), np.ascontiguousarray(nn_sims[:, :c])
+        hits = store.fuse_grid_hits(m_ids, m_logits, *nn, 2.0, pr_ids, pr_sims, 3.0, cells, truth, 5)
+        assert hits.shape == (len(cells), len(m_ids), 5) and hits.dtype == np.uint8
+        scores = _kernel_scores(store, truth, m_ids, m_logits, *nn, pr_ids, pr_sims, 2.0, 3.0, cells)
+        for g, (a, w) in enumerate(cells):
+            where = f"count {c}, share {a}, weight {w}"
+            ids, fused, expected = _cell_hits(store, truth, m_ids, m_logits, *nn, pr_ids, pr_sims, a, w, 2.0, 3.0)
+            np.testing.assert_array_equal(scores[g], fused, err_msg=where)  # bit for bit, -inf where no label
+            np.testing.assert_array_equal(hits[g], expected, err_msg=where)
+            r = metrics.evaluate(truth, ids, k=5)
+            p = metrics.precision_from_hits(hits[g].astype(np.float64))
+            assert (float(p[0]), float(p[4])) == (r["p@1"], r["p@5"]), where
+            ties += int((fused[:, 1:] == fused[:, :-1]).any(axis=1).sum())
+            short += int((ids == -1).any(axis=1).sum())
+    # the data exercise what the kernel must get right: tied scores and fewer than 5 labels
+    assert ties > 100 and short > 100
+    assert truth.getnnz(axis=1).min() == 0
+    with pytest.raises(ValueError, match="sorted, unique"):  # reversed columns: indices descending
+        store.fuse_grid_hits(m_ids, m_logits, *nn, 2.0, pr_ids, pr_sims, 3.0, cells, truth[:, ::-1].tocsr(), 5)
+
+
+def test_the_prototypes_are_left_out_where_the_share_is_0():
+    """Labels only the prototypes hold appear at share > 0 and are absent (not scored 0) at share 0."""
+    store, truth, m_ids, m_logits, nn_ids, nn_sims, pr_ids, pr_sims = _grid_inputs(3)
+    m_ids[:] = -1
+    nn_ids[:] = -1
+    truth = sp.csr_matrix(np.where(pr_ids[:, :1] >= 0, 1, 0) * (np.arange(20) == np.maximum(pr_ids[:, :1], 0)))
+    hits = store.fuse_grid_hits(m_ids, m_logits, nn_ids, nn_sims, 2.0, pr_ids, pr_sims, 3.0,
+                                np.array([(0.0, 0.5), (0.5, 0.5)]), truth, 5)
+    assert hits[0].sum() == 0 and hits[1].sum() > 0
+    assert hits[1].sum() == _cell_hits(store, truth, m_ids, m_logits, nn_ids, nn_sims, pr_ids, pr_sims, 0.5, 0.5,
+                                       2.0, 3.0)[2].sum()
+
+
+def _choose_fusion_per_cell(store, truth, m_ids, m_logits, nn_ids, nn_sims, pr_ids, pr_sims, *, counts, shares,
+                            weights, power, pr_power):
+    """choose_fusion as it was: `fuse` and `evaluate` for every cell."""
+    figures = {}
+    r = metrics.evaluate(truth, np.ascontiguousarray(m_ids[:, :5]), k=5)
+    noop = (0, 0.0, 0.0)
+    figures[noop] = (float(r["p@1"]), float(r["p@5"]))
+    for c, a, w in [(int(c), float(a), float(w)) for c in counts for a in (shares if pr_ids is not None else (0.0,))
+                    for w in weights if w != 0]:
+        pred, _ = store.fuse(m_ids, m_logits, nn_ids[:, :c], nn_sims[:, :c], w, power, 5,
+                             pr_ids if a > 0 else None, pr_sims if a > 0 else None, a, pr_power)
+        r = metrics.evaluate(truth, pred, k=5)
+        figures[(c, a, w)] = (float(r["p@1"]), float(r["p@5"]))
+    return V.pick({key: sum(v) for key, v in figures.items()}, noop), figures
+
+
+@pytest.mark.parametrize("prototypes", [True, False])
+@pytest.mark.parametrize("seed", [0, 4])
+def test_choose_fusion_gives_the_figures_and_choice_of_the_per_cell_loop(seed, prototypes):
+    store, truth, m_ids, m_logits, nn_ids, nn_sims, pr_ids, pr_sims = _grid_inputs(seed)
+    # a stored zero (no label to evaluate) and a label stored twice (one label): choose_fusion reads them so too
+    t = truth.tocoo()
+    rows, cols, vals = np.r_[t.row, 5, 6, 6], np.r_[t.col, 7, 8, 8], np.r_[t.data, 0.0, 1.0, 1.0]
+    o = np.lexsort((cols, rows))
+    truth = sp.csr_matrix((vals[o], cols[o], np.r_[0, np.cumsum(np.bincount(rows, minlength=truth.shape[0]))]),
+                          shape=truth.shape)
+    assert not truth.has_canonical_format
+    if not prototypes:
+        pr_ids = pr_sims = None
+    args = (store, truth, m_ids, m_logits, nn_ids, nn_sims, pr_ids, pr_sims)
+    kw = dict(counts=COUNTS, shares=SHARES, weights=WEIGHTS, power=2.0, pr_power=3.0)
+    got = V.choose_fusion(*args, **kw)
+    expected = _choose_fusion_per_cell(*args, **kw)
+    assert got == expected
+    assert list(got[1]) == list(expected[1])
+    assert len({v for key, v in got[1].items() if key[2] > 0}) > 5  # the cells differ: a mix-up would show
