@@ -29,11 +29,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-import scipy.sparse as sp
 from numba import get_num_threads, njit, prange
 
 from dslide import _numba_cache  # noqa: F401  (before any kernel: the cache is keyed by module name)
 from dslide.config.rules import APPROX_CANDIDATES, APPROX_FEATURES, APPROX_POSTINGS
+from dslide.infer.fusion import transpose_lists
 from dslide.lsh._topk import better, push_top
 from dslide.lsh.neighbors import _pop, _push
 
@@ -138,22 +138,31 @@ def search_pruned(q_ptr, q_idx, q_val, pp_ptr, pp_pt, pp_val, r_ptr, r_idx, r_va
             out_read[q] = read
 
 
-@njit(cache=True)
+@njit(cache=True, parallel=True)
 def _prune(ptr, ids, val, cap, new_ptr, out_ids, out_val):
     """Kernel of `prune`: new_ptr int64 [F + 1] (its cumulated min(length, cap)) given."""
     F = ptr.shape[0] - 1
-    for f in range(F):
+    for f in prange(F):
         a, b, o = ptr[f], ptr[f + 1], new_ptr[f]
         if b - a <= cap:
             out_ids[o:o + b - a] = ids[a:b]
             out_val[o:o + b - a] = val[a:b]
             continue
-        # the cap largest values, ties to the lower id (the list is in id order: a stable
-        # sort of the negated values keeps it), then back in id order
-        keep = np.sort(np.argsort(-val[a:b], kind="mergesort")[:cap])
-        for t in range(cap):
-            out_ids[o + t] = ids[a + keep[t]]
-            out_val[o + t] = val[a + keep[t]]
+        # the cap largest values, ties to the lower id (the list is in id order), in id order:
+        # every value above the cap-th largest, then as many equal to it as are left, first first
+        cut = np.partition(-val[a:b], cap - 1)[cap - 1]
+        ties = cap
+        for t in range(a, b):
+            if -val[t] < cut:
+                ties -= 1
+        t = o
+        for i in range(a, b):
+            if -val[i] < cut or (-val[i] == cut and ties > 0):
+                if -val[i] == cut:
+                    ties -= 1
+                out_ids[t] = ids[i]
+                out_val[t] = val[i]
+                t += 1
 
 
 def prune(ptr, ids, val, cap: int):
@@ -170,10 +179,7 @@ def prune(ptr, ids, val, cap: int):
 def transpose(ptr, ids, val, n_items: int):
     """The rows of posting lists (ptr int64 [F + 1], ids int32 < n_items, val float32): CSR
     (ptr int64 [n_items + 1], feature ids int32 ascending per row, values float32)."""
-    rows = sp.csc_matrix((val, ids, ptr), shape=(n_items, ptr.shape[0] - 1)).tocsr()
-    rows.sort_indices()
-    return (rows.indptr.astype(np.int64), np.ascontiguousarray(rows.indices, np.int32),
-            np.ascontiguousarray(rows.data, np.float32))
+    return transpose_lists(ptr, ids, np.ascontiguousarray(val, np.float32), n_items)
 
 
 class ApproxPostings:

@@ -148,42 +148,104 @@ def search(q_ptr, q_idx, q_val, post_ptr, post_pt, post_val, n_points, k, n_chun
 
 
 @njit(cache=True, parallel=True)
-def label_sums(post_ptr, post_pt, post_val, y_ptr, y_idx, n_labels, f0, f1, n_chunks, fill, out_ptr, out_lab,
-               out_val):
-    """The labels' sums of their training rows, by feature, for the features f0 <= f < f1.
-    fill False: out_ptr[f - f0 + 1] = how many labels have a training point holding feature f
-    (the first pass). fill True: for each feature f the labels j (ascending) and S_jf = sum
-    over j's points of their value of f, into out_lab / out_val from out_ptr[f - f0] (the
-    cumulated counts). post_*: the store's posting lists (points ascending); the sums run in
-    that order, whatever the thread count, and each feature's alone, whatever the range.
-    The features are cut into n_chunks contiguous chunks."""
-    F = f1 - f0
-    for c in prange(n_chunks):
-        seen = np.zeros(n_labels, np.uint8)
-        touched = np.empty(n_labels, np.int32)
-        acc = np.zeros(n_labels if fill else 0, np.float64)
-        for f in range(f0 + c * F // n_chunks, f0 + (c + 1) * F // n_chunks):
+def label_rows(x_ptr, x_idx, x_val, l_ptr, l_pt, n_features, cuts, fill, out_ptr, out_f, out_val):
+    """The labels' sums of their training rows, by label, for the labels cuts[0] <= j < cuts[-1].
+    x_*: the training rows (CSR: int64 ptr, int32 features, float32 values); l_ptr int64 /
+    l_pt int32: each label's points, ascending. fill False: out_ptr[j - cuts[0] + 1] = how
+    many features j's points hold (the first pass). fill True: for each label j its features f
+    (ascending) and S_jf = sum over j's points, ascending, of their value of f, into out_f /
+    out_val from out_ptr[j - cuts[0]] (the cumulated counts). Chunk c is the labels
+    cuts[c] <= j < cuts[c + 1]; a label's sums run in point order, whatever the chunks."""
+    j0 = cuts[0]
+    for c in prange(cuts.shape[0] - 1):
+        seen = np.zeros(n_features, np.uint8)
+        touched = np.empty(n_features, np.int32)
+        acc = np.zeros(n_features if fill else 0, np.float64)
+        for j in range(cuts[c], cuts[c + 1]):
             m = 0
-            for b in range(post_ptr[f], post_ptr[f + 1]):
-                p = post_pt[b]
-                for a in range(y_ptr[p], y_ptr[p + 1]):
-                    j = y_idx[a]
-                    m = _touch(seen, touched, m, j)
+            for b in range(l_ptr[j], l_ptr[j + 1]):
+                p = l_pt[b]
+                for a in range(x_ptr[p], x_ptr[p + 1]):
+                    f = x_idx[a]
+                    m = _touch(seen, touched, m, f)
                     if fill:
-                        acc[j] += post_val[b]
+                        acc[f] += x_val[a]
             if not fill:
-                out_ptr[f - f0 + 1] = m
+                out_ptr[j - j0 + 1] = m
                 for t in range(m):
                     seen[touched[t]] = 0
                 continue
-            labs = np.sort(touched[:m])
-            o = out_ptr[f - f0]
+            fs = np.sort(touched[:m])
+            o = out_ptr[j - j0]
             for t in range(m):
-                j = labs[t]
-                out_lab[o + t] = j
-                out_val[o + t] = acc[j]
-                acc[j] = 0.0
-                seen[j] = 0
+                f = fs[t]
+                out_f[o + t] = f
+                out_val[o + t] = acc[f]
+                acc[f] = 0.0
+                seen[f] = 0
+
+
+def work_cuts(work: np.ndarray, parts: int) -> np.ndarray:
+    """int64 [parts + 1]: contiguous ranges of the items (work float/int [n], each item's work)
+    of about equal work, from 0 to n (a range may be empty)."""
+    total = np.concatenate(([0], np.cumsum(work, dtype=np.float64)))
+    cuts = np.searchsorted(total, np.arange(parts + 1) * (total[-1] / max(1, parts)), side="left")
+    cuts = cuts.clip(0, work.shape[0]).astype(np.int64)
+    cuts[0], cuts[-1] = 0, work.shape[0]
+    return np.maximum.accumulate(cuts)
+
+
+@njit(cache=True, parallel=True)
+def _chunk_counts(ptr, idx, cuts, counts):
+    """counts[c, j] += the entries of column j in rows cuts[c] <= r < cuts[c + 1]."""
+    for c in prange(cuts.shape[0] - 1):
+        for a in range(ptr[cuts[c]], ptr[cuts[c + 1]]):
+            counts[c, idx[a]] += 1
+
+
+@njit(cache=True, parallel=True)
+def _scatter(ptr, idx, val, cuts, offsets, out_rows, out_val):
+    """Each chunk's entries to their columns, from offsets[c, j] on, rows ascending."""
+    for c in prange(cuts.shape[0] - 1):
+        nxt = offsets[c].copy()
+        for r in range(cuts[c], cuts[c + 1]):
+            for a in range(ptr[r], ptr[r + 1]):
+                j = idx[a]
+                o = nxt[j]
+                out_rows[o] = r
+                out_val[o] = val[a]
+                nxt[j] = o + 1
+
+
+def transpose_lists(ptr, idx, val, n_cols: int):
+    """The lists by column of lists by row (ptr int64 [n + 1], idx int < n_cols, val [nnz]):
+    (ptr int64 [n_cols + 1], rows int32 ascending per column, val alike), the values moved,
+    never summed (a CSR matrix's CSC, without duplicates merged). Threads take contiguous row
+    ranges of about equal entries, each its own slots of every column."""
+    n = ptr.shape[0] - 1
+    cuts = work_cuts(np.diff(ptr), max(1, min(n, 4 * get_num_threads())))
+    counts = np.zeros((cuts.shape[0] - 1, int(n_cols)), np.int64)
+    _chunk_counts(ptr, idx, cuts, counts)
+    new_ptr = np.zeros(int(n_cols) + 1, np.int64)
+    np.cumsum(counts.sum(axis=0), out=new_ptr[1:])
+    offsets = new_ptr[:-1][None, :] + np.cumsum(counts, axis=0) - counts
+    out_rows = np.empty(ptr[-1], np.int32)
+    out_val = np.empty(ptr[-1], val.dtype)
+    _scatter(ptr, idx, val, cuts, offsets, out_rows, out_val)
+    return new_ptr, out_rows, out_val
+
+
+@njit(cache=True, parallel=True)
+def _unit_rows(ptr, val, norm, out):
+    """norm[r] = sqrt(sum of val[a] * val[a] over row r's entries, in order) and out[a] =
+    val[a] / norm[r] (float64, then out's type)."""
+    for r in prange(ptr.shape[0] - 1):
+        s = 0.0
+        for a in range(ptr[r], ptr[r + 1]):
+            s += val[a] * val[a]
+        norm[r] = np.sqrt(s)
+        for a in range(ptr[r], ptr[r + 1]):
+            out[a] = val[a] / norm[r]
 
 
 @njit(cache=True, parallel=True)
@@ -427,38 +489,46 @@ def label_prototypes(store: dict, n_labels: int, comm=None) -> dict:
     and no entries. pr_lab holds the labels renumbered by falling frequency (pr_perm maps
     them back; pr_norm is by label): a search's accumulator then finds the labels most
     posting lists hold close together in memory, about a third faster on 670,091 labels.
-    With a communicator each rank sums a contiguous range of the features (about 1/P of the
-    posting entries) and all gather them: every feature's sums are its own, so the store is
-    the same at any number of ranks."""
+    The sums run by label (`label_rows`: a label's points' rows, read whole, into an
+    accumulator of the features), then go to posting lists by feature (`transpose_lists`).
+    With a communicator each rank sums a contiguous range of the labels (about 1/P of the
+    row entries) and all gather them: every label's sums are its own, so the store is the
+    same at any number of ranks."""
     ptr, pt, val, y_ptr, y_idx = (store[k] for k in _REQUIRED)
     perm = np.argsort(-np.bincount(y_idx, minlength=n_labels), kind="stable").astype(np.int32)
     rank = np.empty(n_labels, np.int32)
     rank[perm] = np.arange(n_labels, dtype=np.int32)
-    y_idx = rank[y_idx]
-    F = ptr.shape[0] - 1
+    F, N = ptr.shape[0] - 1, y_ptr.shape[0] - 1
+    # the training rows, and each (renumbered) label's points, ascending
+    x_ptr, x_idx, x_val = transpose_lists(ptr, pt, val, N)
+    l_ptr, l_pt, _ = transpose_lists(y_ptr, rank[y_idx], np.empty(y_idx.shape[0], np.uint8), n_labels)
+    # each label's work: the row entries of its points
+    total = np.concatenate(([0], np.cumsum(np.diff(x_ptr)[l_pt])))
+    work = total[l_ptr[1:]] - total[l_ptr[:-1]]
     size = 1 if comm is None else comm.size
-    # feature ranges of about equal posting entries (the work)
-    cuts = np.searchsorted(ptr, np.arange(size + 1) * (ptr[-1] / size), side="left").clip(0, F)
-    cuts[0], cuts[-1] = 0, F
-    f0, f1 = (0, F) if size == 1 else (int(cuts[comm.rank]), int(cuts[comm.rank + 1]))
-    chunks = max(1, min(f1 - f0, 4 * get_num_threads()))
-    counts = np.zeros(f1 - f0 + 1, np.int64)
-    lab, sums = np.empty(0, np.int32), np.empty(0, np.float64)
-    label_sums(ptr, pt, val, y_ptr, y_idx, n_labels, f0, f1, chunks, False, counts, lab, sums)
+    ranks = work_cuts(work, size)
+    j0, j1 = (0, n_labels) if size == 1 else (int(ranks[comm.rank]), int(ranks[comm.rank + 1]))
+    cuts = j0 + work_cuts(work[j0:j1], max(1, min(j1 - j0, 4 * get_num_threads())))
+    counts = np.zeros(j1 - j0 + 1, np.int64)
+    f_ids, sums = np.empty(0, np.int32), np.empty(0, np.float64)
+    label_rows(x_ptr, x_idx, x_val, l_ptr, l_pt, F, cuts, False, counts, f_ids, sums)
     np.cumsum(counts, out=counts)
-    lab = np.empty(counts[-1], np.int32)
+    f_ids = np.empty(counts[-1], np.int32)
     sums = np.empty(counts[-1], np.float64)
-    label_sums(ptr, pt, val, y_ptr, y_idx, n_labels, f0, f1, chunks, True, counts, lab, sums)
-    if size > 1:  # the ranges end to end, in feature order
+    label_rows(x_ptr, x_idx, x_val, l_ptr, l_pt, F, cuts, True, counts, f_ids, sums)
+    if size > 1:  # the label ranges end to end, in label order
         sizes = comm.allgather_rows(np.array([counts[-1]], np.int64), kind="neighbours")[:, 0]
         bounds = np.concatenate(([0], np.cumsum(sizes)))
-        lab = comm.allgather_columns(lab[None, :], bounds, kind="neighbours")[0]
+        f_ids = comm.allgather_columns(f_ids[None, :], bounds, kind="neighbours")[0]
         sums = comm.allgather_columns(sums[None, :], bounds, kind="neighbours")[0]
-        per_f = comm.allgather_columns(np.diff(counts)[None, :], cuts.astype(np.int64), kind="neighbours")[0]
-        counts = np.concatenate(([0], np.cumsum(per_f)))
-    pr_ptr = counts
-    norm = np.sqrt(np.bincount(lab, weights=sums * sums, minlength=n_labels))
-    pr_val = (sums / norm[lab]).astype(np.float32)
+        per_l = comm.allgather_columns(np.diff(counts)[None, :], ranks, kind="neighbours")[0]
+        counts = np.concatenate(([0], np.cumsum(per_l)))
+    norm = np.empty(n_labels, np.float64)
+    unit = np.empty(sums.shape[0], np.float32)
+    _unit_rows(counts, sums, norm, unit)
+    del sums
+    # by feature, each feature's labels ascending
+    pr_ptr, lab, pr_val = transpose_lists(counts, f_ids, unit, F)
     return {"pr_ptr": pr_ptr, "pr_lab": lab, "pr_val": pr_val, "pr_norm": norm[rank].astype(np.float32),
             "pr_perm": perm}
 

@@ -255,8 +255,9 @@ def test_fused_predictions_at_p_ranks_equal_one_rank():
 
 
 def test_label_prototypes_summed_over_p_ranks_are_the_one_rank_store_bit_for_bit():
-    """Each rank sums the prototypes of a range of the features and all gather them; the
-    ranges are cut by posting entries, so a skewed feature distribution leaves some narrow."""
+    """Each rank sums the prototypes of a range of the labels and all gather them; the
+    ranges are cut by row entries, so the skewed labels (the first 100 points twice) leave
+    some narrow."""
     from dslide.infer import fusion
 
     X, Y = _data(n=300, F=60, L=23)

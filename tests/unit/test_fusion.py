@@ -515,3 +515,39 @@ def test_without_a_validation_split_a_store_with_something_to_choose_is_not_buil
     _, alone, _, _ = _fit_tiny(knn=0)
     np.testing.assert_array_equal(predict_topk(model, te.X, 5), predict_topk(alone, te.X, 5))
 
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_transpose_lists_is_scipys_transpose_rows_ascending_whatever_the_threads(threads):
+    import numba
+
+    rng = np.random.default_rng(5)
+    A = sp.random(57, 23, density=0.2, format="csr", random_state=6, dtype=np.float64)
+    A[3] = 0.0  # an empty row
+    A.eliminate_zeros()
+    A = sp.vstack([A, sp.csr_matrix(np.r_[np.ones(5), np.zeros(18)][None, :])]).tocsr()  # and a heavy column
+    A.sort_indices()
+    A.data = rng.integers(1, 9, A.data.size).astype(np.float32)
+    before = numba.get_num_threads()
+    numba.set_num_threads(threads)
+    try:
+        ptr, rows, val = fusion.transpose_lists(A.indptr.astype(np.int64), A.indices.astype(np.int32), A.data, 30)
+    finally:
+        numba.set_num_threads(before)
+    want = sp.csc_matrix(sp.hstack([A, sp.csr_matrix((A.shape[0], 7))]))  # 30 columns, the last 7 empty
+    want.sort_indices()
+    np.testing.assert_array_equal(ptr, want.indptr)
+    np.testing.assert_array_equal(rows, want.indices)
+    np.testing.assert_array_equal(val, want.data)
+    assert ptr.dtype == np.int64 and rows.dtype == np.int32 and val.dtype == np.float32
+    assert all(np.all(np.diff(rows[ptr[j]:ptr[j + 1]]) > 0) for j in range(30))
+
+
+def test_work_cuts_split_the_items_into_ranges_of_about_equal_work():
+    work = np.array([5, 0, 1, 1, 1, 1, 1, 0, 0])
+    cuts = fusion.work_cuts(work, 2)
+    assert list(cuts) == [0, 1, 9]  # the first item alone is half the work
+    assert list(fusion.work_cuts(np.ones(8), 4)) == [0, 2, 4, 6, 8]
+    assert list(fusion.work_cuts(np.zeros(3), 2)) == [0, 0, 3]  # no work: one range takes all
+    many = fusion.work_cuts(np.ones(2), 5)  # more parts than items: empty ranges, still in order
+    assert many[0] == 0 and many[-1] == 2 and np.all(np.diff(many) >= 0) and many.size == 6

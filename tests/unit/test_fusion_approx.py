@@ -42,6 +42,25 @@ def _recall(ids, ref):
     return np.mean([np.isin(ref[q], ids[q]).mean() for q in range(ref.shape[0])])
 
 
+@pytest.mark.parametrize("cap", [1, 3, 7])
+def test_pruning_breaks_ties_at_the_cap_to_the_lower_id_as_a_stable_sort_does(cap):
+    rng = np.random.default_rng(cap)
+    lengths = rng.integers(0, 20, 40)
+    ptr = np.concatenate(([0], np.cumsum(lengths))).astype(np.int64)
+    ids = np.concatenate([np.sort(rng.choice(100, n, replace=False)) for n in lengths]).astype(np.int32)
+    val = rng.integers(1, 4, ptr[-1]).astype(np.float32) / 4  # three values: ties everywhere
+    p, i, v = approx.prune(ptr, ids, val, cap)
+    crossed = 0
+    for f in range(40):
+        a, b = ptr[f], ptr[f + 1]
+        keep = np.sort(np.argsort(-val[a:b], kind="stable")[:cap])  # the reference
+        np.testing.assert_array_equal(i[p[f]:p[f + 1]], ids[a:b][keep])
+        np.testing.assert_array_equal(v[p[f]:p[f + 1]], val[a:b][keep])
+        if b - a > cap and np.sum(val[a:b] == val[a:b][np.argsort(-val[a:b], kind="stable")[cap - 1]]) > 1:
+            crossed += 1
+    assert crossed > 5  # lists where a tie straddles the cap
+
+
 def test_pruning_keeps_the_largest_values_per_feature_in_id_order():
     ptr = np.array([0, 4, 4, 6], np.int64)
     ids = np.array([0, 2, 5, 7, 1, 3], np.int32)
