@@ -39,7 +39,7 @@ rank holds it whole (it is a function of the training data alone); each rank
 searches a contiguous share of a batch's queries and the neighbours (k ids
 and similarities per query) are all-gathered, so the search costs 1/P of its
 time at P ranks and every rank fuses the same numbers. The prototypes' sums
-are shared out the same way, each rank a range of the features, all gathered.
+are shared out the same way, each rank a range of the labels, all gathered.
 
 Kernels: `search` accumulates a query's dot products with every training
 point sharing one of its features (the posting lists of its features) into a
@@ -220,10 +220,11 @@ def _scatter(ptr, idx, val, cuts, offsets, out_rows, out_val):
 def transpose_lists(ptr, idx, val, n_cols: int):
     """The lists by column of lists by row (ptr int64 [n + 1], idx int < n_cols, val [nnz]):
     (ptr int64 [n_cols + 1], rows int32 ascending per column, val alike), the values moved,
-    never summed (a CSR matrix's CSC, without duplicates merged). Threads take contiguous row
-    ranges of about equal entries, each its own slots of every column."""
+    never summed (a CSR matrix's CSC, without duplicates merged). Each thread takes a
+    contiguous row range of about equal entries and its own slots of every column (a count
+    per thread and column: one range per thread, not more)."""
     n = ptr.shape[0] - 1
-    cuts = work_cuts(np.diff(ptr), max(1, min(n, 4 * get_num_threads())))
+    cuts = work_cuts(np.diff(ptr), max(1, min(n, get_num_threads())))
     counts = np.zeros((cuts.shape[0] - 1, int(n_cols)), np.int64)
     _chunk_counts(ptr, idx, cuts, counts)
     new_ptr = np.zeros(int(n_cols) + 1, np.int64)
