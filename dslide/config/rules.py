@@ -101,11 +101,13 @@ APPROX_POSTINGS = 256
 APPROX_FEATURES = 16
 APPROX_CANDIDATES = 64
 #: the validation probe (dslide.train.validation.FusionProbe) finds its points' neighbours and
-#: prototypes by the exact search while that reads at most this many posting entries (a few
-#: seconds at a few ns each), else by the bounded one above: the exact search grows with the
-#: training points (47.8 s of a 300,000-point run's first epoch), the bounded one does not. The
-#: real members read at most 3e8 (docs/accuracy.md), so they keep the exact search
-PROBE_EXACT_READS = 2_000_000_000
+#: prototypes by the exact search while that reads at most this many posting entries, else by
+#: the bounded one above: the exact search grows with the training points, the bounded one
+#: does not, but it first prunes and transposes every posting list, and its neighbours are not
+#: all the exact ones. At 300,000 synthetic points (8.1e9 reads, about 17 s on 2 threads) the
+#: bounded probe recalled 0.90 of the exact top 10 and its fusion choice lost a point of PSP@5,
+#: for no time saved (docs/benchmarks.md, `(fast-protos)`); the real members read at most 4e8
+PROBE_EXACT_READS = 20_000_000_000
 
 
 # -- the rules ------------------------------------------------------------------------
