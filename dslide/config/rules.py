@@ -104,9 +104,9 @@ APPROX_CANDIDATES = 64
 #: prototypes by the exact search while that reads at most this many posting entries, else by
 #: the bounded one above: the exact search grows with the training points, the bounded one
 #: does not, but it first prunes and transposes every posting list, and its neighbours are not
-#: all the exact ones. At 300,000 synthetic points (8.1e9 reads, about 17 s on 2 threads) the
-#: bounded probe recalled 0.90 of the exact top 10 and its fusion choice lost a point of PSP@5,
-#: for no time saved (docs/benchmarks.md, `(fast-protos)`); the real members read at most 4e8
+#: all the exact ones. At 300,000 synthetic points (8.1e9 reads) the bounded probe recalled
+#: 0.90 of the exact top 10 and its fusion choice lost a point of PSP@5 to save 8.6 s of 41
+#: (docs/benchmarks.md, `(fast-protos)`, `(probe-exact)`); the real members read at most 4e8
 PROBE_EXACT_READS = 20_000_000_000
 
 

@@ -249,6 +249,33 @@ def _unit_rows(ptr, val, norm, out):
             out[a] = val[a] / norm[r]
 
 
+@njit(cache=True, inline="always")
+def _query_sums(m_ids, m_logits, nn_ids, nn_sims, y_ptr, pr_ids, pr_sims, power, pr_power):
+    """One query's sums behind its fused scores: (the largest model logit, the softmax's
+    normaliser over the model's candidates, the neighbours' weight sum, the labels they hold,
+    the prototypes' weight sum); the rows of `fuse`'s arrays."""
+    mx = -np.inf
+    for j in range(m_ids.shape[0]):
+        if m_ids[j] >= 0 and m_logits[j] > mx:
+            mx = m_logits[j]
+    z = 0.0
+    for j in range(m_ids.shape[0]):
+        if m_ids[j] >= 0:
+            z += np.exp(m_logits[j] - mx)
+    wsum = 0.0
+    n_lab = 0
+    for i in range(nn_ids.shape[0]):
+        p = nn_ids[i]
+        if p >= 0 and nn_sims[i] > 0:
+            wsum += float(nn_sims[i]) ** power
+            n_lab += y_ptr[p + 1] - y_ptr[p]
+    psum = 0.0
+    for i in range(pr_ids.shape[0]):
+        if pr_ids[i] >= 0 and pr_sims[i] > 0:
+            psum += float(pr_sims[i]) ** pr_power
+    return mx, z, wsum, n_lab, psum
+
+
 @njit(cache=True, parallel=True)
 def fuse(m_ids, m_logits, nn_ids, nn_sims, y_ptr, y_idx, weight, power, pr_ids, pr_sims, share, pr_power,
          k, out_ids, out_scores):
@@ -264,27 +291,8 @@ def fuse(m_ids, m_logits, nn_ids, nn_sims, y_ptr, y_idx, weight, power, pr_ids, 
     kn = nn_ids.shape[1]
     kp = pr_ids.shape[1]
     for q in prange(n):
-        # the model's softmax over its candidates
-        mx = -np.inf
-        for j in range(K):
-            if m_ids[q, j] >= 0 and m_logits[q, j] > mx:
-                mx = m_logits[q, j]
-        z = 0.0
-        for j in range(K):
-            if m_ids[q, j] >= 0:
-                z += np.exp(m_logits[q, j] - mx)
-        # the neighbours' weights
-        wsum = 0.0
-        n_lab = 0
-        for i in range(kn):
-            p = nn_ids[q, i]
-            if p >= 0 and nn_sims[q, i] > 0:
-                wsum += float(nn_sims[q, i]) ** power
-                n_lab += y_ptr[p + 1] - y_ptr[p]
-        psum = 0.0
-        for i in range(kp):
-            if pr_ids[q, i] >= 0 and pr_sims[q, i] > 0:
-                psum += float(pr_sims[q, i]) ** pr_power
+        mx, z, wsum, n_lab, psum = _query_sums(m_ids[q], m_logits[q], nn_ids[q], nn_sims[q], y_ptr, pr_ids[q],
+                                               pr_sims[q], power, pr_power)
         points_w = weight * (1.0 - share) if psum > 0 else weight
         lab = np.empty(K + n_lab + kp, np.int64)
         val = np.empty(K + n_lab + kp, np.float64)
@@ -365,25 +373,8 @@ def fuse_grid_hits(m_ids, m_logits, nn_ids, nn_sims, y_ptr, y_idx, power, pr_ids
     m = cells.shape[0]
     k = out_hits.shape[2]
     for q in prange(n):
-        mx = -np.inf
-        for j in range(K):
-            if m_ids[q, j] >= 0 and m_logits[q, j] > mx:
-                mx = m_logits[q, j]
-        z = 0.0
-        for j in range(K):
-            if m_ids[q, j] >= 0:
-                z += np.exp(m_logits[q, j] - mx)
-        wsum = 0.0
-        n_lab = 0
-        for i in range(kn):
-            p = nn_ids[q, i]
-            if p >= 0 and nn_sims[q, i] > 0:
-                wsum += float(nn_sims[q, i]) ** power
-                n_lab += y_ptr[p + 1] - y_ptr[p]
-        psum = 0.0
-        for i in range(kp):
-            if pr_ids[q, i] >= 0 and pr_sims[q, i] > 0:
-                psum += float(pr_sims[q, i]) ** pr_power
+        mx, z, wsum, n_lab, psum = _query_sums(m_ids[q], m_logits[q], nn_ids[q], nn_sims[q], y_ptr, pr_ids[q],
+                                               pr_sims[q], power, pr_power)
         # each contribution's label, source (0 model, 1 neighbour, 2 prototype) and the factor
         # of its value that does not depend on the cell
         lab = np.empty(K + n_lab + kp, np.int64)
