@@ -33,7 +33,7 @@ from numba import get_num_threads, njit, prange
 
 from dslide import _numba_cache  # noqa: F401  (before any kernel: the cache is keyed by module name)
 from dslide.config.rules import APPROX_CANDIDATES, APPROX_FEATURES, APPROX_POSTINGS
-from dslide.infer.fusion import transpose_lists
+from dslide.infer.lists import transpose_lists
 from dslide.lsh._topk import better, push_top
 from dslide.lsh.neighbors import _pop, _push
 

@@ -66,6 +66,7 @@ import scipy.sparse as sp
 from numba import get_num_threads, njit, prange
 
 from dslide import _numba_cache  # noqa: F401  (before any kernel: the cache is keyed by module name)
+from dslide.infer.lists import transpose_lists, work_cuts
 
 #: the arrays of a store, as saved in checkpoints (every rank holds them whole); "k" (the
 #: neighbours a query takes, int64 [1]) is absent from stores saved before it was kept, the
@@ -183,57 +184,6 @@ def label_rows(x_ptr, x_idx, x_val, l_ptr, l_pt, n_features, cuts, fill, out_ptr
                 out_val[o + t] = acc[f]
                 acc[f] = 0.0
                 seen[f] = 0
-
-
-def work_cuts(work: np.ndarray, parts: int) -> np.ndarray:
-    """int64 [parts + 1]: contiguous ranges of the items (work float/int [n], each item's work)
-    of about equal work, from 0 to n (a range may be empty)."""
-    total = np.concatenate(([0], np.cumsum(work, dtype=np.float64)))
-    cuts = np.searchsorted(total, np.arange(parts + 1) * (total[-1] / max(1, parts)), side="left")
-    cuts = cuts.clip(0, work.shape[0]).astype(np.int64)
-    cuts[0], cuts[-1] = 0, work.shape[0]
-    return np.maximum.accumulate(cuts)
-
-
-@njit(cache=True, parallel=True)
-def _chunk_counts(ptr, idx, cuts, counts):
-    """counts[c, j] += the entries of column j in rows cuts[c] <= r < cuts[c + 1]."""
-    for c in prange(cuts.shape[0] - 1):
-        for a in range(ptr[cuts[c]], ptr[cuts[c + 1]]):
-            counts[c, idx[a]] += 1
-
-
-@njit(cache=True, parallel=True)
-def _scatter(ptr, idx, val, cuts, offsets, out_rows, out_val):
-    """Each chunk's entries to their columns, from offsets[c, j] on, rows ascending."""
-    for c in prange(cuts.shape[0] - 1):
-        nxt = offsets[c].copy()
-        for r in range(cuts[c], cuts[c + 1]):
-            for a in range(ptr[r], ptr[r + 1]):
-                j = idx[a]
-                o = nxt[j]
-                out_rows[o] = r
-                out_val[o] = val[a]
-                nxt[j] = o + 1
-
-
-def transpose_lists(ptr, idx, val, n_cols: int):
-    """The lists by column of lists by row (ptr int64 [n + 1], idx int < n_cols, val [nnz]):
-    (ptr int64 [n_cols + 1], rows int32 ascending per column, val alike), the values moved,
-    never summed (a CSR matrix's CSC, without duplicates merged). Each thread takes a
-    contiguous row range of about equal entries and its own slots of every column (a count
-    per thread and column: one range per thread, not more)."""
-    n = ptr.shape[0] - 1
-    cuts = work_cuts(np.diff(ptr), max(1, min(n, get_num_threads())))
-    counts = np.zeros((cuts.shape[0] - 1, int(n_cols)), np.int64)
-    _chunk_counts(ptr, idx, cuts, counts)
-    new_ptr = np.zeros(int(n_cols) + 1, np.int64)
-    np.cumsum(counts.sum(axis=0), out=new_ptr[1:])
-    offsets = new_ptr[:-1][None, :] + np.cumsum(counts, axis=0) - counts
-    out_rows = np.empty(ptr[-1], np.int32)
-    out_val = np.empty(ptr[-1], val.dtype)
-    _scatter(ptr, idx, val, cuts, offsets, out_rows, out_val)
-    return new_ptr, out_rows, out_val
 
 
 @njit(cache=True, parallel=True)

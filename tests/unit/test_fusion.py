@@ -5,7 +5,7 @@ import pytest
 import scipy.sparse as sp
 
 from dslide.comm import Comm
-from dslide.infer import fusion
+from dslide.infer import fusion, lists
 from dslide.infer.predict import predict_topk, predict_topk_scores
 
 
@@ -531,7 +531,7 @@ def test_transpose_lists_is_scipys_transpose_rows_ascending_whatever_the_threads
     before = numba.get_num_threads()
     numba.set_num_threads(threads)
     try:
-        ptr, rows, val = fusion.transpose_lists(A.indptr.astype(np.int64), A.indices.astype(np.int32), A.data, 30)
+        ptr, rows, val = lists.transpose_lists(A.indptr.astype(np.int64), A.indices.astype(np.int32), A.data, 30)
     finally:
         numba.set_num_threads(before)
     want = sp.csc_matrix(sp.hstack([A, sp.csr_matrix((A.shape[0], 7))]))  # 30 columns, the last 7 empty
@@ -545,9 +545,9 @@ def test_transpose_lists_is_scipys_transpose_rows_ascending_whatever_the_threads
 
 def test_work_cuts_split_the_items_into_ranges_of_about_equal_work():
     work = np.array([5, 0, 1, 1, 1, 1, 1, 0, 0])
-    cuts = fusion.work_cuts(work, 2)
+    cuts = lists.work_cuts(work, 2)
     assert list(cuts) == [0, 1, 9]  # the first item alone is half the work
-    assert list(fusion.work_cuts(np.ones(8), 4)) == [0, 2, 4, 6, 8]
-    assert list(fusion.work_cuts(np.zeros(3), 2)) == [0, 0, 3]  # no work: one range takes all
-    many = fusion.work_cuts(np.ones(2), 5)  # more parts than items: empty ranges, still in order
+    assert list(lists.work_cuts(np.ones(8), 4)) == [0, 2, 4, 6, 8]
+    assert list(lists.work_cuts(np.zeros(3), 2)) == [0, 0, 3]  # no work: one range takes all
+    many = lists.work_cuts(np.ones(2), 5)  # more parts than items: empty ranges, still in order
     assert many[0] == 0 and many[-1] == 2 and np.all(np.diff(many) >= 0) and many.size == 6
