@@ -150,19 +150,15 @@ def _prune(ptr, ids, val, cap, new_ptr, out_ids, out_val):
             continue
         # the cap largest values, ties to the lower id (the list is in id order), in id order:
         # every value above the cap-th largest, then as many equal to it as are left, first first
-        cut = np.partition(-val[a:b], cap - 1)[cap - 1]
-        ties = cap
-        for t in range(a, b):
-            if -val[t] < cut:
-                ties -= 1
-        t = o
-        for i in range(a, b):
-            if -val[i] < cut or (-val[i] == cut and ties > 0):
-                if -val[i] == cut:
-                    ties -= 1
-                out_ids[t] = ids[i]
-                out_val[t] = val[i]
-                t += 1
+        neg = -val[a:b]
+        cut = np.partition(neg, cap - 1)[cap - 1]
+        ties = cap - np.count_nonzero(neg < cut)  # the entries equal to the cut that fit
+        for i in range(b - a):
+            if neg[i] < cut or (neg[i] == cut and ties > 0):
+                ties -= neg[i] == cut
+                out_ids[o] = ids[a + i]
+                out_val[o] = val[a + i]
+                o += 1
 
 
 def prune(ptr, ids, val, cap: int):

@@ -293,14 +293,8 @@ def fuse(m_ids, m_logits, nn_ids, nn_sims, y_ptr, y_idx, weight, power, pr_ids, 
 @njit(cache=True, inline="always")
 def _holds(idx, lo, hi, j):
     """Whether the ascending idx[lo:hi] holds j."""
-    end = hi
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if idx[mid] < j:
-            lo = mid + 1
-        else:
-            hi = mid
-    return lo < end and idx[lo] == j
+    pos = lo + np.searchsorted(idx[lo:hi], j)
+    return pos < hi and idx[pos] == j
 
 
 @njit(cache=True, parallel=True)
