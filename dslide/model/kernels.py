@@ -122,18 +122,37 @@ def shift_rows(z, m):
             z[i, a] -= mi
 
 
+SUM_LANES = 8
+"""Partial sums of a row in `flush_sum_rows`."""
+
+
 @njit(parallel=True, cache=True)
 def flush_sum_rows(e, out):
-    """In place: e[i, a] = 0 where e < TINY (no subnormal leaves); out[i] += sum_a e[i, a] (float64)."""
+    """In place: e[i, a] = 0 where e < TINY (no subnormal leaves); out[i] += sum_a e[i, a] (float64).
+
+    Each row sums in SUM_LANES float64 partial sums, column a into lane a % SUM_LANES,
+    added together in lane order, then its tail: a fixed order whatever the CPU's vector width
+    (strict float semantics, no fastmath), which LLVM can still vectorise lane by lane.
+    """
     tiny = e.dtype.type(TINY)
     zero = e.dtype.type(0.0)
+    n = e.shape[1]
+    body = n - n % SUM_LANES
     for i in prange(e.shape[0]):
+        acc = np.zeros(SUM_LANES)
+        for a in range(0, body, SUM_LANES):
+            for l in range(SUM_LANES):
+                v = e[i, a + l]
+                v = v if v >= tiny else zero
+                e[i, a + l] = v
+                acc[l] += v
         s = 0.0
-        for a in range(e.shape[1]):
+        for l in range(SUM_LANES):
+            s += acc[l]
+        for a in range(body, n):
             v = e[i, a]
-            if v < tiny:
-                v = zero
-                e[i, a] = zero
+            v = v if v >= tiny else zero
+            e[i, a] = v
             s += v
         out[i] += s
 

@@ -468,6 +468,42 @@ def test_shift_rows_keeps_minus_inf_slots_and_assumes_no_value_is_infinite(dtype
     assert flagged and not [i for i in flagged if re.search(r"\b(fast|ninf|nnan)\b", i)], flagged[:3]
 
 
+@pytest.mark.parametrize("width", [0, 5, 8, 13, 1003])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_flush_sum_rows_flushes_tiny_values_and_sums_in_its_documented_lane_order(width, dtype):
+    """The softmax's sums: entries below TINY become 0, and each row's sum is its SUM_LANES
+    partial sums (column a in lane a % SUM_LANES) added in lane order, then the tail: the same
+    bits on any CPU, checked against that order written out in Python, and against numpy's sum."""
+    rs = np.random.default_rng(width)
+    e = np.exp(rs.uniform(-120, 0, (6, width))).astype(dtype)
+    e[:, ::7] = 0.0
+    e[1] = 1e-40 if dtype == np.float32 else 1e-300  # a row of values below TINY only
+    want_e = np.where(e < K.TINY, 0, e).astype(dtype)
+    L = K.SUM_LANES
+    body = width - width % L
+    want = np.zeros(6)
+    for i in range(6):
+        acc = [0.0] * L
+        for a in range(body):
+            acc[a % L] += float(want_e[i, a])
+        s = 0.0
+        for v in acc:
+            s += v
+        for a in range(body, width):
+            s += float(want_e[i, a])
+        want[i] = s
+    again = e.copy()
+    got = np.zeros(6)
+    K.flush_sum_rows(e, got)
+    np.testing.assert_array_equal(e, want_e)
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_allclose(got, want_e.astype(np.float64).sum(axis=1), rtol=1e-12, atol=0)
+    assert got[1] == 0.0 and (width < 8 or (want_e > 0).sum() > width)
+    onto = np.full(6, 0.5)  # it adds to what `out` holds
+    K.flush_sum_rows(again, onto)
+    np.testing.assert_array_equal(onto, 0.5 + want)
+
+
 @pytest.mark.parametrize("schedule, step, moved", [
     # Adam's update at step t from zero moments: m = (1 - b1) g, v = (1 - b2) g^2, so every weight with
     # gradient moves by lr * f * sqrt(1 - b2^t) / (1 - b1^t) * (1 - b1) / sqrt(1 - b2) (eps aside), with the
@@ -551,6 +587,8 @@ def test_max_active_zero_trains_with_no_candidates_in_any_block():
     blocks = _step_blocks()
     model, hist = fit(train, cfg, callback=blocks.callback, index=False)
     assert len(blocks) == hist[-1]["step"] and all(c == 0 and r > 0 for _, c, r in blocks)
+    # a source of no candidates spends nothing on them: its anchors were never placed or queried
+    assert not model.network.layers[-1].candidates.tables.ready
     counts = np.asarray(train.Y.sum(axis=0)).ravel()
     constant = float(test.Y[:, int(counts.argmax())].sum()) / test.n_points
     assert evaluate(model, test)["p@1"] >= 4 * constant

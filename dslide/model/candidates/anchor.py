@@ -46,7 +46,10 @@ class AnchorCandidates(CandidateSource):
             self._mark[skip] = 0
 
     def _query(self, x, pick):
-        """pick(codes of x) once the buckets are filled (else None); then x moves the anchors."""
+        """pick(codes of x) once the buckets are filled (else None); then x moves the anchors.
+        A source of no candidates per sample (uniform negatives alone) never places them."""
+        if self.per_sample == 0:
+            return None
         if not self.tables.ready:
             self.tables.observe(x)
             return None

@@ -172,8 +172,9 @@ class LSHLayer(Layer):
         C, corr, n_labels, own = self.block(xd, batch)
         WC = self.W[C]  # a copy: the backward pass needs the weights before the update
         z = xd @ WC.T
-        z += self.b[C]
-        z += corr
+        bc = self.b[C]
+        bc += corr
+        z += bc  # biases and corrections in one pass over the logits
         shift = corr[None, :] if self.is_output else None
         if own is not None:
             own_ids, row_corr = own
