@@ -468,6 +468,24 @@ def test_shift_rows_keeps_minus_inf_slots_and_assumes_no_value_is_infinite(dtype
     assert flagged and not [i for i in flagged if re.search(r"\b(fast|ninf|nnan)\b", i)], flagged[:3]
 
 
+def _lane_sums(t):
+    """Each row of float64 t summed as the kernels do: SUM_LANES partial sums, then the tail."""
+    L = K.SUM_LANES
+    body = t.shape[1] - t.shape[1] % L
+    out = np.zeros(t.shape[0])
+    for i, row in enumerate(t):
+        acc = [0.0] * L
+        for a in range(body):
+            acc[a % L] += float(row[a])
+        s = 0.0
+        for v in acc:
+            s += v
+        for a in range(body, t.shape[1]):
+            s += float(row[a])
+        out[i] = s
+    return out
+
+
 @pytest.mark.parametrize("width", [0, 5, 8, 13, 1003])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_flush_sum_rows_flushes_tiny_values_and_sums_in_its_documented_lane_order(width, dtype):
@@ -479,19 +497,7 @@ def test_flush_sum_rows_flushes_tiny_values_and_sums_in_its_documented_lane_orde
     e[:, ::7] = 0.0
     e[1] = 1e-40 if dtype == np.float32 else 1e-300  # a row of values below TINY only
     want_e = np.where(e < K.TINY, 0, e).astype(dtype)
-    L = K.SUM_LANES
-    body = width - width % L
-    want = np.zeros(6)
-    for i in range(6):
-        acc = [0.0] * L
-        for a in range(body):
-            acc[a % L] += float(want_e[i, a])
-        s = 0.0
-        for v in acc:
-            s += v
-        for a in range(body, width):
-            s += float(want_e[i, a])
-        want[i] = s
+    want = _lane_sums(want_e.astype(np.float64))
     again = e.copy()
     got = np.zeros(6)
     K.flush_sum_rows(e, got)
@@ -502,6 +508,34 @@ def test_flush_sum_rows_flushes_tiny_values_and_sums_in_its_documented_lane_orde
     onto = np.full(6, 0.5)  # it adds to what `out` holds
     K.flush_sum_rows(again, onto)
     np.testing.assert_array_equal(onto, 0.5 + want)
+
+
+@pytest.mark.parametrize("width", [3, 16, 597])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_sigmoid_softplus_matches_numpy_in_float64_with_padding_and_huge_logits(width, dtype):
+    """The binary loss's kernel: sigmoid in place (below TINY flushed to 0) and each row's sum of
+    softplus, against numpy's float64 logaddexp; -inf slots give 0 and add 0; logits of +-1e4
+    neither overflow nor lose the sum; the sums follow the documented lane order exactly."""
+    from dslide.model.loss import _sigmoid_softplus
+
+    rs = np.random.default_rng(width)
+    z = (rs.standard_normal((5, width)) * 30).astype(dtype)
+    z[0, 0], z[1, :] = -np.inf, -np.inf
+    z[2, 0], z[2, -1] = 1e4, -1e4
+    x = z.astype(np.float64)
+    with np.errstate(over="ignore"):
+        want_sig = np.where(np.isneginf(x), 0.0, 1.0 / (1.0 + np.exp(-x)))
+    want_sig[want_sig < K.TINY] = 0.0
+    want_sp = np.where(np.isneginf(x), 0.0, np.logaddexp(0.0, x))
+    got = z.copy()
+    part = _sigmoid_softplus(got)
+    tol = 1e-6 if dtype == np.float32 else 1e-14
+    np.testing.assert_allclose(got, want_sig, rtol=tol, atol=tol)
+    np.testing.assert_allclose(part, want_sp.sum(axis=1), rtol=tol, atol=0)
+    assert part[1] == 0.0 and (got[1] == 0).all() and got[0, 0] == 0 and got[2, 0] == 1.0
+    # the sums' order: the float-typed terms max(z, 0) + log1p(exp(-|z|)) added lane by lane
+    terms = (np.where(np.isneginf(z), 0, np.maximum(z, 0)) + np.log1p(np.exp(-np.abs(z)))).astype(np.float64)
+    np.testing.assert_array_equal(part, _lane_sums(terms))
 
 
 @pytest.mark.parametrize("schedule, step, moved", [
