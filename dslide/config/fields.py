@@ -15,11 +15,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from dslide.config.checks import Bool, Choice, Float, Int, Rule, _sequence, _shard_weights
-from dslide.config.rules import (ADAM_DTYPES, APPROX_CANDIDATES, APPROX_FEATURES, APPROX_POSTINGS, BIAS_INITS, CANDIDATES_MIN_WIDTH, DTYPES, EARLY_STOP_MAX_EPOCHS,
+from dslide.config.rules import (ADAM_DTYPES, APPROX_CANDIDATES, APPROX_FEATURES, APPROX_POSTINGS, BIAS_INITS, CANDIDATES_MIN_WIDTH, DECAY_EVERY, DTYPES,
+                                 EARLY_STOP_MAX_EPOCHS,
                                  FAMILIES, FUSED_MAX_ACTIVE, INPUT_NORMS, KNN_MAX_POINTS_PER_LABEL, LAYER_KINDS,
                                  LOSSES, LR_SCHEDULES, MAX_ACTIVE, NARROW_BATCH, NARROW_EPOCHS, NARROW_HIDDEN,
                                  NARROW_LOSS, NARROW_MIN_STEPS, NARROW_OUTPUT, OUTPUT_SPLITS, PARALLEL, POLICIES,
-                                 PROPENSITY_PRESETS, SCOPES, SELECT_MODES, SYNC_MODES, WIDE_EPOCHS, WIDE_LR)
+                                 PROPENSITY_PRESETS, SCOPES, SELECT_MODES, SYNC_MODES, WIDE_EPOCHS, WIDE_LR,
+                                 WIDE_WEIGHT_DECAY)
 
 #: "from the data": the settings Config.resolve takes from the data when left at None
 DATA = "from the data"
@@ -94,6 +96,10 @@ CONFIG_FIELDS = (
     Field("beta1", "float", 0.9, Float(0.0, 1.0, hi_open=True), "Adam's first-moment decay", T),
     Field("beta2", "float", 0.999, Float(0.0, 1.0, hi_open=True), "Adam's second-moment decay", T),
     Field("eps", "float", 1e-8, Float(0.0, 1.0, lo_open=True), "Adam's epsilon", T),
+    Field("weight_decay", "float | None", None, Float(0.0, 1.0),
+          f"decoupled weight decay: every weight (not the biases) shrinks by lr x weight_decay a step, "
+          f"applied every {DECAY_EVERY} steps", T, DATA,
+          f"0 for {NARROW}, else {WIDE_WEIGHT_DECAY:g} (0 with replicas)"),
     Field("dropout", "float | None", None, Float(0.0, 1.0, hi_open=True), "dropout of the hidden layers' outputs",
           T, DATA, f"0.6 for {NARROW}, else 0"),
     Field("input_norm", "str", "l2", Choice(INPUT_NORMS), "the input rows' normalisation", M),

@@ -43,7 +43,7 @@ import numpy as np
 
 from dslide import rng
 from dslide.comm import Comm
-from dslide.config import Config
+from dslide.config import DECAY_EVERY, Config
 from dslide.model import kernels
 from dslide.model.batch import Act, Batch, Out
 from dslide.model.layers import KINDS, Layer, make_layer
@@ -194,6 +194,22 @@ class Network:
         return kernels.adam_params(c.lr * self.lr_factor(step) * self.lr_scale, c.beta1, c.beta2, c.eps, step,
                                    self.dtype)
 
+    def decay_weights(self, step: int) -> None:
+        """Decoupled weight decay (config.weight_decay, Loshchilov & Hutter 2019): at every
+        DECAY_EVERY-th global step, every layer's weights (not its biases) are multiplied by
+        (1 - lr_t * weight_decay) ** DECAY_EVERY, lr_t the learning rate of that step (the schedule
+        and lr_scale included): DECAY_EVERY steps' decay at once, one pass over the weights. Each
+        rank scales its own slice by the same factor, so the result does not depend on the ranks;
+        a step's decay is a function of its global step alone, so a resumed run decays as an
+        unbroken one."""
+        wd = self.config.weight_decay
+        if not wd or step % DECAY_EVERY:
+            return
+        lr = self.config.lr * self.lr_factor(step) * self.lr_scale
+        factor = self.dtype.type((1.0 - min(1.0, lr * wd)) ** DECAY_EVERY)
+        for layer in self.layers:
+            layer.W *= factor
+
     def train_step(self, batch: Batch) -> float:
         """Forward, backward and update on one batch; returns this rank's partial loss
         (the batch's mean loss is the sum of the partial losses over ranks)."""
@@ -217,6 +233,7 @@ class Network:
             layer.update(grads, hp, batch.step)
             if layer.index > 0:
                 g = self._scatter(acts[layer.index - 1], dx)
+        self.decay_weights(batch.step)
         t2 = time.perf_counter()
         for layer in self.layers:
             layer.maintain(batch.step)

@@ -5,6 +5,8 @@ same network on the single-process stand-in; the gathered P-rank weights
 must equal the 1-rank ones. Run at P = 1, 2 and 3 (3 gives uneven shards).
 """
 
+import dataclasses
+
 import numpy as np
 import pytest
 import scipy.sparse as sp
@@ -57,6 +59,24 @@ def test_exact_mode_p_ranks_equal_one_rank(hidden, loss):
     # the weights really moved, so equality is not the trivial one of two initial states
     init = full_parameters(Network(cfg, X.shape[1], Y.shape[1], Comm()))
     assert np.abs(full_parameters(net_1)[0][0] - init[0][0]).max() > 1e-3
+
+
+def test_weight_decay_at_p_ranks_equals_one_rank(monkeypatch):
+    """Decoupled weight decay scales each rank's slice by the one factor of its step: P ranks
+    give the one-rank weights (decaying every 2nd step here), and the decay did something."""
+    import dslide.model.network as network
+
+    monkeypatch.setattr(network, "DECAY_EVERY", 2)
+    X, Y = _data()
+    cfg = Config(hidden=(9, 5), exact=True, batch_size=32, input_norm="none", seed=11, lr=1e-2, weight_decay=0.3)
+    net_p, loss_p = _train(cfg, X, Y, Comm(MPI.COMM_WORLD), steps=6)
+    net_1, loss_1 = _train(cfg, X, Y, Comm(), steps=6)
+    np.testing.assert_allclose(loss_p, loss_1, rtol=1e-5)
+    for li, ((Wp, bp), (W1, b1)) in enumerate(zip(full_parameters(net_p), full_parameters(net_1))):
+        assert np.abs(Wp - W1).max() <= 1e-5, f"layer {li} W differs by {np.abs(Wp - W1).max()}"
+        assert np.abs(bp - b1).max() <= 1e-5, f"layer {li} b differs by {np.abs(bp - b1).max()}"
+    plain, _ = _train(dataclasses.replace(cfg, weight_decay=0.0), X, Y, Comm(), steps=6)
+    assert np.abs(full_parameters(plain)[0][0] - full_parameters(net_1)[0][0]).max() > 1e-4
 
 
 def test_each_rank_holds_only_its_slice():

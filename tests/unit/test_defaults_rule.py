@@ -77,6 +77,23 @@ def test_the_loss_follows_the_output_width_and_an_explicit_one_wins():
         Config(loss="hinge")
 
 
+def test_wide_outputs_of_one_replica_decay_their_weights_and_an_explicit_value_wins():
+    """Weight decay is on (WIDE_WEIGHT_DECAY) for outputs wider than NARROW_OUTPUT trained by one
+    replica; off for narrow ones and with replicas; a value given is kept, and one outside
+    [0, 1] is refused by name."""
+    from dslide.config import NARROW_OUTPUT, WIDE_WEIGHT_DECAY
+
+    assert WIDE_WEIGHT_DECAY > 0
+    assert Config().resolve(NARROW_OUTPUT + 1, 3.0, 50_000).weight_decay == WIDE_WEIGHT_DECAY
+    assert Config().resolve(NARROW_OUTPUT, 3.0, 50_000).weight_decay == 0.0
+    assert Config(replicas=2).resolve(670_091, 1.3, 50_000).weight_decay == 0.0
+    assert Config(weight_decay=0.2).resolve(NARROW_OUTPUT).weight_decay == 0.2
+    assert Config(weight_decay=0.0).resolve(670_091).weight_decay == 0.0
+    assert Config().weight_decay is None and "weight_decay" in Config.FROM_DATA
+    with pytest.raises(ValueError, match="weight_decay"):
+        Config(weight_decay=-0.1)
+
+
 @pytest.mark.parametrize("n_points,batch", [
     (4_880, NARROW_BATCH),     # BibTeX: 20 steps an epoch
     (15_000, NARROW_BATCH),

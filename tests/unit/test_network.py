@@ -607,6 +607,35 @@ class _step_blocks(list):
             self.seen = total
 
 
+@pytest.mark.parametrize("kinds", [("dense", "dense"), ("dense", "lsh")])
+def test_weight_decay_scales_the_weights_by_its_factor_at_every_decay_step(kinds):
+    """Decoupled weight decay: DECAY_EVERY steps train exactly as without it; after the step
+    that ends them every weight (no bias) is the undecayed run's times
+    (1 - lr_t * weight_decay) ** DECAY_EVERY, lr_t the linear schedule's rate at that step."""
+    from dslide.config import DECAY_EVERY
+    from dslide.datasets.synthetic import generate_split
+    from dslide.train import fit
+
+    train, _ = generate_split("tiny", seed=11)
+    base = dict(hidden=(16,), kinds=kinds, threads=1, batch_size=16, lr=1e-2, dropout=0.0, epochs=4.0, seed=3,
+                knn=0, lsh=LSHConfig(min_active=50, max_active=0))
+    plain, _ = fit(train, Config(weight_decay=0.0, **base), stop_at=DECAY_EVERY, index=False)
+    wd = 0.7
+    decayed, _ = fit(train, Config(weight_decay=wd, **base), stop_at=DECAY_EVERY, index=False)
+    net = decayed.network
+    assert net.step == DECAY_EVERY and net.total_steps > 2 * DECAY_EVERY
+    lr_t = 1e-2 * (1.0 - (DECAY_EVERY - 1) / net.total_steps)
+    factor = np.float32((1.0 - lr_t * wd) ** DECAY_EVERY)
+    assert factor < 0.9
+    for a, b in zip(plain.network.layers, net.layers):
+        np.testing.assert_array_equal(b.W, a.W * factor)
+        np.testing.assert_array_equal(b.b, a.b)
+    # and none before it: one step short, the two runs are the same to the bit
+    short = [fit(train, Config(weight_decay=w, **base), stop_at=DECAY_EVERY - 1, index=False)[0] for w in (0.0, wd)]
+    for a, b in zip(*(m.network.layers for m in short)):
+        np.testing.assert_array_equal(a.W, b.W)
+
+
 def test_max_active_zero_trains_with_no_candidates_in_any_block():
     """lsh.max_active = 0 is plain sampled softmax: every step's block holds the batch's
     labels and random neurons only, and the model still learns: measured P@1 0.532 after
