@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dslide.config.checks import Bool, Choice, Float, Int, Rule, _sequence, _shard_weights
-from dslide.config.rules import (ADAM_DTYPES, APPROX_CANDIDATES, APPROX_FEATURES, APPROX_POSTINGS, BIAS_INITS, CANDIDATES_MIN_WIDTH, DECAY_EVERY, DTYPES,
+from dslide.config.rules import (ADAM_DTYPES, APPROX_CANDIDATES, APPROX_FEATURES, APPROX_POSTINGS, BIAS_INITS, CANDIDATES_MIN_WIDTH, DECAY_EVERY, DECAY_MIN_SAMPLED, DTYPES,
                                  EARLY_STOP_MAX_EPOCHS,
                                  FAMILIES, FUSED_MAX_ACTIVE, INPUT_NORMS, KNN_MAX_POINTS_PER_LABEL, LAYER_KINDS,
                                  LOSSES, LR_SCHEDULES, MAX_ACTIVE, NARROW_BATCH, NARROW_EPOCHS, NARROW_HIDDEN,
@@ -99,7 +99,9 @@ CONFIG_FIELDS = (
     Field("weight_decay", "float | None", None, Float(0.0, 1.0),
           f"decoupled weight decay: every weight (not the biases) shrinks by lr x weight_decay a step, "
           f"applied every {DECAY_EVERY} steps", T, DATA,
-          f"0 for {NARROW}, else {WIDE_WEIGHT_DECAY:g} (0 with replicas)"),
+          f"0 for {NARROW}, with replicas or where the output's uniform negatives are under "
+          f"{DECAY_MIN_SAMPLED:g} of its labels (with the defaults: over 81,920 labels), else "
+          f"{WIDE_WEIGHT_DECAY:g}"),
     Field("dropout", "float | None", None, Float(0.0, 1.0, hi_open=True), "dropout of the hidden layers' outputs",
           T, DATA, f"0.6 for {NARROW}, else 0"),
     Field("input_norm", "str", "l2", Choice(INPUT_NORMS), "the input rows' normalisation", M),

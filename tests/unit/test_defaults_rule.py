@@ -79,14 +79,19 @@ def test_the_loss_follows_the_output_width_and_an_explicit_one_wins():
 
 def test_wide_outputs_of_one_replica_decay_their_weights_and_an_explicit_value_wins():
     """Weight decay is on (WIDE_WEIGHT_DECAY) for outputs wider than NARROW_OUTPUT trained by one
-    replica; off for narrow ones and with replicas; a value given is kept, and one outside
-    [0, 1] is refused by name."""
-    from dslide.config import NARROW_OUTPUT, WIDE_WEIGHT_DECAY
+    replica whose rows a step samples often enough; off for narrow ones, with replicas and for
+    very wide outputs; a value given is kept, and one outside [0, 1] is refused by name."""
+    from dslide.config import NARROW_OUTPUT, WIDE_WEIGHT_DECAY, LSHConfig
 
     assert WIDE_WEIGHT_DECAY > 0
     assert Config().resolve(NARROW_OUTPUT + 1, 3.0, 50_000).weight_decay == WIDE_WEIGHT_DECAY
     assert Config().resolve(NARROW_OUTPUT, 3.0, 50_000).weight_decay == 0.0
-    assert Config(replicas=2).resolve(670_091, 1.3, 50_000).weight_decay == 0.0
+    assert Config(replicas=2).resolve(20_000, 1.3, 50_000).weight_decay == 0.0
+    # only where a step's uniform negatives reach DECAY_MIN_SAMPLED of the labels: 8,192 of 81,920
+    assert Config().resolve(81_920, 1.3, 50_000).weight_decay == WIDE_WEIGHT_DECAY
+    assert Config().resolve(81_921, 1.3, 50_000).weight_decay == 0.0
+    assert Config().resolve(670_091, 1.3, 300_000).weight_decay == 0.0
+    assert Config(lsh=LSHConfig(min_active=70_000)).resolve(670_091, 1.3).weight_decay == WIDE_WEIGHT_DECAY
     assert Config(weight_decay=0.2).resolve(NARROW_OUTPUT).weight_decay == 0.2
     assert Config(weight_decay=0.0).resolve(670_091).weight_decay == 0.0
     assert Config().weight_decay is None and "weight_decay" in Config.FROM_DATA
