@@ -40,6 +40,14 @@ def _train(cfg, X, Y, comm, steps):
     return net, losses
 
 
+def _assert_same_run(net_p, loss_p, net_1, loss_1):
+    """The P-rank run's losses and gathered parameters are the one-rank run's (to float rounding)."""
+    np.testing.assert_allclose(loss_p, loss_1, rtol=1e-5)
+    for li, ((Wp, bp), (W1, b1)) in enumerate(zip(full_parameters(net_p), full_parameters(net_1))):
+        assert np.abs(Wp - W1).max() <= 1e-5, f"layer {li} W differs by {np.abs(Wp - W1).max()}"
+        assert np.abs(bp - b1).max() <= 1e-5, f"layer {li} b differs by {np.abs(bp - b1).max()}"
+
+
 @pytest.mark.parametrize("hidden,loss", [((7,), "softmax"), ((9, 5), "softmax"), ((20,), "softmax"),
                                          ((9, 20), "softmax"), ((7,), "bce"), ((20,), "bce")])
 def test_exact_mode_p_ranks_equal_one_rank(hidden, loss):
@@ -52,10 +60,7 @@ def test_exact_mode_p_ranks_equal_one_rank(hidden, loss):
     net_p, loss_p = _train(cfg, X, Y, world, steps=6)
     net_1, loss_1 = _train(cfg, X, Y, Comm(), steps=6)
     assert net_p.layers[-1].split == ("rows" if hidden[-1] > Y.shape[1] else "columns")
-    np.testing.assert_allclose(loss_p, loss_1, rtol=1e-5)
-    for li, ((Wp, bp), (W1, b1)) in enumerate(zip(full_parameters(net_p), full_parameters(net_1))):
-        assert np.abs(Wp - W1).max() <= 1e-5, f"layer {li} W differs by {np.abs(Wp - W1).max()}"
-        assert np.abs(bp - b1).max() <= 1e-5, f"layer {li} b differs by {np.abs(bp - b1).max()}"
+    _assert_same_run(net_p, loss_p, net_1, loss_1)
     # the weights really moved, so equality is not the trivial one of two initial states
     init = full_parameters(Network(cfg, X.shape[1], Y.shape[1], Comm()))
     assert np.abs(full_parameters(net_1)[0][0] - init[0][0]).max() > 1e-3
@@ -71,10 +76,7 @@ def test_weight_decay_at_p_ranks_equals_one_rank(monkeypatch):
     cfg = Config(hidden=(9, 5), exact=True, batch_size=32, input_norm="none", seed=11, lr=1e-2, weight_decay=0.3)
     net_p, loss_p = _train(cfg, X, Y, Comm(MPI.COMM_WORLD), steps=6)
     net_1, loss_1 = _train(cfg, X, Y, Comm(), steps=6)
-    np.testing.assert_allclose(loss_p, loss_1, rtol=1e-5)
-    for li, ((Wp, bp), (W1, b1)) in enumerate(zip(full_parameters(net_p), full_parameters(net_1))):
-        assert np.abs(Wp - W1).max() <= 1e-5, f"layer {li} W differs by {np.abs(Wp - W1).max()}"
-        assert np.abs(bp - b1).max() <= 1e-5, f"layer {li} b differs by {np.abs(bp - b1).max()}"
+    _assert_same_run(net_p, loss_p, net_1, loss_1)
     plain, _ = _train(dataclasses.replace(cfg, weight_decay=0.0), X, Y, Comm(), steps=6)
     assert np.abs(full_parameters(plain)[0][0] - full_parameters(net_1)[0][0]).max() > 1e-4
 
@@ -134,10 +136,7 @@ def test_sparse_hidden_layer_exchange_equals_one_rank_when_all_active():
                  batch_size=32, input_norm="none", seed=4, lr=1e-2, dropout=0.0)
     net_p, loss_p = _train(cfg, X, Y, Comm(MPI.COMM_WORLD), steps=4)
     net_1, loss_1 = _train(cfg, X, Y, Comm(), steps=4)
-    np.testing.assert_allclose(loss_p, loss_1, rtol=1e-5)
-    for li, ((Wp, bp), (W1, b1)) in enumerate(zip(full_parameters(net_p), full_parameters(net_1))):
-        assert np.abs(Wp - W1).max() <= 1e-5, f"layer {li} W differs by {np.abs(Wp - W1).max()}"
-        assert np.abs(bp - b1).max() <= 1e-5, f"layer {li}"
+    _assert_same_run(net_p, loss_p, net_1, loss_1)
 
 
 def test_softmax_normaliser_merges_over_ranks_with_rows_empty_on_some():
