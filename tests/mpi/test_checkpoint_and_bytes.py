@@ -35,11 +35,20 @@ def _shared_dir(tmp_path_factory, name):
     return WORLD.bcast(path)
 
 
-def test_interrupted_and_resumed_run_ends_with_the_same_weights(tiny, tmp_path_factory):
+@pytest.mark.parametrize("weight_decay", [0.0, 0.3])
+def test_interrupted_and_resumed_run_ends_with_the_same_weights(tiny, tmp_path_factory, weight_decay, monkeypatch):
+    """Stopped at step 11 and resumed: the same weights and tables as an unbroken run; with weight
+    decay every 4th step (so decay steps fall on both sides of the break), too."""
+    import dslide.model.network as network
+
+    monkeypatch.setattr(network, "DECAY_EVERY", 4)
     train, test = tiny
-    cfg = _lsh_cfg()
+    cfg = _lsh_cfg(weight_decay=weight_decay)
     comm = Comm(WORLD)
     whole, _ = T.fit(train, cfg, comm=comm)
+    if weight_decay:  # the decay did something
+        plain, _ = T.fit(train, _lsh_cfg(weight_decay=0.0), comm=comm)
+        assert not np.array_equal(full_parameters(plain.network)[0][0], full_parameters(whole.network)[0][0])
     run_dir = _shared_dir(tmp_path_factory, "resume")
     first, _ = T.fit(train, cfg, comm=comm, stop_at=11)
     assert first.network.step == 11
