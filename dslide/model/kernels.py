@@ -123,7 +123,7 @@ def shift_rows(z, m):
 
 
 SUM_LANES = 8
-"""Partial sums of a row in `flush_sum_rows`."""
+"""Partial sums of a row in `flush_sum_rows` and in the binary loss's sums (dslide.model.loss)."""
 
 
 @njit(parallel=True, cache=True)

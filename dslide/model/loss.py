@@ -90,6 +90,17 @@ def _sigmoid_softplus(z):
     return _sigmoid_softplus_rows(z, e, np.log1p(e))
 
 
+@njit(cache=True, inline="always")
+def _sigmoid_term(z, e, l, i, j, zero, one, tiny):
+    """z[i, j] <- sigmoid(z[i, j]) (below tiny: 0) from e = exp(-|z|), l = log1p(e); returns
+    the entry's softplus, max(z, 0) + l, as float64."""
+    v = z[i, j]
+    p = one / (one + e[i, j])
+    p = p if v >= zero else e[i, j] * p
+    z[i, j] = p if p >= tiny else zero
+    return np.float64((v if v > zero else zero) + l[i, j])
+
+
 @njit(parallel=True, cache=True)
 def _sigmoid_softplus_rows(z, e, l):
     """z <- sigmoid(z) from e = exp(-|z|) and l = log1p(e); each row's sum of max(z, 0) + l,
@@ -105,21 +116,12 @@ def _sigmoid_softplus_rows(z, e, l):
         acc = np.zeros(_LANES)
         for a in range(0, body, _LANES):
             for q in range(_LANES):
-                j = a + q
-                v = z[i, j]
-                acc[q] += np.float64((v if v > zero else zero) + l[i, j])
-                p = one / (one + e[i, j])
-                p = p if v >= zero else e[i, j] * p
-                z[i, j] = p if p >= tiny else zero
+                acc[q] += _sigmoid_term(z, e, l, i, a + q, zero, one, tiny)
         s = 0.0
         for q in range(_LANES):
             s += acc[q]
         for j in range(body, m):
-            v = z[i, j]
-            s += np.float64((v if v > zero else zero) + l[i, j])
-            p = one / (one + e[i, j])
-            p = p if v >= zero else e[i, j] * p
-            z[i, j] = p if p >= tiny else zero
+            s += _sigmoid_term(z, e, l, i, j, zero, one, tiny)
         part[i] = s
     return part
 
