@@ -209,7 +209,10 @@ class Config:
         block a negative (in an LSH output: the batch's other labels, the candidates,
         the random neurons; negative sampling, as per-label classifiers are trained).
         "softmax+bce": the sum of the two (the binary part without the softmax's
-        log-Q correction). Left at None: "softmax+bce" in narrow outputs, "softmax"
+        log-Q correction). "label-softmax": one softmax per label of the point, over
+        that label and the point's negatives (its other labels left out of the
+        normaliser), the labels' terms averaged; with one label a point it is
+        "softmax". "label-softmax+bce": it and the binary part. Left at None: "softmax+bce" in narrow outputs, "softmax"
         in wide ones.
     init_input_scale: the first hidden layer starts from U(-s, s); with
         L2-normalised input rows this is the scale of its pre-activations.

@@ -91,7 +91,8 @@ CONFIG_FIELDS = (
     Field("lr_schedule", "str", "linear", Choice(LR_SCHEDULES),
           "'linear' decays lr to 0 over the run's epochs; 'constant' keeps it", T),
     Field("loss", "str | None", None, Choice(LOSSES),
-          "softmax cross-entropy, one binary cross-entropy per label, or their sum", T, DATA,
+          "softmax cross-entropy (label-: one softmax per label, the other labels left out), one binary "
+          "cross-entropy per label, or a sum of the two", T, DATA,
           f"{NARROW_LOSS} for {NARROW}, else softmax"),
     Field("beta1", "float", 0.9, Float(0.0, 1.0, hi_open=True), "Adam's first-moment decay", T),
     Field("beta2", "float", 0.999, Float(0.0, 1.0, hi_open=True), "Adam's second-moment decay", T),

@@ -32,7 +32,7 @@ FAMILIES = ("anchor", "dwta", "srp", "wta")
 #: "sample", each sample scores only its own, by gathers beside the shared block
 SCOPES = ("batch", "sample")
 LR_SCHEDULES = ("linear", "constant")
-LOSSES = ("softmax", "bce", "softmax+bce")
+LOSSES = ("softmax", "bce", "softmax+bce", "label-softmax", "label-softmax+bce")
 BIAS_INITS = ("log_prior", "zero")
 SYNC_MODES = ("allreduce", "partial")
 #: propensity presets, (A, B) of the label propensities behind PSP@k (Jain et al. 2016):

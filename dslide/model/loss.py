@@ -8,6 +8,13 @@ exchanges them (one all-reduce of per-sample max and sum of exponentials,
 (`softmax_finish`). `label_targets` says which of the batch's labels a rank's
 columns hold.
 
+One softmax per label (`loss = "label-softmax"`): each of a point's labels is scored
+against the point's negatives alone, its other labels left out of the normaliser. The
+statistics are the negatives' (`softmax_stats` with the targets excluded), merged by the
+same all-reduce; each rank then sums its labels' terms of the negatives' gradient
+(`label_softmax_weights`), one more all-reduce of B floats adds them over ranks, and each
+rank finishes its slice (`label_softmax_finish`). With one label a point it is the softmax.
+
 Binary cross-entropy (`loss = "bce"`, `bce_finish`): one sigmoid per label, so each
 rank finishes its own slice with no exchange.
 """
@@ -33,11 +40,13 @@ def label_targets(Y, lo: int, hi: int):
     return rows[sel], yi[sel].astype(np.int64) - lo, w[sel]
 
 
-def softmax_stats(z):
+def softmax_stats(z, exclude=None):
     """Per sample, this rank's (m_i = max_j z_ij, s_i = sum_j exp(z_ij - m_i)) as float64 [B] each.
 
     In place, z becomes exp(z - m) (rows of -inf: m = -inf, s = 0, z = 0);
     values below kernels.TINY are flushed to zero (no subnormal leaves).
+    exclude: None, or (rows, cols) entries set to 0 before the sums (s_i then sums the
+    sample's other columns; m_i is still the max over all of them).
     """
     B = z.shape[0]
     m = np.full(B, -np.inf)
@@ -46,6 +55,8 @@ def softmax_stats(z):
     m_safe = np.where(np.isfinite(m), m, 0.0)
     kernels.shift_rows(z, m_safe)
     np.exp(z, out=z)
+    if exclude is not None:
+        z[exclude] = 0
     se = np.zeros(B)
     kernels.flush_sum_rows(z, se)
     return m, se
@@ -70,6 +81,39 @@ def softmax_finish(e, m, gmax, gsum, targets, y_logit, lab_ptr, mean_over: int) 
     np.subtract.at(e, (rows, cols), (w / N).astype(e.dtype))
     return float(np.sum(w * (np.log(gsum[rows]) + gmax[rows] - y_logit))) / N
 
+
+
+def label_softmax_weights(gmax, gneg, targets, y_logit, B: int):
+    """Per sample, this rank's share of r_i = sum over its labels y of w_y / (e_y + S_i), where
+    e_y = exp(z_y - M_i), S_i = the sum of exp(z_ij - M_i) over the sample's negatives and
+    (M, S) = (gmax, gneg) their merged statistics; float64 [B]. Summed over ranks, r_i e_ij
+    is a negative's gradient."""
+    rows, _, w = targets
+    den = np.exp(y_logit - gmax[rows]) + gneg[rows]
+    return np.bincount(rows, weights=np.divide(w, den, out=np.zeros_like(den), where=den > 0), minlength=B)
+
+
+def label_softmax_finish(e, m, gmax, gneg, r, targets, y_logit, mean_over: int) -> float:
+    """One softmax per label: the loss of sample i is sum_y w_y (log(e_y + S_i) - log e_y), each
+    label y against the negatives alone (e_y, S_i as in `label_softmax_weights`, w_y = 1 /
+    |labels|). In place of e = exp(z - m) with the targets zeroed (`softmax_stats(z, targets)`):
+    dz = r_i e_ij exp(m_i - M_i) / N at the negatives (r summed over ranks) and w_y (e_y / (e_y +
+    S_i) - 1) / N at the labels; returns this rank's share of the batch's mean loss
+    (N = mean_over). A sample without labels gets dz = 0."""
+    B = e.shape[0]
+    N = mean_over
+    live = np.isfinite(gmax)
+    m_safe = np.where(np.isfinite(m), m, 0.0)
+    scale = np.zeros(B)
+    scale[live] = r[live] * np.exp(m_safe[live] - gmax[live]) / N
+    kernels.scale_flush_rows(e, scale)
+    rows, cols, w = targets
+    ey = np.exp(y_logit - gmax[rows])
+    den = ey + gneg[rows]
+    ok = den > 0
+    q = np.divide(ey, den, out=np.ones_like(den), where=ok)
+    e[rows, cols] = (w * (q - 1.0) / N).astype(e.dtype)
+    return float(np.sum(w[ok] * (np.log(den[ok]) + gmax[rows][ok] - y_logit[ok]))) / N
 
 
 _TINY = kernels.TINY  # globals numba folds in as constants

@@ -48,7 +48,7 @@ from dslide.model import kernels
 from dslide.model.batch import Act, Batch, Out
 from dslide.model.layers import KINDS, Layer, make_layer
 from dslide.model.layers.dense import RowDenseLayer
-from dslide.model.loss import bce_finish, softmax_finish, softmax_stats
+from dslide.model.loss import bce_finish, label_softmax_finish, label_softmax_weights, softmax_finish, softmax_stats
 from dslide.model.sharding import shard_range
 from dslide.timings import STEP_PHASES, Timings
 
@@ -246,16 +246,27 @@ class Network:
 
     def _softmax(self, out: Out, batch: Batch):
         """The loss share and dz = (p - y) / N of the output slice: local statistics, one
-        all-reduce of per-sample (max, sum exp), finish."""
+        all-reduce of per-sample (max, sum exp), finish. One softmax per label
+        (config.loss "label-softmax..."): the statistics of the negatives alone, and one more
+        all-reduce of B floats (`label_softmax_weights`) before the finish."""
         z = out.a
         rows, cols, _ = out.targets
         y_logit = z[rows, cols].astype(np.float64)
-        m, se = softmax_stats(z)
+        per_label = self.config.loss.startswith("label-")
+        m, se = softmax_stats(z, (rows, cols) if per_label else None)
         if self.output_rows:  # every rank holds every logit: its own normaliser, the loss on rank 0
-            loss = softmax_finish(z, m, m, se, out.targets, y_logit, batch.Y[0], batch.mean_over)
+            gmax, gsum = m, se
+        else:
+            gmax, gsum = self.comm.allreduce_logsumexp(m, se)
+        if per_label:
+            r = label_softmax_weights(gmax, gsum, out.targets, y_logit, z.shape[0])
+            if not self.output_rows:
+                r = self.comm.allreduce_sum(r, kind="softmax_stats")
+            loss = label_softmax_finish(z, m, gmax, gsum, r, out.targets, y_logit, batch.mean_over)
+        else:
+            loss = softmax_finish(z, m, gmax, gsum, out.targets, y_logit, batch.Y[0], batch.mean_over)
+        if self.output_rows:
             return (loss if self.comm.rank == 0 else 0.0), z
-        gmax, gsum = self.comm.allreduce_logsumexp(m, se)
-        loss = softmax_finish(z, m, gmax, gsum, out.targets, y_logit, batch.Y[0], batch.mean_over)
         return loss, z
 
     def _loss(self, out: Out, batch: Batch):
@@ -263,7 +274,7 @@ class Network:
         kind = self.config.loss
         if kind == "bce":
             return self._bce(out, batch)
-        if kind == "softmax":
+        if not kind.endswith("+bce"):
             return self._softmax(out, batch)
         # softmax+bce: the binary part on the logits without the softmax's correction
         zb = out.a - out.shift if out.shift is not None else out.a.copy()

@@ -49,10 +49,12 @@ def _assert_same_run(net_p, loss_p, net_1, loss_1):
 
 
 @pytest.mark.parametrize("hidden,loss", [((7,), "softmax"), ((9, 5), "softmax"), ((20,), "softmax"),
-                                         ((9, 20), "softmax"), ((7,), "bce"), ((20,), "bce")])
+                                         ((9, 20), "softmax"), ((7,), "bce"), ((20,), "bce"),
+                                         ((7,), "label-softmax"), ((20,), "label-softmax"),
+                                         ((9, 5), "label-softmax+bce")])
 def test_exact_mode_p_ranks_equal_one_rank(hidden, loss):
     """(20,) and (9, 20) over 13 labels: an output narrower than the last hidden layer,
-    split by rows (output_split = "auto"); both losses."""
+    split by rows (output_split = "auto"); every loss (the points have 1 to 5 labels)."""
     X, Y = _data()
     cfg = Config(hidden=hidden, exact=True, batch_size=32, input_norm="none", seed=11, lr=1e-2, dropout=0.25,
                  loss=loss)

@@ -54,9 +54,9 @@ def _grads(net, beta1):
 
 
 def _ref_loss(params, X, Y, kind="softmax"):
-    """Mean softmax cross-entropy with labels spread evenly (kind "softmax"), the summed binary
-    cross-entropy of every label's sigmoid ("bce") or their sum ("softmax+bce"), over the points,
-    in plain numpy float64."""
+    """Mean softmax cross-entropy with labels spread evenly (kind "softmax"; "label-softmax": each
+    label its own softmax against the point's non-labels), the summed binary cross-entropy of
+    every label's sigmoid ("bce") or a sum ("...+bce"), over the points, in plain numpy float64."""
     a = X.toarray()
     for W, b in params[:-1]:
         a = np.maximum(a @ W + b, 0.0)
@@ -65,17 +65,20 @@ def _ref_loss(params, X, Y, kind="softmax"):
     bce = float(np.mean((np.logaddexp(0.0, z) - Y.toarray() * z).sum(axis=1)))
     if kind == "bce":
         return bce
-    if kind == "softmax+bce":
-        return bce + _ref_loss(params, X, Y, "softmax")
-    m = z.max(axis=1, keepdims=True)
-    lse = (m + np.log(np.exp(z - m).sum(axis=1, keepdims=True))).ravel()
+    if kind.endswith("+bce"):
+        return bce + _ref_loss(params, X, Y, kind[:-4])
     Yd = Y.toarray().astype(np.float64)
     cnt = Yd.sum(axis=1, keepdims=True)
     w = np.divide(Yd, cnt, out=np.zeros_like(Yd), where=cnt > 0)
+    if kind == "label-softmax":  # each label y against the point's non-labels: log(e^z_y + sum_neg e^z) - z_y
+        neg = np.log(np.where(Yd > 0, 0.0, np.exp(z)).sum(axis=1, keepdims=True))
+        return float(np.mean((w * (np.logaddexp(z, neg) - z)).sum(axis=1)))
+    m = z.max(axis=1, keepdims=True)
+    lse = (m + np.log(np.exp(z - m).sum(axis=1, keepdims=True))).ravel()
     return float(np.mean((w * (lse[:, None] - z)).sum(axis=1)))
 
 
-@pytest.mark.parametrize("kind", ["softmax", "bce", "softmax+bce"])
+@pytest.mark.parametrize("kind", ["softmax", "bce", "softmax+bce", "label-softmax", "label-softmax+bce"])
 def test_exact_gradients_match_central_finite_differences(kind):
     X, Y = _tiny_problem()
     cfg = Config(hidden=(6, 5), exact=True, dtype="float64", input_norm="none", seed=3, dropout=0.0,
@@ -199,7 +202,8 @@ def test_lsh_layer_with_every_neuron_active_equals_exact_mode():
 
 def _assert_matches_block_softmax(net, loss, A0, z0, W1, b1, labels, block_of, kind="softmax"):
     """A dense-then-output network's step against numpy: sample i's softmax (kind "softmax") runs
-    over the output neurons S with logits shifted by `shift`, (S, shift) = block_of(i), or each
+    over the output neurons S with logits shifted by `shift`, (S, shift) = block_of(i) (kind
+    "label-softmax": one softmax per label of i, over it and S's non-labels), or each
     neuron of S is a binary classifier, positive for i's labels ("bce"); the loss and both layers'
     gradients (read back from the optimiser) must match. Returns the output weights' gradient."""
     h = np.maximum(z0, 0)
@@ -214,7 +218,19 @@ def _assert_matches_block_softmax(net, loss, A0, z0, W1, b1, labels, block_of, k
             t = np.isin(S, labels[i]).astype(np.float64)
             ref_loss += (np.logaddexp(0.0, z) - t * z).sum() / n
             dz += (1.0 / (1.0 + np.exp(-z)) - t) / n
-        if "softmax" in kind and labels[i].size:
+        if kind.startswith("label-softmax") and labels[i].size:
+            # each label y its own softmax over {y} and the block's non-labels
+            zs = z + shift
+            pos = np.isin(S, labels[i])
+            w = 1.0 / labels[i].size
+            for j in np.flatnonzero(pos):
+                keep = ~pos
+                keep[j] = True
+                p = np.where(keep, np.exp(zs - zs[keep].max()), 0.0)
+                p /= p.sum()
+                ref_loss += -w * np.log(p[j]) / n
+                dz += w * (p - (np.arange(S.size) == j)) / n
+        elif "softmax" in kind and labels[i].size:
             zs = z + shift
             p = np.exp(zs - zs.max())
             p /= p.sum()
@@ -236,7 +252,7 @@ def _assert_matches_block_softmax(net, loss, A0, z0, W1, b1, labels, block_of, k
     return g1
 
 
-@pytest.mark.parametrize("kind", ["softmax", "bce", "softmax+bce"])
+@pytest.mark.parametrize("kind", ["softmax", "bce", "softmax+bce", "label-softmax"])
 def test_own_candidates_gradient_is_each_samples_softmax_over_its_own_set(kind):
     """lsh.scope = "sample": sample i's softmax runs over the shared block (the batch's labels,
     then random neurons) and its own candidates, the first k of its anchor's bucket not in the
@@ -303,7 +319,8 @@ def test_random_negatives_per_step_are_capped_by_the_share_of_the_layer():
 
 
 @pytest.mark.parametrize("family,kind", [("anchor", "softmax"), ("dwta", "softmax"), ("anchor", "bce"),
-                                         ("dwta", "softmax+bce")])
+                                         ("dwta", "softmax+bce"), ("anchor", "label-softmax"),
+                                         ("dwta", "label-softmax+bce")])
 def test_sparse_gradient_is_the_restricted_softmax_gradient_and_zero_elsewhere(family, kind):
     """The step's block: every label of the batch, the union of the samples' candidates (scored
     exactly, no correction), then random neurons whose logits carry the log-Q correction

@@ -182,7 +182,7 @@ class LSHLayer(Layer):
             zp = np.empty(own_ids.shape, dtype=z.dtype)
             kernels.own_scores(xd, self.W, self.b, own_ids, zp)
             z = np.concatenate([z, zp], axis=1)
-            if self.config.loss == "softmax+bce":
+            if self.config.loss.endswith("+bce"):
                 shift = np.zeros_like(z)
                 shift[:, n_labels:C.size] = row_corr[:, None]
         targets = None
