@@ -212,8 +212,8 @@ class Config:
         log-Q correction). "label-softmax": one softmax per label of the point, over
         that label and the point's negatives (its other labels left out of the
         normaliser), the labels' terms averaged; with one label a point it is
-        "softmax". "label-softmax+bce": it and the binary part. Left at None: "softmax+bce" in narrow outputs, "softmax"
-        in wide ones.
+        "softmax". "label-softmax+bce": it and the binary part. Left at None:
+        "label-softmax+bce" in narrow outputs, "label-softmax" in wide ones.
     init_input_scale: the first hidden layer starts from U(-s, s); with
         L2-normalised input rows this is the scale of its pre-activations.
     output_bias_init: "log_prior" starts each label's bias at the log of its

@@ -21,7 +21,7 @@ from dslide.config.rules import (ADAM_DTYPES, APPROX_CANDIDATES, APPROX_FEATURES
                                  LOSSES, LR_SCHEDULES, MAX_ACTIVE, NARROW_BATCH, NARROW_EPOCHS, NARROW_HIDDEN,
                                  NARROW_LOSS, NARROW_MIN_STEPS, NARROW_OUTPUT, OUTPUT_SPLITS, PARALLEL, POLICIES,
                                  PROPENSITY_PRESETS, SCOPES, SELECT_MODES, SYNC_MODES, WIDE_EPOCHS, WIDE_LR,
-                                 WIDE_WEIGHT_DECAY)
+                                 WIDE_LOSS, WIDE_WEIGHT_DECAY)
 
 #: "from the data": the settings Config.resolve takes from the data when left at None
 DATA = "from the data"
@@ -93,7 +93,7 @@ CONFIG_FIELDS = (
     Field("loss", "str | None", None, Choice(LOSSES),
           "softmax cross-entropy (label-: one softmax per label, the other labels left out), one binary "
           "cross-entropy per label, or a sum of the two", T, DATA,
-          f"{NARROW_LOSS} for {NARROW}, else softmax"),
+          f"{NARROW_LOSS} for {NARROW}, else {WIDE_LOSS}"),
     Field("beta1", "float", 0.9, Float(0.0, 1.0, hi_open=True), "Adam's first-moment decay", T),
     Field("beta2", "float", 0.999, Float(0.0, 1.0, hi_open=True), "Adam's second-moment decay", T),
     Field("eps", "float", 1e-8, Float(0.0, 1.0, lo_open=True), "Adam's epsilon", T),

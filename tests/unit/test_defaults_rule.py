@@ -64,12 +64,13 @@ def test_wide_outputs_train_fewer_epochs_and_explicit_settings_win():
 
 def test_the_loss_follows_the_output_width_and_an_explicit_one_wins():
     """Narrow outputs (every label a negative of every point) add one binary cross-entropy per
-    label to the softmax; wide ones, whose negatives are sampled, keep the softmax alone."""
-    from dslide.config import NARROW_LOSS, NARROW_OUTPUT
+    label to the per-label softmax; wide ones, whose negatives are sampled, keep the softmax
+    alone; either gives each of a point's labels its own softmax."""
+    from dslide.config import NARROW_LOSS, NARROW_OUTPUT, WIDE_LOSS
 
-    assert NARROW_LOSS == "softmax+bce"
-    assert Config().resolve(NARROW_OUTPUT).loss == "softmax+bce"
-    assert Config().resolve(NARROW_OUTPUT + 1).loss == "softmax"
+    assert NARROW_LOSS == "label-softmax+bce"
+    assert Config().resolve(NARROW_OUTPUT).loss == "label-softmax+bce"
+    assert Config().resolve(NARROW_OUTPUT + 1).loss == WIDE_LOSS == "label-softmax"
     assert Config(loss="softmax").resolve(159).loss == "softmax"
     assert Config(loss="bce").resolve(670_091).loss == "bce"
     assert Config().loss is None and "loss" in Config.FROM_DATA
