@@ -18,10 +18,11 @@ bytes in all (Thakur, Rabenseifner & Gropp 2005; Chan et al. 2007):
 
 Which all-reduce: the ring moves the fewest bytes and has the most start-ups;
 recursive doubling the reverse. MPI libraries pick by message size (MPICH:
-recursive doubling below a few KiB). dslide's one all-reduce per step is the
+recursive doubling below a few KiB). dslide's all-reduces per step are the
 softmax normaliser, B (max, sum) float64 pairs = 16 B bytes (4 KiB at B = 256),
-latency-bound on a cluster: it is costed as the cheaper of the two
-(`algorithm="best"`). The data-parallel gradient all-reduce (hundreds of MB)
+and with one softmax per label (the default loss) each sample's label weights, B
+float64 = 8 B bytes; latency-bound on a cluster, each is costed as the cheaper of
+the two (`algorithm="best"`). The data-parallel gradient all-reduce (hundreds of MB)
 is costed as a ring, as Horovod, NCCL and Gloo do it.
 
 Per step, with B the batch, d the last hidden width, s the float size:
@@ -30,6 +31,7 @@ Per step, with B the batch, d the last hidden width, s the float size:
         T = compute_split / P + compute_fixed
           + all-gather(B d s)             hidden activations, rank r gives [B, d_r]
           + all-reduce(16 B)              softmax normaliser (max, sum) per sample
+          + all-reduce(8 B)               label weights (one softmax per label; label_weights)
           + reduce-scatter(B d s)         gradient wrt the hidden activations
     data parallel (each rank the whole model and B / P samples)
         T = compute / P + compute_fixed
@@ -154,13 +156,14 @@ def allreduce_time(P: int, nbytes: float, bandwidth: float, latency: float, algo
 # -- bytes per step -------------------------------------------------------------------------
 
 
-def dslide_bytes_per_step(P: int, batch: int, hidden: int, itemsize: int = 4) -> float:
+def dslide_bytes_per_step(P: int, batch: int, hidden: int, itemsize: int = 4, label_weights: bool = True) -> float:
     """Bytes one rank sends per dslide step (ring accounting, as dslide.comm counts them):
-    2 (P - 1) / P * B d s (all-gather + reduce-scatter) + 2 (P - 1) / P * 16 B (normaliser)."""
+    2 (P - 1) / P * B d s (all-gather + reduce-scatter) + 2 (P - 1) / P * 16 B (normaliser)
+    + 2 (P - 1) / P * 8 B (label_weights: one softmax per label's weights, the default loss)."""
     P = _check_P(P)
     B, d = _check_pos_int("batch", batch), _check_pos_int("hidden", hidden)
     s = _check_pos_int("itemsize", itemsize)
-    return 2 * (P - 1) / P * B * d * s + 2 * (P - 1) / P * 16 * B
+    return 2 * (P - 1) / P * B * d * s + 2 * (P - 1) / P * (24 if label_weights else 16) * B
 
 
 def data_parallel_bytes_per_step(P: int, model_bytes: float) -> float:
@@ -186,14 +189,17 @@ def _check_pos_int(name: str, value) -> int:
 
 def dslide_step_breakdown(P: int, bandwidth: float, latency: float, batch: int, hidden: int,
                           compute_split_s: float, compute_fixed_s: float = 0.0, *, itemsize: int = 4,
-                          shared_medium: bool = False) -> dict:
-    """Seconds per dslide step by part: compute, allgather, allreduce, reduce_scatter, comm, total."""
+                          shared_medium: bool = False, label_weights: bool = True) -> dict:
+    """Seconds per dslide step by part: compute, allgather, allreduce, reduce_scatter, comm, total
+    (allreduce: the normaliser's, plus the label weights' where label_weights)."""
     P = _check_P(P)
     B, d = _check_pos_int("batch", batch), _check_pos_int("hidden", hidden)
     s = _check_pos_int("itemsize", itemsize)
     compute = Step(compute_split_s, compute_fixed_s).compute(P)
     ag = allgather_time(P, B * d * s, bandwidth, latency, shared_medium)
     ar = allreduce_time(P, 16 * B, bandwidth, latency, "best", shared_medium)
+    if label_weights:
+        ar += allreduce_time(P, 8 * B, bandwidth, latency, "best", shared_medium)
     rs = reduce_scatter_time(P, B * d * s, bandwidth, latency, shared_medium)
     comm = ag + ar + rs
     return {"compute": compute, "allgather": ag, "allreduce": ar, "reduce_scatter": rs,
@@ -202,14 +208,15 @@ def dslide_step_breakdown(P: int, bandwidth: float, latency: float, batch: int, 
 
 def dslide_step_time(P: int, bandwidth: float, latency: float, batch: int, hidden: int,
                      compute_split_s: float, compute_fixed_s: float = 0.0, *, itemsize: int = 4,
-                     shared_medium: bool = False) -> float:
+                     shared_medium: bool = False, label_weights: bool = True) -> float:
     """Seconds per dslide step on P nodes (see the module docstring).
 
     bandwidth: bytes/s of a node's link (math.inf: no limit); latency: seconds;
     batch B, hidden d: the all-gathered activations are B x d floats of `itemsize` bytes.
     """
     return dslide_step_breakdown(P, bandwidth, latency, batch, hidden, compute_split_s, compute_fixed_s,
-                                 itemsize=itemsize, shared_medium=shared_medium)["total"]
+                                 itemsize=itemsize, shared_medium=shared_medium,
+                                 label_weights=label_weights)["total"]
 
 
 def data_parallel_step_breakdown(P: int, bandwidth: float, latency: float, model_bytes: float, compute_s: float,

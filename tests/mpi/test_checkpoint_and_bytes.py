@@ -119,7 +119,8 @@ def test_sparse_mode_loss_curve_stays_close_to_one_rank(tiny, scope):
 def test_bytes_per_step_equal_the_formula(tiny):
     """Per step and rank (float32, B samples, hidden width d of which this rank owns d_r):
     all-gather of the hidden layer (d - d_r) B 4; reduce-scatter of its gradient
-    (P - 1) d_r B 4; the softmax normaliser: an all-reduce of B float64 pairs."""
+    (P - 1) d_r B 4; the softmax normaliser: an all-reduce of B float64 pairs; the label weights
+    of one softmax per label (the default loss): an all-reduce of B float64."""
     train, _ = tiny
     P = WORLD.size
     d, B = 12, 64
@@ -133,7 +134,7 @@ def test_bytes_per_step_equal_the_formula(tiny):
     expected = {
         "allgather": (d - d_r) * B * 4 * steps,
         "reduce_scatter": (P - 1) * d_r * B * 4 * steps,
-        "softmax_stats": allreduce_bytes(B * 16, P) * steps,
+        "softmax_stats": (allreduce_bytes(B * 16, P) + allreduce_bytes(B * 8, P)) * steps,
     }
     got = {k: comm.bytes_sent.get(k, 0) for k in expected}
     assert got == (expected if P > 1 else {k: 0 for k in expected})

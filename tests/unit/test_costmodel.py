@@ -23,18 +23,25 @@ def test_dslide_step_by_hand():
     # reduce-scatter: the same
     # normaliser 16 * 256 = 4096 B: ring 6e-4 + 1.5 * 4096 / 1e8 = 6.6144e-4,
     #   recursive doubling 2 * (1e-4 + 4.096e-5) = 2.8192e-4 -> 2.8192e-4
-    parts = C.dslide_step_breakdown(4, 1e8, 1e-4, 256, 128, 0.2, 0.01)
+    # with the label weights (one softmax per label, the default): 8 * 256 = 2048 B more,
+    #   recursive doubling 2 * (1e-4 + 2.048e-5) = 2.4096e-4 (ring 6e-4 + 1.5 * 2048 / 1e8)
+    parts = C.dslide_step_breakdown(4, 1e8, 1e-4, 256, 128, 0.2, 0.01, label_weights=False)
     assert parts["compute"] == pytest.approx(0.06, rel=1e-12)
     assert parts["allgather"] == pytest.approx(1.28304e-3, rel=1e-12)
     assert parts["reduce_scatter"] == pytest.approx(1.28304e-3, rel=1e-12)
     assert parts["allreduce"] == pytest.approx(2.8192e-4, rel=1e-12)
-    assert C.dslide_step_time(4, 1e8, 1e-4, 256, 128, 0.2, 0.01) == pytest.approx(0.062848, rel=1e-12)
+    assert C.dslide_step_time(4, 1e8, 1e-4, 256, 128, 0.2, 0.01, label_weights=False) == pytest.approx(0.062848,
+                                                                                                        rel=1e-12)
+    assert C.dslide_step_breakdown(4, 1e8, 1e-4, 256, 128, 0.2, 0.01)["allreduce"] == pytest.approx(
+        2.8192e-4 + 2.4096e-4, rel=1e-12)
+    assert C.dslide_step_time(4, 1e8, 1e-4, 256, 128, 0.2, 0.01) == pytest.approx(0.062848 + 2.4096e-4, rel=1e-12)
 
 
 def test_dslide_normaliser_takes_the_ring_when_latency_is_free():
     # latency 0: ring 2 * 1/2 * 4096 / 1e6 = 4.096e-3 < recursive doubling 1 * 4096 / 1e6... equal at P = 2;
     # at P = 8: ring 2 * 7/8 * 4096e-6 = 7.168e-3, recursive doubling 3 * 4096e-6 = 12.288e-3
-    assert C.dslide_step_breakdown(8, 1e6, 0.0, 256, 128, 0.0)["allreduce"] == pytest.approx(7.168e-3, rel=1e-12)
+    assert C.dslide_step_breakdown(8, 1e6, 0.0, 256, 128, 0.0, label_weights=False)["allreduce"] == pytest.approx(
+        7.168e-3, rel=1e-12)
 
 
 def test_data_parallel_step_by_hand():
@@ -68,8 +75,9 @@ def test_shared_medium_divides_the_bandwidth_by_P():
 
 def test_infinite_bandwidth_leaves_latency_only():
     t = C.dslide_step_time(4, math.inf, 1e-3, 256, 128, 0.0)
-    # all-gather 3 + reduce-scatter 3 + recursive doubling 2 start-ups
-    assert t == pytest.approx(8e-3)
+    # all-gather 3 + reduce-scatter 3 + two recursive doublings (normaliser, label weights) 2 start-ups each
+    assert t == pytest.approx(10e-3)
+    assert C.dslide_step_time(4, math.inf, 1e-3, 256, 128, 0.0, label_weights=False) == pytest.approx(8e-3)
 
 
 # ----------------------------------------------------------------------------
@@ -140,12 +148,13 @@ def test_predict_table_rows():
                            dslide=C.Step(0.2, 0.01), data_parallel=C.Step(2.0))
     assert [r["P"] for r in rows] == [2, 4]
     r4 = rows[1]
-    assert r4["dslide_s"] == pytest.approx(0.062848)
+    t4 = 0.062848 + 2.4096e-4  # test_dslide_step_by_hand, label weights included
+    assert r4["dslide_s"] == pytest.approx(t4)
     assert r4["dp_s"] == pytest.approx(2.0006)
-    assert r4["dslide_samples_per_s"] == pytest.approx(256 / 0.062848)
-    assert r4["speedup"] == pytest.approx(2.0006 / 0.062848)
+    assert r4["dslide_samples_per_s"] == pytest.approx(256 / t4)
+    assert r4["speedup"] == pytest.approx(2.0006 / t4)
     assert r4["dp_bytes"] == pytest.approx(1.5e8)
-    assert r4["dslide_bytes"] == pytest.approx(1.5 * 131072 + 1.5 * 4096)
+    assert r4["dslide_bytes"] == pytest.approx(1.5 * 131072 + 1.5 * 4096 + 1.5 * 2048)
 
 
 # ----------------------------------------------------------------------------

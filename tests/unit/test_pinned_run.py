@@ -49,7 +49,7 @@ def run(name: str) -> dict:
 
     train, test = generate_split("tiny", seed=11)
     # knn=0: the network's own top-5 (the neighbours' labels are pinned by tests/unit/test_fusion.py)
-    # loss: the one the figures were recorded with (narrow outputs now default to softmax+bce)
+    # loss: the one the figures were recorded with (narrow outputs now default to label-softmax+bce)
     cfg = Config(threads=1, seed=5, batch_size=64, epochs=12 * 64 / train.n_points, lr=1e-2, log_every=1, knn=0,
                  loss="softmax", **CASES[name])
     model, history = fit(train, cfg)

@@ -141,8 +141,9 @@ def test_dslide_training_bytes_cross_the_loopback(tmp_path):
     assert run.returncode == 0, run.stdout + run.stderr
     m = json.loads((run_dir / "metrics.json").read_text())
     assert m["world_size"] == 2 and m["steps"] == 4
-    # hidden 128, batch 256, float32: all-gather + reduce-scatter + the normaliser per rank per step
-    assert m["bytes_per_step"] == 2 * 1 / 2 * 256 * 128 * 4 + 2 * 1 / 2 * 16 * 256
+    # hidden 128, batch 256, float32: all-gather + reduce-scatter + the normaliser + the label
+    # weights (one softmax per label, the default loss) per rank per step
+    assert m["bytes_per_step"] == 2 * 1 / 2 * 256 * 128 * 4 + 2 * 1 / 2 * 16 * 256 + 2 * 1 / 2 * 8 * 256
     sent = m["bytes_per_step"] * m["world_size"] * m["steps"]
     assert stats["qdisc_bytes"] >= sent
     assert stats["namespace"] not in namespaces()
