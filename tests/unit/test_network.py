@@ -318,6 +318,29 @@ def test_random_negatives_per_step_are_capped_by_the_share_of_the_layer():
         assert (n_rand == 0) == (expected == 0)
 
 
+@pytest.mark.parametrize("kinds", [("dense", "dense"), ("dense", "lsh")])
+def test_one_softmax_per_label_is_the_softmax_at_one_label_a_point_and_differs_at_more(kinds):
+    """With one label a point there are no other labels to leave out: five steps of
+    "label-softmax" give the softmax's losses and weights (to float rounding, the two sum the
+    normaliser differently); with several labels a point they part."""
+    def run(loss, one_label):
+        X, Y = _tiny_problem(n=40, L=300, density=0.4, label_density=0.01)
+        if one_label:
+            Y = sp.csr_matrix((np.ones(X.shape[0], np.float32), (np.arange(X.shape[0]), Y.argmax(axis=1).A1)),
+                              shape=Y.shape)
+        cfg = Config(hidden=(8,), kinds=kinds, dtype="float64", input_norm="none", seed=4, dropout=0.0,
+                     lr_schedule="constant", lsh=_lsh_config(20, 0, family="anchor", anchors=4), loss=loss)
+        net = Network(cfg, X.shape[1], Y.shape[1])
+        losses = [net.train_step(_batch(X, Y, step)) for step in range(1, 6)]
+        return losses, _params_dense(net)
+
+    for one_label in (True, False):
+        (la, pa), (lb, pb) = run("softmax", one_label), run("label-softmax", one_label)
+        close = np.allclose(la, lb, rtol=1e-12) and all(
+            np.allclose(a, b, rtol=1e-10, atol=1e-13) for (Wa, ba), (Wb, bb) in zip(pa, pb) for a, b in ((Wa, Wb), (ba, bb)))
+        assert close == one_label, f"one label a point: {one_label}; losses {la} against {lb}"
+
+
 @pytest.mark.parametrize("family,kind", [("anchor", "softmax"), ("dwta", "softmax"), ("anchor", "bce"),
                                          ("dwta", "softmax+bce"), ("anchor", "label-softmax"),
                                          ("dwta", "label-softmax+bce")])
