@@ -82,7 +82,6 @@ def softmax_finish(e, m, gmax, gsum, targets, y_logit, lab_ptr, mean_over: int) 
     return float(np.sum(w * (np.log(gsum[rows]) + gmax[rows] - y_logit))) / N
 
 
-
 def label_softmax_weights(gmax, gneg, targets, y_logit, B: int):
     """Per sample, this rank's share of r_i = sum over its labels y of w_y / (e_y + S_i), where
     e_y = exp(z_y - M_i), S_i = the sum of exp(z_ij - M_i) over the sample's negatives and
