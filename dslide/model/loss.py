@@ -83,22 +83,24 @@ def softmax_finish(e, m, gmax, gsum, targets, y_logit, lab_ptr, mean_over: int) 
 
 
 def label_softmax_weights(gmax, gneg, targets, y_logit, B: int):
-    """Per sample, this rank's share of r_i = sum over its labels y of w_y / (e_y + S_i), where
-    e_y = exp(z_y - M_i), S_i = the sum of exp(z_ij - M_i) over the sample's negatives and
-    (M, S) = (gmax, gneg) their merged statistics; float64 [B]. Summed over ranks, r_i e_ij
-    is a negative's gradient."""
+    """(r float64 [B], den float64 [targets]): per sample, this rank's share of r_i = sum over
+    its labels y of w_y / den_y, den_y = e_y + S_i, where e_y = exp(z_y - M_i), S_i = the sum of
+    exp(z_ij - M_i) over the sample's negatives and (M, S) = (gmax, gneg) their merged
+    statistics. Summed over ranks, r_i e_ij is a negative's gradient; den goes on to
+    `label_softmax_finish`."""
     rows, _, w = targets
     den = np.exp(y_logit - gmax[rows]) + gneg[rows]
-    return np.bincount(rows, weights=np.divide(w, den, out=np.zeros_like(den), where=den > 0), minlength=B)
+    r = np.bincount(rows, weights=np.divide(w, den, out=np.zeros_like(den), where=den > 0), minlength=B)
+    return r, den
 
 
-def label_softmax_finish(e, m, gmax, gneg, r, targets, y_logit, mean_over: int) -> float:
+def label_softmax_finish(e, m, gmax, r, den, targets, y_logit, mean_over: int) -> float:
     """One softmax per label: the loss of sample i is sum_y w_y (log(e_y + S_i) - log e_y), each
-    label y against the negatives alone (e_y, S_i as in `label_softmax_weights`, w_y = 1 /
-    |labels|). In place of e = exp(z - m) with the targets zeroed (`softmax_stats(z, targets)`):
-    dz = r_i e_ij exp(m_i - M_i) / N at the negatives (r summed over ranks) and w_y (e_y / (e_y +
-    S_i) - 1) / N at the labels; returns this rank's share of the batch's mean loss
-    (N = mean_over). A sample without labels gets dz = 0."""
+    label y against the negatives alone (e_y, S_i, den_y = e_y + S_i as in
+    `label_softmax_weights`, w_y = 1 / |labels|). In place of e = exp(z - m) with the targets
+    zeroed (`softmax_stats(z, targets)`): dz = r_i e_ij exp(m_i - M_i) / N at the negatives (r
+    summed over ranks) and w_y (e_y / den_y - 1) / N at the labels; returns this rank's share of
+    the batch's mean loss (N = mean_over). A sample without labels gets dz = 0."""
     B = e.shape[0]
     N = mean_over
     live = np.isfinite(gmax)
@@ -107,10 +109,8 @@ def label_softmax_finish(e, m, gmax, gneg, r, targets, y_logit, mean_over: int) 
     scale[live] = r[live] * np.exp(m_safe[live] - gmax[live]) / N
     kernels.scale_flush_rows(e, scale)
     rows, cols, w = targets
-    ey = np.exp(y_logit - gmax[rows])
-    den = ey + gneg[rows]
     ok = den > 0
-    q = np.divide(ey, den, out=np.ones_like(den), where=ok)
+    q = np.divide(np.exp(y_logit - gmax[rows]), den, out=np.ones_like(den), where=ok)
     e[rows, cols] = (w * (q - 1.0) / N).astype(e.dtype)
     return float(np.sum(w[ok] * (np.log(den[ok]) + gmax[rows][ok] - y_logit[ok]))) / N
 
