@@ -19,7 +19,8 @@ from dslide.config.rules import (ADAM_DTYPES, APPROX_CANDIDATES, APPROX_FEATURES
                                  EARLY_STOP_MAX_EPOCHS,
                                  FAMILIES, FUSED_MAX_ACTIVE, INPUT_NORMS, KNN_MAX_POINTS_PER_LABEL, LAYER_KINDS,
                                  LOSSES, LR_SCHEDULES, MAX_ACTIVE, NARROW_BATCH, NARROW_EPOCHS, NARROW_HIDDEN,
-                                 NARROW_LOSS, NARROW_MIN_STEPS, NARROW_OUTPUT, OUTPUT_SPLITS, PARALLEL, POLICIES,
+                                 NARROW_LOSS, NARROW_MIN_STEPS, NARROW_OUTPUT, NARROW_PRIOR_SHIFT, OUTPUT_SPLITS, PARALLEL,
+                                 POLICIES, PRIOR_SHIFTS,
                                  PROPENSITY_PRESETS, SCOPES, SELECT_MODES, SYNC_MODES, WIDE_EPOCHS, WIDE_LR,
                                  WIDE_LOSS, WIDE_WEIGHT_DECAY)
 
@@ -110,6 +111,11 @@ CONFIG_FIELDS = (
           "the first layer's weights start from U(-s, s)", M, DATA, f"0.1 for {NARROW}, else 0.3"),
     Field("output_bias_init", "str", "log_prior", Choice(BIAS_INITS),
           "the output biases start at the log of the labels' smoothed frequency, or at 0", M),
+    Field("prior_shift", "float | None", None, Float(0.0, 2.0),
+          "at the end of training the output biases are lowered by this x the log of each label's "
+          "smoothed training frequency (0: off)", M, DATA,
+          f"{NARROW_PRIOR_SHIFT:g} for {NARROW}; else chosen on the validation split from "
+          f"{', '.join(f'{t:g}' for t in PRIOR_SHIFTS)} (0 without one)"),
     Field("seed", "int", 0, Int(0, 2**63 - 1),
           "every random draw derives from it (weights, batches, hashes, the validation split)", T),
     Field("threads", "int", 0, Int(0, 1024), "threads per rank; 0: the node's cores / its ranks", U),

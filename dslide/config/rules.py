@@ -56,6 +56,13 @@ NARROW_OUTPUT = 4096  # labels: at most this many take the "narrow output" defau
 #: competing in one softmax cost the many-label debian_depends 1.5 points of P@1)
 NARROW_LOSS = "label-softmax+bce"
 WIDE_LOSS = "label-softmax"
+#: prior_shift left at None: at the end of training the output biases are lowered by this
+#: times the log of each label's training frequency (logit adjustment: the network's bias
+#: towards frequent labels undone in part). Narrow outputs, which have no validation split,
+#: take NARROW_PRIOR_SHIFT; wide ones choose from PRIOR_SHIFTS on their split (0, the no-op,
+#: unless another gains; 0 without a split). docs/accuracy.md has the measurements.
+NARROW_PRIOR_SHIFT = 0.2
+PRIOR_SHIFTS = (0.0, 0.1, 0.2, 0.3)
 #: knn left at None: this many neighbours' labels fused at inference in outputs wider than
 #: NARROW_OUTPUT whose training data has fewer than KNN_MAX_POINTS_PER_LABEL points per label
 #: (none elsewhere: the network alone learns such labels well); `knn_default` states the
@@ -193,7 +200,7 @@ def from_data(config, n_labels: int, points_per_label: float | None = None, n_po
             "lr": 1e-2 if narrow else WIDE_LR, "loss": NARROW_LOSS if narrow else WIDE_LOSS,
             "batch_size": narrow_batch(n_points) if narrow else 128,
             "epochs": NARROW_EPOCHS if narrow else WIDE_EPOCHS, "init_input_scale": 0.1 if narrow else 0.3,
-            "knn": knn_default(n_labels, points_per_label),
+            "knn": knn_default(n_labels, points_per_label), "prior_shift": NARROW_PRIOR_SHIFT if narrow else 0.0,
             "weight_decay": WIDE_WEIGHT_DECAY if not narrow and config.replicas == 1
             and config.lsh.random_count(n_labels) >= DECAY_MIN_SAMPLED * n_labels else 0.0}
     has_split = n_points is not None and validation_size(n_points) > 0
@@ -201,6 +208,8 @@ def from_data(config, n_labels: int, points_per_label: float | None = None, n_po
         auto["early_stop"] = bool(not narrow and has_split and config.epochs is None and config.replicas == 1)
     if auto.get("early_stop") and config.epochs is None:
         auto["epochs"] = EARLY_STOP_MAX_EPOCHS
+    if not narrow and (n_points is None or has_split):
+        del auto["prior_shift"]  # chosen on the validation split where training draws one
     if n_points is not None and not has_split:
         auto["knn"] = 0  # no held-out points to check the neighbours' labels on: the no-op
     elif points_per_label is None or auto["knn"]:

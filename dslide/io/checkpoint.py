@@ -165,6 +165,7 @@ def _save_into(net: Network, target: Path, comm: Comm, extra, weights_only: bool
             "bounds": [layer.bounds.tolist() for layer in net.layers],  # uneven shards differ from even
             "config": net.config.to_dict(),
             "rng": {"kind": "counter-based", "seed": net.config.seed, "step": net.step},
+            "prior_shift": net.prior_shift,  # what the output biases carry (Network.shift_output_prior)
             "ranks": [{"dir": f"rank-{r:04d}", "arrays": lst} for r, lst in enumerate(listings)],
             "extra": extra or {},
         }
@@ -390,6 +391,7 @@ def load_into(net: Network, path, comm: Comm, verify: bool = True, weights_only:
     except ValueError as e:  # an array that fails its checks (dslide.validate), whatever its hash
         raise CheckpointError(f"{path}: {e}") from None
     net.step = int(manifest["step"])
+    net.prior_shift, net._trained_b = float(manifest.get("prior_shift", 0.0)), None
     return manifest
 
 

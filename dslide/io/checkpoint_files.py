@@ -234,7 +234,7 @@ def mismatch(f: Path, manifest: Path) -> CheckpointError:
 #: the fields of a manifest and their types (int: not bool); older manifests may lack the optional ones
 _FIELDS = {"step": int, "world_size": int, "parallel": str, "n_features": int, "n_labels": int,
            "layers": list, "config": dict, "ranks": list}
-_OPTIONAL = {"contents": str, "n_params": int, "extra": dict, "bounds": list}
+_OPTIONAL = {"contents": str, "n_params": int, "extra": dict, "bounds": list, "prior_shift": float}
 
 
 def check_manifest(m: dict, where: Path) -> None:
@@ -255,6 +255,8 @@ def check_manifest(m: dict, where: Path) -> None:
         ok = is_int(m[key]) if kind is int else isinstance(m[key], kind)
         if not ok:
             raise bad(key, m[key], "a non-negative integer" if kind is int else f"a JSON {kind.__name__}")
+    if not 0.0 <= m.get("prior_shift", 0.0) <= 2.0:  # NaN fails too
+        raise bad("prior_shift", m["prior_shift"], "a number in [0, 2]")
     if m.get("contents", "full") not in ("full", "weights"):
         raise bad("contents", m["contents"], "'full' or 'weights'")
     if m["world_size"] < 1 or len(m["ranks"]) != m["world_size"]:

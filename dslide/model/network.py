@@ -172,6 +172,35 @@ class Network:
         out.b[:] = prior.astype(self.dtype)
         out.maintain(0)  # tables that rank by score see the new biases
 
+    #: the shift the output biases carry (`shift_output_prior`): 0 while training
+    prior_shift = 0.0
+    _trained_b = None  # the output biases before the shift, while this process shifted them
+
+    def shift_output_prior(self, tau: float, label_counts: np.ndarray, n_points: int) -> None:
+        """Make the output biases carry the shift tau: b_j = b_j - tau * log((count_j + 1) /
+        (n + n_labels)), the shift they carried before taken back first (logit adjustment: a
+        label's score loses tau times the log of its prior; the rarer labels move up).
+        tau 0 gives back the trained biases; each rank shifts its own slice.
+
+        label_counts: float [n_labels], training points per label (the whole vector on every
+        rank, as `init_output_bias`)."""
+        tau = float(tau)
+        if tau == self.prior_shift:
+            return
+        out = self.layers[-1]
+        lo, hi = out.labels()
+        log_prior = np.log((label_counts[lo:hi] + 1.0) / (n_points + self.n_labels))
+        if self._trained_b is None and self.prior_shift == 0.0:
+            self._trained_b = out.b.copy()  # shifts from here are exact, and so is going back
+        if self._trained_b is not None:
+            out.b[:] = self._trained_b - (tau * log_prior).astype(self.dtype)
+        else:  # shifted biases read from a checkpoint
+            out.b -= ((tau - self.prior_shift) * log_prior).astype(self.dtype)
+        if tau == 0.0:
+            self._trained_b = None
+        self.prior_shift = tau
+        out.maintain(0)  # tables that rank by score see the new biases
+
     #: a multiplier of the schedule's learning rate that training may lower on a plateau of the
     #: validation score (dslide.train.validation.EarlyStop)
     lr_scale = 1.0

@@ -21,7 +21,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from dslide import metrics
-from dslide.config import Config, knn_default, points_per_label
+from dslide.config import PRIOR_SHIFTS, Config, knn_default, points_per_label
 from dslide.infer.approx import Bound
 from dslide.infer.fusion import NeighbourLabels
 from dslide.infer.index import InferenceIndex
@@ -45,6 +45,41 @@ def fusion_probe(model, fit_data, val) -> validation.FusionProbe:
     model.index_info["probe_s"] = time.perf_counter() - t0
     model.index_info["probe_search"] = probe.search
     return probe
+
+
+def label_counts(train) -> np.ndarray:
+    """Training points per label, float64 [n_labels] (the output biases' prior)."""
+    return np.bincount(sp.csr_matrix(train.Y).indices, minlength=train.n_labels).astype(np.float64)
+
+
+def apply_prior_shift(model, train, val) -> None:
+    """Shift the output biases by `prior_shift` (Network.shift_output_prior, the prior of the
+    training labels `train`): the configured value, else chosen on the validation points `val`
+    (the epoch checks' rows, `validation.check_rows`)
+    from rules.PRIOR_SHIFTS by the network's P@1 + P@5 (validation.choose_prior_shift; 0, the
+    no-op, unless another gains), else 0 without validation points. model.index_info gets
+    the choice ("prior_shift") and its figures."""
+    cfg, net = model.config, model.network
+    counts = label_counts(train)
+    if cfg.prior_shift is not None:
+        net.shift_output_prior(cfg.prior_shift, counts, train.n_points)
+        model.index_info["prior_shift"] = {"chosen": float(cfg.prior_shift), "why": "the setting, not chosen on the data"}
+        return
+    if val is None:
+        model.index_info["prior_shift"] = {"chosen": 0.0, "why": "no validation split to check it on"}
+        return
+    rows = validation.check_rows(val.n_points, val.n_labels)  # the epoch checks' points: a bounded cost
+    X, truth = sp.csr_matrix(val.X)[rows], sp.csr_matrix(val.Y)[rows]
+
+    def score(tau: float) -> tuple[float, float]:
+        net.shift_output_prior(tau, counts, train.n_points)
+        r = metrics.evaluate(truth, predict_topk_scores(model, X, 5, exact=True, fused=False)[0], k=5)
+        return float(r["p@1"]), float(r["p@5"])
+
+    tau, figures = validation.choose_prior_shift(score, PRIOR_SHIFTS)
+    net.shift_output_prior(tau, counts, train.n_points)
+    model.index_info["prior_shift"] = {"chosen": tau, "validation_points": int(rows.size),
+                                       "p@1/p@5": {f"{t:g}": list(v) for t, v in figures.items()}}
 
 
 def epoch_scorer(model, val, probe):

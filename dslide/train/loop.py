@@ -37,7 +37,8 @@ from dslide.comm import Comm, allreduce_bytes, default_threads
 from dslide.config import Config, points_per_label
 from dslide.io.data import XMCData
 from dslide.train import validation
-from dslide.train.infer_build import build_index, build_neighbours, epoch_scorer, fusion_pending, fusion_probe
+from dslide.train.infer_build import (apply_prior_shift, build_index, build_neighbours, epoch_scorer, fusion_pending,
+                                     fusion_probe, label_counts)
 # the command line takes prediction from here until its split (issue 37, move 1) takes it from dslide.infer
 from dslide.infer.predict import evaluate
 from dslide.model.inputs import csr_parts, input_norms, make_batch
@@ -171,8 +172,7 @@ def save_model(model: Model, save) -> None:
 def init_from_data(model: Model, train: XMCData) -> None:
     """The parts of a fresh model's initialisation that come from the training data."""
     if model.config.output_bias_init == "log_prior":
-        counts = np.bincount(sp.csr_matrix(train.Y).indices, minlength=train.n_labels).astype(np.float64)
-        model.network.init_output_bias(counts, train.n_points)
+        model.network.init_output_bias(label_counts(train), train.n_points)
 
 
 def fit(train: XMCData, config: Config | None = None, test: XMCData | None = None, *,
@@ -224,10 +224,15 @@ def fit(train: XMCData, config: Config | None = None, test: XMCData | None = Non
     if config.early_stop and val is not None and model.replicas is None:
         early = validation.EarlyStop(epoch_scorer(model, val, probe), -(-fit_data.n_points // config.batch_size))
         callback = early.callback(callback)
+    if net.prior_shift:  # a finished run's shifted biases: training goes on from the trained ones
+        counts = label_counts(train)
+        net.shift_output_prior(0.0, label_counts(train), train.n_points)
     with threadpool_limits(_blas_threads(net, threads), user_api="blas"):
         model, history = _fit(model, fit_data, test, callback, verbose, threads, stop_at, checkpoint)
         if early is not None:
             model.index_info["early_stop"] = early.finish(model)
+        if stop_at is None or stop_at >= total_steps(config, fit_data.n_points) or model.network.step < stop_at:
+            apply_prior_shift(model, train, val)  # the run is over: the biases as inference uses them
     if index:
         with threadpool_limits(threads, user_api="blas"):
             build_index(model, train, progress=index_progress)

@@ -155,6 +155,18 @@ def pick(scores: dict, noop, margin: float = CHOICE_MARGIN):
     return best if scores[best] > scores[noop] + margin else noop
 
 
+def choose_prior_shift(score, shifts) -> tuple[float, dict]:
+    """The shift of the output biases (Network.shift_output_prior) that best predicts the
+    validation points: score(tau) -> (P@1, P@5) of the network with the shift tau, for each of
+    `shifts`; 0, the no-op, wins unless another beats it by more than CHOICE_MARGIN.
+    (tau, {tau: (P@1, P@5)})."""
+    figures = {0.0: score(0.0)}
+    for tau in shifts:
+        if float(tau) != 0.0:
+            figures[float(tau)] = score(float(tau))
+    return pick({t: sum(v) for t, v in figures.items()}, 0.0), figures
+
+
 def choose_fusion(store, truth: sp.csr_matrix, m_ids, m_logits, nn_ids, nn_sims, pr_ids, pr_sims, *,
                   counts, shares, weights, power: float, pr_power: float, comm=None) -> tuple[tuple, dict]:
     """The (count, share, weight) of the fused scores that best predicts `truth` (csr [n, L]),
