@@ -293,8 +293,9 @@ class Comm:
         from mpi4py import MPI
 
         out = np.empty_like(arr)
+        t0 = time.perf_counter()
         self._call("Allreduce", arr, out, op=MPI.SUM, what=f"allreduce_sum ({kind!r})")
-        self._count(kind, allreduce_bytes(arr.nbytes, self.size))
+        self._count(kind, allreduce_bytes(arr.nbytes, self.size), t0)
         return out
 
     def allreduce_sum_inplace(self, arr: np.ndarray, kind: str = "gradients") -> None:
@@ -303,8 +304,9 @@ class Comm:
             return
         from mpi4py import MPI
 
+        t0 = time.perf_counter()
         self._call("Allreduce", MPI.IN_PLACE, arr, op=MPI.SUM, what=f"allreduce_sum_inplace ({kind!r})")
-        self._count(kind, allreduce_bytes(arr.nbytes, self.size))
+        self._count(kind, allreduce_bytes(arr.nbytes, self.size), t0)
 
     def allreduce_max(self, value: float) -> float:
         if self.size == 1:
