@@ -337,6 +337,35 @@ def test_the_validation_choices_at_p_ranks_are_the_one_rank_choices():
     assert [c[0] for c in ea["curve"]] == [c[0] for c in eb["curve"]]
     np.testing.assert_allclose(np.array(ea["curve"])[:, 1:], np.array(eb["curve"])[:, 1:], atol=2.5 / 600)
     assert len(set(world.allgather_object(json.dumps(a, sort_keys=True)))) == 1
+    # the prior shift, chosen on the same points before the fusion
+    sa, sb = model_p.index_info["prior_shift"], model_1.index_info["prior_shift"]
+    assert sa["validation_points"] == sb["validation_points"] == 600
+    assert sa["p@1/p@5"].keys() == sb["p@1/p@5"].keys() == {"0", "0.1", "0.2", "0.3"}
+    for key, v in sa["p@1/p@5"].items():
+        np.testing.assert_allclose(v, sb["p@1/p@5"][key], atol=2.5 / 600)
+    if sa["chosen"] != sb["chosen"]:
+        assert sum(sb["p@1/p@5"][f"{sa['chosen']:g}"]) >= sum(sb["p@1/p@5"][f"{sb['chosen']:g}"]) - 2.5 / 600
+    assert len(set(world.allgather_object(json.dumps(sa, sort_keys=True)))) == 1
+
+
+def test_a_rank_waiting_in_an_all_reduce_counts_the_wait_as_exchange_time():
+    """Comm.seconds holds the time inside the exchanges, the others' lateness included (what
+    shard_weights = "auto" subtracts from a step to find a rank's own speed)."""
+    import time
+
+    world = Comm(MPI.COMM_WORLD)
+    if world.size == 1:
+        pytest.skip("one rank: nothing to wait for")
+    world.barrier()
+    if world.rank == 1:
+        time.sleep(0.3)
+    t0 = time.perf_counter()
+    got = world.allreduce_sum(np.array([float(world.rank)]), kind="waited")
+    spent = time.perf_counter() - t0
+    assert got[0] == world.size * (world.size - 1) / 2
+    assert world.seconds["waited"] == pytest.approx(spent, abs=0.05)
+    if world.rank == 0:
+        assert world.seconds["waited"] > 0.2
 
 
 def test_the_ranks_share_the_fusion_grid_and_each_gets_every_figure():

@@ -1,0 +1,142 @@
+"""The prior shift: the output biases lowered by tau x the label log-prior at the end of training
+(Network.shift_output_prior, dslide.train.infer_build.apply_prior_shift)."""
+
+import json
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+from dslide import train as T
+from dslide.comm import Comm
+from dslide.config import Config, points_per_label
+from dslide.io import checkpoint as ck
+from dslide.io.checkpoint_files import CheckpointError, check_manifest
+from dslide.io.data import XMCData
+from dslide.train import validation as V
+
+
+def _data(n=600, f=80, L=40, seed=1):
+    rng = np.random.default_rng(seed)
+    X = sp.random(n, f, density=0.1, format="csr", dtype=np.float32, random_state=seed)
+    X.data[:] = 1.0
+    labels = np.minimum(rng.zipf(1.5, n) - 1, L - 1)  # a head and a tail
+    Y = sp.csr_matrix((np.ones(n, np.float32), labels, np.arange(n + 1)), shape=(n, L))
+    return XMCData(X, Y)
+
+
+def _log_prior(data):
+    counts = np.bincount(data.Y.indices, minlength=data.n_labels).astype(np.float64)
+    return np.log((counts + 1.0) / (data.n_points + data.n_labels))
+
+
+def _fit(data, **kw):
+    cfg = Config(hidden=(16,), epochs=2, batch_size=50, threads=1, **kw)
+    cfg = cfg.resolve(data.n_labels, points_per_label(data.Y), data.n_points)
+    model, _ = T.fit(data, cfg, index=False)
+    return model
+
+
+def test_the_shift_lowers_each_bias_by_tau_times_its_log_prior_and_zero_gives_the_trained_biases_back():
+    data = _data()
+    model = _fit(data, prior_shift=0.0)
+    net = model.network
+    b = net.layers[-1].b.copy()
+    counts = np.bincount(data.Y.indices, minlength=data.n_labels).astype(np.float64)
+    net.shift_output_prior(0.3, counts, data.n_points)
+    np.testing.assert_array_equal(net.layers[-1].b, b - (0.3 * _log_prior(data)).astype(b.dtype))
+    assert net.prior_shift == 0.3
+    net.shift_output_prior(0.1, counts, data.n_points)  # from the trained biases, not from the shifted ones
+    np.testing.assert_array_equal(net.layers[-1].b, b - (0.1 * _log_prior(data)).astype(b.dtype))
+    net.shift_output_prior(0.0, counts, data.n_points)
+    np.testing.assert_array_equal(net.layers[-1].b, b)  # to the bit
+    assert net.prior_shift == 0.0
+    # rare labels move up: the rarest label's bias gains more than the most frequent one's
+    net.shift_output_prior(0.3, counts, data.n_points)
+    gain = net.layers[-1].b - b
+    assert gain[np.argmin(counts)] > gain[np.argmax(counts)] > 0
+
+
+def test_a_fit_with_a_shift_is_the_fit_without_it_and_the_shift_at_the_end():
+    data = _data()
+    off, on = _fit(data, prior_shift=0.0), _fit(data, prior_shift=0.25)
+    b_off = off.network.layers[-1].b
+    np.testing.assert_array_equal(on.network.layers[-1].b, b_off - (0.25 * _log_prior(data)).astype(b_off.dtype))
+    np.testing.assert_array_equal(on.network.layers[0].W, off.network.layers[0].W)
+    assert on.index_info["prior_shift"]["chosen"] == 0.25 and on.network.prior_shift == 0.25
+    # narrow outputs take the rule's shift when it is left to the data
+    assert Config().resolve(data.n_labels, points_per_label(data.Y), data.n_points).prior_shift == 0.2
+
+
+def test_a_run_stopped_before_its_end_is_not_shifted():
+    data = _data()
+    cfg = Config(hidden=(16,), epochs=2, batch_size=50, threads=1, prior_shift=0.3)
+    cfg = cfg.resolve(data.n_labels, points_per_label(data.Y), data.n_points)
+    model, _ = T.fit(data, cfg, index=False, stop_at=3)
+    assert model.network.step == 3 and model.network.prior_shift == 0.0 and "prior_shift" not in model.index_info
+
+
+def test_a_saved_shift_is_read_back_and_training_goes_on_from_the_trained_biases(tmp_path):
+    data = _data()
+    model = _fit(data, prior_shift=0.3)
+    shifted = model.network.layers[-1].b.copy()
+    ck.save(model.network, tmp_path, Comm.world())
+    manifest = json.loads((ck.latest(tmp_path) / "manifest.json").read_text())
+    assert manifest["prior_shift"] == 0.3
+    again = T.build_network((data.n_features, data.n_labels), model.config)
+    ck.load_into(again.network, ck.latest(tmp_path), Comm.world())
+    assert again.network.prior_shift == 0.3
+    np.testing.assert_array_equal(again.network.layers[-1].b, shifted)
+    # a finished run fitted again trains nothing more: its biases are unshifted, then shifted once (not twice)
+    again, _ = T.fit(data, model.config, model=again, index=False)
+    assert again.network.prior_shift == 0.3
+    np.testing.assert_allclose(again.network.layers[-1].b, shifted, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("value", [float("nan"), 2.5, -0.1, "0.2"])
+def test_a_manifest_with_a_bad_shift_is_refused(value, tmp_path):
+    data = _data()
+    model = _fit(data, prior_shift=0.3)
+    ck.save(model.network, tmp_path, Comm.world())
+    m = json.loads((ck.latest(tmp_path) / "manifest.json").read_text())
+    m["prior_shift"] = value
+    with pytest.raises(CheckpointError, match="prior_shift"):
+        check_manifest(m, tmp_path / "manifest.json")
+
+
+def test_the_choice_keeps_off_unless_a_shift_gains_more_than_the_margin():
+    calls = []
+
+    def flat(tau):
+        calls.append(tau)
+        return (0.50, 0.30)
+
+    assert V.choose_prior_shift(flat, (0.0, 0.1, 0.2))[0] == 0.0
+    assert calls == [0.0, 0.1, 0.2]  # every candidate scored, off once
+    worse = {0.0: (0.50, 0.30), 0.1: (0.49, 0.30), 0.2: (0.47, 0.29)}
+    assert V.choose_prior_shift(worse.get, (0.0, 0.1, 0.2))[0] == 0.0
+    small = {0.0: (0.50, 0.30), 0.1: (0.502, 0.301), 0.2: (0.503, 0.300)}  # gains within the margin
+    assert V.choose_prior_shift(small.get, (0.0, 0.1, 0.2))[0] == 0.0
+    helps = {0.0: (0.50, 0.30), 0.1: (0.505, 0.302), 0.2: (0.51, 0.305)}
+    tau, figures = V.choose_prior_shift(helps.get, (0.0, 0.1, 0.2))
+    assert tau == 0.2 and figures == helps
+
+
+def test_a_wide_output_chooses_its_shift_on_the_validation_points_and_keeps_off_on_independent_labels():
+    """Labels independent of the features: the prior is the best a model can do, and lowering it
+    only loses; the choice is scored on the epoch checks' validation rows."""
+    rng = np.random.default_rng(5)
+    n, f, L = 2400, 300, 5000
+    X = sp.random(n, f, density=0.03, format="csr", dtype=np.float32, random_state=5)
+    X.data[:] = 1.0
+    labels = (np.minimum(rng.zipf(1.3, n), 999) * 5).astype(np.int64)
+    Y = sp.csr_matrix((np.ones(n, np.float32), labels, np.arange(n + 1)), shape=(n, L))
+    cfg = Config(hidden=(16,), batch_size=100, threads=1, knn=0).resolve(L, points_per_label(Y), n)
+    assert cfg.prior_shift is None and cfg.early_stop
+    model, _ = T.fit(XMCData(X, Y), cfg, index=False)
+    choice = model.index_info["prior_shift"]
+    assert choice["chosen"] == 0.0 and model.network.prior_shift == 0.0
+    assert set(choice["p@1/p@5"]) == {"0", "0.1", "0.2", "0.3"}
+    assert choice["validation_points"] == V.check_rows(V.validation_size(n), L).size
+    off = choice["p@1/p@5"]["0"]
+    assert all(sum(v) <= sum(off) + V.CHOICE_MARGIN for v in choice["p@1/p@5"].values())
