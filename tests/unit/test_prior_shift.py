@@ -140,3 +140,37 @@ def test_a_wide_output_chooses_its_shift_on_the_validation_points_and_keeps_off_
     assert choice["validation_points"] == V.check_rows(V.validation_size(n), L).size
     off = choice["p@1/p@5"]["0"]
     assert all(sum(v) <= sum(off) + V.CHOICE_MARGIN for v in choice["p@1/p@5"].values())
+
+
+def test_the_choice_takes_a_shift_where_the_prior_overrules_what_the_features_say():
+    """A linear model whose features name each point's label with a fixed margin s, and
+    whose biases are the training labels' log-prior (falling by 0.51 a label): at shift 0 a
+    label more than s below the most frequent one never comes first. On validation points
+    whose labels are uniform, lowering the prior brings more of them first, and the
+    choice takes the largest shift."""
+    import dataclasses
+
+    from dslide.train.infer_build import apply_prior_shift
+
+    L, s = 20, 3.0
+    counts = np.round(1000 * 0.6 ** np.arange(L)).astype(int) + 1
+    labels = np.repeat(np.arange(L), counts)
+    eye = sp.identity(L, dtype=np.float32, format="csr")
+    onehot = sp.csr_matrix((np.ones(labels.size, np.float32), labels, np.arange(labels.size + 1)), shape=(labels.size, L))
+    train = XMCData(onehot, onehot)
+    val_labels = np.repeat(np.arange(L), 50)
+    val_rows = sp.csr_matrix(eye[val_labels])
+    val = XMCData(val_rows, val_rows)
+    cfg = Config(hidden=(), threads=1, knn=0).resolve(L, points_per_label(train.Y), train.n_points)
+    model = T.build_network((L, L), cfg)
+    model.config = dataclasses.replace(model.config, prior_shift=None)  # left to the choice (narrow: 0.2)
+    T.init_from_data(model, train)
+    out = model.network.layers[-1]
+    assert out.W.shape == (L, L)
+    out.W[:] = s * np.eye(L, dtype=out.W.dtype)
+    apply_prior_shift(model, train, val)
+    choice = model.index_info["prior_shift"]
+    figures = choice["p@1/p@5"]
+    # label j comes first while (1 - tau) * 0.51 * j < s: 6 labels of 20 at 0, 9 at 0.3
+    assert figures["0"][0] == pytest.approx(6 / 20) and figures["0.3"][0] == pytest.approx(9 / 20)
+    assert choice["chosen"] == 0.3 and model.network.prior_shift == 0.3
