@@ -52,13 +52,14 @@ def label_counts(train) -> np.ndarray:
     return np.bincount(sp.csr_matrix(train.Y).indices, minlength=train.n_labels).astype(np.float64)
 
 
-def apply_prior_shift(model, train, val) -> None:
+def apply_prior_shift(model, train, val, probe=None) -> None:
     """Shift the output biases by `prior_shift` (Network.shift_output_prior, the prior of the
     training labels `train`): the configured value, else chosen on the validation points `val`
-    (the epoch checks' rows, `validation.check_rows`)
-    from rules.PRIOR_SHIFTS by the network's P@1 + P@5 (validation.choose_prior_shift; 0, the
-    no-op, unless another gains), else 0 without validation points. model.index_info gets
-    the choice ("prior_shift") and its figures."""
+    (the epoch checks' rows, `validation.check_rows`) from rules.PRIOR_SHIFTS by the model's
+    P@1 + P@5 as the epoch checks score it (`epoch_scorer`: the network alone, or with a
+    fusion probe the best of its small fusion grid, so that the shift suits the model as it
+    will be used; validation.choose_prior_shift, 0, the no-op, unless another gains), else 0
+    without validation points. model.index_info gets the choice ("prior_shift") and its figures."""
     cfg, net = model.config, model.network
     counts = label_counts(train)
     if cfg.prior_shift is not None:
@@ -68,18 +69,18 @@ def apply_prior_shift(model, train, val) -> None:
     if val is None:
         model.index_info["prior_shift"] = {"chosen": 0.0, "why": "no validation split to check it on"}
         return
-    rows = validation.check_rows(val.n_points, val.n_labels)  # the epoch checks' points: a bounded cost
-    X, truth = sp.csr_matrix(val.X)[rows], sp.csr_matrix(val.Y)[rows]
+    scorer = epoch_scorer(model, val, probe)
 
     def score(tau: float) -> tuple[float, float]:
         net.shift_output_prior(tau, counts, train.n_points)
-        r = metrics.evaluate(truth, predict_topk_scores(model, X, 5, exact=True, fused=False)[0], k=5)
-        return float(r["p@1"]), float(r["p@5"])
+        return scorer(model)
 
     tau, figures = validation.choose_prior_shift(score, PRIOR_SHIFTS)
     net.shift_output_prior(tau, counts, train.n_points)
-    model.index_info["prior_shift"] = {"chosen": tau, "validation_points": int(rows.size),
-                                       "p@1/p@5": {f"{t:g}": list(v) for t, v in figures.items()}}
+    model.index_info["prior_shift"] = {
+        "chosen": tau, "validation_points": int(validation.check_rows(val.n_points, val.n_labels).size),
+        "scored": "network alone" if probe is None else "the best of the epoch checks' fusion grid",
+        "p@1/p@5": {f"{t:g}": list(v) for t, v in figures.items()}}
 
 
 def epoch_scorer(model, val, probe):

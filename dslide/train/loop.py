@@ -232,7 +232,7 @@ def fit(train: XMCData, config: Config | None = None, test: XMCData | None = Non
         if early is not None:
             model.index_info["early_stop"] = early.finish(model)
         if stop_at is None or stop_at >= total_steps(config, fit_data.n_points) or model.network.step < stop_at:
-            apply_prior_shift(model, train, val)  # the run is over: the biases as inference uses them
+            apply_prior_shift(model, train, val, probe)  # the run is over: the biases as inference uses them
     if index:
         with threadpool_limits(threads, user_api="blas"):
             build_index(model, train, progress=index_progress)
