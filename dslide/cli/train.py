@@ -392,7 +392,7 @@ def choice_lines(info: dict) -> list[str]:
         out.append(f"prior shift {ps['chosen']:g} chosen on {ps['validation_points']:,} validation points: "
                    f"off P@1 {off[0]:.4f} P@5 {off[1]:.4f}; chosen P@1 {got[0]:.4f} P@5 {got[1]:.4f}")
     elif ps is not None and ps["chosen"]:
-        out.append(f"prior shift {ps['chosen']:g} ({ps['why']})")
+        out.append(f"prior shift {ps['chosen']:g}, {ps['why']}")
     if es is not None and es.get("curve"):
         best = next((c for c in es["curve"] if c[0] == es["kept_step"]), es["curve"][-1])
         out.append(f"early stopping: kept step {es['kept_step']} of {es['curve'][-1][0]} (validation P@1 "

@@ -64,7 +64,8 @@ def apply_prior_shift(model, train, val, probe=None) -> None:
     counts = label_counts(train)
     if cfg.prior_shift is not None:
         net.shift_output_prior(cfg.prior_shift, counts, train.n_points)
-        model.index_info["prior_shift"] = {"chosen": float(cfg.prior_shift), "why": "the setting, not chosen on the data"}
+        model.index_info["prior_shift"] = {"chosen": float(cfg.prior_shift),
+                                           "why": "fixed by the setting or the narrow outputs' rule"}
         return
     if val is None:
         model.index_info["prior_shift"] = {"chosen": 0.0, "why": "no validation split to check it on"}

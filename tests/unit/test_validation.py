@@ -202,6 +202,14 @@ def test_the_summary_names_what_its_figures_are_and_the_choices_behind_them():
     info["fusion_choice"]["chosen"] = "off"
     assert choice_lines(info)[0] == "network alone"
     assert choice_lines({}) == []
+    # the prior shift: its validation figures where chosen, its reason where fixed, nothing when off and fixed
+    chosen = {"chosen": 0.2, "validation_points": 2285, "p@1/p@5": {"0": [0.61, 0.31], "0.1": [0.615, 0.312],
+                                                                     "0.2": [0.62, 0.315], "0.3": [0.618, 0.31]}}
+    assert choice_lines({"prior_shift": chosen}) == [
+        "prior shift 0.2 chosen on 2,285 validation points: off P@1 0.6100 P@5 0.3100; chosen P@1 0.6200 P@5 0.3150"]
+    fixed = {"chosen": 0.2, "why": "fixed by the setting or the narrow outputs' rule"}
+    assert choice_lines({"prior_shift": fixed}) == ["prior shift 0.2, fixed by the setting or the narrow outputs' rule"]
+    assert choice_lines({"prior_shift": {"chosen": 0.0, "why": "no validation split to check it on"}}) == []
 
 
 def test_the_epoch_checks_score_a_budget_of_the_validation_points_chosen_by_shape():
