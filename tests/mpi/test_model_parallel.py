@@ -93,6 +93,25 @@ def test_each_rank_holds_only_its_slice():
     assert max(s[1] for s in sizes) - min(s[1] for s in sizes) <= 1
 
 
+@pytest.mark.parametrize("split", ["columns", "rows"])
+def test_the_prior_shift_at_p_ranks_is_the_one_rank_shift_bit_for_bit(split):
+    """Each rank shifts its own labels' biases by tau times their log-prior: gathered, the
+    P-rank biases are the 1-rank ones, and a shift of 0 gives back the trained biases."""
+    X, Y = _data(seed=4)
+    cfg = Config(hidden=(20,), exact=True, output_split=split, seed=6)
+    counts = np.asarray(Y.sum(axis=0)).ravel().astype(np.float64)
+    nets = [Network(cfg, X.shape[1], Y.shape[1], c) for c in (Comm(MPI.COMM_WORLD), Comm())]
+    for net in nets:
+        net.init_output_bias(counts, X.shape[0])
+        net.shift_output_prior(0.3, counts, X.shape[0])
+    (_, b_p), (_, b_1) = full_parameters(nets[0])[-1], full_parameters(nets[1])[-1]
+    np.testing.assert_array_equal(b_p, b_1)
+    log_prior = np.log((counts + 1.0) / (X.shape[0] + Y.shape[1]))
+    np.testing.assert_array_equal(b_1, log_prior.astype(np.float32) - (0.3 * log_prior).astype(np.float32))
+    nets[0].shift_output_prior(0.0, counts, X.shape[0])
+    np.testing.assert_array_equal(full_parameters(nets[0])[-1][1], log_prior.astype(np.float32))
+
+
 def test_data_parallel_p_ranks_equal_one_rank():
     """parallel = "data": each rank the whole model and a slice of every batch; the
     all-reduced gradients make every rank's model equal the 1-rank run's."""
