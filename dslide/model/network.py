@@ -167,10 +167,13 @@ class Network:
         vector on every rank; each takes its slice).
         """
         out = self.layers[-1]
-        lo, hi = out.labels()
-        prior = np.log((label_counts[lo:hi] + 1.0) / (n_points + self.n_labels))
-        out.b[:] = prior.astype(self.dtype)
+        out.b[:] = self._log_prior(label_counts, n_points).astype(self.dtype)
         out.maintain(0)  # tables that rank by score see the new biases
+
+    def _log_prior(self, label_counts: np.ndarray, n_points: int) -> np.ndarray:
+        """log((count_j + 1) / (n + n_labels)) of this rank's output neurons, float64."""
+        lo, hi = self.layers[-1].labels()
+        return np.log((label_counts[lo:hi] + 1.0) / (n_points + self.n_labels))
 
     #: the shift the output biases carry (`shift_output_prior`): 0 while training
     prior_shift = 0.0
@@ -188,8 +191,7 @@ class Network:
         if tau == self.prior_shift:
             return
         out = self.layers[-1]
-        lo, hi = out.labels()
-        log_prior = np.log((label_counts[lo:hi] + 1.0) / (n_points + self.n_labels))
+        log_prior = self._log_prior(label_counts, n_points)
         if self._trained_b is None and self.prior_shift == 0.0:
             self._trained_b = out.b.copy()  # shifts from here are exact, and so is going back
         if self._trained_b is not None:

@@ -225,7 +225,6 @@ def fit(train: XMCData, config: Config | None = None, test: XMCData | None = Non
         early = validation.EarlyStop(epoch_scorer(model, val, probe), -(-fit_data.n_points // config.batch_size))
         callback = early.callback(callback)
     if net.prior_shift:  # a finished run's shifted biases: training goes on from the trained ones
-        counts = label_counts(train)
         net.shift_output_prior(0.0, label_counts(train), train.n_points)
     with threadpool_limits(_blas_threads(net, threads), user_api="blas"):
         model, history = _fit(model, fit_data, test, callback, verbose, threads, stop_at, checkpoint)
