@@ -8,6 +8,7 @@ they are not run under an MPI launcher.
 import json
 import os
 import shutil
+import select
 import signal
 import subprocess
 import sys
@@ -162,14 +163,26 @@ def test_interrupt_removes_the_namespace(tmp_path, sig):
     proc = subprocess.Popen([str(SLOWNET), "--rate", "100mbit", "--", "sleep", "60"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
     name = f"dslide-{proc.pid}"
+    # signal once the command runs (the script says so on stderr just before it starts it): a
+    # SIGINT sent to the script alone while a setup command runs in the foreground is dropped by
+    # bash when that command exits normally (bash's wait-and-cooperative-exit), so a fixed sleep
+    # after the namespace appears lost the signal on a loaded machine
+    head = []
     deadline = time.monotonic() + 20
-    while name not in namespaces() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert name in namespaces()
-    time.sleep(0.3)
+    while time.monotonic() < deadline and not any(f"namespace {name}," in line for line in head):
+        ready, _, _ = select.select([proc.stderr], [], [], max(0.0, deadline - time.monotonic()))
+        if not ready:
+            break
+        line = proc.stderr.readline()
+        if not line:
+            break
+        head.append(line)
+    assert name in namespaces(), "".join(head)
+    time.sleep(0.1)
     t0 = time.monotonic()
     proc.send_signal(sig)
     _, err = proc.communicate(timeout=20)
+    err = "".join(head) + err
     assert time.monotonic() - t0 < 10  # did not wait for the 60 s command
     assert proc.returncode == 130
     assert "interrupted" in err
