@@ -23,7 +23,8 @@ scores the model after every epoch on `check_rows` of the validation points:
 the network alone, or, where the neighbours' labels will be fused, the best of
 a small fusion grid (`FusionProbe`), so that training stops when the model as
 it will be used stops gaining. On the first plateau the best epoch's weights
-come back at a lower learning rate; on the next training stops with them.
+come back (the plateau's own when it lost nothing) at a lower learning rate;
+EARLY_STOP_AFTER_DECAY epochs later training stops with the best weights seen.
 
 Fusion (`choose_fusion`): before training, the neighbour store is built from
 the gradient's points and each validation point's nearest training points and
@@ -60,6 +61,10 @@ EARLY_STOP_MIN_GAIN = CHOICE_MARGIN  # below it an epoch is a plateau: the check
 #: this; training stops at the next plateau (after EARLY_STOP_DECAYS of them)
 EARLY_STOP_DECAY = 0.25
 EARLY_STOP_DECAYS = 1
+#: after the last decay training runs this many epochs and stops (None: until the next plateau).
+#: On both wide real members the lowered rate's gain came in its first epoch; a second gained less
+#: than the margin, so waiting for the plateau cost an epoch whose weights were thrown away
+EARLY_STOP_AFTER_DECAY = 1
 #: the epoch checks score at most this many (point, label) pairs: clip(it / n_labels,
 #: EARLY_STOP_MIN_POINTS, the split) of the validation points, the same ones every check
 EARLY_STOP_LABEL_SCORES = 1e8
@@ -206,16 +211,23 @@ def choose_fusion(store, truth: sp.csr_matrix, m_ids, m_logits, nn_ids, nn_sims,
 class EarlyStop:
     """Scores the model on validation points after every epoch (a "step" callback of
     `train.fit`), keeps the best epoch's weights, lowers the learning rate on a first plateau
-    and asks to stop at the next. scorer(model) -> (P@1, P@5): the network alone, or where the
-    neighbours' labels are fused the best of a small fusion grid (`FusionProbe`). Every rank
-    calls it at the same steps (the scoring is collective) and gets the same answer."""
+    and asks to stop `after_decay` epochs after the last decay (None: at the next plateau).
+    scorer(model) -> (P@1, P@5): the network alone, or where the neighbours' labels are fused
+    the best of a small fusion grid (`FusionProbe`). Every rank calls it at the same steps (the
+    scoring is collective) and gets the same answer.
+
+    An epoch gains when its score beats the best by more than `min_gain`; one that does not
+    gain but scores at least the best is a plateau that lost nothing: its weights become the
+    best (training goes on from them), though it still counts towards `patience`."""
 
     def __init__(self, scorer, steps_per_epoch: int, patience: int = EARLY_STOP_PATIENCE,
                  min_gain: float = EARLY_STOP_MIN_GAIN, decay: float = EARLY_STOP_DECAY,
-                 decays: int = EARLY_STOP_DECAYS):
+                 decays: int = EARLY_STOP_DECAYS, after_decay: int | None = EARLY_STOP_AFTER_DECAY):
         self.scorer, self.every = scorer, max(1, int(steps_per_epoch))
         self.patience, self.min_gain = int(patience), float(min_gain)
         self.decay, self.decays_left = float(decay), int(decays)
+        self.after_decay = None if after_decay is None else max(1, int(after_decay))
+        self.left = None  # epochs left once the last decay is done (with after_decay)
         self.decayed_at = []
         self.best, self.best_step, self.bad = -np.inf, 0, 0
         self.snapshot = None
@@ -226,9 +238,16 @@ class EarlyStop:
         p1, p5 = self.scorer(model)
         s = float(p1) + float(p5)
         self.curve.append((int(step), float(p1), float(p5)))
-        if s > self.best + self.min_gain or self.snapshot is None:
-            self.best, self.best_step, self.bad = max(s, self.best), int(step), 0
+        gain = s > self.best + self.min_gain or self.snapshot is None
+        if gain or s >= self.best:  # the best weights so far (a plateau that lost nothing included)
+            self.best, self.best_step = max(s, self.best), int(step)
             self.snapshot = [(layer.W.copy(), layer.b.copy()) for layer in model.network.layers]
+        if self.left is not None:
+            self.left -= 1
+            if self.left <= 0:
+                return True
+        if gain:
+            self.bad = 0
             return False
         self.bad += 1
         if self.bad < self.patience:
@@ -236,9 +255,12 @@ class EarlyStop:
         if self.decays_left > 0:  # a plateau: back to the best epoch, at a lower learning rate
             self.decays_left -= 1
             self.bad = 0
-            self._restore(model)
+            if self.best_step != int(step):
+                self._restore(model)
             model.network.lr_scale *= self.decay
             self.decayed_at.append(int(step))
+            if self.decays_left == 0 and self.after_decay is not None:
+                self.left = self.after_decay
             return False
         return True
 

@@ -135,24 +135,54 @@ def test_early_stopping_stops_after_patience_and_puts_back_the_best_weights():
     assert np.all(model.network.layers[0].W == 20)  # epoch 2's weights are back
 
 
-def test_a_plateau_first_lowers_the_learning_rate_from_the_best_epoch():
-    script = iter([(0.30, 0.10), (0.40, 0.15), (0.35, 0.12), (0.45, 0.16), (0.44, 0.16)])
+def _run_early(scores, **kw):
+    """Run EarlyStop over the scripted (P@1, P@5) of each epoch (10 steps, weights = the step):
+    (the step it stopped at, {step: (lr_scale, W after the check)}, finish's record, model)."""
+    script = iter(scores)
     model = _Model()
-    early = V.EarlyStop(lambda m: next(script), steps_per_epoch=10, patience=1, decay=0.25, decays=1)
+    early = V.EarlyStop(lambda m: next(script), steps_per_epoch=10, patience=1, decay=0.25, decays=1, **kw)
     cb = early.callback()
     seen = {}
-    for step in range(1, 100):
+    for step in range(1, 10 * len(scores) + 1):
         model.network.step = step
         model.network.layers[0].W[:] = step
         out = cb("step", model, step)
         seen[step] = (model.network.lr_scale, model.network.layers[0].W[0, 0])
         if out == "stop":
             break
+    return step, seen, early.finish(model), model
+
+
+@pytest.mark.parametrize("after_decay, stop", [(None, 50), (1, 40), (2, 50)])
+def test_a_plateau_first_lowers_the_learning_rate_from_the_best_epoch(after_decay, stop):
+    scores = [(0.30, 0.10), (0.40, 0.15), (0.35, 0.12), (0.45, 0.16), (0.44, 0.16), (0.50, 0.20)]
+    step, seen, info, model = _run_early(scores, after_decay=after_decay)
     assert seen[30] == (0.25, 20)  # epoch 3 lost: epoch 2's weights back, a quarter of the learning rate
-    assert step == 50  # epoch 4 (after the decay) gained, epoch 5 did not: stop
-    info = early.finish(model)
+    # epoch 4 (after the decay) gained; None: epoch 5 did not, stop there; 1: stop after epoch 4;
+    # 2: stop after epoch 5 whatever it scored
+    assert step == stop
     assert info["kept_step"] == 40 and info["lr_lowered_at"] == [30]
     assert model.network.lr_scale == 1.0 and np.all(model.network.layers[0].W == 40)
+
+
+def test_a_plateau_that_lost_nothing_keeps_its_weights_and_the_decay_starts_from_them():
+    # epoch 3 gains less than the margin but does not lose: the lower rate goes on from its weights
+    gain = V.EARLY_STOP_MIN_GAIN / 2
+    step, seen, info, model = _run_early([(0.30, 0.10), (0.40, 0.15), (0.40 + gain, 0.15), (0.30, 0.10)],
+                                         after_decay=1)
+    assert seen[30] == (0.25, 30)
+    assert step == 40  # one epoch after the decay, though it lost: the best weights come back
+    assert info["kept_step"] == 30 and np.all(model.network.layers[0].W == 30)
+    # a plateau that lost is not kept (the first test: epoch 2's weights came back at step 30)
+    step, seen, info, model = _run_early([(0.30, 0.10), (0.40, 0.15), (0.40 - gain, 0.15), (0.30, 0.10)],
+                                         after_decay=1)
+    assert seen[30] == (0.25, 20) and info["kept_step"] == 20
+
+
+def test_the_default_stops_one_epoch_after_the_decay():
+    assert V.EARLY_STOP_AFTER_DECAY == 1
+    step, _, info, _ = _run_early([(0.30, 0.10), (0.40, 0.15), (0.35, 0.12), (0.45, 0.16), (0.50, 0.20)])
+    assert step == 40 and info["kept_step"] == 40
 
 
 def test_fit_holds_the_validation_points_out_and_picks_the_noop_on_independent_labels():
