@@ -23,8 +23,8 @@ scores the model after every epoch on `check_rows` of the validation points:
 the network alone, or, where the neighbours' labels will be fused, the best of
 a small fusion grid (`FusionProbe`), so that training stops when the model as
 it will be used stops gaining. On the first plateau the best epoch's weights
-come back (the plateau's own when it lost nothing) at a lower learning rate;
-EARLY_STOP_AFTER_DECAY epochs later training stops with the best weights seen.
+come back at a lower learning rate; EARLY_STOP_AFTER_DECAY epochs later
+training stops with the best weights seen.
 
 Fusion (`choose_fusion`): before training, the neighbour store is built from
 the gradient's points and each validation point's nearest training points and
@@ -216,9 +216,8 @@ class EarlyStop:
     the best of a small fusion grid (`FusionProbe`). Every rank calls it at the same steps (the
     scoring is collective) and gets the same answer.
 
-    An epoch gains when its score beats the best by more than `min_gain`; one that does not
-    gain but scores at least the best is a plateau that lost nothing: its weights become the
-    best (training goes on from them), though it still counts towards `patience`."""
+    An epoch gains when its score beats the best by more than `min_gain` (the checks measure
+    no finer); only a gain replaces the best weights."""
 
     def __init__(self, scorer, steps_per_epoch: int, patience: int = EARLY_STOP_PATIENCE,
                  min_gain: float = EARLY_STOP_MIN_GAIN, decay: float = EARLY_STOP_DECAY,
@@ -239,7 +238,7 @@ class EarlyStop:
         s = float(p1) + float(p5)
         self.curve.append((int(step), float(p1), float(p5)))
         gain = s > self.best + self.min_gain or self.snapshot is None
-        if gain or s >= self.best:  # the best weights so far (a plateau that lost nothing included)
+        if gain:
             self.best, self.best_step = max(s, self.best), int(step)
             self.snapshot = [(layer.W.copy(), layer.b.copy()) for layer in model.network.layers]
         if self.left is not None:
