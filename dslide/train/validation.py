@@ -57,13 +57,13 @@ FUSION_SHARES = (0.0, 0.25, 0.5, 0.75, 1.0)
 FUSION_COUNTS = (10, 5, 20)
 EARLY_STOP_PATIENCE = 1
 EARLY_STOP_MIN_GAIN = CHOICE_MARGIN  # below it an epoch is a plateau: the checks measure no finer
-#: on the first plateau the best epoch's weights are put back and the learning rate scaled by
-#: this; training stops at the next plateau (after EARLY_STOP_DECAYS of them)
+#: on a plateau the best epoch's weights are put back and the learning rate scaled by this
+#: (EARLY_STOP_DECAYS times at most; a plateau after them stops training)
 EARLY_STOP_DECAY = 0.25
 EARLY_STOP_DECAYS = 1
 #: after the last decay training runs this many epochs and stops (None: until the next plateau).
-#: On both wide real members the lowered rate's gain came in its first epoch; a second gained less
-#: than the margin, so waiting for the plateau cost an epoch whose weights were thrown away
+#: On both wide real members the lowered rate's first epoch gave what the test points showed;
+#: waiting for the plateau trained one or two more that they did not (docs/accuracy.md, item 12)
 EARLY_STOP_AFTER_DECAY = 1
 #: the epoch checks score at most this many (point, label) pairs: clip(it / n_labels,
 #: EARLY_STOP_MIN_POINTS, the split) of the validation points, the same ones every check
