@@ -254,8 +254,7 @@ class EarlyStop:
         if self.decays_left > 0:  # a plateau: back to the best epoch, at a lower learning rate
             self.decays_left -= 1
             self.bad = 0
-            if self.best_step != int(step):
-                self._restore(model)
+            self._restore(model)
             model.network.lr_scale *= self.decay
             self.decayed_at.append(int(step))
             if self.decays_left == 0 and self.after_decay is not None:
