@@ -330,6 +330,8 @@ def neighbour_store(arrays: dict, where: str, n_labels: int | None = None) -> No
     for name in ("share", "weight"):  # the chosen shares of the fused score
         if name in arrays:
             one(arrays[name], w + name, 0.0, 1.0, integer=False)
+    if "temperature" in arrays:  # the chosen temperature of the fused score's softmax
+        one(arrays["temperature"], w + "temperature", 0.01, 100.0, integer=False)
     if "pr_ptr" in arrays:
         norm = finite(arrays["pr_norm"], w + "pr_norm")
         L = norm.shape[0] if norm.ndim == 1 else -1

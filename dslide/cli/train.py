@@ -366,17 +366,20 @@ def choice_lines(info: dict) -> list[str]:
     """What the end-of-training summary says of the choices made on the validation split
     (`model.index_info`): first what the final scores are ("network alone" or "with neighbour
     labels ..."), then a line per choice with its validation figures."""
+    from dslide.train.validation import grid_key
+
     fc, es = info.get("fusion_choice"), info.get("early_stop")
     out = []
     if fc is not None:
         c = fc["chosen"]
+        t = 1.0 if c == "off" else float(c.get("knn_temperature", 1.0))
         out.append("network alone" if c == "off" else
-                   f"with neighbour labels: knn {c['knn']}, prototypes' share {c['proto_weight']}, weight {c['knn_weight']}")
+                   f"with neighbour labels: knn {c['knn']}, prototypes' share {c['proto_weight']}, weight {c['knn_weight']}"
+                   + (f", softmax temperature {t:g}" if t != 1.0 else ""))
         figs = fc.get("p@1/p@5") or {}
-        off = figs.get("knn 0 share 0.0 weight 0.0")
+        off = figs.get(grid_key(0, 0.0, 0.0))
         if off is not None:
-            key = "knn 0 share 0.0 weight 0.0" if c == "off" else \
-                f"knn {c['knn']} share {float(c['proto_weight'])} weight {float(c['knn_weight'])}"
+            key = grid_key(0, 0.0, 0.0) if c == "off" else grid_key(c["knn"], c["proto_weight"], c["knn_weight"], t)
             got = figs.get(key, off)
             ps = info.get("probe_search") or {}
             how = (f" (their neighbours by the bounded search: the exact one would read "

@@ -171,7 +171,9 @@ class Config:
                                             20 (0 from 20 points per label, or without
                                             a split; knn_default)
         knn_weight          -               chosen on the validation split from 0 (the
-                                            network alone), 0.1, 0.2, ..., 0.9
+                                            network alone), 0.1, 0.2, ..., 0.9 (and
+                                            0.01 to 0.3 at a temperature above 1)
+        knn_temperature     -               chosen with it from 1, 2, 4
         proto_weight        -               chosen on the validation split from 0, 0.25,
                                             0.5, 0.75, 1 (where knn is on)
         lsh.max_active      -               0 where knn is on (uniform negatives
@@ -271,6 +273,12 @@ class Config:
         always a candidate), kept with the model's neighbour store.
     knn_weight: the neighbours' weight in the fused score; None: chosen on the
         validation split from FUSION_WEIGHTS (0 drops the store).
+    knn_temperature: the fused score's softmax is taken over the network's logits
+        divided by this: p = softmax(logits / knn_temperature). A softmax trained to
+        put its mass on one label leaves the rest of a point's labels with a small
+        share each, which the smallest vote outweighs; a higher temperature keeps
+        the network's order below the top against the votes. None: chosen on the
+        validation split with the weight (FUSION_TEMPERATURES, 1 among them).
     early_stop: score the model on the validation split after every epoch (the
         network alone, or where the neighbours' labels are fused the best of a
         small fusion grid) and stop once it no longer gains, keeping the best
@@ -373,6 +381,13 @@ class Config:
         if self.knn_weight is not None:
             return float(self.knn_weight)
         return KNN_WEIGHT if chosen is None else float(chosen)
+
+    def fusion_temperature(self, chosen: float | None = None) -> float:
+        """The temperature of the network's softmax in the fused score: knn_temperature, else
+        the one training chose (`chosen`, kept with the store), else 1 (stores saved before it)."""
+        if self.knn_temperature is not None:
+            return float(self.knn_temperature)
+        return 1.0 if chosen is None else float(chosen)
 
     def proto_share(self, chosen: float | None = None) -> float:
         """The prototypes' share a model with them fuses: proto_weight, else the share training

@@ -10,13 +10,23 @@ their labels vote:
 
     v_j(q) = sum_{i in kNN(q)} w_i y_ij,   w_i = max(cos(q, x_i), 0)^power / sum_i' (same)
 
-and the model's softmax, taken over its `candidates` highest-scoring labels
-(the full softmax's mass sits there), is mixed with the votes:
+and the model's softmax at temperature T, taken over its `candidates`
+highest-scoring labels (the full softmax's mass sits there), is mixed with the
+votes:
 
+    p_j(q) = exp(z_j(q) / T) / sum_j' exp(z_j'(q) / T),
     score_j(q) = (1 - weight) p_j(q) + weight v_j(q).
 
 The top k of `score` are the predictions. Both terms are distributions over
-labels (each sums to at most 1), so `weight` trades them on one scale.
+labels (the softmax sums to 1, the votes to the neighbours' mean label count),
+so `weight` trades them on one scale. A softmax trained on points with several
+labels puts most of its mass on the one it is surest of and leaves the others a
+few hundredths or less, which the smallest vote outweighs: at T = 1 the
+network decides the first label and the votes the rest. A temperature above 1
+flattens the softmax (the order of its labels unchanged), so that a small
+weight lets the votes lift the labels the network ranks low without reordering
+those it ranks high. The kernels take the logits already divided by T
+(`tempered`).
 
 Label prototypes. A label's training points also vote as one: its prototype
 is the normalised sum of their normalised rows, c_j = S_j / |S_j| with
@@ -75,9 +85,9 @@ from dslide.infer.lists import transpose_lists, work_cuts
 #: prototypes' share training chose, float64 [1]) where none was chosen, and "pr_perm"
 #: (int32 [L]: the label each of pr_lab's ids stands for) from stores whose pr_lab holds the
 #: labels themselves; "weight" (the fusion weight chosen on the validation split, float64 [1])
-#: where none was chosen
+#: and "temperature" (the softmax's temperature chosen with it, float64 [1]) where none was chosen
 KEYS = ("post_ptr", "post_pt", "post_val", "y_ptr", "y_idx", "k", "pr_ptr", "pr_lab", "pr_val", "pr_norm", "share",
-        "pr_perm", "weight")
+        "pr_perm", "weight", "temperature")
 _REQUIRED = KEYS[:5]
 _PROTOTYPES = KEYS[6:10]
 _NO_PERM = np.empty(0, np.int32)
@@ -469,6 +479,13 @@ def label_prototypes(store: dict, n_labels: int, comm=None) -> dict:
             "pr_perm": perm}
 
 
+def tempered(logits, temperature: float):
+    """The network's candidate logits as the fused score's softmax takes them: divided by its
+    temperature (module docstring), the array itself at 1."""
+    t = float(temperature)
+    return logits if t == 1.0 else np.asarray(logits, np.float64) / t
+
+
 def l2_rows(X: sp.csr_matrix) -> sp.csr_matrix:
     """X with every row scaled to unit L2 norm (norms in float64; all-zero rows stay zero), float32."""
     X = sp.csr_matrix(X, dtype=np.float32, copy=True)
@@ -492,7 +509,7 @@ class NeighbourLabels:
     """
 
     def __init__(self, arrays: dict, n_points: int, k: int | None = None, share: float | None = None,
-                 weight: float | None = None):
+                 weight: float | None = None, temperature: float | None = None):
         missing = [name for name in _REQUIRED if name not in arrays]
         if missing:
             raise ValueError(f"neighbour labels lack {', '.join(missing)}")
@@ -516,6 +533,11 @@ class NeighbourLabels:
             weight = float(np.asarray(arrays["weight"]).reshape(-1)[0])
         #: the neighbours' weight in the fused score (None: not chosen; knn_weight decides)
         self.weight = weight
+        if temperature is None and "temperature" in arrays:
+            temperature = float(np.asarray(arrays["temperature"]).reshape(-1)[0])
+        #: the temperature of the network's softmax in the fused score (None: not chosen;
+        #: knn_temperature decides, else 1)
+        self.temperature = temperature
         self._approx_cache = {}  # derived from the arrays on first use (`_search`)
 
     @classmethod
@@ -562,6 +584,8 @@ class NeighbourLabels:
             out["share"] = np.array([self.share], np.float64)
         if self.weight is not None:
             out["weight"] = np.array([self.weight], np.float64)
+        if self.temperature is not None:
+            out["temperature"] = np.array([self.temperature], np.float64)
         return out
 
     def drop_prototypes(self) -> None:

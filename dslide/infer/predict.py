@@ -22,6 +22,7 @@ import scipy.sparse as sp
 
 from dslide import metrics
 from dslide.infer.approx import Bound
+from dslide.infer.fusion import tempered
 from dslide.model.inputs import csr_parts, input_norms, make_batch
 from dslide.model.topk import merge_topk
 from dslide.timings import Timings
@@ -36,7 +37,8 @@ PREDICT_BATCH = {"exact": 1024, "index": 65536}
 class Fusion:
     """The fusion stage's settings: the model's neighbour store and what the configuration
     resolves from it (the neighbours a query takes, the neighbours' weight, the prototypes'
-    share: Config.neighbours, fusion_weight, proto_share)."""
+    share, the softmax's temperature: Config.neighbours, fusion_weight, proto_share,
+    fusion_temperature)."""
 
     store: object  # fusion.NeighbourLabels
     neighbours: int
@@ -47,6 +49,7 @@ class Fusion:
     pr_power: float
     candidates: int  # the network's candidates the softmax runs over
     bound: object  # approx.Bound: what a query's searches read under --lsh
+    temperature: float = 1.0  # the network's logits are divided by it before their softmax
 
     @classmethod
     def of(cls, model) -> "Fusion | None":
@@ -57,7 +60,7 @@ class Fusion:
         share = cfg.proto_share(store.share)
         return cls(store, cfg.neighbours(store.k), cfg.fusion_weight(store.weight), cfg.knn_power, share,
                    cfg.proto_candidates if store.has_prototypes and share > 0 else 0, cfg.proto_power,
-                   cfg.knn_candidates, Bound.of(cfg))
+                   cfg.knn_candidates, Bound.of(cfg), cfg.fusion_temperature(store.temperature))
 
     def fuse(self, X: sp.csr_matrix, m_ids, m_scores, k: int, comm, exact: bool = True, timings=None):
         """Top k of the fused scores of query rows X from the network's merged candidates:
@@ -71,8 +74,8 @@ class Fusion:
             pr_ids, pr_sims = (self.store.prototypes(X, self.prototypes, comm, approx=not exact and self.bound) if self.prototypes
                                else (None, None))
         with timings.time("fusion_fuse"):
-                return self.store.fuse(m_ids, m_scores, nn_ids, nn_sims, self.weight, self.power, k, pr_ids, pr_sims,
-                                   self.share, self.pr_power)
+                return self.store.fuse(m_ids, tempered(m_scores, self.temperature), nn_ids, nn_sims, self.weight,
+                                       self.power, k, pr_ids, pr_sims, self.share, self.pr_power)
 
 
 def output_topk(model, batch, k: int, exact: bool):

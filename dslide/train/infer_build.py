@@ -114,7 +114,8 @@ def build_neighbours(model, train, progress: bool = False, val=None, fit_data=No
     the data alone, with the label prototypes unless proto_weight is 0.
 
     What is left at None (the count from FUSION_COUNTS, the prototypes' share from
-    FUSION_SHARES, the weight from FUSION_WEIGHTS) is chosen on the validation points `val`
+    FUSION_SHARES, the weight from FUSION_WEIGHTS, or FUSION_TEMPERED_WEIGHTS at a softmax
+    temperature from FUSION_TEMPERATURES above 1) is chosen on the validation points `val`
     (dslide.train.validation.choose_fusion) with a store of the gradient's points `fit_data`; the
     no-op, weight 0 (the network alone), is always a candidate and, when chosen, no store
     is kept. Otherwise the store is rebuilt from every training point with the choice kept
@@ -142,28 +143,31 @@ def build_neighbours(model, train, progress: bool = False, val=None, fit_data=No
         counts = fusion_counts(cfg)
         shares = validation.FUSION_SHARES if cfg.proto_weight is None else (cfg.proto_weight,)
         weights = validation.FUSION_WEIGHTS if cfg.knn_weight is None else (0.0, cfg.knn_weight)
+        temps = validation.FUSION_TEMPERATURES if cfg.knn_temperature is None else (cfg.knn_temperature,)
+        tempered_weights = validation.FUSION_TEMPERED_WEIGHTS if cfg.knn_weight is None else None
         kk = max(5, cfg.knn_candidates)
         with _busy("neighbour labels: scoring the validation points", bar is not None):
             m_ids, m_logits = predict_topk_scores(model, val.X, kk, exact=True, fused=False)
-        (c, a, w), figures = validation.choose_fusion(
+        (c, a, w, t), figures = validation.choose_fusion(
             probe.store, probe.truth, m_ids, m_logits, probe.nn_ids, probe.nn_sims, probe.pr_ids, probe.pr_sims,
-            counts=counts,
-            shares=shares, weights=weights, power=cfg.knn_power, pr_power=cfg.proto_power, comm=model.comm)
+            counts=counts, shares=shares, weights=weights, power=cfg.knn_power, pr_power=cfg.proto_power,
+            comm=model.comm, temperatures=temps, tempered_weights=tempered_weights)
         _advance(bar)
         model.index_info["fusion_choice"] = {
-            "chosen": "off" if w == 0 else {"knn": c, "proto_weight": a, "knn_weight": w},
+            "chosen": "off" if w == 0 else {"knn": c, "proto_weight": a, "knn_weight": w, "knn_temperature": t},
             "validation_points": val.n_points,
-            "p@1/p@5": {f"knn {kc} share {ka} weight {kw}": list(v) for (kc, ka, kw), v in figures.items()}}
+            "p@1/p@5": {validation.grid_key(*key): list(v) for key, v in figures.items()}}
         if w == 0:
             if bar is not None:
                 bar.close()
             model.index_info["neighbours_s"] = time.perf_counter() - t0
             return
         store = NeighbourLabels.build(train.X, train.Y, prototypes=protos and a > 0, comm=model.comm)
-        store.k, store.share, store.weight = c, a, w
+        store.k, store.share, store.weight, store.temperature = c, a, w, t
     else:
         store = NeighbourLabels.build(train.X, train.Y, prototypes=protos, comm=model.comm)
         store.k, store.share, store.weight = k, cfg.proto_share(), cfg.fusion_weight()  # as given, kept with it
+        store.temperature = cfg.fusion_temperature()
     _advance(bar)
     if bar is not None:
         bar.close()

@@ -31,9 +31,9 @@ the gradient's points and each validation point's nearest training points and
 label prototypes are found once (`FusionProbe`: by the exact search while it reads
 at most PROBE_EXACT_READS posting entries, else by the bounded search of `--lsh`
 prediction, whose cost does not grow with the training points); after training the network's
-top candidates are scored once and every (count, share, weight) of the grid
-is scored by fusing those arrays (dslide.infer.fusion), one kernel pass per count
-for all its (share, weight) cells. Weight 0 is the network alone.
+top candidates are scored once and every (count, share, weight, temperature) of
+the grid is scored by fusing those arrays (dslide.infer.fusion), one kernel pass per
+count and temperature for all its (share, weight) cells. Weight 0 is the network alone.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ from dslide import metrics, rng
 from dslide.config.rules import (EARLY_STOP_MAX_EPOCHS, PROBE_EXACT_READS, VALIDATION_MAX, VALIDATION_MAX_SHARE,  # noqa: F401
                                  VALIDATION_MIN, VALIDATION_MIN_POINTS, VALIDATION_SHARE, validation_size)
 from dslide.infer.approx import Bound
-from dslide.infer.fusion import NeighbourLabels
+from dslide.infer.fusion import NeighbourLabels, tempered
 
 #: a candidate replaces the no-op only when its P@1 + P@5 is higher by more than this
 CHOICE_MARGIN = 0.004
@@ -55,6 +55,12 @@ FUSION_WEIGHTS = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
 FUSION_SHARES = (0.0, 0.25, 0.5, 0.75, 1.0)
 #: the neighbour counts tried
 FUSION_COUNTS = (10, 5, 20)
+#: the temperatures of the network's softmax in the fused score tried (1: as trained; fusion's
+#: docstring), and the weights tried at those above 1: a flatter softmax wants fewer votes.
+#: On both wide real members the best cells were at a temperature of 2 to 4 and a weight of
+#: 0.03 to 0.1 (docs/accuracy.md, item 13)
+FUSION_TEMPERATURES = (1.0, 2.0, 4.0)
+FUSION_TEMPERED_WEIGHTS = (0.01, 0.02, 0.03, 0.05, 0.1, 0.2, 0.3)
 EARLY_STOP_PATIENCE = 1
 EARLY_STOP_MIN_GAIN = CHOICE_MARGIN  # below it an epoch is a plateau: the checks measure no finer
 #: on a plateau the best epoch's weights are put back and the learning rate scaled by this
@@ -172,32 +178,44 @@ def choose_prior_shift(score, shifts) -> tuple[float, dict]:
     return pick({t: sum(v) for t, v in figures.items()}, 0.0), figures
 
 
+def grid_key(count: int, share: float, weight: float, temperature: float = 1.0) -> str:
+    """How a cell of the fusion grid is named in the run's records ("knn 10 share 0.5 weight
+    0.05 temperature 2"; a temperature of 1 left out)."""
+    key = f"knn {count} share {float(share)} weight {float(weight)}"
+    return key if float(temperature) == 1.0 else f"{key} temperature {float(temperature):g}"
+
+
 def choose_fusion(store, truth: sp.csr_matrix, m_ids, m_logits, nn_ids, nn_sims, pr_ids, pr_sims, *,
-                  counts, shares, weights, power: float, pr_power: float, comm=None) -> tuple[tuple, dict]:
-    """The (count, share, weight) of the fused scores that best predicts `truth` (csr [n, L]),
-    from the network's candidates (m_ids int64 [n, c], m_logits float64 [n, c]), the points'
-    nearest training points (nn_ids int32 [n, max(counts)], best first) and their nearest
-    prototypes (pr_ids, pr_sims; None without prototypes). The no-op (weight 0) wins unless
-    another beats it by more than CHOICE_MARGIN: ((count, share, weight), {(count, share,
-    weight): (P@1, P@5)}), the no-op under the key (0, 0.0, 0.0).
+                  counts, shares, weights, power: float, pr_power: float, comm=None,
+                  temperatures=(1.0,), tempered_weights=None) -> tuple[tuple, dict]:
+    """The (count, share, weight, temperature) of the fused scores that best predicts `truth`
+    (csr [n, L]), from the network's candidates (m_ids int64 [n, c], m_logits float64 [n, c]),
+    the points' nearest training points (nn_ids int32 [n, max(counts)], best first) and their
+    nearest prototypes (pr_ids, pr_sims; None without prototypes). At a temperature of 1 the
+    weights tried are `weights`, at the others `tempered_weights` (None: `weights`). The no-op
+    (weight 0) wins unless another beats it by more than CHOICE_MARGIN: ((count, share, weight,
+    temperature), {(count, share, weight, temperature): (P@1, P@5)}), the no-op under the key
+    (0, 0.0, 0.0, 1.0).
 
     comm: ranks that hold the same arrays share the grid (candidate i is scored by rank
     i mod P, the figures gathered): every rank gets the figures one rank would."""
     figures = {}
     r = metrics.evaluate(truth, np.ascontiguousarray(m_ids[:, :5]), k=5)  # the network alone
-    noop = (0, 0.0, 0.0)
+    noop = (0, 0.0, 0.0, 1.0)
     figures[noop] = (float(r["p@1"]), float(r["p@5"]))
-    grid = [(int(c), float(a), float(w)) for c in counts for a in (shares if pr_ids is not None else (0.0,))
-            for w in weights if w != 0]
+    temps = tuple(dict.fromkeys(float(t) for t in temperatures))
+    grid = [(int(c), float(a), float(w), t) for c in counts for t in temps
+            for a in (shares if pr_ids is not None else (0.0,))
+            for w in (weights if t == 1.0 or tempered_weights is None else tempered_weights) if w != 0]
     size, rank = (1, 0) if comm is None else (comm.size, comm.rank)
     per = -(-len(grid) // size)
     mine = np.full((per, 2), np.nan)
     own = grid[rank::size]
     labels = metrics._binary_labels(truth)  # the true labels as evaluate reads them
-    for c in dict.fromkeys(key[0] for key in own):  # one pass of the fusion kernel per count
-        at = [j for j, key in enumerate(own) if key[0] == c]
-        hits = store.fuse_grid_hits(m_ids, m_logits, nn_ids[:, :c], nn_sims[:, :c], power, pr_ids, pr_sims, pr_power,
-                                    np.array([own[j][1:] for j in at], np.float64), labels, 5)
+    for c, t in dict.fromkeys((key[0], key[3]) for key in own):  # one kernel pass per (count, temperature)
+        at = [j for j, key in enumerate(own) if key[0] == c and key[3] == t]
+        hits = store.fuse_grid_hits(m_ids, tempered(m_logits, t), nn_ids[:, :c], nn_sims[:, :c], power, pr_ids,
+                                    pr_sims, pr_power, np.array([own[j][1:3] for j in at], np.float64), labels, 5)
         for j, h in zip(at, hits):
             p = metrics.precision_from_hits(h.astype(np.float64))  # evaluate's P@k of these hits
             mine[j] = float(p[0]), float(p[4])

@@ -226,6 +226,8 @@ CASES = [
       ]],
     ("model-knn.share-above-1", lambda w, t: _eval(w, _tamper(w, t, "neighbours/share", lambda a: np.array([2.0]))),
      "the neighbour store: knn.share = 2.0 is not in [0.0, 1.0]"),
+    ("model-knn.temperature-0", lambda w, t: _eval(w, _tamper(w, t, "neighbours/temperature", lambda a: np.array([0.0]))),
+     "the neighbour store: knn.temperature = 0.0 is not in [0.01, 100.0]"),
     # -- nothing destroys what is not its own ---------------------------------------------------
     ("overwrite-not-a-run", lambda w, t: ["train", "--train", str(w["train"]), "--out", str(_not_a_run(t)), *S,
                                           "--overwrite"], "--out {case}/proj is not empty (checkpoints, config.toml) "

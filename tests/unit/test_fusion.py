@@ -248,7 +248,10 @@ def test_state_round_trip():
         fusion.NeighbourLabels({k: v for k, v in store.state_arrays().items() if k != "y_idx"}, 10)
     assert not again.has_prototypes
     store = fusion.NeighbourLabels.build(X, Y, prototypes=True)
+    assert store.temperature is None and "temperature" not in store.state_arrays()  # none chosen: the setting's
+    store.k, store.share, store.weight, store.temperature = 7, 0.25, 0.05, 2.0
     again = fusion.NeighbourLabels.from_state(store.state_arrays())
+    assert (again.k, again.share, again.weight, again.temperature) == (7, 0.25, 0.05, 2.0)
     assert again.has_prototypes and again.n_labels == Y.shape[1]
     np.testing.assert_array_equal(store.prototypes(Xq, 3)[1], again.prototypes(Xq, 3)[1])
     with pytest.raises(ValueError, match="lack pr_norm"):
@@ -267,11 +270,13 @@ def _fit_tiny(knn, **kw):
     return T, model, tr, te
 
 
-def test_predictions_are_the_numpy_fusion_of_model_softmax_and_neighbour_votes():
+@pytest.mark.parametrize("temperature", [None, 3.0])
+def test_predictions_are_the_numpy_fusion_of_model_softmax_and_neighbour_votes(temperature):
     from dslide.model.inputs import normalise_inputs
     from dslide.model.network import full_parameters
 
-    T, model, tr, te = _fit_tiny(knn=4, proto_weight=0.5)
+    T, model, tr, te = _fit_tiny(knn=4, proto_weight=0.5, knn_temperature=temperature)
+    assert model.neighbours.temperature == (temperature or 1.0)  # kept with the store
     ids, scores = predict_topk_scores(model, te.X, 5)
     # the model's logits, by numpy from the gathered parameters
     (W0, b0), (W1, b1) = full_parameters(model.network)
@@ -289,7 +294,7 @@ def test_predictions_are_the_numpy_fusion_of_model_softmax_and_neighbour_votes()
     P = (Q / np.linalg.norm(Q, axis=1, keepdims=True)) @ C.T
     agree = 0
     for q in range(te.n_points):
-        z = Z[q, top[q]]
+        z = Z[q, top[q]] / (temperature or 1.0)
         p = np.exp(z - z.max()) / np.exp(z - z.max()).sum()
         score = np.zeros(tr.n_labels)
         score[top[q]] += 0.4 * p

@@ -109,24 +109,30 @@ def test_the_prototypes_are_left_out_where_the_share_is_0():
 
 
 def _choose_fusion_per_cell(store, truth, m_ids, m_logits, nn_ids, nn_sims, pr_ids, pr_sims, *, counts, shares,
-                            weights, power, pr_power):
-    """choose_fusion as it was: `fuse` and `evaluate` for every cell."""
+                            weights, power, pr_power, temperatures=(1.0,), tempered_weights=None):
+    """choose_fusion as it was: `fuse` of the logits divided by the temperature and `evaluate`
+    for every cell."""
     figures = {}
     r = metrics.evaluate(truth, np.ascontiguousarray(m_ids[:, :5]), k=5)
-    noop = (0, 0.0, 0.0)
+    noop = (0, 0.0, 0.0, 1.0)
     figures[noop] = (float(r["p@1"]), float(r["p@5"]))
-    for c, a, w in [(int(c), float(a), float(w)) for c in counts for a in (shares if pr_ids is not None else (0.0,))
-                    for w in weights if w != 0]:
-        pred, _ = store.fuse(m_ids, m_logits, nn_ids[:, :c], nn_sims[:, :c], w, power, 5,
-                             pr_ids if a > 0 else None, pr_sims if a > 0 else None, a, pr_power)
-        r = metrics.evaluate(truth, pred, k=5)
-        figures[(c, a, w)] = (float(r["p@1"]), float(r["p@5"]))
+    for c in counts:
+        for t in temperatures:
+            for a in (shares if pr_ids is not None else (0.0,)):
+                for w in (weights if t == 1 or tempered_weights is None else tempered_weights):
+                    if w == 0:
+                        continue
+                    pred, _ = store.fuse(m_ids, m_logits / t, nn_ids[:, :c], nn_sims[:, :c], w, power, 5,
+                                         pr_ids if a > 0 else None, pr_sims if a > 0 else None, a, pr_power)
+                    r = metrics.evaluate(truth, pred, k=5)
+                    figures[(int(c), float(a), float(w), float(t))] = (float(r["p@1"]), float(r["p@5"]))
     return V.pick({key: sum(v) for key, v in figures.items()}, noop), figures
 
 
+@pytest.mark.parametrize("temperatures", [(1.0,), (1.0, 2.5, 0.5)])
 @pytest.mark.parametrize("prototypes", [True, False])
 @pytest.mark.parametrize("seed", [0, 4])
-def test_choose_fusion_gives_the_figures_and_choice_of_the_per_cell_loop(seed, prototypes):
+def test_choose_fusion_gives_the_figures_and_choice_of_the_per_cell_loop(seed, prototypes, temperatures):
     store, truth, m_ids, m_logits, nn_ids, nn_sims, pr_ids, pr_sims = _grid_inputs(seed)
     # a stored zero (no label to evaluate) and a label stored twice (one label): choose_fusion reads them so too
     t = truth.tocoo()
@@ -138,9 +144,13 @@ def test_choose_fusion_gives_the_figures_and_choice_of_the_per_cell_loop(seed, p
     if not prototypes:
         pr_ids = pr_sims = None
     args = (store, truth, m_ids, m_logits, nn_ids, nn_sims, pr_ids, pr_sims)
-    kw = dict(counts=COUNTS, shares=SHARES, weights=WEIGHTS, power=2.0, pr_power=3.0)
+    kw = dict(counts=COUNTS, shares=SHARES, weights=WEIGHTS, power=2.0, pr_power=3.0, temperatures=temperatures,
+              tempered_weights=(0.05, 0.3) if len(temperatures) > 1 else None)
     got = V.choose_fusion(*args, **kw)
     expected = _choose_fusion_per_cell(*args, **kw)
     assert got == expected
     assert list(got[1]) == list(expected[1])
     assert len({v for key, v in got[1].items() if key[2] > 0}) > 5  # the cells differ: a mix-up would show
+    for t in temperatures[1:]:  # the temperature moves the figures: a cell scored at another would show
+        assert any(got[1][(c, a, w, t)] != got[1][(c, a, w, 1.0)] for c, a, w, tt in got[1]
+                   if tt == t and (c, a, w, 1.0) in got[1])

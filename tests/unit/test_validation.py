@@ -58,7 +58,8 @@ def _choose(store, Xq, Yq, m_ids, m_logits):
     nn_ids, nn_sims = store.neighbours(Xq, 20)
     pr_ids, pr_sims = store.prototypes(Xq, 8)
     return V.choose_fusion(store, Yq, m_ids, m_logits, nn_ids, nn_sims, pr_ids, pr_sims, counts=(10, 5, 20),
-                           shares=(0.0, 0.5), weights=V.FUSION_WEIGHTS, power=4.0, pr_power=16.0)
+                           shares=(0.0, 0.5), weights=V.FUSION_WEIGHTS, power=4.0, pr_power=16.0,
+                           temperatures=V.FUSION_TEMPERATURES, tempered_weights=V.FUSION_TEMPERED_WEIGHTS)
 
 
 def test_fusion_is_chosen_where_the_neighbours_know_and_the_network_does_not():
@@ -70,10 +71,10 @@ def test_fusion_is_chosen_where_the_neighbours_know_and_the_network_does_not():
     rng = np.random.default_rng(1)
     m_ids = np.stack([rng.permutation(Y.shape[1])[:20] for _ in q]).astype(np.int64)  # a network that knows nothing
     m_logits = np.sort(rng.random(m_ids.shape))[:, ::-1].copy()
-    (c, a, w), figures = _choose(store, X[q], Y[q], m_ids, m_logits)
+    (c, a, w, t), figures = _choose(store, X[q], Y[q], m_ids, m_logits)
     assert w > 0
-    assert sum(figures[(c, a, w)]) > sum(figures[(0, 0.0, 0.0)]) + V.CHOICE_MARGIN
-    assert figures[(c, a, w)][0] > 0.9  # the held-out points' clusters vote their label
+    assert sum(figures[(c, a, w, t)]) > sum(figures[(0, 0.0, 0.0, 1.0)]) + V.CHOICE_MARGIN
+    assert figures[(c, a, w, t)][0] > 0.9  # the held-out points' clusters vote their label
 
 
 def test_the_network_alone_is_chosen_where_the_labels_are_independent_of_the_neighbours():
@@ -89,9 +90,10 @@ def test_the_network_alone_is_chosen_where_the_labels_are_independent_of_the_nei
     m_ids = np.stack([np.r_[t, rng.permutation(np.setdiff1d(np.arange(L), [t]))[:19]]
                       for t in truth.indices]).astype(np.int64)
     m_logits = np.tile(np.r_[3.0, np.linspace(1, 0, 19)], (len(q), 1))
-    (c, a, w), figures = _choose(store, X[q], truth, m_ids, m_logits)
-    assert (c, a, w) == (0, 0.0, 0.0)
-    assert figures[(0, 0.0, 0.0)][0] == 1.0
+    choice, figures = _choose(store, X[q], truth, m_ids, m_logits)
+    assert choice == (0, 0.0, 0.0, 1.0)
+    assert figures[(0, 0.0, 0.0, 1.0)][0] == 1.0
+    assert {k[3] for k in figures} == set(V.FUSION_TEMPERATURES)  # every temperature was tried
     assert all(v[0] < 1.0 for k, v in figures.items() if k[2] >= 0.6)  # heavy fusion would cost P@1
 
 
@@ -263,7 +265,7 @@ def test_the_probe_scores_the_best_of_its_grid_the_network_alone_included():
     best = probe.best(m_ids, m_logits, rows, 4.0, 16.0)
     alone = V.choose_fusion(probe.store, probe.truth, m_ids, m_logits, probe.nn_ids[:, :10], probe.nn_sims[:, :10],
                             None, None, counts=(10,), shares=(0.0,), weights=(0.0,), power=4.0, pr_power=16.0)[1]
-    assert sum(best) > sum(alone[(0, 0.0, 0.0)]) + 0.5  # the neighbours know the clusters, the network does not
+    assert sum(best) > sum(alone[(0, 0.0, 0.0, 1.0)]) + 0.5  # the neighbours know the clusters, the network does not
     half = np.arange(0, len(q), 2)
     assert probe.best(m_ids[half], m_logits[half], half, 4.0, 16.0)[0] > 0.9
 
