@@ -342,16 +342,22 @@ def test_the_validation_choices_at_p_ranks_are_the_one_rank_choices():
     assert a["validation_points"] == b["validation_points"] == 600
     assert a["p@1/p@5"].keys() == b["p@1/p@5"].keys()
     for key, v in a["p@1/p@5"].items():
-        np.testing.assert_allclose(v, b["p@1/p@5"][key], atol=2.5 / 600)
+        # a flattened softmax (temperature 4) at a weight of a few hundredths leaves this
+        # near-uniform model's fused scores within rounding of each other, and the sharded
+        # products' rounding flips a few more of them: 3 of the 600 points seen
+        tol = (2.5 if "temperature" not in key else 4.5) / 600
+        np.testing.assert_allclose(v, b["p@1/p@5"][key], atol=tol, err_msg=key)
 
     def cell(c):
-        return f"knn {c['knn']} share {c['proto_weight']} weight {c['knn_weight']}"
+        from dslide.train.validation import grid_key
+
+        return grid_key(c["knn"], c["proto_weight"], c["knn_weight"], c["knn_temperature"])
 
     # the same choice, or (a float tie of the sharded sums flipping a point) one the 1-rank
     # table scores within a validation point or two of its own, and never "off" for "on"
     if a["chosen"] != b["chosen"]:
         assert a["chosen"]["knn_weight"] > 0 and b["chosen"]["knn_weight"] > 0, (a["chosen"], b["chosen"])
-        assert sum(b["p@1/p@5"][cell(a["chosen"])]) >= sum(b["p@1/p@5"][cell(b["chosen"])]) - 2.5 / 600
+        assert sum(b["p@1/p@5"][cell(a["chosen"])]) >= sum(b["p@1/p@5"][cell(b["chosen"])]) - 4.5 / 600
     ea, eb = model_p.index_info["early_stop"], model_1.index_info["early_stop"]
     assert [c[0] for c in ea["curve"]] == [c[0] for c in eb["curve"]]
     np.testing.assert_allclose(np.array(ea["curve"])[:, 1:], np.array(eb["curve"])[:, 1:], atol=2.5 / 600)
@@ -403,12 +409,15 @@ def test_the_ranks_share_the_fusion_grid_and_each_gets_every_figure():
     m_ids = np.stack([rng.permutation(L)[:20] for _ in range(q)]).astype(np.int64)
     m_logits = np.sort(rng.random(m_ids.shape))[:, ::-1].copy()
     args = (store, Y[:q], m_ids, m_logits, nn_ids, nn_sims, pr_ids, pr_sims)
-    kw = dict(counts=(10, 5, 20), shares=V.FUSION_SHARES, weights=V.FUSION_WEIGHTS, power=4.0, pr_power=16.0)
+    kw = dict(counts=(10, 5, 20), shares=V.FUSION_SHARES, weights=V.FUSION_WEIGHTS, power=4.0, pr_power=16.0,
+              temperatures=V.FUSION_TEMPERATURES, tempered_weights=V.FUSION_TEMPERED_WEIGHTS)
     world = Comm(MPI.COMM_WORLD)
     shared = V.choose_fusion(*args, comm=world, **kw)
     alone = V.choose_fusion(*args, **kw)
     assert shared == alone  # the choice and every figure, in the same order
     assert list(shared[1]) == list(alone[1])
-    assert len(alone[1]) == 1 + 3 * len(V.FUSION_SHARES) * (len(V.FUSION_WEIGHTS) - 1)
+    per_count = len(V.FUSION_SHARES) * (len(V.FUSION_WEIGHTS) - 1 +
+                                        (len(V.FUSION_TEMPERATURES) - 1) * len(V.FUSION_TEMPERED_WEIGHTS))
+    assert len(alone[1]) == 1 + 3 * per_count
     if world.size > 1:
         assert world.bytes_sent.get("evaluation", 0) > 0

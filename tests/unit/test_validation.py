@@ -229,6 +229,12 @@ def test_the_summary_names_what_its_figures_are_and_the_choices_behind_them():
     info["probe_search"] = {"search": "bounded", "exact_reads": 2_300_000_000}
     assert ("2,285 validation points (their neighbours by the bounded search: the exact one would read "
             "2,300,000,000 posting entries): network alone") in choice_lines(info)[1]
+    # a temperature above 1: named, and its cell's figures are the chosen ones
+    info["fusion_choice"]["chosen"] = {"knn": 10, "proto_weight": 0.5, "knn_weight": 0.02, "knn_temperature": 4.0}
+    info["fusion_choice"]["p@1/p@5"]["knn 10 share 0.5 weight 0.02 temperature 4"] = [0.71, 0.37]
+    lines = choice_lines(info)
+    assert lines[0] == "with neighbour labels: knn 10, prototypes' share 0.5, weight 0.02, softmax temperature 4"
+    assert "chosen P@1 0.7100 P@5 0.3700" in lines[1]
     info["fusion_choice"]["chosen"] = "off"
     assert choice_lines(info)[0] == "network alone"
     assert choice_lines({}) == []
