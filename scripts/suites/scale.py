@@ -21,7 +21,10 @@ from the training labels, A 0.55, B 1.5), one after another:
   inference index);
 - `omikuji3` / `omikuji1`: omikuji (Parabel) with 3 or 1 trees, 2 threads;
 - `pecos`: PECOS XR-Linear, 2 threads, run last and only in what is left of
-  the budget (it is stopped at the budget's end and reported as not finished).
+  the budget (it is stopped at the budget's end and reported as not finished);
+- `--variant NAME=JSON` (as in the shapes suite): a row "dslide NAME" per
+  member, dslide's row with those settings on top, after the systems and
+  without a curve (it would double the run).
 
 The first table has one row per system; the second is dslide's curve (epoch,
 training seconds, P@1, P@5, PSP@5, the share of omikuji's training time) with
@@ -33,6 +36,7 @@ kept as JSON in runs/bench_scale.json.
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 from pathlib import Path
@@ -84,17 +88,20 @@ def member_files(name: str, seed: int = 0) -> tuple[tuple[Path, Path], float | N
     return paths, (time.perf_counter() - t0 if made else None)
 
 
-def dslide_case(paths, epochs: float = EPOCHS, curve_epochs=CURVE_EPOCHS) -> dict:
+def dslide_case(paths, epochs: float = EPOCHS, curve_epochs=CURVE_EPOCHS, settings: dict | None = None) -> dict:
     return {"name": "dslide", "ranks": 2, "threads": 1, "data": {"train": str(paths[0]), "test": str(paths[1])},
-            "config": {"eval_every": 0, "epochs": float(epochs)}, "curve_epochs": list(curve_epochs),
-            "lsh_predict": True}
+            "config": {**(settings or {}), "eval_every": 0, "epochs": float(epochs)},
+            "curve_epochs": list(curve_epochs), "lsh_predict": True}
 
 
-def dslide_row(paths, n_test: int) -> dict:
-    r = B.run_case(dslide_case(paths), timeout=BUDGET_S)
+def dslide_row(paths, n_test: int, variant: str | None = None, settings: dict | None = None) -> dict:
+    """dslide's row: its defaults with the curve, or (variant) those with `settings` on top, no curve."""
+    system = "dslide" if variant is None else f"dslide {variant}"
+    r = B.run_case(dslide_case(paths, curve_epochs=CURVE_EPOCHS if variant is None else (), settings=settings),
+                   timeout=BUDGET_S)
     if "error" in r:
-        return {"system": "dslide", "error": r["error"]}
-    return {"system": "dslide", "label": f"dslide ({EPOCHS:g} epochs)", "train_s": r["train_s"],
+        return {"system": system, "error": r["error"]}
+    return {"system": system, "label": f"{system} ({EPOCHS:g} epochs)", "train_s": r["train_s"],
             "p@1": r["p@1"], "p@5": r["p@5"], "psp@5": r.get("psp@5"),
             "exact_ms": 1e3 * r["predict_s"] / n_test,
             "lsh_ms": 1e3 * r["lsh_predict_s"] / n_test if "lsh_predict_s" in r else None,
@@ -190,6 +197,7 @@ def run(a) -> int:
     bad = [s for s in systems if s not in SYSTEMS]
     if bad:
         raise SystemExit(f"--systems: unknown {', '.join(bad)}; valid: {', '.join(SYSTEMS)}")
+    variants = S.parse_variants(getattr(a, "variant", None) or [])
     rows, notes = [], []
     out_json = M.ROOT / "runs" / f"bench_scale{('_' + a.tag) if a.tag else ''}.json"
     out_json.parent.mkdir(exist_ok=True)
@@ -214,8 +222,14 @@ def run(a) -> int:
                 notes.append(f"{name}: dslide's final model fuses the neighbours' labels: {r['fusion']} (chosen on "
                              f"the validation split); its peak memory includes the curve's own copy of the "
                              f"validation probe")
+        for v, settings in variants.items():
+            print(f"running: {name}: dslide {v} ...", file=sys.stderr, flush=True)
+            r = dslide_row(paths, n_test, v, settings)
+            if C.keep_row(r, name, f"dslide {v}", shape, rows, notes, out_json):
+                notes.append(f"{name}: dslide {v} ({settings}) fuses: {r['fusion']}")
     cmd = M.command("bench", ["--suite scale"]) + "".join(
-        f" --{k} {v}" for k, v in (("members", a.members), ("systems", a.systems)) if v)
+        f" --{k} {v}" for k, v in (("members", a.members), ("systems", a.systems)) if v) + "".join(
+        f" --variant {n}='{json.dumps(c)}'" for n, c in variants.items())
     d = next((r for r in rows if r["system"] == "dslide"), None)
     text = (f"command: `{cmd}`\n\nmachine: {M.machine()}\n\ncode: {M.code_version()}\n\n"
             f"**Synthetic data** (dslide.datasets.amazon670k, Amazon-670K's label statistics; not real "

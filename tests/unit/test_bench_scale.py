@@ -93,3 +93,22 @@ def test_the_last_line_answers_when_dslide_reaches_omikujis_p1():
     assert "does not reach" in line and "best P@1 0.4800 (epoch 4" in line and "-2.0 points" in line
     table = SC.curve_table(_rows([0.30, 0.45, 0.52, 0.55]))
     assert "| dslide, epoch 8 | 80.0 |" in table and "| 80% |" in table and "| omikuji, 1 tree |" in table
+
+
+def test_a_variant_row_is_dslide_with_its_settings_on_top_and_no_curve(monkeypatch):
+    cases = []
+
+    def fake_run(case, timeout):
+        cases.append(case)
+        return {"train_s": 1.0, "p@1": 0.5, "p@5": 0.2, "predict_s": 0.1, "peak_rss_mb": 10.0, "epochs": 8.0,
+                "fusion_choice": "off"}
+
+    monkeypatch.setattr(SC.B, "run_case", fake_run)
+    paths = ("tr.txt", "te.txt")
+    plain = SC.dslide_row(paths, 10)
+    variant = SC.dslide_row(paths, 10, "t1", {"knn_temperature": 1.0, "epochs": 2.0})
+    assert (plain["system"], variant["system"]) == ("dslide", "dslide t1")
+    assert cases[0]["curve_epochs"] == list(SC.CURVE_EPOCHS) and "knn_temperature" not in cases[0]["config"]
+    assert cases[1]["curve_epochs"] == [] and cases[1]["config"]["knn_temperature"] == 1.0
+    assert cases[1]["config"]["epochs"] == SC.EPOCHS  # the suite's fixed epochs are not a variant's to change
+    assert cases[1]["data"] == cases[0]["data"]
