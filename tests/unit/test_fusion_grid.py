@@ -126,7 +126,14 @@ def _choose_fusion_per_cell(store, truth, m_ids, m_logits, nn_ids, nn_sims, pr_i
                                          pr_ids if a > 0 else None, pr_sims if a > 0 else None, a, pr_power)
                     r = metrics.evaluate(truth, pred, k=5)
                     figures[(int(c), float(a), float(w), float(t))] = (float(r["p@1"]), float(r["p@5"]))
-    return V.pick({key: sum(v) for key, v in figures.items()}, noop), figures
+    scores = {key: sum(v) for key, v in figures.items()}
+    best = V.pick({key: s for key, s in scores.items() if key[3] == 1.0}, noop)  # the no-op's temperature first
+    tempered = [key for key in scores if key[3] != 1.0]
+    if tempered:  # then the first of the highest at another temperature, if above the margin over it
+        top = max(scores[key] for key in tempered)
+        if top > scores[best] + V.CHOICE_MARGIN:
+            best = next(key for key in tempered if scores[key] == top)
+    return best, figures
 
 
 @pytest.mark.parametrize("temperatures", [(1.0,), (1.0, 2.5, 0.5)])

@@ -97,6 +97,22 @@ def test_the_network_alone_is_chosen_where_the_labels_are_independent_of_the_nei
     assert all(v[0] < 1.0 for k, v in figures.items() if k[2] >= 0.6)  # heavy fusion would cost P@1
 
 
+def test_a_temperature_replaces_the_choice_at_1_only_by_more_than_the_margin():
+    m = V.CHOICE_MARGIN
+    off, plain, hot, hotter = (0, 0.0, 0.0, 1.0), (10, 0.5, 0.3, 1.0), (10, 0.5, 0.02, 4.0), (5, 0.5, 0.05, 2.0)
+    assert V.pick_tempered({off: 1.0, plain: 1.0 + 2 * m, hot: 1.0 + 2.5 * m}, off) == plain  # within the margin
+    assert V.pick_tempered({off: 1.0, plain: 1.0 + 2 * m, hot: 1.0 + 3.5 * m}, off) == hot
+    # the fused cell at 1 within the margin of the network alone: a temperature must beat the network alone
+    assert V.pick_tempered({off: 1.0, plain: 1.0 + m / 2, hot: 1.0 + 0.8 * m}, off) == off
+    assert V.pick_tempered({off: 1.0, plain: 1.0 + m / 2, hot: 1.0 + 1.5 * m}, off) == hot
+    # the highest of the other temperatures, the first of equals
+    assert V.pick_tempered({off: 1.0, hot: 1.1, hotter: 1.2}, off) == hotter
+    assert V.pick_tempered({off: 1.0, hotter: 1.2, hot: 1.2}, off) == hotter
+    # every cell at a temperature given by the setting: the plain pick among them
+    assert V.pick_tempered({off: 1.0, hot: 1.0 + m / 2}, off) == off
+    assert V.pick_tempered({off: 1.0, hot: 1.0 + 2 * m}, off) == hot
+
+
 def test_pick_keeps_the_noop_within_the_margin():
     assert V.pick({"off": 1.0, "on": 1.0 + V.CHOICE_MARGIN / 2}, "off") == "off"
     assert V.pick({"off": 1.0, "on": 1.0 + 2 * V.CHOICE_MARGIN}, "off") == "on"
