@@ -278,7 +278,8 @@ class Config:
         put its mass on one label leaves the rest of a point's labels with a small
         share each, which the smallest vote outweighs; a higher temperature keeps
         the network's order below the top against the votes. None: chosen on the
-        validation split with the weight (FUSION_TEMPERATURES, 1 among them).
+        validation split with the weight (FUSION_TEMPERATURES, 1 among them; another
+        only where its best cell beats the best at 1 by CHOICE_MARGIN).
     early_stop: score the model on the validation split after every epoch (the
         network alone, or where the neighbours' labels are fused the best of a
         small fusion grid) and stop once it no longer gains, keeping the best

@@ -144,7 +144,8 @@ CONFIG_FIELDS = (
           DATA, "chosen on the validation split from 0 (the network alone) to 0.9"),
     Field("knn_temperature", "float | None", None, Float(0.01, 100.0),
           "the network's logits are divided by this before their softmax enters the fused score", N, DATA,
-          "chosen on the validation split from 1 (the softmax as trained), 2, 4"),
+          "chosen on the validation split from 1 (the softmax as trained), 2, 4 (2 or 4 only where it beats "
+          "the best at 1 by the choice margin)"),
     Field("knn_power", "float", 4.0, Float(0.0, 64.0), "a neighbour votes with its similarity to this power", N),
     Field("knn_candidates", "int", 100, Int(1, 1 << 16), "the network's best labels that the fusion rescores", N),
     Field("proto_weight", "float | None", None, Float(0.0, 1.0),
