@@ -56,9 +56,8 @@ FUSION_SHARES = (0.0, 0.25, 0.5, 0.75, 1.0)
 #: the neighbour counts tried
 FUSION_COUNTS = (10, 5, 20)
 #: the temperatures of the network's softmax in the fused score tried (1: as trained; fusion's
-#: docstring), and the weights tried at those above 1: a flatter softmax wants fewer votes.
-#: On both wide real members the best cells were at a temperature of 2 to 4 and a weight of
-#: 0.03 to 0.1 (docs/accuracy.md, item 13)
+#: docstring), and the weights tried at those above 1: a flatter softmax wants fewer votes
+#: (where the wide real members' best cells lay: docs/accuracy.md, item 13)
 FUSION_TEMPERATURES = (1.0, 2.0, 4.0)
 FUSION_TEMPERED_WEIGHTS = (0.01, 0.02, 0.03, 0.05, 0.1, 0.2, 0.3)
 EARLY_STOP_PATIENCE = 1
@@ -230,17 +229,16 @@ def choose_fusion(store, truth: sp.csr_matrix, m_ids, m_logits, nn_ids, nn_sims,
 def pick_tempered(scores: dict, noop, margin: float = CHOICE_MARGIN):
     """`pick` over the cells (count, share, weight, temperature) at a temperature of 1, the no-op
     among them; then the best cell at another temperature replaces that choice only if it scores
-    more than `margin` above it. A temperature is a choice of its own, with 1 its no-op: a cell
-    that only matches the best at 1 is no evidence for it (on the synthetic 670,091-label member
-    such a choice lost 0.56 points of P@1 on the test points; docs/accuracy.md, item 13)."""
+    more than `margin` above it (ties: the earlier key). A temperature is a choice of its own,
+    with 1 its no-op: a cell that only matches the best at 1 is no evidence for it (without
+    this rule the synthetic scale member lost P@1 on its test points; docs/accuracy.md, item 13)."""
     plain = {key: s for key, s in scores.items() if key == noop or key[3] == 1.0}
     best = pick(plain, noop, margin)
-    tempered = [key for key in scores if key not in plain]
-    if tempered:
-        other = max(tempered, key=lambda c: (scores[c], -tempered.index(c)))
-        if scores[other] > scores[best] + margin:
-            return other
-    return best
+    other = None
+    for key, s in scores.items():
+        if key not in plain and (other is None or s > scores[other]):
+            other = key
+    return other if other is not None and scores[other] > scores[best] + margin else best
 
 
 class EarlyStop:
