@@ -348,6 +348,27 @@ def test_store_survives_a_checkpoint(tmp_path):
     np.testing.assert_allclose(before[1], after[1], rtol=1e-12)
 
 
+def test_a_chosen_temperature_survives_a_checkpoint_and_moves_the_scores(tmp_path):
+    from dslide.comm import Comm
+    from dslide.infer.parts import sections
+    from dslide.io import checkpoint as ck
+    from dslide.train import build_network
+
+    T, model, tr, te = _fit_tiny(knn=3, proto_weight=0.5)
+    assert model.config.knn_temperature is None and model.neighbours.temperature == 1.0
+    plain = predict_topk_scores(model, te.X, 5)
+    model.neighbours.temperature = 3.0  # as the validation split would choose it
+    hot = predict_topk_scores(model, te.X, 5)
+    assert not np.allclose(plain[1], hot[1])
+    ck.save(model.network, tmp_path / "run", Comm(), weights_only=True, sections=sections(model))
+    fresh = build_network((tr.n_features, tr.n_labels), model.config, Comm())
+    ck.load_into(fresh.network, ck.latest(tmp_path / "run"), Comm(), weights_only=True, sections=sections(fresh))
+    assert fresh.neighbours.temperature == 3.0
+    after = predict_topk_scores(fresh, te.X, 5)
+    np.testing.assert_array_equal(hot[0], after[0])
+    np.testing.assert_allclose(hot[1], after[1], rtol=1e-12)
+
+
 def _clustered(seed=0, n=240, f=80, L=60):
     """Points in clusters that share features and labels, some exact duplicates: the
     neighbour count changes the votes' precision."""
