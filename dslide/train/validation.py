@@ -232,7 +232,7 @@ def pick_tempered(scores: dict, noop, margin: float = CHOICE_MARGIN):
     more than `margin` above it (ties: the earlier key). A temperature is a choice of its own,
     with 1 its no-op: a cell that only matches the best at 1 is no evidence for it (without
     this rule the synthetic scale member lost P@1 on its test points; docs/accuracy.md, item 13)."""
-    plain = {key: s for key, s in scores.items() if key == noop or key[3] == 1.0}
+    plain = {key: s for key, s in scores.items() if key[3] == 1.0}  # the no-op among them
     best = pick(plain, noop, margin)
     other = None
     for key, s in scores.items():

@@ -36,7 +36,6 @@ kept as JSON in runs/bench_scale.json.
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from pathlib import Path
@@ -197,7 +196,7 @@ def run(a) -> int:
     bad = [s for s in systems if s not in SYSTEMS]
     if bad:
         raise SystemExit(f"--systems: unknown {', '.join(bad)}; valid: {', '.join(SYSTEMS)}")
-    variants = S.parse_variants(getattr(a, "variant", None) or [])
+    variants = S.parse_variants(a.variant)
     rows, notes = [], []
     out_json = M.ROOT / "runs" / f"bench_scale{('_' + a.tag) if a.tag else ''}.json"
     out_json.parent.mkdir(exist_ok=True)
@@ -228,8 +227,7 @@ def run(a) -> int:
             if C.keep_row(r, name, f"dslide {v}", shape, rows, notes, out_json):
                 notes.append(f"{name}: dslide {v} ({settings}) fuses: {r['fusion']}")
     cmd = M.command("bench", ["--suite scale"]) + "".join(
-        f" --{k} {v}" for k, v in (("members", a.members), ("systems", a.systems)) if v) + "".join(
-        f" --variant {n}='{json.dumps(c)}'" for n, c in variants.items())
+        f" --{k} {v}" for k, v in (("members", a.members), ("systems", a.systems)) if v) + S.variant_args(variants)
     d = next((r for r in rows if r["system"] == "dslide"), None)
     text = (f"command: `{cmd}`\n\nmachine: {M.machine()}\n\ncode: {M.code_version()}\n\n"
             f"**Synthetic data** (dslide.datasets.amazon670k, Amazon-670K's label statistics; not real "

@@ -217,6 +217,11 @@ def parse_variants(items: list[str]) -> dict[str, dict]:
     return out
 
 
+def variant_args(variants: dict[str, dict]) -> str:
+    """The `--variant` arguments of a recorded command line (what `parse_variants` read)."""
+    return "".join(f" --variant {n}='{json.dumps(c)}'" for n, c in variants.items())
+
+
 def run(a) -> int:
     t0 = time.time()
     real_only = a.suite == "real"
@@ -258,7 +263,7 @@ def run(a) -> int:
     cmd = M.command("bench", [f"--suite {suite_name}"]) + "".join(
         f" --{k.replace('_', '-')} {v}" for k, v in (("members", a.members), ("systems", a.systems),
                                                       ("points", a.points), ("test_points", a.test_points)) if v)
-    cmd += "".join(f" --variant {n}='{json.dumps(c)}'" for n, c in variants.items()) + (" --no-lsh" if a.no_lsh else "")
+    cmd += variant_args(variants) + (" --no-lsh" if a.no_lsh else "")
     text = (f"command: `{cmd}`\n\nmachine: {M.machine()}\n\ncode: {M.code_version()}\n\n"
             f"every system on {THREADS} cores (dslide 2 ranks x 1 thread) with its own defaults, one after "
             f"another; P@k and PSP@5 on all test points by dslide.metrics (propensities from the training "
