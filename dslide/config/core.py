@@ -166,6 +166,9 @@ class Config:
         epochs              12              up to 10, stopped early on the validation
                                             split (1.5 without one: dslide.train.validation)
         early_stop          off             on where the data has a validation split
+        middle_negatives    1               0.25 with early stopping: a quarter of the
+                                            uniform negatives from the second epoch to
+                                            early stopping's decay
         init_input_scale    0.1             0.3
         knn                 0               chosen on the validation split from 10, 5,
                                             20 (0 from 20 points per label, or without
@@ -287,6 +290,16 @@ class Config:
         (dslide.train.validation.EarlyStop); `epochs` is then the most it trains.
         None: on for wide outputs whose data has a validation split when
         `epochs` is left to the data (up to EARLY_STOP_MAX_EPOCHS), else off.
+    middle_negatives: the share of the output layer's uniform negatives
+        (lsh.min_active, within lsh.min_active_share) a training step draws from
+        the end of the first epoch until early stopping first lowers the learning
+        rate; the first epoch and the epochs after that decay draw every one
+        (without early stopping the share holds to the end). The middle epochs
+        explore at a fraction of a step's cost (a step is mostly the products
+        with its negatives); the first sets the model every later epoch starts
+        from, and the epoch after the decay, with every negative, settles the
+        normaliser the test points see. None: MIDDLE_NEGATIVES where early
+        stopping is on, else 1 (every negative throughout).
     proto_weight: where the neighbours' labels are fused, the share of their
         term given to the label prototypes (normalised sums of each label's
         training rows): v = (1 - proto_weight) v_points + proto_weight v_protos,

@@ -16,7 +16,7 @@ from typing import Any
 
 from dslide.config.checks import Bool, Choice, Float, Int, Rule, _sequence, _shard_weights
 from dslide.config.rules import (ADAM_DTYPES, APPROX_CANDIDATES, APPROX_FEATURES, APPROX_POSTINGS, BIAS_INITS, CANDIDATES_MIN_WIDTH, DECAY_EVERY, DECAY_MIN_SAMPLED, DTYPES,
-                                 EARLY_STOP_MAX_EPOCHS,
+                                 EARLY_STOP_MAX_EPOCHS, MIDDLE_NEGATIVES,
                                  FAMILIES, FUSED_MAX_ACTIVE, INPUT_NORMS, KNN_MAX_POINTS_PER_LABEL, LAYER_KINDS,
                                  LOSSES, LR_SCHEDULES, MAX_ACTIVE, NARROW_BATCH, NARROW_EPOCHS, NARROW_HIDDEN,
                                  NARROW_LOSS, NARROW_MIN_STEPS, NARROW_OUTPUT, NARROW_PRIOR_SHIFT, OUTPUT_SPLITS, PARALLEL,
@@ -136,6 +136,11 @@ CONFIG_FIELDS = (
     Field("early_stop", "bool | None", None, Bool(),
           "score the model on the validation split every epoch and keep the best epoch", T, DATA,
           "on for wide outputs whose data has a validation split when epochs is unset, else off"),
+    Field("middle_negatives", "float | None", None, Float(0.0, 1.0, lo_open=True),
+          "share of the output's uniform negatives (lsh.min_active) a step draws from the second epoch "
+          "until early stopping lowers the learning rate (every one in the first epoch and after the decay; "
+          "without early stopping, to the end)", T, DATA,
+          f"{MIDDLE_NEGATIVES:g} where early stopping is on, else 1"),
     Field("knn", "int | None", None, Int(0, 1024),
           "neighbours whose labels vote at inference beside the network (0: the network alone)", N, DATA,
           f"0 for {NARROW}, from {KNN_MAX_POINTS_PER_LABEL:g} training points per label, or without a validation "

@@ -117,6 +117,10 @@ VALIDATION_MAX_SHARE = 0.25
 VALIDATION_MIN_POINTS = 2000
 #: epochs left at None where early stopping is on: the most it trains
 EARLY_STOP_MAX_EPOCHS = 10.0
+#: middle_negatives left at None where early stopping is on: the share of the output's uniform
+#: negatives a step draws from the second epoch until early stopping lowers the learning rate.
+#: The first epoch and the epochs after the decay draw every one (docs/accuracy.md, item 14)
+MIDDLE_NEGATIVES = 0.25
 #: the neighbours' search under --lsh (dslide.infer.approx): training points kept per feature,
 #: the query's largest features read, candidates re-ranked by their exact cosine; recall and
 #: speed against the exact search: scripts/bench_lsh.py --fused (docs/benchmarks.md)
@@ -208,6 +212,9 @@ def from_data(config, n_labels: int, points_per_label: float | None = None, n_po
         auto["early_stop"] = bool(not narrow and has_split and config.epochs is None and config.replicas == 1)
     if auto.get("early_stop") and config.epochs is None:
         auto["epochs"] = EARLY_STOP_MAX_EPOCHS
+    stopping = config.early_stop if config.early_stop is not None else auto["early_stop"]
+    # without early stopping no decay ends the middle epochs: every negative throughout
+    auto["middle_negatives"] = MIDDLE_NEGATIVES if stopping and has_split and config.replicas == 1 else 1.0
     if not narrow and (n_points is None or has_split):
         del auto["prior_shift"]  # chosen on the validation split where training draws one
     if n_points is not None and not has_split:

@@ -207,6 +207,11 @@ class Network:
     #: validation score (dslide.train.validation.EarlyStop)
     lr_scale = 1.0
 
+    def set_negative_share(self, share: float) -> None:
+        """The output layer draws `share` of its uniform negatives from the next step on
+        (Config.middle_negatives: the training loop's schedule); 1: every one."""
+        self.layers[-1].set_negative_share(share)
+
     def set_total_steps(self, total: int) -> None:
         """The length of the run, for the learning-rate schedule."""
         self.total_steps = int(total)

@@ -227,7 +227,9 @@ def fit(train: XMCData, config: Config | None = None, test: XMCData | None = Non
     if net.prior_shift:  # a finished run's shifted biases: training goes on from the trained ones
         net.shift_output_prior(0.0, label_counts(train), train.n_points)
     with threadpool_limits(_blas_threads(net, threads), user_api="blas"):
-        model, history = _fit(model, fit_data, test, callback, verbose, threads, stop_at, checkpoint)
+        share = negative_share(config.middle_negatives, -(-fit_data.n_points // config.batch_size), early)
+        model, history = _fit(model, fit_data, test, callback, verbose, threads, stop_at, checkpoint, share)
+        model.network.set_negative_share(1.0)
         if early is not None:
             model.index_info["early_stop"] = early.finish(model)
         if stop_at is None or stop_at >= total_steps(config, fit_data.n_points) or model.network.step < stop_at:
@@ -312,8 +314,9 @@ class _Loop:
     runs out, at `stop_at`, or when the callback asks."""
 
     def __init__(self, model: Model, train: XMCData, test, callback, verbose: bool, threads: int,
-                 stop_at, checkpoint):
+                 stop_at, checkpoint, negatives=None):
         self.model, self.config, self.comm = model, model.config, model.comm
+        self.negatives = negatives  # share(step) of the output's uniform negatives (`negative_share`)
         self.callback, self.verbose, self.threads, self.checkpoint = callback, verbose, threads, checkpoint
         self.schedule = model.replicas if model.replicas is not None else Alone()
         X = sp.csr_matrix(train.X)
@@ -367,6 +370,7 @@ class _Loop:
         rows = batch_rows(self.config, self.n, step)
         n_global = rows.shape[0]
         batch = make_batch(self.X_parts, self.Y_parts, net.grad_hook.local_rows(rows), step, n_global, self.norms)
+        net.set_negative_share(1.0 if self.negatives is None else self.negatives(step))
         if self.warmup is None:
             t = self.timings["warmup"]
             with self.timings.time("warmup"):
@@ -427,9 +431,26 @@ class _Loop:
         return out
 
 
-def _fit(model, train, test, callback, verbose, threads, stop_at, checkpoint):
-    history = _Loop(model, train, test, callback, verbose, threads, stop_at, checkpoint).run()
+def _fit(model, train, test, callback, verbose, threads, stop_at, checkpoint, negatives=None):
+    history = _Loop(model, train, test, callback, verbose, threads, stop_at, checkpoint, negatives).run()
     return model, history
+
+
+def negative_share(middle: float, steps_per_epoch: int, early=None):
+    """share(step) -> the share of the output's uniform negatives global step `step` draws
+    (Config.middle_negatives = `middle`): every one in the first epoch (steps 1 ..
+    steps_per_epoch) and once early stopping (`early`, a validation.EarlyStop, or None) has
+    lowered the learning rate; `middle` between. A function of the step and of the
+    decay alone, so every rank draws the same share. `middle` None (a model resolved before
+    the setting existed, resumed): every negative throughout, as it trained."""
+    middle = 1.0 if middle is None else float(middle)
+
+    def share(step: int) -> float:
+        if middle >= 1.0 or step <= steps_per_epoch or (early is not None and early.decayed_at):
+            return 1.0
+        return middle
+
+    return share
 
 
 def _stop_if_diverged(comm: Comm, bad_step, loss) -> None:

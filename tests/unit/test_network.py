@@ -824,3 +824,21 @@ def test_exact_topk_in_column_blocks_matches_numpy(sparse, monkeypatch):
         s, i = N.blocked_topk(sp.csr_matrix(x) if sparse else x, Wn, b, 5, 1000)
         np.testing.assert_array_equal(i, want + 1000)
         np.testing.assert_allclose(s, np.take_along_axis(S, want, axis=1), rtol=1e-5)
+
+
+@pytest.mark.parametrize("share", [1.0, 0.25, 0.01, 1e-9])
+def test_the_ranks_shares_of_a_negative_share_add_up_to_it_whatever_their_number(share):
+    """block_counts at a share of the uniform negatives: each of P ranks takes its part of
+    round(share x the layer's count) (at least one), as of a layer configured with that count."""
+    from dslide.model.layers.lsh import block_counts
+    from dslide.model.sharding import shard_range
+
+    lc = LSHConfig(min_active=1000, min_active_share=0.5, max_active=0)
+    n = 3001
+    whole = max(1, round(lc.random_count(n) * share))
+    assert block_counts(lc, n, n, share)[1] == whole
+    for P in (2, 3, 5):
+        parts = [block_counts(lc, n, hi - lo, share)[1] for lo, hi in (shard_range(n, r, P) for r in range(P))]
+        assert whole <= sum(parts) < whole + P
+        assert parts == [block_counts(LSHConfig(min_active=whole, min_active_share=1.0, max_active=0), n,
+                                      hi - lo)[1] for lo, hi in (shard_range(n, r, P) for r in range(P))]

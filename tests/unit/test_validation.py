@@ -366,3 +366,71 @@ def test_the_index_build_keeps_what_training_recorded():
     cfg = Config(hidden=(8,), kinds=("dense", "lsh"), batch_size=200, epochs=2.0, early_stop=True, knn=0, lsh=lsh)
     model, _ = T.fit(XMCData(X, Y), cfg.resolve(L, points_per_label(Y), n), index=True)
     assert "index_s" in model.index_info and len(model.index_info["early_stop"]["curve"]) >= 1
+
+
+def test_the_middle_epochs_draw_a_share_of_the_negatives_until_the_decay():
+    """negative_share: every negative in the first epoch, `middle` of them from the second until
+    early stopping lowers the learning rate, every one from the step after it; without early
+    stopping the share holds to the end, and 1 (or a model resolved before the setting) changes
+    nothing."""
+    from dslide.train.loop import negative_share
+
+    script = iter([(0.30, 0.10), (0.40, 0.15), (0.35, 0.12), (0.45, 0.16), (0.50, 0.20)])
+    model = _Model()
+    early = V.EarlyStop(lambda m: next(script), steps_per_epoch=10, patience=1, decay=0.25, decays=1)
+    share, cb = negative_share(0.25, 10, early), early.callback()
+    seen = {}
+    for step in range(1, 51):
+        seen[step] = share(step)  # what the loop gives the step before training it
+        model.network.step = step
+        if cb("step", model, step) == "stop":
+            break
+    assert early.decayed_at == [30]  # epoch 3 lost: the decay
+    assert {s for s, v in seen.items() if v == 0.25} == set(range(11, 31))
+    assert all(seen[s] == 1.0 for s in list(range(1, 11)) + list(range(31, step + 1)))
+    alone = negative_share(0.5, 10)
+    assert [alone(s) for s in (1, 10, 11, 500)] == [1.0, 1.0, 0.5, 0.5]
+    assert {negative_share(m, 10)(s) for m in (1.0, None) for s in (1, 11, 99)} == {1.0}
+
+
+def test_a_fit_draws_the_middle_epochs_share_of_its_uniform_negatives():
+    """A wide LSH output stopped early: the blocks of the first epoch and of the epochs after
+    the decay hold the full 400 uniform negatives but the batch's labels among them (at least
+    300 here), those between a quarter of them (100 but the labels among them); the middle share is the default
+    where early stopping is on, and every negative where it is off."""
+    from dslide import train as T
+    from dslide.config import MIDDLE_NEGATIVES, Config, LSHConfig, points_per_label
+    from dslide.io.data import XMCData
+
+    rng = np.random.default_rng(7)
+    n, f, L = 2400, 200, 5000
+    X = sp.random(n, f, density=0.05, format="csr", dtype=np.float32, random_state=7)
+    labels = rng.integers(0, L, n)  # independent of the features: the validation score plateaus
+    Y = sp.csr_matrix((np.ones(n, np.float32), labels, np.arange(n + 1)), shape=(n, L))
+    cfg = Config(hidden=(8,), batch_size=100, threads=1, knn=0, kinds=("dense", "lsh"),
+                 lsh=LSHConfig(min_active=400, min_active_share=1.0, max_active=0))
+    resolved = cfg.resolve(L, points_per_label(Y), n)
+    assert MIDDLE_NEGATIVES == 0.25 and resolved.early_stop and resolved.middle_negatives == MIDDLE_NEGATIVES
+    assert cfg.replace(epochs=3.0).resolve(L, points_per_label(Y), n).middle_negatives == 1.0
+    # narrow outputs, replicas and data without a split do not stop early: every negative
+    assert Config().resolve(500, 8.2, 30_000).middle_negatives == 1.0
+    assert Config(replicas=2).resolve(L, 1.3, 30_000).middle_negatives == 1.0
+    assert Config().resolve(L, 1.3, 1_000).middle_negatives == 1.0
+    assert Config(middle_negatives=0.5, epochs=3.0).resolve(L, 1.3, 30_000).middle_negatives == 0.5
+    with pytest.raises(ValueError, match="middle_negatives"):
+        Config(middle_negatives=0.0)
+    model = T.build_network((f, L), resolved)
+    drawn = []
+    model.network.layers[-1].block_hook = lambda b: drawn.append(b.random)
+    model, _ = T.fit(XMCData(X, Y), resolved, model=model, index=False)
+    info = model.index_info["early_stop"]
+    per_epoch = info["curve"][0][0]
+    assert len(info["lr_lowered_at"]) == 1, info
+    decay = info["lr_lowered_at"][0]
+    assert len(drawn) == model.network.step > decay > per_epoch
+    steps = np.arange(1, len(drawn) + 1)
+    middle = (steps > per_epoch) & (steps <= decay)
+    drawn = np.array(drawn)
+    assert (drawn[middle] <= 100).all() and (drawn[middle] > 50).all()
+    assert (drawn[~middle] >= 300).all()
+    assert model.network.layers[-1].n_random == 400  # every one again once the run is over

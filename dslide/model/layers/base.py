@@ -98,6 +98,10 @@ class Layer:
     def maintain(self, step: int) -> str | None:
         return None
 
+    def set_negative_share(self, share: float) -> None:
+        """Draw `share` of the configured uniform negatives from the next training step on
+        (Config.middle_negatives); a layer that draws none ignores it."""
+
     def labels(self) -> tuple[int, int]:
         """The neurons [lo, hi) whose biases and logits this rank holds."""
         return self.lo, self.hi

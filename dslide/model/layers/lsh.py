@@ -18,12 +18,15 @@ from dslide.model.sharding import scaled_count
 from dslide.timings import upkeep_name
 
 
-def block_counts(lc: LSHConfig, n: int, n_local: int) -> tuple[int, int]:
+def block_counts(lc: LSHConfig, n: int, n_local: int, share: float = 1.0) -> tuple[int, int]:
     """A rank's share of the layer's per-step counts, for n_local of its n neurons:
-    (candidates per sample, random neurons)."""
+    (candidates per sample, random neurons); `share` of the layer's random neurons (at least
+    one where it has any: Config.middle_negatives)."""
     per = lc.active_count(n)
     max_active = min(scaled_count(per, n_local, n), n_local) if per else 0
     n_random = lc.random_count(n)
+    if n_random and share < 1.0:
+        n_random = max(1, round(n_random * share))
     n_random = min(scaled_count(n_random, n_local, n), n_local) if n_random else 0
     return max_active, n_random
 
@@ -90,6 +93,7 @@ class LSHLayer(Layer):
         self.b = np.zeros(self.n_local, dtype=self.dtype)
         self._optimiser((self.lo, 0, self.d_in))  # W [n_r, d_in]: row r is neuron lo + r
         self.max_active, self.n_random = block_counts(lc, self.n, self.n_local)
+        self.negative_share = 1.0  # of the random neurons (`set_negative_share`)
         self.own = self.is_output and lc.scope == "sample" and self.max_active > 0
         # the softmax's random neurons stand for the rest of the slice (log-Q correction);
         # a binary loss alone takes them as plain negatives
@@ -111,6 +115,12 @@ class LSHLayer(Layer):
         seed = self.config.seed
         seeds = (rng.lsh_seed(seed, rng.CANDIDATES, self.index), rng.lsh_seed(seed, rng.TABLES, self.index, self.lo))
         return make_candidates(self.lc, self.d_in, self.n_local, self.max_active, seeds)
+
+    def set_negative_share(self, share: float) -> None:
+        share = float(share)
+        if share != self.negative_share:
+            self.negative_share = share
+            self.n_random = block_counts(self.lc, self.n, self.n_local, share)[1]
 
     # -- the step's block ----------------------------------------------------------------
 
