@@ -52,29 +52,41 @@ def label_counts(train) -> np.ndarray:
     return np.bincount(sp.csr_matrix(train.Y).indices, minlength=train.n_labels).astype(np.float64)
 
 
-def apply_prior_shift(model, train, val, probe=None) -> None:
+def apply_prior_shift(model, train, val, probe=None, scorer=None, kept=None):
     """Shift the output biases by `prior_shift` (Network.shift_output_prior, the prior of the
     training labels `train`): the configured value, else chosen on the validation points `val`
     (the epoch checks' rows, `validation.check_rows`) from rules.PRIOR_SHIFTS by the model's
-    P@1 + P@5 as the epoch checks score it (`epoch_scorer`: the network alone, or with a
+    P@1 + P@5 as the epoch checks score it (`EpochScorer`: the network alone, or with a
     fusion probe the best of its small fusion grid, so that the shift suits the model as it
     will be used; validation.choose_prior_shift, 0, the no-op, unless another gains), else 0
-    without validation points. model.index_info gets the choice ("prior_shift") and its figures."""
+    without validation points. model.index_info gets the choice ("prior_shift") and its figures.
+
+    scorer: the epoch checks' EpochScorer (None: a new one); kept: what they found for the
+    weights as they are, unshifted ((P@1, P@5), the network's candidates or None: `kept_scoring`),
+    taken for the shift 0 instead of scoring it again. Returns the network's candidates on every
+    validation point at the shift chosen ((ids, logits), what `build_neighbours` scores) where
+    the scorings had them, else None."""
     cfg, net = model.config, model.network
     counts = label_counts(train)
     if cfg.prior_shift is not None:
         net.shift_output_prior(cfg.prior_shift, counts, train.n_points)
         model.index_info["prior_shift"] = {"chosen": float(cfg.prior_shift),
                                            "why": "fixed by the setting or the narrow outputs' rule"}
-        return
+        return None
     if val is None:
         model.index_info["prior_shift"] = {"chosen": 0.0, "why": "no validation split to check it on"}
-        return
-    scorer = epoch_scorer(model, val, probe)
+        return None
+    scorer = scorer or EpochScorer(model, val, probe)
+    scored = {}
 
     def score(tau: float) -> tuple[float, float]:
+        if tau == 0.0 and kept is not None and net.prior_shift == 0.0:
+            scored[tau] = kept[1]
+            return kept[0]
         net.shift_output_prior(tau, counts, train.n_points)
-        return scorer(model)
+        figures = scorer(model)
+        scored[tau] = scorer.last
+        return figures
 
     tau, figures = validation.choose_prior_shift(score, PRIOR_SHIFTS)
     net.shift_output_prior(tau, counts, train.n_points)
@@ -82,23 +94,41 @@ def apply_prior_shift(model, train, val, probe=None) -> None:
         "chosen": tau, "validation_points": int(validation.check_rows(val.n_points, val.n_labels).size),
         "scored": "network alone" if probe is None else "the best of the epoch checks' fusion grid",
         "p@1/p@5": {f"{t:g}": list(v) for t, v in figures.items()}}
+    return scored.get(tau)
 
 
-def epoch_scorer(model, val, probe):
+class EpochScorer:
     """scorer(model) -> (P@1, P@5) on the validation rows the epoch checks score
-    (`validation.check_rows`): the network alone, or with a probe the best of its fusion grid."""
-    rows = validation.check_rows(val.n_points, val.n_labels)
-    X, truth = sp.csr_matrix(val.X)[rows], sp.csr_matrix(val.Y)[rows]
-    cfg = model.config
+    (`validation.check_rows`): the network alone, or with a probe the best of its fusion grid.
 
-    def scorer(m) -> tuple[float, float]:
-        if probe is None:
-            r = metrics.evaluate(truth, predict_topk_scores(m, X, 5, fused=False)[0], k=5)
+    last: with a probe, where those rows are every validation point, the network's candidates
+    of the last call ((ids, logits) of predict_topk_scores, exact, unfused: what the fusion
+    choice scores), else None."""
+
+    def __init__(self, model, val, probe):
+        self.rows = validation.check_rows(val.n_points, val.n_labels)
+        self.X, self.truth = sp.csr_matrix(val.X)[self.rows], sp.csr_matrix(val.Y)[self.rows]
+        self.probe, self.every = probe, self.rows.size == val.n_points
+        self.k = max(5, model.config.knn_candidates)
+        self.last = None
+
+    def __call__(self, m) -> tuple[float, float]:
+        cfg = m.config
+        if self.probe is None:
+            r = metrics.evaluate(self.truth, predict_topk_scores(m, self.X, 5, fused=False)[0], k=5)
             return float(r["p@1"]), float(r["p@5"])
-        ids, logits = predict_topk_scores(m, X, max(5, cfg.knn_candidates), exact=True, fused=False)
-        return probe.best(ids, logits, rows, cfg.knn_power, cfg.proto_power)
+        ids, logits = predict_topk_scores(m, self.X, self.k, exact=True, fused=False)
+        self.last = (ids, logits) if self.every else None
+        return self.probe.best(ids, logits, self.rows, cfg.knn_power, cfg.proto_power)
 
-    return scorer
+
+def kept_scoring(early_info: dict, scorer: EpochScorer):
+    """What the epoch checks found for the weights early stopping kept (its `finish` record):
+    ((P@1, P@5), the network's candidates where the kept epoch was the last scored, else None)."""
+    steps = [c[0] for c in early_info["curve"]]
+    at = steps.index(early_info["kept_step"])
+    p1, p5 = early_info["curve"][at][1:]
+    return (float(p1), float(p5)), (scorer.last if at == len(steps) - 1 else None)
 
 
 def fusion_pending(config: Config, train) -> bool:
@@ -108,7 +138,8 @@ def fusion_pending(config: Config, train) -> bool:
     return bool(k) and (config.knn is None or config.knn_weight is None or config.proto_weight is None)
 
 
-def build_neighbours(model, train, progress: bool = False, val=None, fit_data=None, probe=None) -> None:
+def build_neighbours(model, train, progress: bool = False, val=None, fit_data=None, probe=None,
+                     scored=None) -> None:
     """The model's neighbour store (`Model.neighbours`, dslide.infer.fusion) from the training data, when
     `knn` > 0 or left to the data and on: every rank builds the same store, a function of
     the data alone, with the label prototypes unless proto_weight is 0.
@@ -122,7 +153,9 @@ def build_neighbours(model, train, progress: bool = False, val=None, fit_data=No
     in it. Without validation points nothing can be checked: a store whose settings are
     all given is built, and one with anything left to choose is not (the network alone).
     model.index_info gets the figures behind the choice and the seconds taken.
-    progress: a progress bar (tqdm, stderr) of its stages."""
+    progress: a progress bar (tqdm, stderr) of its stages. scored: the network's candidates on
+    every validation point, the model as it is ((ids, logits): `apply_prior_shift`'s), else
+    scored here."""
     t0 = time.perf_counter()
     cfg = model.config
     k = cfg.knn if cfg.knn is not None else knn_default(train.n_labels, points_per_label(train.Y))
@@ -145,9 +178,12 @@ def build_neighbours(model, train, progress: bool = False, val=None, fit_data=No
         weights = validation.FUSION_WEIGHTS if cfg.knn_weight is None else (0.0, cfg.knn_weight)
         temps = validation.FUSION_TEMPERATURES if cfg.knn_temperature is None else (cfg.knn_temperature,)
         tempered_weights = validation.FUSION_TEMPERED_WEIGHTS if cfg.knn_weight is None else None
-        kk = max(5, cfg.knn_candidates)
-        with _busy("neighbour labels: scoring the validation points", bar is not None):
-            m_ids, m_logits = predict_topk_scores(model, val.X, kk, exact=True, fused=False)
+        if scored is not None:  # the prior shift's scoring of every validation point, as trained
+            m_ids, m_logits = scored
+        else:
+            with _busy("neighbour labels: scoring the validation points", bar is not None):
+                m_ids, m_logits = predict_topk_scores(model, val.X, max(5, cfg.knn_candidates), exact=True,
+                                                      fused=False)
         (c, a, w, t), figures = validation.choose_fusion(
             probe.store, probe.truth, m_ids, m_logits, probe.nn_ids, probe.nn_sims, probe.pr_ids, probe.pr_sims,
             counts=counts, shares=shares, weights=weights, power=cfg.knn_power, pr_power=cfg.proto_power,

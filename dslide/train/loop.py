@@ -37,8 +37,8 @@ from dslide.comm import Comm, allreduce_bytes, default_threads
 from dslide.config import Config, points_per_label
 from dslide.io.data import XMCData
 from dslide.train import validation
-from dslide.train.infer_build import (apply_prior_shift, build_index, build_neighbours, epoch_scorer, fusion_pending,
-                                     fusion_probe, label_counts)
+from dslide.train.infer_build import (EpochScorer, apply_prior_shift, build_index, build_neighbours, fusion_pending,
+                                     fusion_probe, kept_scoring, label_counts)
 # the command line takes prediction from here until its split (issue 37, move 1) takes it from dslide.infer
 from dslide.infer.predict import evaluate
 from dslide.model.inputs import csr_parts, input_norms, make_batch
@@ -218,11 +218,12 @@ def fit(train: XMCData, config: Config | None = None, test: XMCData | None = Non
     fusing = fusion_pending(config, train)
     if config.early_stop or fusing:
         fit_data, val, _ = validation.split(train, config.seed)
-    early = probe = None
+    early = probe = scorer = kept = scored = None
     if val is not None and fusing:
         probe = fusion_probe(model, fit_data, val)
     if config.early_stop and val is not None and model.replicas is None:
-        early = validation.EarlyStop(epoch_scorer(model, val, probe), -(-fit_data.n_points // config.batch_size))
+        scorer = EpochScorer(model, val, probe)
+        early = validation.EarlyStop(scorer, -(-fit_data.n_points // config.batch_size))
         callback = early.callback(callback)
     if net.prior_shift:  # a finished run's shifted biases: training goes on from the trained ones
         net.shift_output_prior(0.0, label_counts(train), train.n_points)
@@ -232,13 +233,15 @@ def fit(train: XMCData, config: Config | None = None, test: XMCData | None = Non
         model.network.set_negative_share(1.0)
         if early is not None:
             model.index_info["early_stop"] = early.finish(model)
+            kept = kept_scoring(model.index_info["early_stop"], scorer)  # the weights kept, already scored
         if stop_at is None or stop_at >= total_steps(config, fit_data.n_points) or model.network.step < stop_at:
-            apply_prior_shift(model, train, val, probe)  # the run is over: the biases as inference uses them
+            # the run is over: the biases as inference uses them
+            scored = apply_prior_shift(model, train, val, probe, scorer, kept)
     if index:
         with threadpool_limits(threads, user_api="blas"):
             build_index(model, train, progress=index_progress)
     with threadpool_limits(threads, user_api="blas"):
-        build_neighbours(model, train, progress=index_progress, val=val, fit_data=fit_data, probe=probe)
+        build_neighbours(model, train, progress=index_progress, val=val, fit_data=fit_data, probe=probe, scored=scored)
     return model, history
 
 

@@ -174,3 +174,78 @@ def test_the_choice_takes_a_shift_where_the_prior_overrules_what_the_features_sa
     # label j comes first while (1 - tau) * 0.51 * j < s: 6 labels of 20 at 0, 9 at 0.3
     assert figures["0"][0] == pytest.approx(6 / 20) and figures["0.3"][0] == pytest.approx(9 / 20)
     assert choice["chosen"] == 0.3 and model.network.prior_shift == 0.3
+
+
+def _wide_fused_data(n=2400, f=300, L=5000):
+    """A wide output (early stopping, the fusion and the shift chosen on the split) whose
+    validation points all fit the epoch checks."""
+    rng = np.random.default_rng(3)
+    X = sp.random(n, f, density=0.03, format="csr", dtype=np.float32, random_state=3)
+    labels = (np.minimum(rng.zipf(1.3, n), 999) * 5).astype(np.int64)
+    data = XMCData(X, sp.csr_matrix((np.ones(n, np.float32), labels, np.arange(n + 1)), shape=(n, L)))
+    cfg = Config(hidden=(16,), batch_size=100, threads=1).resolve(L, points_per_label(data.Y), n)
+    assert cfg.early_stop and cfg.knn is None and cfg.prior_shift is None
+    assert V.check_rows(V.validation_size(n), L).size == V.validation_size(n)
+    return data, cfg
+
+
+def _counting(monkeypatch, IB):
+    """The sizes of the batches IB.predict_topk_scores scores from now on."""
+    calls, scores = [], IB.predict_topk_scores
+    monkeypatch.setattr(IB, "predict_topk_scores", lambda *a, **kw: calls.append(a[1].shape[0]) or scores(*a, **kw))
+    return calls
+
+
+def test_fit_scores_the_kept_weights_and_the_chosen_shift_once(monkeypatch):
+    """A fused wide output stopped early: the prior shift takes the epoch checks' figures of the
+    kept weights for the shift 0, and the fusion choice the prior shift's candidates at the shift
+    it chose, instead of scoring either again; both records equal a fresh scoring of the model."""
+    from dslide.config import PRIOR_SHIFTS
+    from dslide.train import infer_build as IB
+
+    data, cfg = _wide_fused_data()
+    n = data.n_points
+    calls = _counting(monkeypatch, IB)
+    model, _ = T.fit(data, cfg, index=False)
+    early, shift, fusion = (model.index_info[k] for k in ("early_stop", "prior_shift", "fusion_choice"))
+    fresh_zero = shift["chosen"] == 0.0 and early["kept_step"] != early["curve"][-1][0]
+    n_val = V.validation_size(n)
+    # every scoring covers every validation point: the checks, the shifts but 0, no other
+    assert calls == [n_val] * (len(early["curve"]) + len(PRIOR_SHIFTS) - 1 + fresh_zero)
+    fit_data, val, _ = V.split(data, cfg.seed)
+    probe = IB.fusion_probe(model, fit_data, val)
+    scorer, counts = IB.EpochScorer(model, val, probe), IB.label_counts(data)
+    for tau, figures in shift["p@1/p@5"].items():
+        model.network.shift_output_prior(float(tau), counts, n)
+        assert list(scorer(model)) == figures, tau
+    model.network.shift_output_prior(shift["chosen"], counts, n)
+    IB.build_neighbours(model, data, val=val, fit_data=fit_data, probe=probe)
+    assert model.index_info["fusion_choice"] == fusion
+
+
+@pytest.mark.parametrize("chosen", [0.0, 0.2])
+def test_the_shift_chosen_hands_on_its_candidates_and_the_shift_0_takes_what_was_kept(monkeypatch, chosen):
+    """apply_prior_shift given the kept weights' scoring does not score the shift 0 again, and
+    returns the network's candidates at the shift it chose: those of the kept scoring at 0,
+    else those of a fresh exact scoring of every validation point at that shift."""
+    from dslide.train import infer_build as IB
+
+    data, cfg = _wide_fused_data()
+    model, _ = T.fit(data, cfg.replace(epochs=1.0, early_stop=False, prior_shift=0.0), index=False)
+    model.config = cfg
+    fit_data, val, _ = V.split(data, cfg.seed)
+    probe = IB.fusion_probe(model, fit_data, val)
+    scorer = IB.EpochScorer(model, val, probe)
+    kept = (scorer(model), scorer.last)
+    assert kept[1] is not None and kept[1][0].shape == (val.n_points, scorer.k)
+    # the choice itself stubbed: every shift scored, `chosen` taken
+    monkeypatch.setattr(IB.validation, "choose_prior_shift", lambda score, shifts: (chosen, {t: score(t) for t in shifts}))
+    calls = _counting(monkeypatch, IB)
+    got = IB.apply_prior_shift(model, data, val, probe, scorer, kept)
+    assert calls == [val.n_points] * 3 and model.network.prior_shift == chosen
+    assert model.index_info["prior_shift"]["p@1/p@5"]["0"] == list(kept[0])
+    want = IB.predict_topk_scores(model, val.X, scorer.k, exact=True, fused=False)
+    if chosen == 0.0:
+        assert got is kept[1]
+    np.testing.assert_array_equal(got[0], want[0])
+    np.testing.assert_array_equal(got[1], want[1])
