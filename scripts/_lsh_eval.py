@@ -73,7 +73,7 @@ def refill_index(model, share: float) -> None:
     lc = model.config.layer_lsh(out.index)
     nn = model.index.neighbors
     per_point = 0.0 if nn is None else float(nn.label_ptr[-1]) / max(1, nn.points.shape[0])
-    T_ = index_bucket(share, out.n, 0 if nn is None else lc.index_neighbors, per_point)
+    T_ = index_bucket(share, out.n, 0 if nn is None else lc.index_neighbors, per_point)  # share alone: no floor
     model.index.fill(out.W, out.b, model.network.comm, T_, lc)
 
 

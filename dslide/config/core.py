@@ -106,7 +106,11 @@ class LSHConfig:
     nearby cells, or all of them at 0) and as many reverse links;
     lsh.neighbors). The
     buckets give up the room those labels take on average, so a query scores
-    about `index_share` of the labels in all. index_anchors = 0: no index;
+    about `index_share` of the labels in all, and at least `index_min_labels`
+    (all of them in a narrower layer): in a layer of tens of thousands of labels
+    `index_share` alone scores a few hundred, too few for the network's top
+    100 that the neighbours' labels are fused with (docs/accuracy.md, item 15).
+    index_anchors = 0: no index;
     index_neighbors = 0: buckets alone. The neighbours' labels recover much
     of what the buckets miss of the exact top-10, and of P@5 (docs/lsh.md,
     bench_lsh.py --eval --rebuild on the saved amazon-like model).

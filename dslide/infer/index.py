@@ -32,10 +32,17 @@ from dslide.model.topk import kth_largest, order_keys
 INDEX_CHUNK = 256
 
 
-def index_bucket(share: float, n: int, neighbors: int = 0, labels_per_point: float = 0.0) -> int:
-    """Bucket size T of an inference index that scores `share` of n labels per query: the
-    neighbours' labels (about neighbors x labels_per_point ids a query) come out of it."""
-    return max(1, int(np.ceil(share * n)) - int(np.ceil(neighbors * labels_per_point)))
+def index_labels(share: float, n: int, min_labels: int = 0) -> int:
+    """Labels a query of an inference index over n labels scores: `share` of them, at least
+    min(min_labels, n) (lsh.index_share, lsh.index_min_labels)."""
+    return max(1, int(np.ceil(share * n)), min(int(min_labels), n))
+
+
+def index_bucket(share: float, n: int, neighbors: int = 0, labels_per_point: float = 0.0, min_labels: int = 0) -> int:
+    """Bucket size T of an inference index that scores `index_labels(share, n, min_labels)`
+    labels per query: the neighbours' labels (about neighbors x labels_per_point ids a query)
+    come out of it."""
+    return max(1, index_labels(share, n, min_labels) - int(np.ceil(neighbors * labels_per_point)))
 
 
 
@@ -53,12 +60,13 @@ class InferenceIndex:
         rank's W float [n_r, d], b float [n_r] of a layer of n labels. labels: (ptr int64 [m + 1],
         ids int32) the points' labels (CSR, global ids); with lc.index_neighbors > 0 a query
         also scores the labels of its index_neighbors nearest points, and the buckets give up
-        the room those take on average, so that a query scores `index_share` of the layer in all."""
+        the room those take on average, so that a query scores `index_share` of the layer (at
+        least `index_min_labels`) in all."""
         t0 = time.perf_counter()
         A = min(lc.index_anchors, H.shape[0])
         use_nn = lc.index_neighbors > 0 and labels is not None
         per_point = float(labels[0][-1]) / max(1, H.shape[0]) if use_nn else 0.0
-        T = index_bucket(lc.index_share, n, lc.index_neighbors if use_nn else 0, per_point)
+        T = index_bucket(lc.index_share, n, lc.index_neighbors if use_nn else 0, per_point, lc.index_min_labels)
         tables = lsh.AnchorTables(W.shape[1], 1, A, min(T, W.shape[0]), seed)
         tables.fit_anchors(H)
         t1 = time.perf_counter()
@@ -173,14 +181,15 @@ class InferenceIndex:
         holds; index_build: the transient of building it), from the configuration alone.
 
         index: index_anchors anchors and their buckets, room for min(T, n_local) ids each
-        (T = index_share of the labels; a rank fills its share of the T); with
+        (T = index_share of the labels, at least index_min_labels; a rank fills its share of
+        the T); with
         index_neighbors, every rank's copy of the index_points points (unit hidden vectors
         as int8, graph of 2 x index_degree links, cells, ~5 labels a point).
         index_build: the hidden vectors of index_points points, then the larger of k-means'
         distances, one block of scores and a chunk of anchors' candidates, or a block of
         the neighbour graph's similarities."""
         A = min(lc.index_anchors, lc.index_points)
-        T = max(1, int(np.ceil(lc.index_share * n)))
+        T = index_labels(lc.index_share, n, lc.index_min_labels)
         t_local = min(T, n_local)
         index = A * d * 4 + A * (8 + 4) + A * t_local * 4
         pts = lc.index_points

@@ -5,6 +5,7 @@ moments, m = (1 - beta1) g exactly, so g = m / (1 - beta1) for every row
 that received gradient and m = 0 for the others (lazy rows).
 """
 
+import dataclasses
 import re
 
 import numba
@@ -747,7 +748,7 @@ def test_inference_index_buckets_are_the_top_labels_by_the_documented_score(shri
     n, d, A = 400, 12, 6
     cfg = Config(hidden=(d,), kinds=("dense", "lsh"), seed=5, lr_schedule="constant",
                  lsh=LSHConfig(min_active=20, max_active=10, anchors=4, index_anchors=A, index_share=0.05,
-                               index_shrink=shrink, index_spread=spread))
+                               index_min_labels=0, index_shrink=shrink, index_spread=spread))
     net = Network(cfg, 30, n)
     out = net.layers[-1]
     Wn = out.neuron_major()
@@ -779,7 +780,7 @@ def test_inference_index_buckets_are_each_anchors_top_labels_by_id_in_any_chunki
     monkeypatch.setattr(I, "INDEX_CHUNK", chunk)
     monkeypatch.setattr(LA, "SCORE_BLOCK_BYTES", 3 * 400 * 4)  # 3 anchors a block of scores
     cfg = Config(hidden=(12,), kinds=("dense", "lsh"),
-                 lsh=LSHConfig(anchors=8, max_active=20, index_anchors=20, index_share=0.05,
+                 lsh=LSHConfig(anchors=8, max_active=20, index_anchors=20, index_share=0.05, index_min_labels=0,
                                index_shrink=1.0, index_spread=0.0))
     net = Network(cfg, 30, 400, Comm())
     out = net.layers[-1]
@@ -793,6 +794,31 @@ def test_inference_index_buckets_are_each_anchors_top_labels_by_id_in_any_chunki
     for a in range(20):
         want = np.sort(np.lexsort((np.arange(400), -S[a]))[:T])
         np.testing.assert_array_equal(index.tables.buckets[0, a, :T], want)
+
+
+@pytest.mark.parametrize("floor, T", [(0, 20), (100, 100), (2048, 400)])
+def test_a_query_scores_index_share_of_the_labels_and_at_least_index_min_labels(floor, T):
+    """The bucket an inference index fills: index_share of the labels, raised to index_min_labels
+    (every label of a narrower layer), less the neighbours' labels; the widest layers keep
+    index_share's count."""
+    from dslide.comm import Comm
+    from dslide.infer import index as I
+
+    assert I.index_labels(0.02, 670_091, 2048) == 13_402 and I.index_labels(0.02, 335_045, 2048) == 6_701  # scale
+    assert I.index_labels(0.02, 20_472, 2048) == 2048
+    assert I.index_labels(0.02, 20_472, 0) == 410 and I.index_labels(0.02, 1_000, 2048) == 1_000
+    assert I.index_bucket(0.02, 20_472, 5, 1.2, 2048) == 2048 - 6
+    cfg = Config(hidden=(12,), kinds=("dense", "lsh"),
+                 lsh=LSHConfig(anchors=8, max_active=20, index_anchors=20, index_share=0.05, index_min_labels=floor))
+    net = Network(cfg, 30, 400, Comm())
+    out = net.layers[-1]
+    H = np.random.default_rng(5).random((300, 12), dtype=np.float32)
+    index, info = I.InferenceIndex.build(H, out.W, out.b, Comm(), out.lc, out.n, 0)
+    assert info["bucket"] == T
+    np.testing.assert_array_equal(index.tables.fill_count, np.full((1, 20), T))
+    assert I.InferenceIndex.estimate(out.lc, 12, 400, 400)["index"] == (
+        I.InferenceIndex.estimate(dataclasses.replace(out.lc, index_share=T / 400, index_min_labels=0), 12, 400,
+                                  400)["index"])
 
 
 def test_score_block_bounds_the_scores_block():
