@@ -76,7 +76,8 @@ def apply_prior_shift(model, train, val, probe=None, scorer=None, kept=None):
     if val is None:
         model.index_info["prior_shift"] = {"chosen": 0.0, "why": "no validation split to check it on"}
         return None
-    scorer = scorer or EpochScorer(model, val, probe)
+    if scorer is None:
+        scorer = EpochScorer(model, val, probe)
     scored = {}
 
     def score(tau: float) -> tuple[float, float]:

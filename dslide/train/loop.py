@@ -219,17 +219,18 @@ def fit(train: XMCData, config: Config | None = None, test: XMCData | None = Non
     if config.early_stop or fusing:
         fit_data, val, _ = validation.split(train, config.seed)
     early = probe = scorer = kept = scored = None
+    per_epoch = -(-fit_data.n_points // config.batch_size)
     if val is not None and fusing:
         probe = fusion_probe(model, fit_data, val)
     if config.early_stop and val is not None and model.replicas is None:
         scorer = EpochScorer(model, val, probe)
-        early = validation.EarlyStop(scorer, -(-fit_data.n_points // config.batch_size))
+        early = validation.EarlyStop(scorer, per_epoch)
         callback = early.callback(callback)
     if net.prior_shift:  # a finished run's shifted biases: training goes on from the trained ones
         net.shift_output_prior(0.0, label_counts(train), train.n_points)
     with threadpool_limits(_blas_threads(net, threads), user_api="blas"):
-        share = negative_share(config.middle_negatives, -(-fit_data.n_points // config.batch_size), early)
-        model, history = _fit(model, fit_data, test, callback, verbose, threads, stop_at, checkpoint, share)
+        model, history = _fit(model, fit_data, test, callback, verbose, threads, stop_at, checkpoint,
+                              negative_share(config.middle_negatives, per_epoch, early))
         model.network.set_negative_share(1.0)
         if early is not None:
             model.index_info["early_stop"] = early.finish(model)
