@@ -113,13 +113,78 @@ def _push_block(top_s, top_i, s, first):
 
 
 def merge_topk(all_scores, all_ids, k):
-    """Merge per-rank candidates [P, B, k] into the global top k per sample (ties: lower id)."""
+    """Merge per-rank candidates [P, B, k] into the global top k per sample (ties: lower id,
+    missing candidates, id -1, last). Each rank's rows come best first (blocked_topk,
+    scores_topk, an index's top k): a merge of the sorted rows, O(P k) a row; a row out of
+    that order or holding a NaN score goes through one full sort instead, to the same result."""
+    P, B, kk = all_scores.shape
+    if k > P * kk:
+        return _sorted_merge(all_scores, all_ids, k)
+    s, i = np.ascontiguousarray(all_scores), np.ascontiguousarray(all_ids, dtype=np.int64)
+    out_s = np.empty((B, k), dtype=s.dtype)
+    out_i = np.empty((B, k), dtype=np.int64)
+    ok = np.empty(B, dtype=np.uint8)
+    _merge_rows(s, i, out_s, out_i, ok)
+    redo = np.flatnonzero(ok == 0)
+    if redo.size:
+        out_s[redo], out_i[redo] = _sorted_merge(s[:, redo], i[:, redo], k)
+    return out_s, out_i
+
+
+def _sorted_merge(all_scores, all_ids, k):
+    """merge_topk by one lexsort of every row's P * k candidates."""
     P, B, kk = all_scores.shape
     s = all_scores.transpose(1, 0, 2).reshape(B, P * kk)
     i = all_ids.transpose(1, 0, 2).reshape(B, P * kk)
     # -inf candidates (missing) sort last; lexsort's last key is primary
     order = np.lexsort((np.where(i < 0, np.iinfo(np.int64).max, i), -s), axis=1)[:, :k]
     return np.take_along_axis(s, order, axis=1), np.take_along_axis(i, order, axis=1)
+
+
+@njit(cache=True, inline="always")
+def _id_key(i):
+    """The id's place among equal scores: missing candidates (id < 0) after every label."""
+    return np.iinfo(np.int64).max if i < 0 else i
+
+
+@njit(parallel=True, cache=True)
+def _merge_rows(s, ids, out_s, out_i, ok):
+    """Per row r: the first k of the P sorted lists (s[p, r], ids[p, r]) merged in merge_topk's
+    order into (out_s[r], out_i[r]), k <= P * kk, and ok[r] = 1; ok[r] = 0 (the row left
+    unwritten) where a list is out of that order or holds a NaN."""
+    P, B, kk = s.shape
+    k = out_s.shape[1]
+    for r in prange(B):
+        good = True
+        for p in range(P):
+            for j in range(kk):
+                v = s[p, r, j]
+                if v != v:
+                    good = False
+                elif j > 0:
+                    a = s[p, r, j - 1]
+                    if a < v or (a == v and _id_key(ids[p, r, j - 1]) > _id_key(ids[p, r, j])):
+                        good = False
+        ok[r] = 1 if good else 0
+        if not good:
+            continue
+        head = np.zeros(P, np.int64)
+        for t in range(k):
+            best = -1
+            for p in range(P):
+                h = head[p]
+                if h == kk:
+                    continue
+                if best < 0:
+                    best = p
+                    continue
+                v, b = s[p, r, h], s[best, r, head[best]]
+                # an equal (score, id) in a later list stays behind: the earlier rank first
+                if v > b or (v == b and _id_key(ids[p, r, h]) < _id_key(ids[best, r, head[best]])):
+                    best = p
+            out_s[r, t] = s[best, r, head[best]]
+            out_i[r, t] = ids[best, r, head[best]]
+            head[best] += 1
 
 
 def order_keys(scores, in_place: bool = False) -> np.ndarray:

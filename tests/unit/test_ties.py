@@ -132,3 +132,42 @@ def test_the_top_k_of_a_block_with_ties_and_fewer_columns_than_k_matches_a_full_
         assert (ids[:, 3:] == -1).all() and np.isneginf(s[:, 3:]).all()
     finally:
         numba.set_num_threads(old)
+
+
+def _merge_reference(S, I, k):
+    """Per row: every rank's candidates in one Python sort by (score desc, id asc, missing last)."""
+    P, B, kk = S.shape
+    big = np.iinfo(np.int64).max
+    out_s, out_i = [], []
+    for r in range(B):
+        cands = sorted(((S[p, r, j], I[p, r, j]) for p in range(P) for j in range(kk)),
+                       key=lambda c: (-c[0], big if c[1] < 0 else c[1]))[:k]
+        out_s.append([c[0] for c in cands])
+        out_i.append([c[1] for c in cands])
+    return np.array(out_s), np.array(out_i, dtype=np.int64)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_merge_of_sorted_lists_equals_one_sort_of_every_candidate(seed):
+    rng = np.random.default_rng(seed)
+    P, B, kk = int(rng.integers(1, 5)), 30, int(rng.integers(1, 9))
+    S = np.empty((P, B, kk))
+    I = np.empty((P, B, kk), np.int64)
+    for p in range(P):  # each rank's rows best first, over few distinct scores (ties across ranks)
+        S[p], I[p] = scores_topk(np.round(rng.random((B, 3 * kk)) * 4), kk, 100 * p)
+    S[:, :, -1][rng.random((P, B)) < 0.3] = -np.inf  # missing candidates
+    I[np.isneginf(S)] = -1
+    for k in sorted({1, kk, P * kk}):
+        s, ids = merge_topk(S, I, k)
+        want_s, want_i = _merge_reference(S, I, k)
+        np.testing.assert_array_equal(ids, want_i)
+        np.testing.assert_array_equal(s, want_s)
+
+
+def test_a_row_out_of_order_is_merged_by_a_full_sort():
+    S = np.array([[[1.0, 3.0, 2.0], [2.5, 0.5, 0.0]],    # rank 0: row 0 unsorted, row 1 sorted
+                  [[4.0, 2.0, 1.5], [3.0, 2.5, 2.5]]])   # rank 1: sorted; a tie with rank 0's 2.5
+    I = np.array([[[0, 1, 2], [1, 0, 2]], [[5, 4, 3], [3, 4, 5]]])
+    s, ids = merge_topk(S, I, 4)
+    np.testing.assert_array_equal(ids, [[5, 1, 2, 4], [3, 1, 4, 5]])
+    np.testing.assert_array_equal(s, [[4.0, 3.0, 2.0, 2.0], [3.0, 2.5, 2.5, 2.5]])
