@@ -65,7 +65,8 @@ def account(config: Config, n_features: int, n_labels: int, world_size: int = 1,
         n_local = int(bounds[rank + 1] - bounds[rank])
         kind = RowDenseLayer if rows else LAYER_KINDS[config.layer_kind(i, n)]
         part = kind.estimate(config, i, d, n, n_local, i == len(widths) - 2, threads)
-        if i == len(widths) - 2 and kind.indexable and config.layer_lsh(i).index_anchors:
+        lc = config.layer_lsh(i)
+        if i == len(widths) - 2 and kind.indexable and lc.index_anchors and n >= lc.index_min_width:
             part.update(InferenceIndex.estimate(config.layer_lsh(i), d, n, n_local))
         for k in ("weights", "moments", "tables", "index", "scratch"):
             out[k] += part.get(k, 0)

@@ -110,7 +110,11 @@ class LSHConfig:
     (all of them in a narrower layer): in a layer of tens of thousands of labels
     `index_share` alone scores a few hundred, too few for the network's top
     100 that the neighbours' labels are fused with (docs/accuracy.md, item 15).
-    index_anchors = 0: no index;
+    index_anchors = 0: no index. An output narrower than `index_min_width` labels
+    gets none either: there, scoring every label (a dense product) takes less
+    than the index's gathered scoring, and the index's build, seconds at the
+    end of training, buys nothing; `--lsh` scores its labels exactly and
+    still bounds the neighbours' search (docs/lsh.md).
     index_neighbors = 0: buckets alone. The neighbours' labels recover much
     of what the buckets miss of the exact top-10, and of P@5 (docs/lsh.md,
     bench_lsh.py --eval --rebuild on the saved amazon-like model).

@@ -207,6 +207,8 @@ LSH_FIELDS = (
     Field("growth", "float", 1.3, Float(1.0, 10.0), "the refill period grows by this after each refill", L),
     Field("index_anchors", "int", 2048, Int(0, 1 << 20), "anchors of the output's inference index (0: no index)", L),
     Field("index_share", "float", 0.02, Float(0.0, 1.0, lo_open=True), "the share of the labels a query scores", L),
+    Field("index_min_width", "int", 32768, Int(0, 1 << 31),
+          "the narrowest output an index is built for (narrower: --lsh scores every label)", L),
     Field("index_min_labels", "int", 2048, Int(0, 1 << 30),
           "the fewest labels a query scores, where index_share of them is fewer (0: index_share alone)", L),
     Field("index_probes", "int", 1, Int(1, 1024), "nearest anchors whose buckets a query scores", L),

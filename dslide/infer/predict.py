@@ -81,12 +81,13 @@ class Fusion:
 def output_topk(model, batch, k: int, exact: bool):
     """This rank's best k output labels of a batch: (scores float64 [B, k], global ids int64
     [B, k], labels scored int64 [B]); exact: every label of the slice, otherwise what the
-    model's inference index retrieves (an output kind without one scores every label)."""
+    model's inference index retrieves (an output kind without one, or an LSH output too narrow
+    for one, lsh.index_min_width, scores every label)."""
     net = model.network
     out = net.layers[-1]
     with model.timings.time("predict_hidden"):
         x = net.hidden(batch, own=True)
-    if exact or not out.indexable:
+    if exact or not out.indexable or (model.index is None and out.too_narrow_for_index()):
         with model.timings.time("predict_output"):
             return out.topk(x, k)
     if model.index is None:

@@ -44,7 +44,7 @@ def world(tmp_path_factory):
     knn_run = d / "knn_run"  # with a neighbour store (knn.*) and an inference index (index.*, nn.*)
     assert cli.main(["train", "--train", str(d / "t_train.txt"), "--out", str(knn_run), *S, "--set", "knn=5", "--set", "knn_weight=0.6", "--set", "proto_weight=0.5",
                      "--set", 'kinds=["dense","lsh"]', "--set", "lsh.index_anchors=16",
-                     "--set", "lsh.index_points=300"]) == 0
+                     "--set", "lsh.index_points=300", "--set", "lsh.index_min_width=0"]) == 0
     for f in (d / "t_train.txt", d / "t_test.txt", other):
         read_xmc(f)  # the caches exist before any case runs
     sleeper = subprocess.Popen(["sleep", "600"])  # a live process for the lock cases

@@ -88,7 +88,7 @@ def trained(tmp_path_factory):
     train, test = generate_split("tiny", n_train=500, n_test=120, seed=2)
     cfg = Config(hidden=(16,), kinds=("dense", "lsh"), epochs=1, batch_size=50, threads=1, seed=4, lr=1e-2,
                  adam_dtype="bfloat16", knn=0,  # the byte ratios below are of weights and moments
-                 lsh=LSHConfig(min_active=40, max_active=20, index_anchors=8, index_share=0.2))
+                 lsh=LSHConfig(min_active=40, max_active=20, index_anchors=8, index_share=0.2, index_min_width=0))
     model, _ = T.fit(train, cfg)
     run = tmp_path_factory.mktemp("run")
     ck.save(model.network, run, Comm(), weights_only=False, sections=sections(model))

@@ -39,7 +39,7 @@ def test_account_matches_the_arrays_of_a_built_network(family, adam):
     F, L = 3000, 20000
     cfg = Config(hidden=(24,), kinds=("dense", "lsh"), adam_dtype=adam, batch_size=64,
                  lsh=LSHConfig(family=family, anchors=16, max_active=64, index_anchors=32, index_share=0.02,
-                               index_points=500))
+                               index_points=500, index_min_width=0))
     net = Network(cfg, F, L, Comm())
     out = net.layers[-1]
     if family == "anchor":  # fill the anchor tables as training does

@@ -868,3 +868,35 @@ def test_the_ranks_shares_of_a_negative_share_add_up_to_it_whatever_their_number
         assert whole <= sum(parts) < whole + P
         assert parts == [block_counts(LSHConfig(min_active=whole, min_active_share=1.0, max_active=0), n,
                                       hi - lo)[1] for lo, hi in (shard_range(n, r, P) for r in range(P))]
+
+
+def test_an_output_narrower_than_index_min_width_has_no_index_and_lsh_scores_every_label():
+    """lsh.index_min_width: an LSH output of fewer labels gets no inference index (none built,
+    none counted in memory), and `--lsh` scores every label, the exact top k; from that width
+    up an index is built and a query scores a share of the labels."""
+    from dslide import memory
+    from dslide import train as T
+    from dslide.datasets.synthetic import generate_split
+    from dslide.infer.predict import predict_topk_scores
+    from dslide.session import check_lsh
+
+    train, test = generate_split("tiny", n_train=400, n_test=60, seed=1, n_labels=300, n_features=60)
+    L = train.n_labels
+    lc = LSHConfig(min_active=40, max_active=20, index_anchors=8, index_points=300, index_share=0.1,
+                   index_min_labels=0)
+    cfg = Config(hidden=(16,), kinds=("dense", "lsh"), epochs=1, batch_size=50, threads=1, seed=4, knn=0, lsh=lc)
+    for width, built in ((L + 1, False), (L, True)):
+        c = cfg.replace(lsh=dataclasses.replace(lc, index_min_width=width))
+        model, _ = T.fit(train, c)
+        assert (model.index is not None) == built and ("index_s" in model.index_info) == built
+        assert (memory.account(c, train.n_features, L)["index"] > 0) == built
+        stats = {}
+        exact = predict_topk_scores(model, test.X, 5, exact=True)
+        approx = predict_topk_scores(model, test.X, 5, exact=False, stats=stats)
+        if built:
+            assert stats["scored_share"] < 0.5
+        else:
+            assert stats["scored_share"] == 1.0
+            np.testing.assert_array_equal(approx[0], exact[0])
+            np.testing.assert_array_equal(approx[1], exact[1])
+        check_lsh(model, True)  # `eval --lsh`, `predict --lsh` and the estimator's lsh=True take both

@@ -27,9 +27,10 @@ import pytest
 
 from dslide.config import Config, LSHConfig
 
-# index_min_labels=0: buckets of index_share alone, as the figures were recorded
+# index_min_labels=0: buckets of index_share alone, as the figures were recorded; index_min_width=0:
+# an index over these few labels
 _SMALL_INDEX = dict(index_anchors=16, index_points=300, index_neighbors=3, index_search=8, index_degree=4,
-                    index_min_labels=0)
+                    index_min_labels=0, index_min_width=0)
 
 CASES = {
     "dense": dict(hidden=(32,), kinds=("dense", "dense"), dropout=0.2),

@@ -362,7 +362,8 @@ def test_the_index_build_keeps_what_training_recorded():
     n, f, L = 2400, 200, 5000
     X = sp.random(n, f, density=0.05, format="csr", dtype=np.float32, random_state=6)
     Y = sp.csr_matrix((np.ones(n, np.float32), rng.integers(0, 2000, n), np.arange(n + 1)), shape=(n, L))
-    lsh = LSHConfig(anchors=8, index_anchors=16, index_points=300, index_neighbors=3, index_search=8, index_degree=4)
+    lsh = LSHConfig(anchors=8, index_anchors=16, index_points=300, index_neighbors=3, index_search=8, index_degree=4,
+                    index_min_width=0)
     cfg = Config(hidden=(8,), kinds=("dense", "lsh"), batch_size=200, epochs=2.0, early_stop=True, knn=0, lsh=lsh)
     model, _ = T.fit(XMCData(X, Y), cfg.resolve(L, points_per_label(Y), n), index=True)
     assert "index_s" in model.index_info and len(model.index_info["early_stop"]["curve"]) >= 1
