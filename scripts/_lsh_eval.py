@@ -89,14 +89,16 @@ def compare_inference(model, test, inv_prop, shares=()) -> list[dict]:
     stats = {}
     t0 = time.perf_counter()
     pred = predict_topk(model, test.X, 10, exact=False, stats=stats)
-    rows.append(("--lsh (the index)", stats["scored_share"], time.perf_counter() - t0, pred))
-    n_labels = model.network.n_labels
-    m = max(1, int(round(stats["scored_share"] * n_labels)))
-    t0 = time.perf_counter()
-    static = static_topk(model, test.X, 10, m)
-    rows.append(("static shortlist (highest biases)", m / n_labels, time.perf_counter() - t0, static))
+    rows.append(("--lsh (the index)" if model.index is not None else "--lsh (every label: no index)",
+                 stats["scored_share"], time.perf_counter() - t0, pred))
     index = model.index
-    if index.neighbors is not None:  # what the neighbours add: the same share from buckets alone
+    if index is not None:  # (an output narrower than lsh.index_min_width has none: --lsh scores every label)
+        n_labels = model.network.n_labels
+        m = max(1, int(round(stats["scored_share"] * n_labels)))
+        t0 = time.perf_counter()
+        static = static_topk(model, test.X, 10, m)
+        rows.append(("static shortlist (highest biases)", m / n_labels, time.perf_counter() - t0, static))
+    if index is not None and index.neighbors is not None:  # what the neighbours add: the same share from buckets alone
         graph, share = index.neighbors, model.config.layer_lsh(len(model.network.layers) - 1).index_share
         index.neighbors = None
         try:
@@ -109,7 +111,7 @@ def compare_inference(model, test, inv_prop, shares=()) -> list[dict]:
         finally:
             index.neighbors = graph
             refill_index(model, share)
-    for share in shares:
+    for share in shares if index is not None else ():
         refill_index(model, share)
         predict_topk(model, test.X[:64], 10, exact=False)
         stats = {}

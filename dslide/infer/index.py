@@ -68,7 +68,7 @@ class InferenceIndex:
         per_point = float(labels[0][-1]) / max(1, H.shape[0]) if use_nn else 0.0
         T = index_bucket(lc.index_share, n, lc.index_neighbors if use_nn else 0, per_point, lc.index_min_labels)
         tables = lsh.AnchorTables(W.shape[1], 1, A, min(T, W.shape[0]), seed)
-        tables.fit_anchors(H)
+        tables.fit_anchors(H, share=lambda m, block, rows: _blocks_shared(m, block, comm, rows))
         t1 = time.perf_counter()
         index = cls(tables)
         index.fill(W, b, comm, T, lc)
@@ -213,6 +213,26 @@ def _nearest_points(index, x, cells, ef: int, k: int, comm: Comm) -> np.ndarray:
     1/P of its time at P ranks."""
     return _rows_shared(x.shape[0], k, comm, "evaluation",
                         lambda lo, hi: index.neighbors(x[lo:hi], cells[lo:hi], ef, k)[0])
+
+
+def _blocks_shared(n: int, block: int, comm: Comm, rows) -> np.ndarray:
+    """int32 [n]: rows(lo, hi) for every block [lo, hi) of `block` rows, block j computed by
+    rank j mod P and all gathered (lsh.kmeans's `share`: each block the product one rank
+    computes, so P ranks get what one does)."""
+    if comm.size == 1:
+        return lsh.kmeans.blocks_here(n, block, rows)
+    n_blocks = -(-n // block)
+    per = -(-n_blocks // comm.size)
+    mine = np.full((per, block), -1, np.int32)
+    for t, j in enumerate(range(comm.rank, n_blocks, comm.size)):
+        lo, hi = j * block, min(n, (j + 1) * block)
+        mine[t, :hi - lo] = rows(lo, hi)
+    every = comm.allgather_rows(mine, kind="index")  # [P, per, block]
+    out = np.empty(n, np.int32)
+    for j in range(n_blocks):
+        lo, hi = j * block, min(n, (j + 1) * block)
+        out[lo:hi] = every[j % comm.size, j // comm.size, :hi - lo]
+    return out
 
 
 def _rows_shared(n: int, width: int, comm: Comm, kind: str, rows) -> np.ndarray:

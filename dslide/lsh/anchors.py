@@ -41,7 +41,7 @@ import numpy as np
 from numba import njit, prange
 
 from ._common import check_int, check_seed
-from .kmeans import SCORE_BLOCK_BYTES, kmeans, minibatch_kmeans_step, nearest
+from .kmeans import SCORE_BLOCK_BYTES, blocks_here, kmeans, minibatch_kmeans_step, nearest
 from .rerank import topk_by_anchor, topk_of_buckets
 
 
@@ -237,11 +237,12 @@ class AnchorTables:
         return int(self.anchors.nbytes + self.counts.nbytes + self.buckets.nbytes + self.fill_count.nbytes)
 
     # -- anchors -----------------------------------------------------------
-    def fit_anchors(self, X, iters: int = 8) -> None:
-        """k-means anchors of the inputs X [n, dim] (n >= A), table l seeded by (seed, l)."""
+    def fit_anchors(self, X, iters: int = 8, share=blocks_here) -> None:
+        """k-means anchors of the inputs X [n, dim] (n >= A), table l seeded by (seed, l);
+        share: how its iterations' nearest anchors are computed (`kmeans`)."""
         X = self._check_inputs(X)
         for l in range(self.L):
-            self.anchors[l] = kmeans(X, self.A, _table_seed(self.seed, l), iters)
+            self.anchors[l] = kmeans(X, self.A, _table_seed(self.seed, l), iters, share=share)
         self.counts[:] = 0.0
         self.ready = True
 

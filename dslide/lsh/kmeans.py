@@ -129,13 +129,23 @@ def kmeans_block(A: int, block: int = 8192) -> int:
     return int(max(1, min(block, SCORE_BLOCK_BYTES // (4 * A))))
 
 
-def kmeans(X, A: int, seed: int, iters: int = 6, block: int = 8192, seed_points: int = 4) -> np.ndarray:
+def blocks_here(n: int, block: int, rows) -> np.ndarray:
+    """The rows' nearest anchors computed block by block in this process: rows(lo, hi) for
+    each block [lo, hi) of `block` rows, concatenated (`kmeans`'s default `share`)."""
+    return np.concatenate([rows(lo, min(n, lo + block)) for lo in range(0, n, block)])
+
+
+def kmeans(X, A: int, seed: int, iters: int = 6, block: int = 8192, seed_points: int = 4,
+           share=blocks_here) -> np.ndarray:
     """A anchors [A, d] (float32) for the rows of X [n, d] by Lloyd's k-means.
 
     Seeded by k-means++ on a random subset of min(n, seed_points * A) rows (the
     subset and the draws from `seed`); an anchor left without points restarts
     at the point farthest from its own anchor. Needs n >= A. Distances are taken
-    `kmeans_block(A, block)` rows at a time.
+    `kmeans_block(A, block)` rows at a time. share(n, block, rows) -> int32 [n]: each
+    iteration's nearest anchors, rows(lo, hi) for every block [lo, hi) of `block` rows; a
+    share that has processes compute some blocks each (dslide.infer.index) gives the same
+    anchors, every block being the same product wherever it runs.
     """
     X = np.ascontiguousarray(X, dtype=np.float32)
     n = X.shape[0]
@@ -146,7 +156,7 @@ def kmeans(X, A: int, seed: int, iters: int = 6, block: int = 8192, seed_points:
     sub = np.sort(rng.choice(n, min(n, seed_points * A), replace=False))
     C = X[sub[kmeanspp_seed(X[sub], A, rng.random(A))]].copy()
     for _ in range(iters):
-        codes = nearest(X, C, 1, block)[:, 0]
+        codes = np.asarray(share(n, block, lambda lo, hi: nearest(X[lo:hi], C, 1, block)[:, 0]), dtype=np.int32)
         counts = np.bincount(codes, minlength=A)
         sums = np.zeros((A, X.shape[1]), np.float64)
         _add_rows(sums, codes, X)

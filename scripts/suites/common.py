@@ -156,9 +156,10 @@ def inference_table(r: dict, title: str, n_test: int) -> str:
              ("recall of the exact top-10", lambda x: f"{x['recall@10']:.4f}"),
              ("P@1", lambda x: f"{x['p@1']:.4f}"), ("P@5", lambda x: f"{x['p@5']:.4f}"),
              ("PSP@5", lambda x: f"{x['psp@5']:.4f}")]
-    return (f"{title} ({n_test:,} test points; index: {info.get('anchors', '?')} anchors from "
-            f"{info.get('points', 0):,} training points, buckets of {info.get('bucket', 0):,} labels, built in "
-            f"{info.get('index_s', float('nan')):.1f} s after training):\n\n" + M.table(r["inference"], icols) + "\n")
+    index = (f"index: {info.get('anchors', '?')} anchors from {info.get('points', 0):,} training points, buckets of "
+             f"{info.get('bucket', 0):,} labels, built in {info['index_s']:.1f} s after training" if "index_s" in info
+             else "no index: an output narrower than lsh.index_min_width, whose labels --lsh scores exactly")
+    return f"{title} ({n_test:,} test points; {index}):\n\n" + M.table(r["inference"], icols) + "\n"
 
 
 def bibtex_files() -> tuple[Path, Path] | None:

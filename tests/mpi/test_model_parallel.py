@@ -237,6 +237,24 @@ def test_lsh_inference_index_gives_the_same_topk_and_share_at_p_ranks_as_at_one(
     assert (ids_1[:, 0] == exact_1[:, 0]).mean() >= 0.6
 
 
+def test_kmeans_with_its_blocks_shared_over_ranks_is_the_one_rank_kmeans_bit_for_bit():
+    """The inference index's anchors: each rank computes some blocks' nearest anchors and all
+    gather them (dslide.infer.index._blocks_shared); blocks of 7 rows, the last one short, so
+    every rank computes several and some one fewer."""
+    from dslide.infer.index import _blocks_shared
+    from dslide.lsh.kmeans import kmeans
+
+    world = Comm(MPI.COMM_WORLD)
+    X = np.maximum(np.random.default_rng(8).normal(size=(101, 6)), 0).astype(np.float32)
+    one = kmeans(X, 9, 5, iters=4, block=7)
+    shared = kmeans(X, 9, 5, iters=4, block=7, share=lambda n, block, rows: _blocks_shared(n, block, world, rows))
+    np.testing.assert_array_equal(shared, one)
+    calls = []
+    _blocks_shared(101, 7, world, lambda lo, hi: calls.append((lo, hi)) or np.zeros(hi - lo, np.int32))
+    mine = [(j * 7, min(101, j * 7 + 7)) for j in range(world.rank, 15, world.size)]
+    assert calls == mine  # each block once, on one rank
+
+
 def test_kth_largest_across_ranks_equals_numpy_on_the_concatenation():
     from dslide.model.topk import kth_largest
     from dslide.model.topk import order_keys as _order_keys

@@ -107,3 +107,25 @@ def test_a_member_suite_keeps_its_rows_as_they_come_and_notes_failures(tmp_path)
     assert notes == ["tiny: omikuji1 failed: boom"]
     a = SimpleNamespace(no_record=True, tag="x")
     assert C.finish(a, "bench.py --suite shapes", "table\n", notes, 0.0) == 0
+
+
+def test_the_inference_comparison_of_a_model_without_an_index_is_exact_scoring():
+    """An output narrower than lsh.index_min_width has no index: the comparison's --lsh row scores
+    every label (the exact top 10, without fusion) and its table says there is no index."""
+    from dslide import train as T
+    from dslide.config import Config, LSHConfig
+    from dslide.datasets.synthetic import generate_split
+    from scripts._lsh_eval import compare_inference
+    from scripts.suites.common import inference_table
+
+    train, test = generate_split("tiny", n_train=400, n_test=60, seed=1, n_labels=300, n_features=60)
+    cfg = Config(hidden=(16,), kinds=("dense", "lsh"), epochs=1, batch_size=50, threads=1, seed=4, knn=0,
+                 lsh=LSHConfig(min_active=40, max_active=20, index_anchors=8, index_points=300))
+    model, _ = T.fit(train, cfg)
+    assert model.index is None
+    rows = compare_inference(model, test, None)
+    assert [r["method"] for r in rows] == ["exact", "--lsh (every label: no index)"]
+    assert rows[1]["share"] == 1.0 and rows[1]["recall@10"] == 1.0 and rows[1]["p@5"] == rows[0]["p@5"]
+    text = inference_table({"inference": rows, "index": model.index_info}, "t", test.n_points)
+    title = text.splitlines()[0]
+    assert "no index" in title and "nan" not in title
