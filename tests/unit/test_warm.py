@@ -15,7 +15,8 @@ from dslide import cli, warm
 DEMO_KERNELS = ("dslide.io.xmc_parse._parse_body", "dslide.model.kernels.csr_times_rows", "dslide.model.kernels.rows_grad_adam",
                 "dslide.model.kernels.adam_dense", "dslide.lsh.anchors.top_rows", "dslide.lsh.rerank.topk_by_anchor",
                 "dslide.lsh.neighbors.beam_search", "dslide.infer.fusion.search", "dslide.infer.fusion.fuse",
-                "dslide.datasets.synthetic._draw_points")
+                "dslide.datasets.synthetic._draw_points", "dslide.lsh.kmeans.kmeanspp_seed",
+                "dslide.lsh.neighbors.cell_rows", "dslide.lsh.neighbors.add_reverse")
 
 
 def _compile(name, seconds):
