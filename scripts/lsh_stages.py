@@ -12,7 +12,8 @@ recall of the exact top 10 in the `--lsh` top 10, P@1 and P@5 of both, and,
 where the model fuses a neighbour store, the recall of the exact search's
 neighbours in the approximate search's (dslide.infer.approx). A model whose
 output layer is dense has no index: `--lsh` is refused there (dslide.session)
-and its row is the exact path. scripts/bench_lsh.py --fused gathers these over
+and its row is the exact path; an LSH output narrower than lsh.index_min_width has
+none either, and its `--lsh` row scores every label with the bounded search. scripts/bench_lsh.py --fused gathers these over
 members, with `dslide predict`'s seconds end to end.
 """
 
@@ -45,7 +46,9 @@ def measure(run_dir: str, data_path: str, k: int = 10) -> dict:
     data = dslide.read_data(data_path)
     X, Y = sp.csr_matrix(data.X), sp.csr_matrix(data.Y)
     out = model.network.layers[-1]
-    has_index = out.kind == "lsh" and model.index is not None
+    # an LSH output too narrow for an index (lsh.index_min_width) takes --lsh too: its labels scored
+    # exactly, the neighbours' search bounded
+    has_index = out.kind == "lsh" and (model.index is not None or out.too_narrow_for_index())
     result = {"points": data.n_points, "labels": model.n_labels, "output": out.kind,
               "fused": Fusion.of(model) is not None, "ranks": comm.size}
     preds = {}
