@@ -78,6 +78,13 @@ class Fusion:
                                        self.power, k, pr_ids, pr_sims, self.share, self.pr_power)
 
 
+def scores_every_label(model, exact: bool) -> bool:
+    """Whether a prediction scores every output label: exact, an output kind without an index, or
+    an LSH output too narrow for one (lsh.index_min_width) that was given none."""
+    out = model.network.layers[-1]
+    return exact or not out.indexable or (model.index is None and out.too_narrow_for_index())
+
+
 def output_topk(model, batch, k: int, exact: bool):
     """This rank's best k output labels of a batch: (scores float64 [B, k], global ids int64
     [B, k], labels scored int64 [B]); exact: every label of the slice, otherwise what the
@@ -87,7 +94,7 @@ def output_topk(model, batch, k: int, exact: bool):
     out = net.layers[-1]
     with model.timings.time("predict_hidden"):
         x = net.hidden(batch, own=True)
-    if exact or not out.indexable or (model.index is None and out.too_narrow_for_index()):
+    if scores_every_label(model, exact):
         with model.timings.time("predict_output"):
             return out.topk(x, k)
     if model.index is None:
@@ -123,7 +130,8 @@ def predict_topk_scores(model, X: sp.csr_matrix, k: int, exact: bool = True, bat
     scores = np.empty((n, k), dtype=np.float64)
     scored = 0
     if batch_size is None:
-        batch_size = PREDICT_BATCH["exact" if exact else "index"]
+        # (scoring every label, a batch's block of scores grows with the batch: the smaller batch)
+        batch_size = PREDICT_BATCH["exact" if scores_every_label(model, exact) else "index"]
     fusion = Fusion.of(model) if fused else None
     kk = max(k, fusion.candidates) if fusion is not None else k
     for s in range(0, n, batch_size):

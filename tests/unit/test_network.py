@@ -870,13 +870,14 @@ def test_the_ranks_shares_of_a_negative_share_add_up_to_it_whatever_their_number
                                       hi - lo)[1] for lo, hi in (shard_range(n, r, P) for r in range(P))]
 
 
-def test_an_output_narrower_than_index_min_width_has_no_index_and_lsh_scores_every_label():
+def test_an_output_narrower_than_index_min_width_has_no_index_and_lsh_scores_every_label(monkeypatch):
     """lsh.index_min_width: an LSH output of fewer labels gets no inference index (none built,
     none counted in memory), and `--lsh` scores every label, the exact top k; from that width
     up an index is built and a query scores a share of the labels."""
     from dslide import memory
     from dslide import train as T
     from dslide.datasets.synthetic import generate_split
+    from dslide.infer import predict as P
     from dslide.infer.predict import predict_topk_scores
     from dslide.session import check_lsh
 
@@ -900,3 +901,9 @@ def test_an_output_narrower_than_index_min_width_has_no_index_and_lsh_scores_eve
             np.testing.assert_array_equal(approx[0], exact[0])
             np.testing.assert_array_equal(approx[1], exact[1])
         check_lsh(model, True)  # `eval --lsh`, `predict --lsh` and the estimator's lsh=True take both
+        # scoring every label, --lsh takes exact scoring's batches (whose block of scores stays small)
+        monkeypatch.setattr(P, "PREDICT_BATCH", {"exact": 16, "index": 64})
+        sizes = []
+        predict_topk_scores(model, test.X, 5, exact=False, progress=sizes.append)
+        assert sizes == ([60] if built else [16, 16, 16, 12])
+        monkeypatch.undo()
