@@ -12,9 +12,10 @@ recall of the exact top 10 in the `--lsh` top 10, P@1 and P@5 of both, and,
 where the model fuses a neighbour store, the recall of the exact search's
 neighbours in the approximate search's (dslide.infer.approx). A model whose
 output layer is dense has no index: `--lsh` is refused there (dslide.session)
-and its row is the exact path; an LSH output narrower than lsh.index_min_width has
-none either, and its `--lsh` row scores every label with the bounded search. scripts/bench_lsh.py --fused gathers these over
-members, with `dslide predict`'s seconds end to end.
+and its row is the exact path; an LSH output narrower than lsh.index_min_width
+has none either, and its `--lsh` row scores every label with the bounded
+search. scripts/bench_lsh.py --fused gathers these over members, with
+`dslide predict`'s seconds end to end.
 """
 
 import argparse
@@ -48,12 +49,12 @@ def measure(run_dir: str, data_path: str, k: int = 10) -> dict:
     out = model.network.layers[-1]
     # an LSH output too narrow for an index (lsh.index_min_width) takes --lsh too: its labels scored
     # exactly, the neighbours' search bounded
-    has_index = out.kind == "lsh" and (model.index is not None or out.too_narrow_for_index())
+    lsh_ok = out.kind == "lsh" and (model.index is not None or out.too_narrow_for_index())
     result = {"points": data.n_points, "labels": model.n_labels, "output": out.kind,
               "fused": Fusion.of(model) is not None, "ranks": comm.size}
     preds = {}
     for mode in ("exact", "lsh"):
-        exact = mode == "exact" or not has_index
+        exact = mode == "exact" or not lsh_ok
         predict_topk_scores(model, X[:64], k, exact=exact)  # compiles outside the timings
         before = {s: model.timings[s] for s in STAGES}
         comm.barrier()

@@ -205,7 +205,8 @@ def test_lsh_inference_index_gives_the_same_topk_and_share_at_p_ranks_as_at_one(
                            np.arange(0, 321, 2)), shape=Y.shape)
         Y.sum_duplicates()
     lc = LSHConfig(min_active=30, max_active=10, anchors=8, index_anchors=16, index_share=0.1, index_min_labels=0,
-                   index_min_width=0, index_neighbors=neighbors, index_degree=4, index_search=8, index_graph_cells=cells)
+                   index_min_width=0, index_neighbors=neighbors, index_degree=4, index_search=8,
+                   index_graph_cells=cells)
     cfg = Config(hidden=(16,), kinds=("dense", "lsh"), input_norm="none", seed=3, lr_schedule="constant",
                  dropout=0.0, lsh=lc)
     data = XMCData(X, Y)
