@@ -46,8 +46,8 @@ def account(config: Config, n_features: int, n_labels: int, world_size: int = 1,
     takes the largest transient, and adds the replicas' marks.
     data: (n_points, nnz of X, nnz of Y[, sum over points of nnz(x_i) |y_i|]) of the training
     set, for the neighbour store every rank holds where the neighbours' labels are fused
-    (`neighbour_bytes`, with the label prototypes where proto_weight is on; 0 without data,
-    or where knn resolves to 0)."""
+    (`neighbour_bytes`, with the label prototypes where proto_weight is on, and `search_bytes`;
+    0 without data, or where knn resolves to 0)."""
     from dslide.model.layers import KINDS as LAYER_KINDS
     from dslide.model.layers.dense import RowDenseLayer
 
@@ -78,8 +78,8 @@ def account(config: Config, n_features: int, n_labels: int, world_size: int = 1,
         n_points, nnz_x, nnz_y = data[:3]
         protos = config.proto_weight != 0  # None: built, then kept unless the chosen share is 0
         nnz_xy = data[3] if len(data) > 3 else (nnz_x * nnz_y // max(1, n_points))
-        out["neighbours"] = neighbour_bytes(n_features, n_points, nnz_x, nnz_y,
-                                            n_labels if protos else 0, nnz_xy if protos else 0)
+        out["neighbours"] = (neighbour_bytes(n_features, n_points, nnz_x, nnz_y, n_labels if protos else 0,
+                                             nnz_xy if protos else 0) + search_bytes(n_features, n_points, nnz_x))
     out["total"] = sum(out[k] for k in ("weights", "moments", "tables", "index", "scratch", "neighbours", "step"))
     resident = out["total"] - out["step"]
     out["peak"] = max(out["total"], resident + out["index_build"])
@@ -125,6 +125,13 @@ def neighbour_bytes(n_features: int, n_points: int, nnz_x: int, nnz_y: int, n_la
     points of a label share a feature."""
     points = 8 * (n_features + 1) + 8 * nnz_x + 8 * (n_points + 1) + 4 * nnz_y
     return points + (8 * (n_features + 1) + 8 * nnz_xy + 8 * n_labels if n_labels else 0)
+
+
+def search_bytes(n_features: int, n_points: int, nnz_x: int) -> int:
+    """What the neighbour store's exact search derives on first use (dslide.infer.fusion,
+    `search_bounded`): the points' rows (int64 pointers, int32 features, float32 values) and each
+    feature's largest value (float32)."""
+    return 8 * (n_points + 1) + 8 * nnz_x + 4 * n_features
 
 
 def data_shape(X, Y) -> tuple[int, int, int, int]:

@@ -10,8 +10,9 @@ at once, P times the CPU.
 `dslide warm` compiles them once, in one process, before anything else: it
 runs the pipeline of scripts/demo.sh (generate, write and read a data file,
 train with an LSH output and the neighbours' labels, evaluate, predict) on a
-few thousand generated points in a temporary directory, with a progress line
-per stage. Later runs load every kernel from the cache.
+few thousand generated points in a temporary directory, then the exact
+neighbour search over a feature every point holds (which those points lack),
+with a progress line per stage. Later runs load every kernel from the cache.
 
 `heartbeat()` prints a line at least every `every` seconds while numba is
 compiling (numba's "numba:compile" event, fired only on a cache miss), naming
@@ -165,6 +166,21 @@ def _stages(tmp: Path, run_command):
     def command(*argv):
         return lambda: run_command(list(argv))
 
+    def bounded_search():
+        # the exact search's bounds take lists of at least fusion.bound_list(n) points, which the
+        # small set's have not: a store whose feature 0 every point holds
+        import numpy as np
+        import scipy.sparse as sp
+
+        from dslide.infer import fusion
+
+        n = fusion.BOUND_MIN_LIST + 64
+        rng = np.random.default_rng(0)
+        X = sp.random(n, 50, density=0.1, format="lil", random_state=rng, dtype=np.float32)
+        X[:, 0] = 0.1
+        store = fusion.NeighbourLabels.build(sp.csr_matrix(X), sp.csr_matrix((n, 2), dtype=np.float32))
+        store.neighbours(sp.csr_matrix(X[:8]), 3)
+
     # lsh.index_min_width=0: an index over these 5,000 labels, for the kernels a wider output's takes
     sets = ["--set", "kinds=dense,lsh", "--set", "epochs=1", "--set", "eval_every=10", "--set", "log_every=10",
             "--set", "lsh.index_min_width=0"]
@@ -177,6 +193,7 @@ def _stages(tmp: Path, run_command):
                                                             "--quiet", "--out", str(tmp / "eval.json"))),
         ("predicting", command("predict", "--model", str(run), "--data", test, "--k", "5", "--quiet",
                                "--out", str(tmp / "pred.txt"))),
+        ("the exact neighbour search over common features", bounded_search),
     ]
 
 

@@ -181,12 +181,13 @@ def transpose(ptr, ids, val, n_items: int):
 class ApproxPostings:
     """One set of posting lists (the store's points, or its label prototypes) ready for
     `search_pruned`: the pruned lists and the rows. n_items: the items the ids run over;
-    perm int32 [n_items]: the id each stands for (empty: its own)."""
+    perm int32 [n_items]: the id each stands for (empty: its own); rows: the lists' transpose
+    where already derived (NeighbourLabels.rows), else derived here."""
 
-    def __init__(self, ptr, ids, val, n_items: int, perm, postings: int = POSTINGS):
+    def __init__(self, ptr, ids, val, n_items: int, perm, postings: int = POSTINGS, rows=None):
         self.n_items = int(n_items)
         self.pruned = prune(ptr, ids, val, postings)
-        self.rows = transpose(ptr, ids, val, self.n_items)
+        self.rows = transpose(ptr, ids, val, self.n_items) if rows is None else rows
         self.perm = perm
         self.postings = postings
 

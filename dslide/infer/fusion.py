@@ -56,6 +56,13 @@ point sharing one of its features (the posting lists of its features) into a
 per-thread dense accumulator and keeps the k best in a sorted insertion
 list; ties go to the lower point id, and the sums run over the query's
 features in index order, so the result does not depend on the thread count.
+`search_bounded` returns what `search` does, bit for bit, reading less of the
+commonest features' lists (a feature in nearly every point holds most of a
+query's reads): their contributions are bounded by each list's largest value,
+the other features' sums bound every point's score from below, and where
+those bounds leave a point in no doubt only the points that can still enter
+the top k are scored, exactly, from their rows; a query they do not settle
+goes through `search`'s loop.
 `fuse` merges the model's candidates and the neighbours' labels per query;
 `fuse_grid_hits` does it for a grid of (share, weight) at once, sharing the
 per-query work, and tells which of each cell's predictions are true labels.
@@ -117,6 +124,42 @@ def _touch(seen, touched, m, j):
     return m
 
 
+#: `search_bounded`: a feature is common where its posting list holds at least 1/BOUND_DIVISOR of
+#: the points and at least BOUND_MIN_LIST of them (on the wide real members about the fastest;
+#: any choice gives the same neighbours); the bounds' relative slack against float32 rounding
+BOUND_DIVISOR = 8
+BOUND_MIN_LIST = 1024
+BOUND_SLACK = 1e-3
+
+
+def bound_list(n_points: int) -> int:
+    """The shortest posting list `search_bounded` bounds rather than reads, over n_points points."""
+    return max(BOUND_MIN_LIST, int(n_points) // BOUND_DIVISOR)
+
+
+@njit(cache=True, inline="always")
+def _search_query(q_ptr, q_idx, q_val, post_ptr, post_pt, post_val, q, k, perm, acc, seen, touched, ids, sims):
+    """`search` of query row q into ids / sims [k] (acc, seen and touched: the chunk's, all clear)."""
+    mapped = perm.shape[0] > 0
+    m = 0
+    for a in range(q_ptr[q], q_ptr[q + 1]):
+        f = q_idx[a]
+        v = q_val[a]
+        for b in range(post_ptr[f], post_ptr[f + 1]):
+            p = post_pt[b]
+            m = _touch(seen, touched, m, p)
+            acc[p] += v * post_val[b]
+    ids[:] = -1
+    sims[:] = -np.inf
+    for t in range(m):
+        p = touched[t]
+        s = acc[p]
+        acc[p] = 0.0
+        seen[p] = 0
+        if s >= sims[k - 1]:  # (below it cannot enter: no need for its id)
+            _insert(ids, sims, k, perm[p] if mapped else p, s)
+
+
 @njit(cache=True, parallel=True)
 def search(q_ptr, q_idx, q_val, post_ptr, post_pt, post_val, n_points, k, n_chunks, perm, out_ids, out_sims):
     """The k training points with the largest dot product with each query row.
@@ -129,7 +172,6 @@ def search(q_ptr, q_idx, q_val, post_ptr, post_pt, post_val, n_points, k, n_chun
     each posting id stands for, in the output and its ties (empty: the posting ids).
     """
     n = q_ptr.shape[0] - 1
-    mapped = perm.shape[0] > 0
     for c in prange(n_chunks):
         acc = np.zeros(n_points, np.float32)
         seen = np.zeros(n_points, np.uint8)
@@ -137,24 +179,100 @@ def search(q_ptr, q_idx, q_val, post_ptr, post_pt, post_val, n_points, k, n_chun
         lo = c * n // n_chunks
         hi = (c + 1) * n // n_chunks
         for q in range(lo, hi):
-            m = 0
-            for a in range(q_ptr[q], q_ptr[q + 1]):
+            _search_query(q_ptr, q_idx, q_val, post_ptr, post_pt, post_val, q, k, perm, acc, seen, touched,
+                          out_ids[q], out_sims[q])
+
+
+@njit(cache=True, parallel=True)
+def search_bounded(q_ptr, q_idx, q_val, post_ptr, post_pt, post_val, r_ptr, r_idx, r_val, top_val, common, n_points,
+                   k, n_chunks, perm, out_ids, out_sims):
+    """`search`'s result (the same ids and float32 sums), reading the lists of a query's common
+    features (at least `common` entries) only where its other features do not settle it.
+
+    The arrays as in `search`, the query's features sorted; r_*: the points' rows (CSR: int64
+    ptr [n_points + 1], int32 features ascending per row, float32 values), the lists'
+    transpose; top_val float32 [F]: each list's largest value. Every value must be >= 0 (the
+    bounds need it; a query with a negative value goes through `search`'s loop). Per query:
+    U = sum over its common features of q_f top_val[f] bounds what they add to any point; the
+    other features' sums L_p (read from their lists) bound each point's score from below, so the
+    k-th largest L_p, theta, is at most the k-th score. Where U < theta, a point no other feature
+    reaches cannot enter the top k, nor can one with L_p + U < theta: the others are scored
+    from their rows, over the features both hold in the query's order (`search`'s float32
+    sum). Bounds compare with BOUND_SLACK of room for float32 rounding."""
+    n = q_ptr.shape[0] - 1
+    mapped = perm.shape[0] > 0
+    for c in prange(n_chunks):
+        acc = np.zeros(n_points, np.float32)
+        seen = np.zeros(n_points, np.uint8)
+        touched = np.empty(n_points, np.int32)
+        low_ids = np.empty(k, np.int32)
+        low = np.empty(k, np.float32)
+        lo = c * n // n_chunks
+        hi = (c + 1) * n // n_chunks
+        for q in range(lo, hi):
+            a0, a1 = q_ptr[q], q_ptr[q + 1]
+            ids = out_ids[q]
+            sims = out_sims[q]
+            upper = 0.0
+            n_common = 0
+            negative = False
+            for a in range(a0, a1):
                 f = q_idx[a]
+                negative = negative or q_val[a] < 0
+                if post_ptr[f + 1] - post_ptr[f] >= common:
+                    upper += float(q_val[a]) * float(top_val[f])
+                    n_common += 1
+            if n_common == 0 or negative:
+                _search_query(q_ptr, q_idx, q_val, post_ptr, post_pt, post_val, q, k, perm, acc, seen, touched,
+                              ids, sims)
+                continue
+            m = 0
+            for a in range(a0, a1):
+                f = q_idx[a]
+                if post_ptr[f + 1] - post_ptr[f] >= common:
+                    continue
                 v = q_val[a]
                 for b in range(post_ptr[f], post_ptr[f + 1]):
                     p = post_pt[b]
                     m = _touch(seen, touched, m, p)
                     acc[p] += v * post_val[b]
-            ids = out_ids[q]
-            sims = out_sims[q]
+            low_ids[:] = -1
+            low[:] = -np.inf
+            for t in range(m):
+                p = touched[t]
+                if acc[p] >= low[k - 1]:
+                    _insert(low_ids, low, k, p, acc[p])
+            theta = float(low[k - 1]) * (1.0 - BOUND_SLACK)
+            upper = upper * (1.0 + BOUND_SLACK) + 1e-7
+            if m < k or upper >= theta:  # not settled: every list read
+                for t in range(m):
+                    acc[touched[t]] = 0.0
+                    seen[touched[t]] = 0
+                _search_query(q_ptr, q_idx, q_val, post_ptr, post_pt, post_val, q, k, perm, acc, seen, touched,
+                              ids, sims)
+                continue
             ids[:] = -1
             sims[:] = -np.inf
             for t in range(m):
                 p = touched[t]
-                s = acc[p]
+                partial = acc[p]
                 acc[p] = 0.0
                 seen[p] = 0
-                if s >= sims[k - 1]:  # (below it cannot enter: no need for its id)
+                if float(partial) * (1.0 + BOUND_SLACK) + upper < theta:
+                    continue
+                s = np.float32(0.0)
+                a = a0
+                r, r1 = r_ptr[p], r_ptr[p + 1]
+                while a < a1 and r < r1:
+                    if q_idx[a] == r_idx[r]:
+                        s += q_val[a] * r_val[r]
+                        a += 1
+                        r += 1
+                    elif q_idx[a] < r_idx[r]:
+                        a += 1
+                    else:
+                        r += 1
+                if s >= sims[k - 1]:
                     _insert(ids, sims, k, perm[p] if mapped else p, s)
 
 
@@ -403,10 +521,12 @@ def fuse_grid_hits(m_ids, m_logits, nn_ids, nn_sims, y_ptr, y_idx, power, pr_ids
 
 
 def _shared_search(Xq, k: int, comm, ptr, pt, val, n_items: int, perm=_NO_PERM,
-                   approx=None) -> tuple[np.ndarray, np.ndarray]:
+                   approx=None, bounded=None) -> tuple[np.ndarray, np.ndarray]:
     """`search` of posting lists (ptr, pt, val) over n_items (their ids standing for perm's),
     each rank taking a contiguous share of the query rows, all gathered. approx: an approximate
-    search of the same lists instead, approx(rows, k) -> (ids, sims, ...) (dslide.infer.approx)."""
+    search of the same lists instead, approx(rows, k) -> (ids, sims, ...) (dslide.infer.approx);
+    bounded: (r_ptr, r_idx, r_val, top_val, common), `search_bounded`'s arrays, the same result
+    as `search`'s read faster."""
     if Xq.shape[1] != ptr.shape[0] - 1:  # the kernel reads ptr[f + 1] for each feature f of a query
         raise ValueError(f"queries have {Xq.shape[1]} features but the neighbour store holds {ptr.shape[0] - 1}")
     Xq = l2_rows(Xq)
@@ -418,6 +538,10 @@ def _shared_search(Xq, k: int, comm, ptr, pt, val, n_items: int, perm=_NO_PERM,
     sims = np.full(ids.shape, -np.inf, np.float32)
     if hi > lo and approx is not None:
         ids[:hi - lo], sims[:hi - lo] = approx(Xq[lo:hi], k)[:2]
+    elif hi > lo and bounded is not None:
+        part = Xq[lo:hi]
+        search_bounded(part.indptr.astype(np.int64), part.indices.astype(np.int32), part.data, ptr, pt, val,
+                       *bounded, n_items, k, min(hi - lo, 4 * get_num_threads()), perm, ids[:hi - lo], sims[:hi - lo])
     elif hi > lo:
         part = Xq[lo:hi]
         search(part.indptr.astype(np.int64), part.indices.astype(np.int32), part.data, ptr, pt, val, n_items, k,
@@ -603,8 +727,9 @@ class NeighbourLabels:
         With a communicator, each rank searches a contiguous share of the rows and all gather them.
         approx: an approx.Bound (True: the default one), a search bounded whatever the points."""
         a = self.arrays
+        search = self._search("points", approx)
         return _shared_search(Xq, k, comm, a["post_ptr"], a["post_pt"], a["post_val"], self.n_points,
-                              approx=self._search("points", approx))
+                              approx=search, bounded=self._bounded() if search is None else None)
 
     def prototypes(self, Xq: sp.csr_matrix, k: int, comm=None, approx=False) -> tuple[np.ndarray, np.ndarray]:
         """The k label prototypes of largest cosine with each query row, as `neighbours`."""
@@ -627,6 +752,33 @@ class NeighbourLabels:
             raise ValueError(f"queries have {Xq.shape[1]} features but the neighbour store holds {ptr.shape[0] - 1}")
         return int(np.diff(ptr)[Xq.indices].sum())
 
+    def rows(self) -> tuple:
+        """The training points' rows, the transpose of their posting lists (CSR: int64 ptr, int32
+        features ascending, float32 values), derived on first use and kept."""
+        if "rows" not in self._approx_cache:
+            from dslide.infer.approx import transpose
+
+            a = self.arrays
+            self._approx_cache["rows"] = transpose(a["post_ptr"], a["post_pt"], a["post_val"], self.n_points)
+        return self._approx_cache["rows"]
+
+    def _bounded(self):
+        """`search_bounded`'s arrays for the points' lists: (rows..., each list's largest value, the
+        shortest list bounded), derived on first use and kept; None where a value is negative or no
+        list is long enough to bound (the plain `search`)."""
+        if "bounded" not in self._approx_cache:
+            ptr, val = self.arrays["post_ptr"], self.arrays["post_val"]
+            lengths = np.diff(ptr)
+            common = bound_list(self.n_points)
+            if val.size == 0 or val.min() < 0 or lengths.max(initial=0) < common:
+                self._approx_cache["bounded"] = None
+            else:
+                top = np.zeros(lengths.size, np.float32)
+                held = np.flatnonzero(lengths > 0)
+                top[held] = np.maximum.reduceat(val, ptr[held])
+                self._approx_cache["bounded"] = (*self.rows(), top, common)
+        return self._approx_cache["bounded"]
+
     def _search(self, which: str, approx):
         """The pruned search (dslide.infer.approx) of the points or the prototypes under `approx`
         (False: None, the exact one; True: the default Bound), its lists derived on first use."""
@@ -640,7 +792,8 @@ class NeighbourLabels:
             a = self.arrays
             lists = ((a["post_ptr"], a["post_pt"], a["post_val"], self.n_points, _NO_PERM) if which == "points" else
                      (a["pr_ptr"], a["pr_lab"], a["pr_val"], self.n_labels, a.get("pr_perm", _NO_PERM)))
-            self._approx_cache[key] = ApproxPostings(*lists, bound.postings)
+            self._approx_cache[key] = ApproxPostings(*lists, bound.postings,
+                                                     rows=self.rows() if which == "points" else None)
         pruned = self._approx_cache[key]
         return lambda rows, k: pruned.search(rows, k, bound.query_features, bound.candidates)
 

@@ -61,6 +61,79 @@ def test_search_matches_brute_force(k):
     assert clear.mean() > 0.5
 
 
+def _common_features(seed, n, f=80, common=4):
+    """Rows whose first `common` features are in most points at small values (a frequent
+    word's low weight) and the others sparse: the case search_bounded bounds."""
+    rng = np.random.default_rng(seed)
+    X = sp.random(n, f, density=0.05, format="lil", random_state=rng, dtype=np.float32)
+    for j in range(common):
+        held = rng.random(n) < 0.9 - 0.2 * j
+        X[np.flatnonzero(held), j] = np.round(rng.random(held.sum()) * 3 + 1).astype(np.float32) * 0.2
+    return sp.csr_matrix(X, dtype=np.float32)
+
+
+@pytest.mark.parametrize("k", [1, 5, 20])
+def test_the_bounded_search_is_the_plain_search_bit_for_bit(k):
+    """search_bounded against search on the same lists: every id and float32 sum, with common
+    features settled by the bounds, queries of common features alone, a negative query value,
+    queries sharing fewer than k points, and ids mapped through perm."""
+    X = _common_features(0, 2000)
+    raw = sp.lil_matrix(_common_features(1, 300))
+    raw[7, 0] = -0.5  # a negative value: its query reads every list
+    raw[8, :] = 0.0  # an empty query
+    raw[9, :] = 0.0
+    raw[9, 1], raw[9, 2] = 1.0, 2.0  # common features alone
+    raw[10, :] = 0.0
+    raw[10, 79] = 1.0  # one rare feature: fewer than k points, perhaps
+    raw = sp.csr_matrix(raw)
+    Q = fusion.l2_rows(raw)
+    store = fusion.NeighbourLabels.build(X, sp.csr_matrix((2000, 3), dtype=np.float32))
+    a = store.arrays
+    rows = store.rows()
+    top = store._bounded()[3]
+    q = (Q.indptr.astype(np.int64), Q.indices.astype(np.int32), Q.data)
+    lists = (a["post_ptr"], a["post_pt"], a["post_val"])
+    perm = np.random.default_rng(2).permutation(2000).astype(np.int32)
+
+    def plain(mapping):
+        out = (np.full((300, k), -1, np.int32), np.full((300, k), -np.inf, np.float32))
+        fusion.search(*q, *lists, 2000, k, 3, mapping, *out)
+        return out
+
+    def bounded(mapping, common, top_val=top):
+        out = (np.full((300, k), -1, np.int32), np.full((300, k), -np.inf, np.float32))
+        fusion.search_bounded(*q, *lists, *rows, top_val, common, 2000, k, 3, mapping, *out)
+        return out
+
+    for mapping in (fusion._NO_PERM, perm):
+        want = plain(mapping)
+        for common in (200, 1000):
+            got = bounded(mapping, common)
+            np.testing.assert_array_equal(got[0], want[0])
+            np.testing.assert_array_equal(got[1], want[1])
+    # the bounds are in use: understated (every common list's largest value 0), points that
+    # rank by their common features are left out
+    wrong = bounded(fusion._NO_PERM, 200, np.zeros_like(top))
+    assert not np.array_equal(wrong[1], plain(fusion._NO_PERM)[1])
+    # the store's own search takes the bounded kernel (lists of 1,000 to 1,800 points are common)
+    assert fusion.bound_list(2000) == 1024 and store._bounded() is not None
+    ids, sims = store.neighbours(raw, k)
+    want = plain(fusion._NO_PERM)
+    np.testing.assert_array_equal(ids, want[0])
+    np.testing.assert_array_equal(sims, want[1])
+
+
+def test_a_store_with_a_negative_value_searches_plainly():
+    X = _common_features(0, 1500)
+    X[3, 5] = -1.0
+    store = fusion.NeighbourLabels.build(X, sp.csr_matrix((1500, 3), dtype=np.float32))
+    assert store._bounded() is None  # the bounds need non-negative values
+    Q = _common_features(1, 40)
+    ref_ids, ref_sims = _reference_neighbours(Q, X, 5)
+    ids, sims = store.neighbours(Q, 5)
+    np.testing.assert_allclose(sims, ref_sims, rtol=1e-5, atol=1e-6)
+
+
 def test_search_is_the_same_at_any_thread_count():
     import numba
 

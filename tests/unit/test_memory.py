@@ -140,21 +140,24 @@ def test_the_account_holds_the_neighbour_store_where_knn_is_on():
     Y = sp.random(n, L, density=0.001, format="csr", random_state=rng, dtype=np.float32)
     store = fusion.NeighbourLabels.build(X, Y)
     assert neighbour_bytes(F, n, X.nnz, Y.nnz) == store.nbytes()
+    # and what its exact search derives: the rows and each feature's largest value
+    search = memory.search_bytes(F, n, X.nnz)
+    assert search == sum(a.nbytes for a in store.rows()) + 4 * F
     data = memory.data_shape(X, Y)
     account = memory.account
     plain = account(Config(hidden=(16,), proto_weight=0.0), F, L, data=data)
     off = account(Config(hidden=(16,), knn=0), F, L, data=data)
-    assert plain["neighbours"] == store.nbytes() and off["neighbours"] == 0
-    assert plain["total"] - off["total"] == store.nbytes()
+    assert plain["neighbours"] == store.nbytes() + search and off["neighbours"] == 0
+    assert plain["total"] - off["total"] == store.nbytes() + search
     # with the label prototypes (the default): at least what a built store holds
     on = account(Config(hidden=(16,)), F, L, data=data)
     built = fusion.NeighbourLabels.build(X, Y, prototypes=True).nbytes()
-    assert built > store.nbytes() and on["neighbours"] >= built
-    assert on["neighbours"] - built <= 8 * X.nnz * 0.1 + 8  # labels' points here rarely share a feature
+    assert built > store.nbytes() and on["neighbours"] >= built + search
+    assert on["neighbours"] - built - search <= 8 * X.nnz * 0.1 + 8  # labels' points here rarely share a feature
     # where every point has labels of its own, no two points of a label share a feature: exact
     own = sp.csr_matrix((np.ones(n, np.float32), (np.arange(n), np.arange(n))), shape=(n, L))
     exact = account(Config(hidden=(16,)), F, L, data=memory.data_shape(X, own))
-    assert exact["neighbours"] == fusion.NeighbourLabels.build(X, own, prototypes=True).nbytes()
+    assert exact["neighbours"] == fusion.NeighbourLabels.build(X, own, prototypes=True).nbytes() + search
     # from the three sums alone the prototypes' entries are estimated from the means
     assert account(Config(hidden=(16,)), F, L, data=data[:3])["neighbours"] > plain["neighbours"]
     assert account(Config(hidden=(16,)), F, L)["neighbours"] == 0  # no data: not known
