@@ -49,7 +49,7 @@ def rows(name: str, run_dir: str, test_path: str) -> list[dict]:
     base = Bound.of(model.config)
     for fp, ff, fc in FACTORS:
         b = Bound(int(base.postings * fp), int(base.query_features * ff), int(base.candidates * fc))
-        fusion.store._approx_cache.clear()
+        fusion.store.drop_derived()
         fusion.store.neighbours(test.X[:1], fusion.neighbours, approx=b)  # the pruned lists, untimed
         t = time.perf_counter()
         ids, _ = fusion.store.neighbours(test.X, fusion.neighbours, approx=b)

@@ -662,7 +662,7 @@ class NeighbourLabels:
         #: the temperature of the network's softmax in the fused score (None: not chosen;
         #: knn_temperature decides, else 1)
         self.temperature = temperature
-        self._approx_cache = {}  # derived from the arrays on first use (`_search`)
+        self._derived = {}  # derived from the arrays on first use (`rows`, `_bounded`, `_search`)
 
     @classmethod
     def build(cls, X, Y, prototypes: bool = False, comm=None) -> "NeighbourLabels":
@@ -712,12 +712,17 @@ class NeighbourLabels:
             out["temperature"] = np.array([self.temperature], np.float64)
         return out
 
+    def drop_derived(self) -> None:
+        """Forget what the searches derived (the rows, the pruned lists): a store that will not be
+        searched again need not hold them; a later search derives them anew."""
+        self._derived.clear()
+
     def drop_prototypes(self) -> None:
         """Forget the label prototypes (a store whose chosen share is 0 need not hold them)."""
         for name in _PROTOTYPES + ("pr_perm",):
             self.arrays.pop(name, None)
-        for key in [key for key in self._approx_cache if key[0] == "prototypes"]:
-            del self._approx_cache[key]
+        for key in [key for key in self._derived if isinstance(key, tuple) and key[0] == "prototypes"]:
+            del self._derived[key]
 
     def nbytes(self) -> int:
         return sum(a.nbytes for a in self.arrays.values())
@@ -755,29 +760,29 @@ class NeighbourLabels:
     def rows(self) -> tuple:
         """The training points' rows, the transpose of their posting lists (CSR: int64 ptr, int32
         features ascending, float32 values), derived on first use and kept."""
-        if "rows" not in self._approx_cache:
+        if "rows" not in self._derived:
             from dslide.infer.approx import transpose
 
             a = self.arrays
-            self._approx_cache["rows"] = transpose(a["post_ptr"], a["post_pt"], a["post_val"], self.n_points)
-        return self._approx_cache["rows"]
+            self._derived["rows"] = transpose(a["post_ptr"], a["post_pt"], a["post_val"], self.n_points)
+        return self._derived["rows"]
 
     def _bounded(self):
         """`search_bounded`'s arrays for the points' lists: (rows..., each list's largest value, the
         shortest list bounded), derived on first use and kept; None where a value is negative or no
         list is long enough to bound (the plain `search`)."""
-        if "bounded" not in self._approx_cache:
+        if "bounded" not in self._derived:
             ptr, val = self.arrays["post_ptr"], self.arrays["post_val"]
             lengths = np.diff(ptr)
             common = bound_list(self.n_points)
             if val.size == 0 or val.min() < 0 or lengths.max(initial=0) < common:
-                self._approx_cache["bounded"] = None
+                self._derived["bounded"] = None
             else:
                 top = np.zeros(lengths.size, np.float32)
                 held = np.flatnonzero(lengths > 0)
                 top[held] = np.maximum.reduceat(val, ptr[held])
-                self._approx_cache["bounded"] = (*self.rows(), top, common)
-        return self._approx_cache["bounded"]
+                self._derived["bounded"] = (*self.rows(), top, common)
+        return self._derived["bounded"]
 
     def _search(self, which: str, approx):
         """The pruned search (dslide.infer.approx) of the points or the prototypes under `approx`
@@ -788,13 +793,13 @@ class NeighbourLabels:
             return None
         bound = Bound() if approx is True else approx
         key = (which, bound.postings)
-        if key not in self._approx_cache:
+        if key not in self._derived:
             a = self.arrays
             lists = ((a["post_ptr"], a["post_pt"], a["post_val"], self.n_points, _NO_PERM) if which == "points" else
                      (a["pr_ptr"], a["pr_lab"], a["pr_val"], self.n_labels, a.get("pr_perm", _NO_PERM)))
-            self._approx_cache[key] = ApproxPostings(*lists, bound.postings,
+            self._derived[key] = ApproxPostings(*lists, bound.postings,
                                                      rows=self.rows() if which == "points" else None)
-        pruned = self._approx_cache[key]
+        pruned = self._derived[key]
         return lambda rows, k: pruned.search(rows, k, bound.query_features, bound.candidates)
 
     def fuse(self, m_ids, m_logits, nn_ids, nn_sims, weight: float, power: float, k: int,

@@ -114,6 +114,7 @@ class FusionProbe:
         approx = (bound or Bound()) if reads > max_exact_reads else False
         nn_ids, nn_sims = store.neighbours(val.X, max(counts), comm, approx=approx)
         pr_ids, pr_sims = store.prototypes(val.X, pr_k, comm, approx=approx) if prototypes else (None, None)
+        store.drop_derived()  # searched once: the choices read its labels, not its rows
         search = {"search": "bounded" if approx else "exact", "exact_reads": reads}
         return cls(store, val.Y, nn_ids, nn_sims, pr_ids, pr_sims, comm, search)
 

@@ -336,6 +336,8 @@ def test_the_probe_searches_exactly_within_its_read_budget_and_bounded_past_it()
     np.testing.assert_array_equal(bounded.nn_sims, b_sims)
     np.testing.assert_array_equal(exact.pr_ids, store.prototypes(val.X, 8)[0])
     np.testing.assert_array_equal(bounded.pr_ids, store.prototypes(val.X, 8, approx=tight)[0])
+    # searched once, the probes keep no rows or pruned lists (the store searched here does)
+    assert exact.store._derived == {} and bounded.store._derived == {} and store._derived
 
 
 def test_a_busy_stage_says_so_every_few_seconds(capsys):
