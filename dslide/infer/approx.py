@@ -33,7 +33,7 @@ from numba import get_num_threads, njit, prange
 
 from dslide import _numba_cache  # noqa: F401  (before any kernel: the cache is keyed by module name)
 from dslide.config.rules import APPROX_CANDIDATES, APPROX_FEATURES, APPROX_POSTINGS
-from dslide.infer.lists import transpose_lists
+from dslide.infer.lists import row_dot, transpose_lists
 from dslide.lsh._topk import better, push_top
 from dslide.lsh.neighbors import _pop, _push
 
@@ -120,20 +120,8 @@ def search_pruned(q_ptr, q_idx, q_val, pp_ptr, pp_pt, pp_val, r_ptr, r_idx, r_va
                 p = cid[t]
                 # q . x_p over the features both hold, in the query's feature order: the same
                 # float32 sum as the exact kernel's accumulator
-                s = np.float32(0.0)
-                a = a0
-                r = r_ptr[p]
-                r1 = r_ptr[p + 1]
-                read += r1 - r
-                while a < a1 and r < r1:
-                    if q_idx[a] == r_idx[r]:
-                        s += q_val[a] * r_val[r]
-                        a += 1
-                        r += 1
-                    elif q_idx[a] < r_idx[r]:
-                        a += 1
-                    else:
-                        r += 1
+                read += r_ptr[p + 1] - r_ptr[p]
+                s = row_dot(q_idx, q_val, a0, a1, r_idx, r_val, r_ptr[p], r_ptr[p + 1])
                 size = push_top(out_sims, out_ids, q, size, k, s, perm[p] if mapped else p)
             out_read[q] = read
 

@@ -83,7 +83,7 @@ import scipy.sparse as sp
 from numba import get_num_threads, njit, prange
 
 from dslide import _numba_cache  # noqa: F401  (before any kernel: the cache is keyed by module name)
-from dslide.infer.lists import transpose_lists, work_cuts
+from dslide.infer.lists import row_dot, transpose_lists, work_cuts
 
 #: the arrays of a store, as saved in checkpoints (every rank holds them whole); "k" (the
 #: neighbours a query takes, int64 [1]) is absent from stores saved before it was kept, the
@@ -138,24 +138,42 @@ def bound_list(n_points: int) -> int:
 
 
 @njit(cache=True, inline="always")
+def _scratch(n_points):
+    """A chunk's accumulator, first-touch marks and touched list over n_points points."""
+    return np.zeros(n_points, np.float32), np.zeros(n_points, np.uint8), np.empty(n_points, np.int32)
+
+
+@njit(cache=True, inline="always")
+def _take(acc, seen, p):
+    """Point p's sum, its accumulator and mark cleared for the next query."""
+    s = acc[p]
+    acc[p] = 0.0
+    seen[p] = 0
+    return s
+
+
+@njit(cache=True, inline="always")
+def _add_list(post_ptr, post_pt, post_val, f, v, acc, seen, touched, m):
+    """acc[p] += v x_pf for every point p of feature f's list, marking each first touch: the new m."""
+    for b in range(post_ptr[f], post_ptr[f + 1]):
+        p = post_pt[b]
+        m = _touch(seen, touched, m, p)
+        acc[p] += v * post_val[b]
+    return m
+
+
+@njit(cache=True, inline="always")
 def _search_query(q_ptr, q_idx, q_val, post_ptr, post_pt, post_val, q, k, perm, acc, seen, touched, ids, sims):
     """`search` of query row q into ids / sims [k] (acc, seen and touched: the chunk's, all clear)."""
     mapped = perm.shape[0] > 0
     m = 0
     for a in range(q_ptr[q], q_ptr[q + 1]):
-        f = q_idx[a]
-        v = q_val[a]
-        for b in range(post_ptr[f], post_ptr[f + 1]):
-            p = post_pt[b]
-            m = _touch(seen, touched, m, p)
-            acc[p] += v * post_val[b]
+        m = _add_list(post_ptr, post_pt, post_val, q_idx[a], q_val[a], acc, seen, touched, m)
     ids[:] = -1
     sims[:] = -np.inf
     for t in range(m):
         p = touched[t]
-        s = acc[p]
-        acc[p] = 0.0
-        seen[p] = 0
+        s = _take(acc, seen, p)
         if s >= sims[k - 1]:  # (below it cannot enter: no need for its id)
             _insert(ids, sims, k, perm[p] if mapped else p, s)
 
@@ -173,9 +191,7 @@ def search(q_ptr, q_idx, q_val, post_ptr, post_pt, post_val, n_points, k, n_chun
     """
     n = q_ptr.shape[0] - 1
     for c in prange(n_chunks):
-        acc = np.zeros(n_points, np.float32)
-        seen = np.zeros(n_points, np.uint8)
-        touched = np.empty(n_points, np.int32)
+        acc, seen, touched = _scratch(n_points)
         lo = c * n // n_chunks
         hi = (c + 1) * n // n_chunks
         for q in range(lo, hi):
@@ -202,9 +218,7 @@ def search_bounded(q_ptr, q_idx, q_val, post_ptr, post_pt, post_val, r_ptr, r_id
     n = q_ptr.shape[0] - 1
     mapped = perm.shape[0] > 0
     for c in prange(n_chunks):
-        acc = np.zeros(n_points, np.float32)
-        seen = np.zeros(n_points, np.uint8)
-        touched = np.empty(n_points, np.int32)
+        acc, seen, touched = _scratch(n_points)
         low_ids = np.empty(k, np.int32)
         low = np.empty(k, np.float32)
         lo = c * n // n_chunks
@@ -229,13 +243,8 @@ def search_bounded(q_ptr, q_idx, q_val, post_ptr, post_pt, post_val, r_ptr, r_id
             m = 0
             for a in range(a0, a1):
                 f = q_idx[a]
-                if post_ptr[f + 1] - post_ptr[f] >= common:
-                    continue
-                v = q_val[a]
-                for b in range(post_ptr[f], post_ptr[f + 1]):
-                    p = post_pt[b]
-                    m = _touch(seen, touched, m, p)
-                    acc[p] += v * post_val[b]
+                if post_ptr[f + 1] - post_ptr[f] < common:
+                    m = _add_list(post_ptr, post_pt, post_val, f, q_val[a], acc, seen, touched, m)
             low_ids[:] = -1
             low[:] = -np.inf
             for t in range(m):
@@ -246,8 +255,7 @@ def search_bounded(q_ptr, q_idx, q_val, post_ptr, post_pt, post_val, r_ptr, r_id
             upper = upper * (1.0 + BOUND_SLACK) + 1e-7
             if m < k or upper >= theta:  # not settled: every list read
                 for t in range(m):
-                    acc[touched[t]] = 0.0
-                    seen[touched[t]] = 0
+                    _take(acc, seen, touched[t])
                 _search_query(q_ptr, q_idx, q_val, post_ptr, post_pt, post_val, q, k, perm, acc, seen, touched,
                               ids, sims)
                 continue
@@ -255,23 +263,10 @@ def search_bounded(q_ptr, q_idx, q_val, post_ptr, post_pt, post_val, r_ptr, r_id
             sims[:] = -np.inf
             for t in range(m):
                 p = touched[t]
-                partial = acc[p]
-                acc[p] = 0.0
-                seen[p] = 0
+                partial = _take(acc, seen, p)
                 if float(partial) * (1.0 + BOUND_SLACK) + upper < theta:
                     continue
-                s = np.float32(0.0)
-                a = a0
-                r, r1 = r_ptr[p], r_ptr[p + 1]
-                while a < a1 and r < r1:
-                    if q_idx[a] == r_idx[r]:
-                        s += q_val[a] * r_val[r]
-                        a += 1
-                        r += 1
-                    elif q_idx[a] < r_idx[r]:
-                        a += 1
-                    else:
-                        r += 1
+                s = row_dot(q_idx, q_val, a0, a1, r_idx, r_val, r_ptr[p], r_ptr[p + 1])
                 if s >= sims[k - 1]:
                     _insert(ids, sims, k, perm[p] if mapped else p, s)
 

@@ -4,7 +4,10 @@ A store's posting lists (dslide.infer.fusion) are by feature, its label
 prototypes are summed by label, and the bounded search (dslide.infer.approx)
 re-ranks candidates by their rows: `transpose_lists` moves entries from one
 order to the other, in parallel, the values untouched; `work_cuts` cuts items
-into contiguous ranges of about equal work, for threads and for ranks.
+into contiguous ranges of about equal work, for threads and for ranks;
+`row_dot` is a query's float32 dot product with one row, in the order of the
+exact search's accumulator (inlined into the kernels that re-rank by rows,
+whose cache entries do not see an edit here: touch them after changing it).
 """
 
 from __future__ import annotations
@@ -13,6 +16,24 @@ import numpy as np
 from numba import get_num_threads, njit, prange
 
 from dslide import _numba_cache  # noqa: F401  (before any kernel: the cache is keyed by module name)
+
+
+@njit(cache=True, inline="always")
+def row_dot(q_idx, q_val, a, a1, r_idx, r_val, r, r1):
+    """The query entries a..a1 (features ascending) dot the row entries r..r1 (features
+    ascending) over the features both hold, summed in float32 in the query's feature order:
+    the exact search's accumulator for that point, bit for bit."""
+    s = np.float32(0.0)
+    while a < a1 and r < r1:
+        if q_idx[a] == r_idx[r]:
+            s += q_val[a] * r_val[r]
+            a += 1
+            r += 1
+        elif q_idx[a] < r_idx[r]:
+            a += 1
+        else:
+            r += 1
+    return s
 
 
 def work_cuts(work: np.ndarray, parts: int) -> np.ndarray:
