@@ -66,7 +66,7 @@ def account(config: Config, n_features: int, n_labels: int, world_size: int = 1,
         kind = RowDenseLayer if rows else LAYER_KINDS[config.layer_kind(i, n)]
         part = kind.estimate(config, i, d, n, n_local, i == len(widths) - 2, threads)
         lc = config.layer_lsh(i)
-        if i == len(widths) - 2 and kind.indexable and lc.index_anchors and n >= lc.index_min_width:
+        if i == len(widths) - 2 and kind.indexable and lc.builds_index(n):
             part.update(InferenceIndex.estimate(lc, d, n, n_local))
         for k in ("weights", "moments", "tables", "index", "scratch"):
             out[k] += part.get(k, 0)

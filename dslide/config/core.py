@@ -151,6 +151,11 @@ class LSHConfig:
         """Shared random neurons per step in a layer of `width` neurons (all ranks together)."""
         return min(self.min_active, int(self.min_active_share * width))
 
+    def builds_index(self, width: int) -> bool:
+        """Whether an output of `width` labels gets an inference index: index_anchors > 0 and at
+        least index_min_width labels."""
+        return bool(self.index_anchors) and int(width) >= self.index_min_width
+
 
 @_from_table(CONFIG_FIELDS)
 class Config:

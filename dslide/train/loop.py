@@ -95,14 +95,17 @@ def batch_rows(config: Config, n: int, step: int) -> np.ndarray:
     """Data rows of global step `step` (1-based): a function of (seed, step) only, so a
     resumed run reads exactly the batches the uninterrupted one would have."""
     B = config.batch_size
-    steps_per_epoch = max(1, -(-n // B))
-    epoch, pos = divmod(step - 1, steps_per_epoch)
+    epoch, pos = divmod(step - 1, epoch_steps(config, n))
     return epoch_order(config.seed, epoch, n)[pos * B:(pos + 1) * B]
 
 
+def epoch_steps(config: Config, n: int) -> int:
+    """Training steps of an epoch over n points (the last batch may be short)."""
+    return max(1, -(-n // config.batch_size))
+
+
 def total_steps(config: Config, n: int) -> int:
-    steps_per_epoch = max(1, -(-n // config.batch_size))
-    return max(1, int(round(config.epochs * steps_per_epoch)))
+    return max(1, int(round(config.epochs * epoch_steps(config, n))))
 
 
 def rank_threads(config: Config) -> int:
@@ -219,7 +222,7 @@ def fit(train: XMCData, config: Config | None = None, test: XMCData | None = Non
     if config.early_stop or fusing:
         fit_data, val, _ = validation.split(train, config.seed)
     early = probe = scorer = kept = scored = None
-    per_epoch = -(-fit_data.n_points // config.batch_size)
+    per_epoch = epoch_steps(config, fit_data.n_points)
     if val is not None and fusing:
         probe = fusion_probe(model, fit_data, val)
     if config.early_stop and val is not None and model.replicas is None:
@@ -415,7 +418,7 @@ class _Loop:
         # the last record is the model's: with replicas every replica holds the average of all
         # global steps up to net.step (this replica's own last step may be earlier)
         at = net.step if is_last else step
-        record = {"step": at, "epoch": at / max(1, -(-self.n // cfg.batch_size)),
+        record = {"step": at, "epoch": at / epoch_steps(cfg, self.n),
                   "samples": at * cfg.batch_size, "wall_s": self.wall0 + self.timings["train"] - self.train0,
                   "wall_s_delta": dt, "loss": loss, "bytes_per_step": sent / max(1, self.steps_done),
                   "peak_rss_mb": peak_rss_mb()}

@@ -267,7 +267,7 @@ class LSHLayer(Layer):
     def index_points(self) -> int:
         """Training points whose hidden vectors an inference index over it takes (0: no index,
         lsh.index_anchors 0 or a layer narrower than lsh.index_min_width)."""
-        return self.lc.index_points if self.lc.index_anchors and not self.too_narrow_for_index() else 0
+        return self.lc.index_points if self.lc.builds_index(self.n) else 0
 
     def too_narrow_for_index(self) -> bool:
         """Narrower than lsh.index_min_width: no index, and `--lsh` scores every label."""
