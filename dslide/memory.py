@@ -47,7 +47,8 @@ def account(config: Config, n_features: int, n_labels: int, world_size: int = 1,
     data: (n_points, nnz of X, nnz of Y[, sum over points of nnz(x_i) |y_i|]) of the training
     set, for the neighbour store every rank holds where the neighbours' labels are fused
     (`neighbour_bytes`, with the label prototypes where proto_weight is on, and `search_bytes`;
-    0 without data, or where knn resolves to 0)."""
+    0 without data, or where knn resolves to 0), and the hidden neighbours (`hidden_bytes`) unless
+    hidden_knn is 0 or the network has no hidden layer."""
     from dslide.model.layers import KINDS as LAYER_KINDS
     from dslide.model.layers.dense import RowDenseLayer
 
@@ -80,6 +81,8 @@ def account(config: Config, n_features: int, n_labels: int, world_size: int = 1,
         nnz_xy = data[3] if len(data) > 3 else (nnz_x * nnz_y // max(1, n_points))
         out["neighbours"] = (neighbour_bytes(n_features, n_points, nnz_x, nnz_y, n_labels if protos else 0,
                                              nnz_xy if protos else 0) + search_bytes(n_features, n_points, nnz_x))
+    if data is not None and config.hidden_knn != 0 and config.hidden:  # None: kept where the split chooses it
+        out["neighbours"] += hidden_bytes(data[0], config.hidden[-1], data[2])
     out["total"] = sum(out[k] for k in ("weights", "moments", "tables", "index", "scratch", "neighbours", "step"))
     resident = out["total"] - out["step"]
     out["peak"] = max(out["total"], resident + out["index_build"])
@@ -113,6 +116,12 @@ def available_bytes() -> int | None:
             avail = room if avail is None else min(avail, room)
         break
     return avail
+
+
+def hidden_bytes(n_points: int, width: int, nnz_y: int) -> int:
+    """The hidden neighbours (dslide.infer.hidden_knn.HiddenNeighbours): the unit hidden vectors
+    (float32 [N, width]) and the labels (int64 pointers, int32 ids)."""
+    return 4 * n_points * width + 8 * (n_points + 1) + 4 * nnz_y
 
 
 def neighbour_bytes(n_features: int, n_points: int, nnz_x: int, nnz_y: int, n_labels: int = 0,

@@ -16,6 +16,8 @@ Names in use:
                                                 within it), the merge over ranks
     fusion_neighbours, fusion_prototypes,       its fusion stage: the two searches of the
     fusion_fuse                                 neighbour store and the fusion kernel
+    hidden_neighbours, hidden_fuse              its hidden neighbours' stage: their search and
+                                                their votes' kernel (dslide.infer.hidden_knn)
     upkeep[l]                                   layer l's candidate source upkeep (tables built,
                                                 refilled, rehashed; its first build included)
     sync_wait                                   synchronisations and global points of replicas

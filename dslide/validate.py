@@ -350,6 +350,30 @@ def neighbour_store(arrays: dict, where: str, n_labels: int | None = None) -> No
                 raise ValueError(f"{w}pr_perm is not a permutation of the {L} labels")
 
 
+def hidden_store(arrays: dict, where: str, n_labels: int, width: int) -> None:
+    """The arrays of a dslide.infer.hidden_knn store (`hidden_knn.*` of a checkpoint), checked in
+    place: H finite float [N, width]; y_ptr [N + 1] over y_idx in [0, n_labels); k in [1, 1024],
+    power in [0, 64], weight in [0, 1]."""
+    w = f"{where}: hidden_knn."
+    missing = [name for name in ("H", "y_ptr", "y_idx") if name not in arrays]
+    if missing:
+        raise ValueError(f"{w[:-1]} lacks {', '.join(missing)}")
+    H = np.asarray(arrays["H"])
+    if H.ndim != 2 or H.shape[1] != width or H.dtype.kind != "f":
+        raise ValueError(f"{w}H is {H.dtype} {H.shape}; expected float [n, {width}] (the last hidden layer's width)")
+    finite(H, w + "H")
+    y_ptr = pointer(arrays["y_ptr"], w + "y_ptr", total=np.shape(arrays["y_idx"])[0])
+    if y_ptr.shape[0] != H.shape[0] + 1:
+        raise ValueError(f"{w}y_ptr has {y_ptr.shape[0]} entries; expected {H.shape[0] + 1} (one per row of H, and one)")
+    ids(arrays["y_idx"], w + "y_idx", n_labels, name="label id")
+    if "k" in arrays:
+        one(arrays["k"], w + "k", 1, 1024, integer=True)
+    if "power" in arrays:
+        one(arrays["power"], w + "power", 0.0, 64.0, integer=False)
+    if "weight" in arrays:
+        one(arrays["weight"], w + "weight", 0.0, 1.0, integer=False)
+
+
 def neighbor_index(arrays: dict, where: str, dim: int | None = None, n_cells: int | None = None) -> None:
     """The arrays of an lsh.NeighborIndex (`nn.*` of a checkpoint), checked in place: points
     int8 [n, dim], graph int [n, D] of ids in [-1, n), cell_ptr [n_cells + 1] over cell_ids in

@@ -181,6 +181,22 @@ def _stages(tmp: Path, run_command):
         store = fusion.NeighbourLabels.build(sp.csr_matrix(X), sp.csr_matrix((n, 2), dtype=np.float32))
         store.neighbours(sp.csr_matrix(X[:8]), 3)
 
+    def hidden_votes():
+        # whether training keeps the hidden neighbours depends on its validation figures: their
+        # kernels on a store of four points, both ways
+        import numpy as np
+        import scipy.sparse as sp
+
+        from dslide.infer.hidden_knn import HiddenNeighbours
+
+        H = np.eye(4, 3, dtype=np.float32)
+        Y = sp.csr_matrix(np.eye(4, 2, dtype=np.float32))
+        store = HiddenNeighbours.build(H, Y)
+        nn_ids, nn_sims = store.search(H[:2], 2)
+        b_ids, b_p = np.array([[0, 1], [1, -1]], np.int64), np.array([[0.6, 0.4], [1.0, 0.0]])
+        store.fuse(b_ids, b_p, nn_ids, nn_sims, 4.0, 0.1, 2)
+        store.grid_hits(b_ids, b_p, nn_ids, nn_sims, 4.0, [0.1], Y[:2], 2)
+
     # lsh.index_min_width=0: an index over these 5,000 labels, for the kernels a wider output's takes
     sets = ["--set", "kinds=dense,lsh", "--set", "epochs=1", "--set", "eval_every=10", "--set", "log_every=10",
             "--set", "lsh.index_min_width=0"]
@@ -194,6 +210,7 @@ def _stages(tmp: Path, run_command):
         ("predicting", command("predict", "--model", str(run), "--data", test, "--k", "5", "--quiet",
                                "--out", str(tmp / "pred.txt"))),
         ("the exact neighbour search over common features", bounded_search),
+        ("the hidden neighbours' votes", hidden_votes),
     ]
 
 

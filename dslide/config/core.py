@@ -320,6 +320,16 @@ class Config:
         with their cosine to the power `proto_power`. 0: the points alone (and
         no prototypes built). None: chosen with the count and the weight on
         the validation split (dslide.train.validation), kept with the store.
+    hidden_knn: the training points nearest to a query in the network's last
+        hidden layer (cosine of the hidden vectors) whose labels vote beside the
+        fused score (dslide.infer.hidden_knn): score = (1 - hidden_knn_weight) b
+        + hidden_knn_weight v, b the fused score (or the network's softmax where
+        nothing is fused), each neighbour's vote weighed by its cosine to the
+        power `hidden_knn_power`. 0: none. None: the count, the power and the
+        weight are chosen at the end of training on the validation split (weight
+        0, none, always a candidate: dslide.train.validation.choose_hidden);
+        without a validation split or a hidden layer, none.
+    hidden_knn_weight, hidden_knn_power: as given, else chosen with hidden_knn.
     propensity: the preset of the constants A, B of the label propensities
         behind PSP@k (Jain et al. 2016; see dslide.metrics.inverse_propensity),
         computed from the training labels and saved with the run

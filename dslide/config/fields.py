@@ -158,6 +158,17 @@ CONFIG_FIELDS = (
           "chosen on the validation split from 0 to 1 by 0.25"),
     Field("proto_power", "float", 16.0, Float(0.0, 64.0), "a prototype votes with its cosine to this power", N),
     Field("proto_candidates", "int", 20, Int(1, 1 << 16), "label prototypes that vote per query", N),
+    Field("hidden_knn", "int | None", None, Int(0, 1024),
+          "training points nearest in the network's last hidden layer whose labels vote beside the fused score "
+          "(0: none)", N, DATA,
+          "chosen on the validation split from 10, 25 with hidden_knn_weight (its 0: none); 0 without a "
+          "validation split or a hidden layer"),
+    Field("hidden_knn_weight", "float | None", None, Float(0.0, 1.0),
+          "the hidden neighbours' weight in the score", N, DATA,
+          "chosen on the validation split from 0 (none), 0.03, 0.06, 0.1, 0.2, 0.3"),
+    Field("hidden_knn_power", "float | None", None, Float(0.0, 64.0),
+          "a hidden neighbour votes with its cosine to this power", N, DATA,
+          "chosen on the validation split from 4, 16"),
     Field("approx_postings", "int", APPROX_POSTINGS, Int(1, 1 << 24),
           "under --lsh: training points (or prototypes) the neighbours' search keeps per feature", N),
     Field("approx_features", "int", APPROX_FEATURES, Int(1, 1 << 16),

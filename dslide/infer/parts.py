@@ -11,12 +11,15 @@ state, under "<old prefix><rest>" for the key "<new prefix><rest>".
     neighbours   the neighbour store (fusion.NeighbourLabels), alike on every rank
     index        the inference index (index.InferenceIndex): anchors and neighbour
                  graph alike on every rank, buckets each rank's own
+    hidden_knn   the hidden neighbours (hidden_knn.HiddenNeighbours), alike on every rank
 """
 
 from __future__ import annotations
 
 from dslide import rng
 from dslide.infer.fusion import KEYS, NeighbourLabels
+from dslide.infer.hidden_knn import KEYS as HIDDEN_KEYS
+from dslide.infer.hidden_knn import HiddenNeighbours
 from dslide.infer.index import InferenceIndex
 
 
@@ -66,6 +69,30 @@ class IndexSection:
                                                      same_layout) if arrays else None
 
 
+class HiddenSection:
+    """The model's hidden neighbours (`Model.hidden_neighbours`)."""
+
+    name = "hidden_knn"
+    legacy = ()
+
+    def __init__(self, model):
+        self.model = model
+
+    def state(self) -> dict:
+        store = getattr(self.model, "hidden_neighbours", None)
+        return {} if store is None else store.state_arrays()
+
+    def shard_axes(self) -> dict:
+        return dict.fromkeys(HIDDEN_KEYS)
+
+    def load_state(self, arrays: dict, same_layout: bool = True) -> None:
+        """The store of the arrays (checked first, dslide.validate), or none when they are empty."""
+        net = self.model.network
+        self.model.hidden_neighbours = (HiddenNeighbours.from_state(arrays, net.n_labels, net.layers[-1].d_in,
+                                                                    where="the hidden neighbours")
+                                        if arrays else None)
+
+
 def index_seed(model) -> int:
     """The seed of the inference index's hash parameters (anchors): from the run's seed and
     the output layer's position alone."""
@@ -74,4 +101,4 @@ def index_seed(model) -> int:
 
 def sections(model) -> list:
     """The checkpoint sections of a model's inference parts."""
-    return [NeighboursSection(model), IndexSection(model)]
+    return [NeighboursSection(model), IndexSection(model), HiddenSection(model)]

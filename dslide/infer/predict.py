@@ -8,9 +8,13 @@
         fused top k  = the model's softmax over its K candidates mixed with the
                        neighbour store's votes (dslide.infer.fusion), where the
                        model keeps a store and knn is not 0
+        hidden top k = those scores (or the softmax, where nothing is fused) mixed
+                       with the votes of the query's nearest training points in
+                       the last hidden layer (dslide.infer.hidden_knn), where the
+                       model keeps them and hidden_knn is not 0
 
-K is k, or knn_candidates where the labels are fused. Every rank ends with the
-same result.
+K is k, or knn_candidates where the labels are fused or the hidden neighbours
+vote. Every rank ends with the same result.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import scipy.sparse as sp
 from dslide import metrics
 from dslide.infer.approx import Bound
 from dslide.infer.fusion import tempered
+from dslide.infer.hidden_knn import softmax_rows
 from dslide.model.inputs import csr_parts, input_norms, make_batch
 from dslide.model.topk import merge_topk
 from dslide.timings import Timings
@@ -76,6 +81,40 @@ class Fusion:
         with timings.time("fusion_fuse"):
                 return self.store.fuse(m_ids, tempered(m_scores, self.temperature), nn_ids, nn_sims, self.weight,
                                        self.power, k, pr_ids, pr_sims, self.share, self.pr_power)
+
+
+@dataclass(frozen=True)
+class HiddenVotes:
+    """The hidden neighbours' stage: the model's store (hidden_knn.HiddenNeighbours) and what the
+    configuration resolves from it (the neighbours a query takes, their power, their weight)."""
+
+    store: object
+    neighbours: int
+    power: float
+    weight: float
+    candidates: int  # the labels of the scores before the stage that it rescores
+
+    @classmethod
+    def of(cls, model) -> "HiddenVotes | None":
+        """The model's hidden neighbours' stage, or None (no store, hidden_knn 0 or weight 0)."""
+        cfg, store = model.config, getattr(model, "hidden_neighbours", None)
+        if store is None or cfg.hidden_knn == 0:
+            return None
+        k = cfg.hidden_knn if cfg.hidden_knn is not None else store.k
+        power = cfg.hidden_knn_power if cfg.hidden_knn_power is not None else store.power
+        weight = cfg.hidden_knn_weight if cfg.hidden_knn_weight is not None else store.weight
+        if not k or not weight or power is None:
+            return None
+        return cls(store, int(k), float(power), float(weight), max(5, cfg.knn_candidates))
+
+    def fuse(self, H, b_ids, b_p, k: int, comm, timings=None):
+        """Top k of the base scores (b_ids, b_p: the fused scores or the network's softmax) mixed
+        with the votes of the hidden vectors H's nearest stored points: (ids, scores)."""
+        timings = Timings() if timings is None else timings
+        with timings.time("hidden_neighbours"):
+            nn_ids, nn_sims = self.store.search(H, self.neighbours, comm)
+        with timings.time("hidden_fuse"):
+            return self.store.fuse(b_ids, b_p, nn_ids, nn_sims, self.power, self.weight, k)
 
 
 def scores_every_label(model, exact: bool) -> bool:
@@ -133,15 +172,23 @@ def predict_topk_scores(model, X: sp.csr_matrix, k: int, exact: bool = True, bat
         # (scoring every label, a batch's block of scores grows with the batch: the smaller batch)
         batch_size = PREDICT_BATCH["exact" if scores_every_label(model, exact) else "index"]
     fusion = Fusion.of(model) if fused else None
-    kk = max(k, fusion.candidates) if fusion is not None else k
+    hidden = HiddenVotes.of(model) if fused else None
+    kb = max(k, hidden.candidates) if hidden is not None else k  # the labels the hidden stage rescores
+    kk = max(kb, fusion.candidates) if fusion is not None else kb
     for s in range(0, n, batch_size):
         rows = np.arange(s, min(n, s + batch_size))
-        ls, li, ln = output_topk(model, make_batch(parts, None, rows, net.step, norms=norms), kk, exact)
+        batch = make_batch(parts, None, rows, net.step, norms=norms)
+        ls, li, ln = output_topk(model, batch, kk, exact)
         # the layers' communicator: a stand-in in data-parallel mode, where every rank has it all
         with model.timings.time("predict_merge"):
             ms, mi = merge_topk(net.comm.allgather_rows(ls), net.comm.allgather_rows(li), kk)
         if fusion is not None:
-            mi, ms = fusion.fuse(X[s:s + len(rows)], mi, ms, k, net.comm, exact, model.timings)
+            mi, ms = fusion.fuse(X[s:s + len(rows)], mi, ms, kb, net.comm, exact, model.timings)
+        if hidden is not None:
+            with model.timings.time("predict_hidden"):
+                H = net.hidden(batch).dense()
+            base = ms if fusion is not None else softmax_rows(mi, ms)
+            mi, ms = hidden.fuse(H, mi, base, k, net.comm, model.timings)
         scores[rows], ids[rows] = ms, mi
         scored += int(ln.sum())
         if progress is not None:

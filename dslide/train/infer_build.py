@@ -23,7 +23,8 @@ import scipy.sparse as sp
 from dslide import metrics
 from dslide.config import PRIOR_SHIFTS, Config, knn_default, points_per_label
 from dslide.infer.approx import Bound
-from dslide.infer.fusion import NeighbourLabels
+from dslide.infer.fusion import NeighbourLabels, tempered
+from dslide.infer.hidden_knn import HiddenNeighbours, softmax_rows
 from dslide.infer.index import InferenceIndex
 from dslide.infer.parts import index_seed
 from dslide.infer.predict import predict_topk_scores
@@ -140,7 +141,7 @@ def fusion_pending(config: Config, train) -> bool:
 
 
 def build_neighbours(model, train, progress: bool = False, val=None, fit_data=None, probe=None,
-                     scored=None) -> None:
+                     scored=None):
     """The model's neighbour store (`Model.neighbours`, dslide.infer.fusion) from the training data, when
     `knn` > 0 or left to the data and on: every rank builds the same store, a function of
     the data alone, with the label prototypes unless proto_weight is 0.
@@ -156,17 +157,26 @@ def build_neighbours(model, train, progress: bool = False, val=None, fit_data=No
     model.index_info gets the figures behind the choice and the seconds taken.
     progress: a progress bar (tqdm, stderr) of its stages. scored: the network's candidates on
     every validation point, the model as it is ((ids, logits): `apply_prior_shift`'s), else
-    scored here."""
+    scored here.
+
+    Returns the validation points' scores as the model will have them before its hidden
+    neighbours (`build_hidden_neighbours`): (ids int64 [n, K], scores float64 [n, K]), the fused
+    scores at the choice (from the gradient's points' store) or the network's softmax over its
+    `knn_candidates` best labels; None without validation points or where the fused score's
+    settings were all given (nothing scored them on the split)."""
     t0 = time.perf_counter()
     cfg = model.config
     k = cfg.knn if cfg.knn is not None else knn_default(train.n_labels, points_per_label(train.Y))
     model.neighbours = None
     if not k:
-        return
+        if val is None:
+            return None
+        m_ids, m_logits = scored if scored is not None else _network_candidates(model, val)
+        return m_ids, softmax_rows(m_ids, m_logits)
     choosing = cfg.knn is None or cfg.proto_weight is None or cfg.knn_weight is None
     if choosing and val is None:
         model.index_info["fusion_choice"] = {"chosen": "off", "why": "no validation split to check it on"}
-        return
+        return None
     bar = _stage_bar(["store"] + ["validation choice", "store of every point"] * choosing,
                      "neighbour labels") if progress else None
     protos = cfg.proto_weight != 0
@@ -183,8 +193,7 @@ def build_neighbours(model, train, progress: bool = False, val=None, fit_data=No
             m_ids, m_logits = scored
         else:
             with _busy("neighbour labels: scoring the validation points", bar is not None):
-                m_ids, m_logits = predict_topk_scores(model, val.X, max(5, cfg.knn_candidates), exact=True,
-                                                      fused=False)
+                m_ids, m_logits = _network_candidates(model, val)
         (c, a, w, t), figures = validation.choose_fusion(
             probe.store, probe.truth, m_ids, m_logits, probe.nn_ids, probe.nn_sims, probe.pr_ids, probe.pr_sims,
             counts=counts, shares=shares, weights=weights, power=cfg.knn_power, pr_power=cfg.proto_power,
@@ -198,10 +207,15 @@ def build_neighbours(model, train, progress: bool = False, val=None, fit_data=No
             if bar is not None:
                 bar.close()
             model.index_info["neighbours_s"] = time.perf_counter() - t0
-            return
+            return m_ids, softmax_rows(m_ids, m_logits)
+        # the validation points' fused scores at the choice, as prediction will fuse them
+        pr = (probe.pr_ids, probe.pr_sims) if probe.pr_ids is not None and a > 0 else (None, None)
+        base = probe.store.fuse(m_ids, tempered(m_logits, t), probe.nn_ids[:, :c], probe.nn_sims[:, :c], w,
+                                cfg.knn_power, max(5, cfg.knn_candidates), *pr, a, cfg.proto_power)
         store = NeighbourLabels.build(train.X, train.Y, prototypes=protos and a > 0, comm=model.comm)
         store.k, store.share, store.weight, store.temperature = c, a, w, t
     else:
+        base = None
         store = NeighbourLabels.build(train.X, train.Y, prototypes=protos, comm=model.comm)
         store.k, store.share, store.weight = k, cfg.proto_share(), cfg.fusion_weight()  # as given, kept with it
         store.temperature = cfg.fusion_temperature()
@@ -210,6 +224,74 @@ def build_neighbours(model, train, progress: bool = False, val=None, fit_data=No
         bar.close()
     model.neighbours = store
     model.index_info["neighbours_s"] = time.perf_counter() - t0
+    return base
+
+
+def _network_candidates(model, val):
+    """The network's best max(5, knn_candidates) labels of every validation point, unfused:
+    (ids int64 [n, K], logits float64 [n, K])."""
+    return predict_topk_scores(model, val.X, max(5, model.config.knn_candidates), exact=True, fused=False)
+
+
+def hidden_vectors(model, X) -> np.ndarray:
+    """float32 [n, h]: the network's last hidden vectors of the rows of X (inference: no
+    dropout), every rank with all of them; collective."""
+    net = model.network
+    X = sp.csr_matrix(X)
+    parts = csr_parts(X, net.dtype)
+    norms = input_norms(X, model.config.input_norm)
+    H = np.empty((X.shape[0], net.layers[-1].d_in), np.float32)
+    for s in range(0, X.shape[0], 4096):
+        rows = np.arange(s, min(X.shape[0], s + 4096))
+        H[s:s + rows.size] = net.hidden(make_batch(parts, None, rows, net.step, norms=norms)).dense()
+    return H
+
+
+def build_hidden_neighbours(model, train, val=None, fit_data=None, base=None) -> None:
+    """The model's hidden neighbours (`Model.hidden_neighbours`, dslide.infer.hidden_knn): the
+    unit hidden vectors and labels of every training point, when `hidden_knn` > 0 or left to the
+    data and chosen. What is left at None (the count from HIDDEN_COUNTS, the power from
+    HIDDEN_POWERS, the weight from HIDDEN_WEIGHTS) is chosen on the validation points `val`
+    (validation.choose_hidden) with a store of the gradient's points `fit_data`, against `base`,
+    the validation points' scores before this stage (`build_neighbours`' return); weight 0, none,
+    is always a candidate. Without a hidden layer, or with something to choose and no validation
+    points or base, none. model.index_info gets the choice ("hidden_choice") and its figures."""
+    t0 = time.perf_counter()
+    cfg, net = model.config, model.network
+    model.hidden_neighbours = None
+    if cfg.hidden_knn == 0:
+        return
+    info = model.index_info
+    if len(net.layers) < 2:
+        info["hidden_choice"] = {"chosen": "off", "why": "the network has no hidden layer"}
+        return
+    given = (cfg.hidden_knn, cfg.hidden_knn_power, cfg.hidden_knn_weight)
+    if None in given:
+        if val is None or base is None:
+            info["hidden_choice"] = {"chosen": "off", "why": "no validation split to check it on" if val is None else
+                                     "the fused score's settings were all given: nothing scored it on the split"}
+            return
+        probe = HiddenNeighbours.build(hidden_vectors(model, fit_data.X), fit_data.Y)
+        counts = validation.HIDDEN_COUNTS if cfg.hidden_knn is None else (cfg.hidden_knn,)
+        powers = validation.HIDDEN_POWERS if cfg.hidden_knn_power is None else (cfg.hidden_knn_power,)
+        weights = validation.HIDDEN_WEIGHTS if cfg.hidden_knn_weight is None else (0.0, cfg.hidden_knn_weight)
+        nn_ids, nn_sims = probe.search(hidden_vectors(model, val.X), max(counts), model.comm)
+        (c, a, w), figures = validation.choose_hidden(probe, sp.csr_matrix(val.Y), base[0], base[1], nn_ids, nn_sims,
+                                                      counts=counts, powers=powers, weights=weights, comm=model.comm)
+        info["hidden_choice"] = {
+            "chosen": "off" if w == 0 else {"hidden_knn": c, "hidden_knn_power": a, "hidden_knn_weight": w},
+            "validation_points": val.n_points,
+            "p@1/p@5": {validation.hidden_key(*key): list(v) for key, v in figures.items()}}
+        del probe
+        if w == 0:
+            info["hidden_s"] = time.perf_counter() - t0
+            return
+    else:
+        c, a, w = given
+    store = HiddenNeighbours.build(hidden_vectors(model, train.X), train.Y)
+    store.k, store.power, store.weight = int(c), float(a), float(w)
+    model.hidden_neighbours = store
+    info["hidden_s"] = time.perf_counter() - t0
 
 
 @contextlib.contextmanager

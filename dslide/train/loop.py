@@ -37,8 +37,8 @@ from dslide.comm import Comm, allreduce_bytes, default_threads
 from dslide.config import Config, points_per_label
 from dslide.io.data import XMCData
 from dslide.train import validation
-from dslide.train.infer_build import (EpochScorer, apply_prior_shift, build_index, build_neighbours, fusion_pending,
-                                     fusion_probe, kept_scoring, label_counts)
+from dslide.train.infer_build import (EpochScorer, apply_prior_shift, build_hidden_neighbours, build_index,
+                                     build_neighbours, fusion_pending, fusion_probe, kept_scoring, label_counts)
 # the command line takes prediction from here until its split (issue 37, move 1) takes it from dslide.infer
 from dslide.infer.predict import evaluate
 from dslide.model.inputs import csr_parts, input_norms, make_batch
@@ -63,6 +63,7 @@ class Model:
     replicas: Replicas | None = None  # the world's layout when replicas > 1 or shard_weights = "auto"
     neighbours: object = None  # dslide.infer.fusion.NeighbourLabels
     index: object = None  # dslide.infer.index.InferenceIndex, this rank's
+    hidden_neighbours: object = None  # dslide.infer.hidden_knn.HiddenNeighbours
 
     @property
     def n_features(self) -> int:
@@ -245,7 +246,9 @@ def fit(train: XMCData, config: Config | None = None, test: XMCData | None = Non
         with threadpool_limits(threads, user_api="blas"):
             build_index(model, train, progress=index_progress)
     with threadpool_limits(threads, user_api="blas"):
-        build_neighbours(model, train, progress=index_progress, val=val, fit_data=fit_data, probe=probe, scored=scored)
+        base = build_neighbours(model, train, progress=index_progress, val=val, fit_data=fit_data, probe=probe,
+                                scored=scored)
+        build_hidden_neighbours(model, train, val=val, fit_data=fit_data, base=base)
     return model, history
 
 

@@ -60,6 +60,11 @@ FUSION_COUNTS = (10, 5, 20)
 #: (where the wide real members' best cells lay: docs/accuracy.md, item 13)
 FUSION_TEMPERATURES = (1.0, 2.0, 4.0)
 FUSION_TEMPERED_WEIGHTS = (0.01, 0.02, 0.03, 0.05, 0.1, 0.2, 0.3)
+#: the hidden neighbours' counts, powers and weights tried (dslide.infer.hidden_knn; weight 0,
+#: none, always a candidate)
+HIDDEN_COUNTS = (10, 25)
+HIDDEN_POWERS = (4.0, 16.0)
+HIDDEN_WEIGHTS = (0.0, 0.03, 0.06, 0.1, 0.2, 0.3)
 EARLY_STOP_PATIENCE = 1
 EARLY_STOP_MIN_GAIN = CHOICE_MARGIN  # below it an epoch is a plateau: the checks measure no finer
 #: on a plateau the best epoch's weights are put back and the learning rate scaled by this
@@ -225,6 +230,43 @@ def choose_fusion(store, truth: sp.csr_matrix, m_ids, m_logits, nn_ids, nn_sims,
         figures[key] = (float(every[i % size, i // size, 0]), float(every[i % size, i // size, 1]))
     best = pick_tempered({key: sum(v) for key, v in figures.items()}, noop)
     return best, figures
+
+
+def choose_hidden(store, truth: sp.csr_matrix, b_ids, b_p, nn_ids, nn_sims, *, counts, powers, weights,
+                  comm=None) -> tuple[tuple, dict]:
+    """The (count, power, weight) of the hidden neighbours' votes (dslide.infer.hidden_knn) that
+    best predicts `truth` (csr [n, L]) from the base scores (b_ids int64 [n, K], b_p float64 [n, K]:
+    the fused scores, or the network's softmax) and the points' nearest stored points (nn_ids
+    [n, max(counts)], best first). The no-op (weight 0, the base alone) wins unless another beats
+    it by more than CHOICE_MARGIN: ((count, power, weight), {(count, power, weight): (P@1, P@5)}),
+    the no-op under the key (0, 0.0, 0.0).
+
+    comm: ranks that hold the same arrays share the grid ((count, power) pair i is scored by rank
+    i mod P, the figures gathered): every rank gets the figures one rank would."""
+    r = metrics.evaluate(truth, np.ascontiguousarray(b_ids[:, :5]), k=5)
+    noop = (0, 0.0, 0.0)
+    figures = {noop: (float(r["p@1"]), float(r["p@5"]))}
+    pairs = [(int(c), float(a)) for c in counts for a in powers]
+    ws = [float(w) for w in weights if w != 0]
+    size, rank = (1, 0) if comm is None else (comm.size, comm.rank)
+    per = -(-len(pairs) // size)
+    mine = np.full((per, max(1, len(ws)), 2), np.nan)
+    labels = metrics._binary_labels(truth)
+    for j, (c, a) in enumerate(pairs[rank::size]):
+        hits = store.grid_hits(b_ids, b_p, nn_ids[:, :c], nn_sims[:, :c], a, ws, labels, 5)
+        for g, h in enumerate(hits):
+            p = metrics.precision_from_hits(h.astype(np.float64))
+            mine[j, g] = float(p[0]), float(p[4])
+    every = mine[None] if size == 1 else comm.allgather_rows(mine, kind="evaluation")
+    for i, (c, a) in enumerate(pairs):
+        for g, w in enumerate(ws):
+            figures[(c, a, w)] = (float(every[i % size, i // size, g, 0]), float(every[i % size, i // size, g, 1]))
+    return pick({key: sum(v) for key, v in figures.items()}, noop), figures
+
+
+def hidden_key(count: int, power: float, weight: float) -> str:
+    """How a cell of the hidden neighbours' grid is named in the run's records."""
+    return f"hidden_knn {count} power {float(power):g} weight {float(weight):g}"
 
 
 def pick_tempered(scores: dict, noop, margin: float = CHOICE_MARGIN):

@@ -440,3 +440,31 @@ def test_the_ranks_share_the_fusion_grid_and_each_gets_every_figure():
     assert len(alone[1]) == 1 + 3 * per_count
     if world.size > 1:
         assert world.bytes_sent.get("evaluation", 0) > 0
+
+
+def test_the_hidden_neighbours_search_and_choice_at_p_ranks_are_the_one_rank_ones(monkeypatch):
+    """The query blocks shared over the ranks: the same neighbours and similarities bit for bit
+    (blocks of 4 rows: the last rank's share short or empty at 3 ranks), and the grid of the
+    hidden neighbours' choice shared out gives every rank the 1-rank figures."""
+    from dslide.infer import hidden_knn as HK
+    from dslide.train import validation as V
+
+    monkeypatch.setattr(HK, "QUERY_BLOCK", 4)
+    rng = np.random.default_rng(11)
+    N, L, n = 90, 12, 23
+    H = rng.standard_normal((N, 5)).astype(np.float32)
+    Y = sp.csr_matrix((rng.random((N, L)) < 0.2).astype(np.float32))
+    store = HK.HiddenNeighbours.build(H, Y)
+    Q = rng.standard_normal((n, 5)).astype(np.float32)
+    world = Comm(MPI.COMM_WORLD)
+    ids_p, sims_p = store.search(Q, 6, world)
+    ids_1, sims_1 = store.search(Q, 6)
+    np.testing.assert_array_equal(ids_p, ids_1)
+    np.testing.assert_array_equal(sims_p, sims_1)
+    truth = sp.csr_matrix((rng.random((n, L)) < 0.25).astype(np.float32))
+    b_ids = np.array([rng.choice(L, 6, replace=False) for _ in range(n)])
+    b_p = rng.dirichlet(np.ones(6), n)
+    kw = dict(counts=(3, 6), powers=(1.0, 4.0), weights=V.HIDDEN_WEIGHTS)
+    got = V.choose_hidden(store, truth, b_ids, b_p, ids_p, sims_p, comm=world, **kw)
+    want = V.choose_hidden(store, truth, b_ids, b_p, ids_1, sims_1, **kw)
+    assert got == want

@@ -145,19 +145,27 @@ def test_the_account_holds_the_neighbour_store_where_knn_is_on():
     assert search == sum(a.nbytes for a in store.rows()) + 4 * F
     data = memory.data_shape(X, Y)
     account = memory.account
-    plain = account(Config(hidden=(16,), proto_weight=0.0), F, L, data=data)
-    off = account(Config(hidden=(16,), knn=0), F, L, data=data)
+    plain = account(Config(hidden=(16,), proto_weight=0.0, hidden_knn=0), F, L, data=data)
+    off = account(Config(hidden=(16,), knn=0, hidden_knn=0), F, L, data=data)
     assert plain["neighbours"] == store.nbytes() + search and off["neighbours"] == 0
     assert plain["total"] - off["total"] == store.nbytes() + search
     # with the label prototypes (the default): at least what a built store holds
-    on = account(Config(hidden=(16,)), F, L, data=data)
+    on = account(Config(hidden=(16,), hidden_knn=0), F, L, data=data)
     built = fusion.NeighbourLabels.build(X, Y, prototypes=True).nbytes()
     assert built > store.nbytes() and on["neighbours"] >= built + search
     assert on["neighbours"] - built - search <= 8 * X.nnz * 0.1 + 8  # labels' points here rarely share a feature
     # where every point has labels of its own, no two points of a label share a feature: exact
     own = sp.csr_matrix((np.ones(n, np.float32), (np.arange(n), np.arange(n))), shape=(n, L))
-    exact = account(Config(hidden=(16,)), F, L, data=memory.data_shape(X, own))
+    exact = account(Config(hidden=(16,), hidden_knn=0), F, L, data=memory.data_shape(X, own))
     assert exact["neighbours"] == fusion.NeighbourLabels.build(X, own, prototypes=True).nbytes() + search
     # from the three sums alone the prototypes' entries are estimated from the means
-    assert account(Config(hidden=(16,)), F, L, data=data[:3])["neighbours"] > plain["neighbours"]
+    assert account(Config(hidden=(16,), hidden_knn=0), F, L, data=data[:3])["neighbours"] > plain["neighbours"]
+    # the hidden neighbours (hidden_knn left to the split, or given): what a built store holds
+    from dslide.infer.hidden_knn import HiddenNeighbours
+
+    hidden = HiddenNeighbours.build(rng.random((n, 16)), Y).nbytes()
+    for knn in (None, 7):
+        with_hidden = account(Config(hidden=(16,), proto_weight=0.0, hidden_knn=knn), F, L, data=data)
+        assert with_hidden["neighbours"] - plain["neighbours"] == hidden
+    assert account(Config(hidden=(), proto_weight=0.0), F, L, data=data)["neighbours"] == plain["neighbours"]
     assert account(Config(hidden=(16,)), F, L)["neighbours"] == 0  # no data: not known

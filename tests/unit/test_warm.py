@@ -17,7 +17,8 @@ DEMO_KERNELS = ("dslide.io.xmc_parse._parse_body", "dslide.model.kernels.csr_tim
                 "dslide.lsh.neighbors.beam_search", "dslide.infer.fusion.search", "dslide.infer.fusion.fuse",
                 "dslide.datasets.synthetic._draw_points", "dslide.lsh.kmeans.kmeanspp_seed",
                 "dslide.lsh.neighbors.cell_rows", "dslide.lsh.neighbors.add_reverse",
-                "dslide.infer.fusion.search_bounded")
+                "dslide.infer.fusion.search_bounded", "dslide.infer.hidden_knn.fuse",
+                "dslide.infer.hidden_knn.grid_hits")
 
 
 def _compile(name, seconds):
@@ -67,7 +68,7 @@ def test_warm_loads_or_compiles_the_kernels_it_names_and_prints_each_stage():
     report = warm.warm(out, verbose=True, run_command=cli.main)
     text = out.getvalue()
     stages = re.findall(r"^\[dslide warm\] (.+) \.\.\.$", text, re.M)
-    assert len(stages) == 6, text
+    assert len(stages) == 7, text
     for stage in stages:  # each stage's line when it starts and when it ends
         assert re.search(rf"^\[dslide warm\] {re.escape(stage)}: [0-9.]+s$", text, re.M), stage
     named = {k.name: k for k in report}
