@@ -120,7 +120,8 @@ def available_bytes() -> int | None:
 
 def hidden_bytes(n_points: int, width: int, nnz_y: int) -> int:
     """The hidden neighbours (dslide.infer.hidden_knn.HiddenNeighbours): the unit hidden vectors
-    (float32 [N, width]) and the labels (int64 pointers, int32 ids)."""
+    (float32 [N, width]) and the labels (int64 pointers, int32 ids). Their cells, derived under
+    --lsh (`cells`), add ceil(sqrt(N)) centres and a cell id a point, outside the account."""
     return 4 * n_points * width + 8 * (n_points + 1) + 4 * nnz_y
 
 

@@ -193,6 +193,7 @@ def _stages(tmp: Path, run_command):
         Y = sp.csr_matrix(np.eye(4, 2, dtype=np.float32))
         store = HiddenNeighbours.build(H, Y)
         nn_ids, nn_sims = store.search(H[:2], 2)
+        store.search(H[:2], 2, probes=1)  # --lsh's cells
         b_ids, b_p = np.array([[0, 1], [1, -1]], np.int64), np.array([[0.6, 0.4], [1.0, 0.0]])
         store.fuse(b_ids, b_p, nn_ids, nn_sims, 4.0, 0.1, 2)
         store.grid_hits(b_ids, b_p, nn_ids, nn_sims, 4.0, [0.1], Y[:2], 2)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dslide.config.checks import Bool, Choice, Float, Int, Rule, _sequence, _shard_weights
-from dslide.config.rules import (ADAM_DTYPES, APPROX_CANDIDATES, APPROX_FEATURES, APPROX_POSTINGS, BIAS_INITS, CANDIDATES_MIN_WIDTH, DECAY_EVERY, DECAY_MIN_SAMPLED, DTYPES,
+from dslide.config.rules import (ADAM_DTYPES, APPROX_CANDIDATES, APPROX_HIDDEN_PROBES, APPROX_FEATURES, APPROX_POSTINGS, BIAS_INITS, CANDIDATES_MIN_WIDTH, DECAY_EVERY, DECAY_MIN_SAMPLED, DTYPES,
                                  EARLY_STOP_MAX_EPOCHS, MIDDLE_NEGATIVES,
                                  FAMILIES, FUSED_MAX_ACTIVE, INPUT_NORMS, KNN_MAX_POINTS_PER_LABEL, LAYER_KINDS,
                                  LOSSES, LR_SCHEDULES, MAX_ACTIVE, NARROW_BATCH, NARROW_EPOCHS, NARROW_HIDDEN,
@@ -175,6 +175,8 @@ CONFIG_FIELDS = (
           "under --lsh: a query's largest features the neighbours' search reads", N),
     Field("approx_candidates", "int", APPROX_CANDIDATES, Int(1, 1 << 16),
           "under --lsh: candidates of the neighbours' search re-ranked by their exact cosine", N),
+    Field("approx_hidden_probes", "int", APPROX_HIDDEN_PROBES, Int(1, 1 << 16),
+          "under --lsh: cells of the hidden neighbours (about sqrt(training points) of them) a query searches", N),
     Field("replicas", "int", 1, Int(1, 60), "replica groups of the model (hybrid data x model parallelism)", R),
     Field("sync", "str", "allreduce", Choice(SYNC_MODES),
           "how replicas average: every group at once, or by one-sided gossip", R),

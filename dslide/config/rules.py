@@ -127,6 +127,10 @@ MIDDLE_NEGATIVES = 0.25
 APPROX_POSTINGS = 256
 APPROX_FEATURES = 16
 APPROX_CANDIDATES = 64
+#: under --lsh the hidden neighbours' store is searched in cells (k-means of its vectors, about
+#: sqrt(N) of them): a query reads the points of its this many nearest cells, about
+#: this many times sqrt(N) points (dslide.infer.hidden_knn)
+APPROX_HIDDEN_PROBES = 32
 #: the validation probe (dslide.train.validation.FusionProbe) finds its points' neighbours and
 #: prototypes by the exact search while that reads at most this many posting entries, else by
 #: the bounded one above: the exact search grows with the training points, the bounded one

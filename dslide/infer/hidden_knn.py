@@ -28,6 +28,14 @@ go in fixed blocks of QUERY_BLOCK, the blocks shared out over the ranks and
 the results all-gathered, so each block is the same product at any number of
 ranks and every rank fuses the same numbers.
 
+Under --lsh the search reads a bounded share of the store: its vectors are cut
+into about sqrt(N) cells by k-means (`cells`, from a sample of at most
+CELL_SAMPLE_PER_CELL points a cell, by a fixed seed: a function of the vectors
+alone, derived on first use), and a query scores only the points of its
+`probes` nearest cells (`cell_search`), about probes * sqrt(N) of the N. The
+ids and cosines of what it finds are the exact search's; what it misses,
+scripts/bench_lsh.py --fused measures against exact prediction.
+
 What to take (the count, the power, the weight) is chosen at the end of
 training on the validation split (dslide.train.validation.choose_hidden),
 weight 0 (the stage off) always a candidate; `grid_hits` scores every weight
@@ -42,6 +50,8 @@ from numba import njit, prange
 
 from dslide import _numba_cache  # noqa: F401  (before any kernel: the cache is keyed by module name)
 from dslide.infer.fusion import _holds
+from dslide.lsh._topk import push_top
+from dslide.lsh.kmeans import kmeans, nearest
 from dslide.model.topk import blocked_topk
 
 #: the arrays of a store as saved in checkpoints (every rank holds them whole): the unit hidden
@@ -51,6 +61,9 @@ KEYS = ("H", "y_ptr", "y_idx", "k", "power", "weight")
 
 #: query rows searched at a time: the blocks are the same products at any number of ranks
 QUERY_BLOCK = 256
+#: the cells of --lsh's search: k-means of at most this many points a cell (a sample), by this seed
+CELL_SAMPLE_PER_CELL = 64
+CELL_SEED = 0x41D
 
 
 def unit_rows(H) -> np.ndarray:
@@ -164,6 +177,27 @@ def grid_hits(b_ids, b_p, nn_ids, nn_sims, y_ptr, y_idx, power, weights, t_ptr, 
                 out_hits[g, q, r] = 1 if j >= 0 and _holds(t_idx, t_ptr[q], t_ptr[q + 1], j) else 0
 
 
+@njit(cache=True, parallel=True)
+def cell_search(Q, H, cell_ptr, cell_pts, qcells, out_ids, out_sims):
+    """Per query q (unit rows Q float32 [n, h]): the k best by Q[q] . H[p] of the stored points p
+    (unit rows H float32 [N, h]) of the cells qcells[q] (int64 [n, c]; cell j holds
+    cell_pts[cell_ptr[j]:cell_ptr[j + 1]]), into out_ids int64 / out_sims float64 [n, k]
+    (prefilled -1 / -inf), best first, ties to the lower id: the same whatever order the cells
+    are read in."""
+    k = out_ids.shape[1]
+    h = Q.shape[1]
+    for q in prange(Q.shape[0]):
+        size = 0
+        for c in range(qcells.shape[1]):
+            j = qcells[q, c]
+            for a in range(cell_ptr[j], cell_ptr[j + 1]):
+                p = cell_pts[a]
+                acc = np.float32(0.0)
+                for t in range(h):
+                    acc += Q[q, t] * H[p, t]
+                size = push_top(out_sims, out_ids, q, size, k, np.float64(acc), p)
+
+
 def softmax_rows(ids, logits) -> np.ndarray:
     """float64 [n, K]: the softmax of each row's logits over its candidates (ids >= 0), 0 elsewhere."""
     logits = np.asarray(logits, np.float64)
@@ -189,6 +223,7 @@ class HiddenNeighbours:
         self.power = float(np.asarray(arrays["power"]).reshape(-1)[0]) if power is None and "power" in arrays else power
         self.weight = (float(np.asarray(arrays["weight"]).reshape(-1)[0]) if weight is None and "weight" in arrays
                        else weight)
+        self._cells = None  # (centres float32 [A, h], cell_ptr int64 [A + 1], cell_pts int32 [N]): `cells`
 
     @classmethod
     def build(cls, H, Y) -> "HiddenNeighbours":
@@ -224,10 +259,29 @@ class HiddenNeighbours:
     def nbytes(self) -> int:
         return sum(a.nbytes for a in self.arrays.values())
 
-    def search(self, Hq, k: int, comm=None) -> tuple[np.ndarray, np.ndarray]:
+    def cells(self):
+        """The store cut into cells for --lsh's search (module docstring): (centres float32 [A, h],
+        cell_ptr int64 [A + 1], cell_pts int32 [N], each cell's points ascending), A = ceil(sqrt(N)).
+        Derived on first use from the vectors alone (the same on every rank)."""
+        if self._cells is None:
+            H = self.arrays["H"]
+            N = H.shape[0]
+            A = max(1, int(np.ceil(np.sqrt(N))))
+            m = min(N, CELL_SAMPLE_PER_CELL * A)
+            sample = np.sort(np.random.default_rng(CELL_SEED).choice(N, m, replace=False))
+            C = kmeans(H[sample], A, CELL_SEED)
+            codes = nearest(H, C)[:, 0]
+            order = np.argsort(codes, kind="stable").astype(np.int32)
+            ptr = np.zeros(A + 1, np.int64)
+            np.cumsum(np.bincount(codes, minlength=A), out=ptr[1:])
+            self._cells = (C, ptr, order)
+        return self._cells
+
+    def search(self, Hq, k: int, comm=None, probes: int | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Each query's k nearest stored points by the cosine of the hidden vectors Hq float [n, h]:
         (ids int64 [n, k] (-1 past the store), sims float64 [n, k]), best first, ties to the lower
-        id. The query blocks (QUERY_BLOCK rows) are shared out over comm's ranks and all gathered."""
+        id. The query blocks (QUERY_BLOCK rows) are shared out over comm's ranks and all gathered.
+        probes: the points of each query's `probes` nearest cells only (`cells`; --lsh), else all."""
         Hq = unit_rows(Hq)
         if Hq.shape[1] != self.width:
             raise ValueError(f"queries have {Hq.shape[1]} hidden units but the hidden neighbours hold {self.width}")
@@ -239,10 +293,18 @@ class HiddenNeighbours:
         ids = np.full((per if size > 1 else n, k), -1, np.int64)
         sims = np.full(ids.shape, -np.inf)
         H = self.arrays["H"]
-        zero = np.zeros(H.shape[0], np.float32)
-        for s in range(lo, hi, QUERY_BLOCK):
-            e = min(hi, s + QUERY_BLOCK)
-            sims[s - lo:e - lo], ids[s - lo:e - lo] = blocked_topk(Hq[s:e], H, zero, k, 0)
+        if probes is not None and hi > lo:
+            C, ptr, pts = self.cells()
+            zero = np.zeros(C.shape[0], np.float32)
+            for s in range(lo, hi, QUERY_BLOCK):
+                e = min(hi, s + QUERY_BLOCK)
+                qcells = blocked_topk(Hq[s:e], C, zero, min(int(probes), C.shape[0]), 0)[1]
+                cell_search(Hq[s:e], H, ptr, pts, qcells, ids[s - lo:e - lo], sims[s - lo:e - lo])
+        else:
+            zero = np.zeros(H.shape[0], np.float32)
+            for s in range(lo, hi, QUERY_BLOCK):
+                e = min(hi, s + QUERY_BLOCK)
+                sims[s - lo:e - lo], ids[s - lo:e - lo] = blocked_topk(Hq[s:e], H, zero, k, 0)
         if size == 1:
             return ids, sims
         all_ids = comm.allgather_rows(ids, kind="evaluation").reshape(size * per, k)[:n]

@@ -93,6 +93,7 @@ class HiddenVotes:
     power: float
     weight: float
     candidates: int  # the labels of the scores before the stage that it rescores
+    probes: int  # under --lsh: the cells of the store a query searches (approx_hidden_probes)
 
     @classmethod
     def of(cls, model) -> "HiddenVotes | None":
@@ -105,14 +106,15 @@ class HiddenVotes:
         weight = cfg.hidden_knn_weight if cfg.hidden_knn_weight is not None else store.weight
         if not k or not weight or power is None:
             return None
-        return cls(store, int(k), float(power), float(weight), max(5, cfg.knn_candidates))
+        return cls(store, int(k), float(power), float(weight), max(5, cfg.knn_candidates), cfg.approx_hidden_probes)
 
-    def fuse(self, H, b_ids, b_p, k: int, comm, timings=None):
+    def fuse(self, H, b_ids, b_p, k: int, comm, exact: bool = True, timings=None):
         """Top k of the base scores (b_ids, b_p: the fused scores or the network's softmax) mixed
-        with the votes of the hidden vectors H's nearest stored points: (ids, scores)."""
+        with the votes of the hidden vectors H's nearest stored points: (ids, scores); exact
+        False: the points of the `probes` nearest cells searched (HiddenNeighbours.search)."""
         timings = Timings() if timings is None else timings
         with timings.time("hidden_neighbours"):
-            nn_ids, nn_sims = self.store.search(H, self.neighbours, comm)
+            nn_ids, nn_sims = self.store.search(H, self.neighbours, comm, None if exact else self.probes)
         with timings.time("hidden_fuse"):
             return self.store.fuse(b_ids, b_p, nn_ids, nn_sims, self.power, self.weight, k)
 
@@ -188,7 +190,7 @@ def predict_topk_scores(model, X: sp.csr_matrix, k: int, exact: bool = True, bat
             with model.timings.time("predict_hidden"):
                 H = net.hidden(batch).dense()
             base = ms if fusion is not None else softmax_rows(mi, ms)
-            mi, ms = hidden.fuse(H, mi, base, k, net.comm, model.timings)
+            mi, ms = hidden.fuse(H, mi, base, k, net.comm, exact, model.timings)
         scores[rows], ids[rows] = ms, mi
         scored += int(ln.sum())
         if progress is not None:

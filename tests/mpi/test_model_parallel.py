@@ -468,3 +468,8 @@ def test_the_hidden_neighbours_search_and_choice_at_p_ranks_are_the_one_rank_one
     got = V.choose_hidden(store, truth, b_ids, b_p, ids_p, sims_p, comm=world, **kw)
     want = V.choose_hidden(store, truth, b_ids, b_p, ids_1, sims_1, **kw)
     assert got == want
+    # --lsh: the cells of the store, the same at any number of ranks
+    ids_p, sims_p = store.search(Q, 6, world, probes=3)
+    ids_1, sims_1 = store.search(Q, 6, probes=3)
+    np.testing.assert_array_equal(ids_p, ids_1)
+    np.testing.assert_array_equal(sims_p, sims_1)

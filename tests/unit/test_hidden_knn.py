@@ -204,6 +204,18 @@ def test_training_records_the_choice_and_prediction_adds_the_votes_as_numpy_woul
     np.testing.assert_allclose(s, want_s, rtol=1e-5)
     assert (ids == want_ids).mean() > 0.95
     assert not np.array_equal(ids, base_ids[:, :5])  # the votes count
+    # --lsh: the points of each query's nearest cells of the store (approx_hidden_probes)
+    model.config = model.config.replace(approx_hidden_probes=1)
+    model.hidden_neighbours = None
+    lb_ids, lb_s = predict_topk_scores(model, Xt, max(5, model.config.knn_candidates), exact=False)
+    model.hidden_neighbours = store
+    nn1, sims1 = store.search(H, 7, probes=1)
+    assert (nn1 != nn).any()  # one cell of 45 misses some exact neighbours
+    lb_p = lb_s if model.neighbours is not None else HK.softmax_rows(lb_ids, lb_s)
+    want_ids, want_s = _reference(lb_ids, lb_p, nn1, sims1, sp.csr_matrix(train.Y), 2.0, 0.5, 5, model.n_labels)
+    ids, s = predict_topk_scores(model, Xt, 5, exact=False)
+    np.testing.assert_allclose(s, want_s, rtol=1e-5)
+    assert (ids == want_ids).mean() > 0.95
     # unfused: the network alone, no stage
     raw, _ = predict_topk_scores(model, Xt, 5, fused=False)
     model.config = model.config.replace(hidden_knn=0)
@@ -261,3 +273,35 @@ def test_the_store_survives_the_run_directory_and_a_crafted_one_is_refused(tmp_p
         bad[name] = change(good[name])
         with pytest.raises(ValueError, match=message):
             HiddenSection(model).load_state(bad)
+
+
+def test_the_cell_search_finds_the_exact_neighbours_of_the_cells_it_reads(monkeypatch):
+    """--lsh's search: every cell probed gives the exact search's ids and cosines; fewer cells
+    give the exact top k among the points of the query's nearest cells (numpy over those
+    points), and on clustered points nearly every exact neighbour."""
+    monkeypatch.setattr(HK, "QUERY_BLOCK", 16)
+    rng = np.random.default_rng(4)
+    centres = rng.standard_normal((30, 8))
+    H = (centres[rng.integers(0, 30, 900)] + 0.6 * rng.standard_normal((900, 8))).astype(np.float32)
+    store = HK.HiddenNeighbours.build(H, _labels(rng, 900, 7))
+    C, ptr, pts = store.cells()
+    assert C.shape == (30, 8) and ptr[-1] == 900 and np.array_equal(np.sort(pts), np.arange(900))
+    Q = (centres[rng.integers(0, 30, 50)] + 0.6 * rng.standard_normal((50, 8))).astype(np.float32)
+    ids, sims = store.search(Q, 10)
+    all_ids, all_sims = store.search(Q, 10, probes=30)
+    np.testing.assert_array_equal(all_ids, ids)
+    np.testing.assert_allclose(all_sims, sims, atol=1e-5)
+    few_ids, few_sims = store.search(Q, 10, probes=3)
+    U = store.arrays["H"]
+    Qu = HK.unit_rows(Q)
+    near = np.argsort(-(Qu @ C.T), axis=1, kind="stable")[:, :3]
+    cell_of = np.empty(900, np.int64)
+    for j in range(30):
+        cell_of[pts[ptr[j]:ptr[j + 1]]] = j
+    for q in range(50):
+        pool = np.flatnonzero(np.isin(cell_of, near[q]))
+        s = Qu[q] @ U[pool].T
+        want = pool[np.lexsort((pool, -np.round(s, 5)))[:10]]
+        np.testing.assert_array_equal(np.sort(few_ids[q]), np.sort(want))
+    recall = np.mean([len(set(a) & set(b)) / 10 for a, b in zip(few_ids, ids)])
+    assert 0.8 <= recall < 1.0, recall  # the cells left out held some exact neighbours
