@@ -365,7 +365,8 @@ def _summary(m: dict, run_dir: Path) -> str:
 def choice_lines(info: dict) -> list[str]:
     """What the end-of-training summary says of the choices made on the validation split
     (`model.index_info`): first what the final scores are ("network alone" or "with neighbour
-    labels ..."), then a line per choice with its validation figures."""
+    labels ..."), then a line per choice with its validation figures (the hidden neighbours'
+    against the scores before them)."""
     from dslide.train.validation import grid_key
 
     fc, es = info.get("fusion_choice"), info.get("early_stop")
@@ -388,6 +389,19 @@ def choice_lines(info: dict) -> list[str]:
                        f"{off[0]:.4f} P@5 {off[1]:.4f}; chosen P@1 {got[0]:.4f} P@5 {got[1]:.4f}")
         else:
             out.append(f"neighbour labels off: {fc.get('why', 'chosen on the validation split')}")
+    hc = info.get("hidden_choice")
+    if hc is not None and "p@1/p@5" in hc:
+        from dslide.train.validation import hidden_key
+
+        c, figs = hc["chosen"], hc["p@1/p@5"]
+        off = figs[hidden_key(0, 0.0, 0.0)]
+        got = off if c == "off" else figs[hidden_key(c["hidden_knn"], c["hidden_knn_power"], c["hidden_knn_weight"])]
+        what = ("off" if c == "off" else f"{c['hidden_knn']} of them, cosine^{c['hidden_knn_power']:g}, "
+                f"weight {c['hidden_knn_weight']:g}")
+        out.append(f"hidden neighbours ({what}) chosen on {hc['validation_points']:,} validation points: off P@1 "
+                   f"{off[0]:.4f} P@5 {off[1]:.4f}; chosen P@1 {got[0]:.4f} P@5 {got[1]:.4f}")
+    elif hc is not None:
+        out.append(f"hidden neighbours off: {hc['why']}")
     ps = info.get("prior_shift")
     if ps is not None and "p@1/p@5" in ps:
         figs = ps["p@1/p@5"]

@@ -178,24 +178,38 @@ def grid_hits(b_ids, b_p, nn_ids, nn_sims, y_ptr, y_idx, power, weights, t_ptr, 
 
 
 @njit(cache=True, parallel=True)
-def cell_search(Q, H, cell_ptr, cell_pts, qcells, out_ids, out_sims):
-    """Per query q (unit rows Q float32 [n, h]): the k best by Q[q] . H[p] of the stored points p
-    (unit rows H float32 [N, h]) of the cells qcells[q] (int64 [n, c]; cell j holds
-    cell_pts[cell_ptr[j]:cell_ptr[j + 1]]), into out_ids int64 / out_sims float64 [n, k]
-    (prefilled -1 / -inf), best first, ties to the lower id: the same whatever order the cells
-    are read in."""
-    k = out_ids.shape[1]
-    h = Q.shape[1]
-    for q in prange(Q.shape[0]):
-        size = 0
-        for c in range(qcells.shape[1]):
-            j = qcells[q, c]
-            for a in range(cell_ptr[j], cell_ptr[j + 1]):
-                p = cell_pts[a]
-                acc = np.float32(0.0)
-                for t in range(h):
-                    acc += Q[q, t] * H[p, t]
-                size = push_top(out_sims, out_ids, q, size, k, np.float64(acc), p)
+def push_rows(top_s, top_i, S, rows, ids):
+    """Offer row r of the scores S [m, c] to query rows[r]'s top-k buffer (top_s float64, top_i
+    int64 [n, k], prefilled -inf / -1), column c as id ids[c]; ties to the lower id, so the
+    buffers hold the same whatever order the blocks come in. rows are distinct (one thread each)."""
+    k = top_s.shape[1]
+    for r in prange(S.shape[0]):
+        q = rows[r]
+        for c in range(S.shape[1]):
+            v = np.float64(S[r, c])
+            if v < top_s[q, k - 1]:
+                continue
+            push_top(top_s, top_i, q, k, k, v, ids[c])
+
+
+def cell_search(Q, Hc, C, ptr, pts, probes: int, out_ids, out_sims) -> None:
+    """Each query's (unit rows Q float32 [n, h]) k best stored points among those of its `probes`
+    nearest cells (centres C [A, h]; cell j holds the rows ptr[j]:ptr[j + 1] of Hc, the store's
+    vectors in cell order, standing for the points pts[ptr[j]:ptr[j + 1]]), into out_ids int64 /
+    out_sims float64 [n, k] (prefilled -1 / -inf), best first, ties to the lower id. The queries
+    of a cell are scored together, one matrix product a cell."""
+    qcells = blocked_topk(Q, C, np.zeros(C.shape[0], np.float32), min(int(probes), C.shape[0]), 0)[1]
+    flat_c = qcells.ravel()
+    order = np.argsort(flat_c, kind="stable")
+    cells, queries = flat_c[order], (order // qcells.shape[1]).astype(np.int64)
+    cuts = np.r_[0, np.flatnonzero(np.diff(cells)) + 1, cells.size]
+    for lo, hi in zip(cuts[:-1], cuts[1:]):
+        j = cells[lo]
+        if ptr[j + 1] == ptr[j]:
+            continue
+        qs = queries[lo:hi]
+        S = Q[qs] @ Hc[ptr[j]:ptr[j + 1]].T
+        push_rows(out_sims, out_ids, S, qs, pts[ptr[j]:ptr[j + 1]])
 
 
 def softmax_rows(ids, logits) -> np.ndarray:
@@ -223,7 +237,7 @@ class HiddenNeighbours:
         self.power = float(np.asarray(arrays["power"]).reshape(-1)[0]) if power is None and "power" in arrays else power
         self.weight = (float(np.asarray(arrays["weight"]).reshape(-1)[0]) if weight is None and "weight" in arrays
                        else weight)
-        self._cells = None  # (centres float32 [A, h], cell_ptr int64 [A + 1], cell_pts int32 [N]): `cells`
+        self._cells = None  # `cells`
 
     @classmethod
     def build(cls, H, Y) -> "HiddenNeighbours":
@@ -261,8 +275,9 @@ class HiddenNeighbours:
 
     def cells(self):
         """The store cut into cells for --lsh's search (module docstring): (centres float32 [A, h],
-        cell_ptr int64 [A + 1], cell_pts int32 [N], each cell's points ascending), A = ceil(sqrt(N)).
-        Derived on first use from the vectors alone (the same on every rank)."""
+        cell_ptr int64 [A + 1], cell_pts int32 [N], each cell's points ascending, the vectors
+        float32 [N, h] in that order), A = ceil(sqrt(N)). Derived on first use from the vectors
+        alone (the same on every rank)."""
         if self._cells is None:
             H = self.arrays["H"]
             N = H.shape[0]
@@ -274,7 +289,7 @@ class HiddenNeighbours:
             order = np.argsort(codes, kind="stable").astype(np.int32)
             ptr = np.zeros(A + 1, np.int64)
             np.cumsum(np.bincount(codes, minlength=A), out=ptr[1:])
-            self._cells = (C, ptr, order)
+            self._cells = (C, ptr, order, np.ascontiguousarray(H[order]))
         return self._cells
 
     def search(self, Hq, k: int, comm=None, probes: int | None = None) -> tuple[np.ndarray, np.ndarray]:
@@ -294,12 +309,10 @@ class HiddenNeighbours:
         sims = np.full(ids.shape, -np.inf)
         H = self.arrays["H"]
         if probes is not None and hi > lo:
-            C, ptr, pts = self.cells()
-            zero = np.zeros(C.shape[0], np.float32)
+            C, ptr, pts, Hc = self.cells()
             for s in range(lo, hi, QUERY_BLOCK):
                 e = min(hi, s + QUERY_BLOCK)
-                qcells = blocked_topk(Hq[s:e], C, zero, min(int(probes), C.shape[0]), 0)[1]
-                cell_search(Hq[s:e], H, ptr, pts, qcells, ids[s - lo:e - lo], sims[s - lo:e - lo])
+                cell_search(Hq[s:e], Hc, C, ptr, pts, probes, ids[s - lo:e - lo], sims[s - lo:e - lo])
         else:
             zero = np.zeros(H.shape[0], np.float32)
             for s in range(lo, hi, QUERY_BLOCK):

@@ -254,6 +254,18 @@ def test_the_summary_names_what_its_figures_are_and_the_choices_behind_them():
     info["fusion_choice"]["chosen"] = "off"
     assert choice_lines(info)[0] == "network alone"
     assert choice_lines({}) == []
+    # the hidden neighbours: the figures of the scores before them and of the cell chosen, or why they are off
+    hidden = {"chosen": {"hidden_knn": 10, "hidden_knn_power": 4.0, "hidden_knn_weight": 0.06}, "validation_points": 2285,
+              "p@1/p@5": {"hidden_knn 0 power 0 weight 0": [0.7365, 0.3749],
+                          "hidden_knn 10 power 4 weight 0.06": [0.7514, 0.3812]}}
+    assert choice_lines({"hidden_choice": hidden}) == [
+        "hidden neighbours (10 of them, cosine^4, weight 0.06) chosen on 2,285 validation points: off P@1 0.7365 "
+        "P@5 0.3749; chosen P@1 0.7514 P@5 0.3812"]
+    hidden["chosen"] = "off"
+    assert choice_lines({"hidden_choice": hidden})[0].startswith("hidden neighbours (off) chosen on 2,285 validation "
+                                                                  "points: off P@1 0.7365 P@5 0.3749; chosen P@1 0.7365")
+    assert choice_lines({"hidden_choice": {"chosen": "off", "why": "no validation split to check it on"}}) == [
+        "hidden neighbours off: no validation split to check it on"]
     # the prior shift: its validation figures where chosen, its reason where fixed, nothing when off and fixed
     chosen = {"chosen": 0.2, "validation_points": 2285, "p@1/p@5": {"0": [0.61, 0.31], "0.1": [0.615, 0.312],
                                                                      "0.2": [0.62, 0.315], "0.3": [0.618, 0.31]}}

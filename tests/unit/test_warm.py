@@ -18,7 +18,7 @@ DEMO_KERNELS = ("dslide.io.xmc_parse._parse_body", "dslide.model.kernels.csr_tim
                 "dslide.datasets.synthetic._draw_points", "dslide.lsh.kmeans.kmeanspp_seed",
                 "dslide.lsh.neighbors.cell_rows", "dslide.lsh.neighbors.add_reverse",
                 "dslide.infer.fusion.search_bounded", "dslide.infer.hidden_knn.fuse",
-                "dslide.infer.hidden_knn.grid_hits", "dslide.infer.hidden_knn.cell_search")
+                "dslide.infer.hidden_knn.grid_hits", "dslide.infer.hidden_knn.push_rows")
 
 
 def _compile(name, seconds):
