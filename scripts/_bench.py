@@ -95,9 +95,9 @@ class Curve:
     """A run's test scores at given epochs, taken at the logging points of `fit` (outside its clock).
 
     At each point the network alone is scored on every test point; where the end of training would
-    fuse the neighbours' labels, the neighbour store is also built there as the end of training
-    builds it (its settings chosen on the validation split), the fused model is scored, and the
-    store is dropped again (training goes on without it). A point's `train_s` is the training
+    fuse the neighbours' labels, the neighbour store and the hidden neighbours are also built there
+    as the end of training builds them (their settings chosen on the validation split), the fused
+    model is scored, and they are dropped again (training goes on without them). A point's `train_s` is the training
     time to it plus that build and the validation probe's (built once, before training), as a
     run ending there would count it. A point at the run's last
     step (`last_step`) is not built or fused here: the end of training builds the model's own
@@ -138,7 +138,7 @@ class Curve:
             return
         while self.todo and record["epoch"] >= self.todo[0] - 1e-9:
             self.todo.pop(0)
-        from dslide.train.infer_build import build_neighbours
+        from dslide.train.infer_build import build_hidden_neighbours, build_neighbours
         from dslide.infer.predict import predict_topk_scores
 
         point = {"epoch": record["epoch"], "step": record["step"], "wall_s": record["wall_s"],
@@ -151,12 +151,14 @@ class Curve:
         if self.split is not None:
             fit_data, val = self.split
             t0 = time.perf_counter()
-            build_neighbours(model, self.train, val=val, fit_data=fit_data, probe=self.probe)
+            base = build_neighbours(model, self.train, val=val, fit_data=fit_data, probe=self.probe)
+            build_hidden_neighbours(model, self.train, val=val, fit_data=fit_data, base=base)
             build_s = time.perf_counter() - t0
             point["fusion"] = model.index_info.get("fusion_choice", {}).get("chosen")
-            if model.neighbours is not None:
+            point["hidden"] = model.index_info.get("hidden_choice", {}).get("chosen")
+            if model.neighbours is not None or model.hidden_neighbours is not None:
                 fused = self._scores(predict_topk_scores(model, self.test.X, 5)[0])
-            model.neighbours = None
+            model.neighbours = model.hidden_neighbours = None
         point.update(fused or point["network"], neighbours_s=build_s,
                      train_s=record["wall_s"] + build_s + self.probe_s)
         self.points.append(point)
@@ -166,9 +168,10 @@ class Curve:
         test points, as `at_log` takes them) and its training time, the store's build included."""
         for point in self.points:
             if point.pop("pending", False):
-                build_s = model.index_info.get("neighbours_s", 0.0)
+                build_s = model.index_info.get("neighbours_s", 0.0) + model.index_info.get("hidden_s", 0.0)
                 point.update({k: scores[k] for k in ("p@1", "p@5", "psp@5") if k in scores},
                              fusion=model.index_info.get("fusion_choice", {}).get("chosen"),
+                             hidden=model.index_info.get("hidden_choice", {}).get("chosen"),
                              neighbours_s=build_s, train_s=point["wall_s"] + build_s + self.probe_s)
 
 
@@ -244,10 +247,10 @@ def child(case_path: str) -> None:
         "kinds": [l.kind for l in net.layers],
         "config": {k: v for k, v in config.to_dict(flat=True).items() if k != "lsh_layers"},
         "steps": steps, "epochs": history[-1]["epoch"],
-        # training includes the validation probe, the neighbour store and its choice (outside the
-        # steps' clock); the inference index, built after it where --lsh is measured, is index_s
+        # training includes the validation probe, the neighbour store and its choice, the hidden
+        # neighbours and theirs (outside the steps' clock); the inference index, built after it where --lsh is measured, is index_s
         "train_s": sum(r["wall_s_delta"] for r in history) + model.index_info.get("neighbours_s", 0.0)
-        + model.index_info.get("probe_s", 0.0),
+        + model.index_info.get("probe_s", 0.0) + model.index_info.get("hidden_s", 0.0),
         "index_s": model.index_info.get("index_s") if lsh else None,
         "samples_per_s": T.throughput(history, config.batch_size),
         "p@1": final["p@1"], "p@3": final["p@3"], "p@5": final["p@5"],
@@ -266,6 +269,8 @@ def child(case_path: str) -> None:
         result["curve_points"], result["probe_s"] = curve.points, curve.probe_s
         result["probe_search"] = curve.probe.search.get("search") if curve.probe is not None else None
     result["fusion_choice"] = model.index_info.get("fusion_choice", {}).get("chosen")
+    result["hidden_choice"] = model.index_info.get("hidden_choice", {}).get("chosen")
+    result["hidden_s"] = model.index_info.get("hidden_s", 0.0)
     if case.get("lsh_predict") and model.index is not None:
         predict_topk(model, test.X[:64], 5, exact=False)
         t0 = time.perf_counter()

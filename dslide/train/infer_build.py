@@ -162,14 +162,15 @@ def build_neighbours(model, train, progress: bool = False, val=None, fit_data=No
     Returns the validation points' scores as the model will have them before its hidden
     neighbours (`build_hidden_neighbours`): (ids int64 [n, K], scores float64 [n, K]), the fused
     scores at the choice (from the gradient's points' store) or the network's softmax over its
-    `knn_candidates` best labels; None without validation points or where the fused score's
-    settings were all given (nothing scored them on the split)."""
+    `knn_candidates` best labels; None without validation points, with hidden_knn 0, or where
+    the fused score's settings were all given (nothing scored them on the split)."""
     t0 = time.perf_counter()
     cfg = model.config
     k = cfg.knn if cfg.knn is not None else knn_default(train.n_labels, points_per_label(train.Y))
     model.neighbours = None
+    wanted = val is not None and cfg.hidden_knn != 0  # the hidden neighbours' choice takes the base
     if not k:
-        if val is None:
+        if not wanted:
             return None
         m_ids, m_logits = scored if scored is not None else _network_candidates(model, val)
         return m_ids, softmax_rows(m_ids, m_logits)
@@ -207,11 +208,12 @@ def build_neighbours(model, train, progress: bool = False, val=None, fit_data=No
             if bar is not None:
                 bar.close()
             model.index_info["neighbours_s"] = time.perf_counter() - t0
-            return m_ids, softmax_rows(m_ids, m_logits)
-        # the validation points' fused scores at the choice, as prediction will fuse them
-        pr = (probe.pr_ids, probe.pr_sims) if probe.pr_ids is not None and a > 0 else (None, None)
-        base = probe.store.fuse(m_ids, tempered(m_logits, t), probe.nn_ids[:, :c], probe.nn_sims[:, :c], w,
-                                cfg.knn_power, max(5, cfg.knn_candidates), *pr, a, cfg.proto_power)
+            return (m_ids, softmax_rows(m_ids, m_logits)) if wanted else None
+        base = None
+        if wanted:  # the validation points' fused scores at the choice, as prediction will fuse them
+            pr = (probe.pr_ids, probe.pr_sims) if probe.pr_ids is not None and a > 0 else (None, None)
+            base = probe.store.fuse(m_ids, tempered(m_logits, t), probe.nn_ids[:, :c], probe.nn_sims[:, :c], w,
+                                    cfg.knn_power, max(5, cfg.knn_candidates), *pr, a, cfg.proto_power)
         store = NeighbourLabels.build(train.X, train.Y, prototypes=protos and a > 0, comm=model.comm)
         store.k, store.share, store.weight, store.temperature = c, a, w, t
     else:

@@ -106,7 +106,7 @@ def dslide_row(paths, n_test: int, variant: str | None = None, settings: dict | 
             "lsh_ms": 1e3 * r["lsh_predict_s"] / n_test if "lsh_predict_s" in r else None,
             "lsh": r.get("lsh"), "peak_rss_mb": r["peak_rss_mb"], "epochs": r["epochs"],
             "curve": curve_rows(r), "probe_s": r.get("probe_s", 0.0), "probe_search": r.get("probe_search"),
-            "fusion": r.get("fusion_choice")}
+            "fusion": r.get("fusion_choice"), "hidden": r.get("hidden_choice"), "hidden_s": r.get("hidden_s")}
 
 
 def curve_rows(result: dict) -> list[dict]:
@@ -221,6 +221,8 @@ def run(a) -> int:
                 notes.append(f"{name}: dslide's final model fuses the neighbours' labels: {r['fusion']} (chosen on "
                              f"the validation split); its peak memory includes the curve's own copy of the "
                              f"validation probe")
+                notes.append(f"{name}: dslide's hidden neighbours: {r.get('hidden')} (chosen on the validation "
+                             f"split in {r.get('hidden_s') or 0.0:.1f} s, counted in its training time)")
         for v, settings in variants.items():
             print(f"running: {name}: dslide {v} ...", file=sys.stderr, flush=True)
             r = dslide_row(paths, n_test, v, settings)

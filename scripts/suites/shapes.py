@@ -91,7 +91,8 @@ def dslide_row(name: str, paths, config: dict, lsh_inference: bool) -> dict:
     row = {"system": name, "train_s": r["train_s"], "index_s": r.get("index_s"), "p@1": r["p@1"], "p@5": r["p@5"],
            "psp@5": r.get("psp@5"),
            "predict_s": r["predict_s"], "samples_per_s": r["samples_per_s"], "bytes_per_step": r["bytes_per_step"],
-           "peak_rss_mb": r["peak_rss_mb"], "kinds": r["kinds"], "epochs": r["epochs"]}
+           "peak_rss_mb": r["peak_rss_mb"], "kinds": r["kinds"], "epochs": r["epochs"],
+           "hidden": r.get("hidden_choice"), "hidden_s": r.get("hidden_s") or 0.0}
     inf = r.get("inference") or []
     exact = next((x for x in inf if x["method"].startswith("exact")), None)
     lsh = next((x for x in inf if x["method"].startswith("--lsh")), None)
@@ -258,7 +259,9 @@ def run(a) -> int:
                 r = dslide_row(system, paths, cfg or {}, lsh_inference=lsh_out and not a.no_lsh)
             else:
                 r = tree_row(system, paths, work / system)
-            C.keep_row(r, name, system, shape, rows, notes, out_json)
+            if C.keep_row(r, name, system, shape, rows, notes, out_json) and "hidden" in r:
+                notes.append(f"{name}: {system}: hidden neighbours {r['hidden'] or 'off'} (chosen in "
+                             f"{r['hidden_s']:.1f} s, counted in its train s)")
     add_gaps(rows)
     cmd = M.command("bench", [f"--suite {suite_name}"]) + "".join(
         f" --{k.replace('_', '-')} {v}" for k, v in (("members", a.members), ("systems", a.systems),

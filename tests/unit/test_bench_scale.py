@@ -54,7 +54,7 @@ def test_the_curve_is_read_off_the_runs_history_at_the_epochs_asked(preset, n_tr
     # the run's last point is the final model, its store the end of training's own
     assert pts[-1]["step"] == history[-1]["step"] and "pending" not in pts[-1]
     assert pts[-1]["p@1"] == final["p@1"] and pts[-1]["p@5"] == final["p@5"]
-    assert pts[-1]["neighbours_s"] == model.index_info.get("neighbours_s", 0.0)
+    assert pts[-1]["neighbours_s"] == model.index_info.get("neighbours_s", 0.0) + model.index_info.get("hidden_s", 0.0)
 
 
 def test_the_member_is_generated_once_then_read_from_its_files(tmp_path, monkeypatch):
