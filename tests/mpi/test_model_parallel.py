@@ -390,6 +390,13 @@ def test_the_validation_choices_at_p_ranks_are_the_one_rank_choices():
     if sa["chosen"] != sb["chosen"]:
         assert sum(sb["p@1/p@5"][f"{sa['chosen']:g}"]) >= sum(sb["p@1/p@5"][f"{sb['chosen']:g}"]) - 2.5 / 600
     assert len(set(world.allgather_object(json.dumps(sa, sort_keys=True)))) == 1
+    # the hidden neighbours, chosen on the same points after the fusion
+    ha, hb = model_p.index_info["hidden_choice"], model_1.index_info["hidden_choice"]
+    assert ha["validation_points"] == hb["validation_points"] == 600
+    assert ha["p@1/p@5"].keys() == hb["p@1/p@5"].keys() and len(ha["p@1/p@5"]) == 21
+    for key, v in ha["p@1/p@5"].items():
+        np.testing.assert_allclose(v, hb["p@1/p@5"][key], atol=4.5 / 600, err_msg=key)
+    assert len(set(world.allgather_object(json.dumps(ha, sort_keys=True)))) == 1
 
 
 def test_a_rank_waiting_in_an_all_reduce_counts_the_wait_as_exchange_time():
