@@ -323,6 +323,22 @@ def _unit_rows(ptr, val, norm, out):
 
 
 @njit(cache=True, inline="always")
+def _offer_sum(best, best_ids, s, j):
+    """Offer label j's summed score s to a top k (best float64, best_ids int64 [k], larger first).
+    Labels come in ascending order, so an equal score keeps the earlier, lower label in front;
+    a missing entry (id -1) gives way to an equal score."""
+    k = best.shape[0]
+    if s > best[k - 1] or (s == best[k - 1] and best_ids[k - 1] < 0):
+        r = k - 1
+        while r > 0 and best[r - 1] < s:
+            best[r] = best[r - 1]
+            best_ids[r] = best_ids[r - 1]
+            r -= 1
+        best[r] = s
+        best_ids[r] = j
+
+
+@njit(cache=True, inline="always")
 def _query_sums(m_ids, m_logits, nn_ids, nn_sims, y_ptr, pr_ids, pr_sims, power, pr_power):
     """One query's sums behind its fused scores: (the largest model logit, the softmax's
     normaliser over the model's candidates, the neighbours' weight sum, the labels they hold,
@@ -403,14 +419,7 @@ def fuse(m_ids, m_logits, nn_ids, nn_sims, y_ptr, y_idx, weight, power, pr_ids, 
             while t < c and lab[order[t]] == j:
                 s += val[order[t]]
                 t += 1
-            if s > best[k - 1] or (s == best[k - 1] and best_ids[k - 1] < 0):
-                r = k - 1
-                while r > 0 and best[r - 1] < s:  # ids ascend here: an equal score keeps its place
-                    best[r] = best[r - 1]
-                    best_ids[r] = best_ids[r - 1]
-                    r -= 1
-                best[r] = s
-                best_ids[r] = j
+            _offer_sum(best, best_ids, s, j)
 
 
 @njit(cache=True, inline="always")
@@ -500,14 +509,8 @@ def fuse_grid_hits(m_ids, m_logits, nn_ids, nn_sims, y_ptr, y_idx, power, pr_ids
                         s += weight * share * sbase[t] / psum
                         held = True
                     t += 1
-                if held and (s > best[k - 1] or (s == best[k - 1] and best_ids[k - 1] < 0)):
-                    r = k - 1
-                    while r > 0 and best[r - 1] < s:
-                        best[r] = best[r - 1]
-                        best_ids[r] = best_ids[r - 1]
-                        r -= 1
-                    best[r] = s
-                    best_ids[r] = j
+                if held:
+                    _offer_sum(best, best_ids, s, j)
             for r in range(k):
                 j = best_ids[r]
                 out_hits[g, q, r] = 1 if j >= 0 and _holds(t_idx, t_ptr[q], t_ptr[q + 1], j) else 0

@@ -49,7 +49,7 @@ import scipy.sparse as sp
 from numba import njit, prange
 
 from dslide import _numba_cache  # noqa: F401  (before any kernel: the cache is keyed by module name)
-from dslide.infer.fusion import _holds
+from dslide.infer.fusion import _holds, _offer_sum
 from dslide.lsh._topk import push_top
 from dslide.lsh.kmeans import kmeans, nearest
 from dslide.model.topk import blocked_topk
@@ -121,7 +121,6 @@ def _contributions(b_ids, b_p, nn_ids, nn_sims, y_ptr, y_idx, power):
 def _rank(slab, ssrc, sval, c, weight, wsum, best_ids, best):
     """The top k (best_ids, best: [k], written) of the labels' summed scores
     (1 - weight) base + weight vote / wsum, larger first, ties to the lower label."""
-    k = best.shape[0]
     best_ids[:] = -1
     best[:] = -np.inf
     t = 0
@@ -134,14 +133,7 @@ def _rank(slab, ssrc, sval, c, weight, wsum, best_ids, best):
             elif wsum > 0:
                 s += weight * sval[t] / wsum
             t += 1
-        if s > best[k - 1] or (s == best[k - 1] and best_ids[k - 1] < 0):
-            r = k - 1
-            while r > 0 and best[r - 1] < s:  # labels ascend here: an equal score keeps its place
-                best[r] = best[r - 1]
-                best_ids[r] = best_ids[r - 1]
-                r -= 1
-            best[r] = s
-            best_ids[r] = j
+        _offer_sum(best, best_ids, s, j)
 
 
 @njit(cache=True, parallel=True)
