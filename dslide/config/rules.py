@@ -131,6 +131,9 @@ APPROX_CANDIDATES = 64
 #: sqrt(N) of them): a query reads the points of its this many nearest cells, about
 #: this many times sqrt(N) points (dslide.infer.hidden_knn)
 APPROX_HIDDEN_PROBES = 32
+#: the hidden neighbours are left to the validation split only while their store (every training
+#: point's last hidden vector, float32, whole on every rank) would hold at most this many bytes
+HIDDEN_STORE_MAX_BYTES = 2 << 30
 #: the validation probe (dslide.train.validation.FusionProbe) finds its points' neighbours and
 #: prototypes by the exact search while that reads at most this many posting entries, else by
 #: the bounded one above: the exact search grows with the training points, the bounded one

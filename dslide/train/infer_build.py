@@ -22,6 +22,7 @@ import scipy.sparse as sp
 
 from dslide import metrics
 from dslide.config import PRIOR_SHIFTS, Config, knn_default, points_per_label
+from dslide.config.rules import HIDDEN_STORE_MAX_BYTES
 from dslide.infer.approx import Bound
 from dslide.infer.fusion import NeighbourLabels, tempered
 from dslide.infer.hidden_knn import HiddenNeighbours, softmax_rows
@@ -257,7 +258,7 @@ def build_hidden_neighbours(model, train, val=None, fit_data=None, base=None) ->
     (validation.choose_hidden) with a store of the gradient's points `fit_data`, against `base`,
     the validation points' scores before this stage (`build_neighbours`' return); weight 0, none,
     is always a candidate. Without a hidden layer, or with something to choose and no validation
-    points or base, none. model.index_info gets the choice ("hidden_choice") and its figures."""
+    points or base, or a store above HIDDEN_STORE_MAX_BYTES, none. model.index_info gets the choice ("hidden_choice") and its figures."""
     t0 = time.perf_counter()
     cfg, net = model.config, model.network
     model.hidden_neighbours = None
@@ -269,6 +270,12 @@ def build_hidden_neighbours(model, train, val=None, fit_data=None, base=None) ->
         return
     given = (cfg.hidden_knn, cfg.hidden_knn_power, cfg.hidden_knn_weight)
     if None in given:
+        size = 4 * train.n_points * net.layers[-1].d_in
+        if size > HIDDEN_STORE_MAX_BYTES:
+            info["hidden_choice"] = {"chosen": "off", "why": f"their store would hold {size / 2**30:.1f} GiB a rank, "
+                                     f"above rules.HIDDEN_STORE_MAX_BYTES (give hidden_knn, hidden_knn_power and "
+                                     f"hidden_knn_weight to keep it anyway)"}
+            return
         if val is None or base is None:
             info["hidden_choice"] = {"chosen": "off", "why": "no validation split to check it on" if val is None else
                                      "the fused score's settings were all given: nothing scored it on the split"}

@@ -306,3 +306,30 @@ def test_the_cell_search_finds_the_exact_neighbours_of_the_cells_it_reads(monkey
         np.testing.assert_array_equal(np.sort(few_ids[q]), np.sort(want))
     recall = np.mean([len(set(a) & set(b)) / 10 for a, b in zip(few_ids, ids)])
     assert 0.8 <= recall < 1.0, recall  # the cells left out held some exact neighbours
+
+
+def test_a_store_above_the_byte_cap_is_not_chosen_nor_counted(monkeypatch):
+    """Left to the split, no store past rules.HIDDEN_STORE_MAX_BYTES is built or counted in the
+    memory account (every training point's hidden vector on every rank); given, it is kept."""
+    from dslide import memory
+    from dslide.config import Config
+    from dslide.io.data import XMCData
+    from dslide.train import infer_build
+
+    model, _, _ = _fit_small()
+    monkeypatch.setattr(infer_build, "HIDDEN_STORE_MAX_BYTES", 4 * 2000 * 4 - 1)  # one byte short
+    infer_build.build_hidden_neighbours(model, XMCData(*_fit_data()), val=XMCData(*_fit_data()), base=(None, None))
+    assert model.hidden_neighbours is None
+    assert "0.0 GiB a rank, above rules.HIDDEN_STORE_MAX_BYTES" in model.index_info["hidden_choice"]["why"]
+    model.config = model.config.replace(hidden_knn=3, hidden_knn_power=4.0, hidden_knn_weight=0.1)
+    infer_build.build_hidden_neighbours(model, XMCData(*_fit_data()))
+    assert model.hidden_neighbours is not None and model.hidden_neighbours.n_points == 2000
+    X, Y = _fit_data()
+    data = memory.data_shape(X, Y)
+    plain = memory.account(Config(hidden=(16,), hidden_knn=0), 40, 5000, data=data)["neighbours"]
+    left = memory.account(Config(hidden=(16,)), 40, 5000, data=data)["neighbours"]
+    assert left - plain == memory.hidden_bytes(2000, 16, Y.nnz)
+    monkeypatch.setattr(memory, "HIDDEN_STORE_MAX_BYTES", 4 * 2000 * 16 - 1)
+    assert memory.account(Config(hidden=(16,)), 40, 5000, data=data)["neighbours"] == plain
+    given = memory.account(Config(hidden=(16,), hidden_knn=5), 40, 5000, data=data)["neighbours"]
+    assert given - plain == memory.hidden_bytes(2000, 16, Y.nnz)
