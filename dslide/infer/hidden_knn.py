@@ -186,11 +186,11 @@ def push_rows(top_s, top_i, S, rows, ids):
 
 def cell_search(Q, Hc, C, ptr, pts, probes: int, out_ids, out_sims) -> None:
     """Each query's (unit rows Q float32 [n, h]) k best stored points among those of its `probes`
-    nearest cells (centres C [A, h]; cell j holds the rows ptr[j]:ptr[j + 1] of Hc, the store's
+    nearest cells (squared distance to the centres C [A, h], as `cells` assigned the points; cell j holds the rows ptr[j]:ptr[j + 1] of Hc, the store's
     vectors in cell order, standing for the points pts[ptr[j]:ptr[j + 1]]), into out_ids int64 /
     out_sims float64 [n, k] (prefilled -1 / -inf), best first, ties to the lower id. The queries
     of a cell are scored together, one matrix product a cell."""
-    qcells = blocked_topk(Q, C, np.zeros(C.shape[0], np.float32), min(int(probes), C.shape[0]), 0)[1]
+    qcells = nearest(Q, C, min(int(probes), C.shape[0]))  # as the points were assigned: by distance
     flat_c = qcells.ravel()
     order = np.argsort(flat_c, kind="stable")
     cells, queries = flat_c[order], (order // qcells.shape[1]).astype(np.int64)

@@ -295,7 +295,8 @@ def test_the_cell_search_finds_the_exact_neighbours_of_the_cells_it_reads(monkey
     few_ids, few_sims = store.search(Q, 10, probes=3)
     U = store.arrays["H"]
     Qu = HK.unit_rows(Q)
-    near = np.argsort(-(Qu @ C.T), axis=1, kind="stable")[:, :3]
+    d = (Qu ** 2).sum(axis=1)[:, None] - 2 * Qu @ C.T + (C ** 2).sum(axis=1)[None, :]
+    near = np.argsort(d, axis=1, kind="stable")[:, :3]
     cell_of = np.empty(900, np.int64)
     for j in range(30):
         cell_of[pts[ptr[j]:ptr[j + 1]]] = j
