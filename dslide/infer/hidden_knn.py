@@ -66,11 +66,20 @@ CELL_SAMPLE_PER_CELL = 64
 CELL_SEED = 0x41D
 
 
-def unit_rows(H) -> np.ndarray:
-    """float32 [n, h], C order: the rows of H scaled to unit length (zero rows stay zero)."""
-    H = np.asarray(H, dtype=np.float32)
-    norms = np.sqrt(np.einsum("ij,ij->i", H, H, dtype=np.float64))
-    return np.ascontiguousarray(H / np.maximum(norms, 1e-30)[:, None], dtype=np.float32)
+#: rows scaled at a time by `unit_rows` (its float64 temporary)
+UNIT_BLOCK = 4096
+
+
+def unit_rows(H, inplace: bool = False) -> np.ndarray:
+    """float32 [n, h], C order: the rows of H scaled to unit length (zero rows stay zero), each
+    divided in float64 and rounded once. inplace: into H itself where it is float32 and C-ordered
+    (else a copy); a float64 temporary of UNIT_BLOCK rows at a time, not of H."""
+    H = np.asarray(H)
+    out = H if inplace and H.dtype == np.float32 and H.flags.c_contiguous else np.array(H, np.float32, order="C")
+    norms = np.maximum(np.sqrt(np.einsum("ij,ij->i", out, out, dtype=np.float64)), 1e-30)
+    for s in range(0, out.shape[0], UNIT_BLOCK):
+        out[s:s + UNIT_BLOCK] = out[s:s + UNIT_BLOCK] / norms[s:s + UNIT_BLOCK, None]
+    return out
 
 
 @njit(cache=True, inline="always")
@@ -232,11 +241,13 @@ class HiddenNeighbours:
         self._cells = None  # `cells`
 
     @classmethod
-    def build(cls, H, Y) -> "HiddenNeighbours":
-        """From the training points' hidden vectors H float [N, h] and labels Y csr [N, L]."""
+    def build(cls, H, Y, inplace: bool = False) -> "HiddenNeighbours":
+        """From the training points' hidden vectors H float [N, h] and labels Y csr [N, L];
+        inplace: the store's vectors are H's own memory, scaled to unit length (`unit_rows`)."""
         Y = sp.csr_matrix(Y)
         Y.sort_indices()
-        return cls({"H": unit_rows(H), "y_ptr": Y.indptr.astype(np.int64), "y_idx": Y.indices.astype(np.int32)})
+        return cls({"H": unit_rows(H, inplace), "y_ptr": Y.indptr.astype(np.int64),
+                    "y_idx": Y.indices.astype(np.int32)})
 
     @classmethod
     def from_state(cls, arrays: dict, n_labels: int, width: int, where: str = "hidden neighbours") -> "HiddenNeighbours":

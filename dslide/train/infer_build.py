@@ -280,7 +280,7 @@ def build_hidden_neighbours(model, train, val=None, fit_data=None, base=None) ->
             info["hidden_choice"] = {"chosen": "off", "why": "no validation split to check it on" if val is None else
                                      "the fused score's settings were all given: nothing scored it on the split"}
             return
-        probe = HiddenNeighbours.build(hidden_vectors(model, fit_data.X), fit_data.Y)
+        probe = HiddenNeighbours.build(hidden_vectors(model, fit_data.X), fit_data.Y, inplace=True)
         counts = validation.HIDDEN_COUNTS if cfg.hidden_knn is None else (cfg.hidden_knn,)
         powers = validation.HIDDEN_POWERS if cfg.hidden_knn_power is None else (cfg.hidden_knn_power,)
         weights = validation.HIDDEN_WEIGHTS if cfg.hidden_knn_weight is None else (0.0, cfg.hidden_knn_weight)
@@ -297,7 +297,7 @@ def build_hidden_neighbours(model, train, val=None, fit_data=None, base=None) ->
             return
     else:
         c, a, w = given
-    store = HiddenNeighbours.build(hidden_vectors(model, train.X), train.Y)
+    store = HiddenNeighbours.build(hidden_vectors(model, train.X), train.Y, inplace=True)
     store.k, store.power, store.weight = int(c), float(a), float(w)
     model.hidden_neighbours = store
     info["hidden_s"] = time.perf_counter() - t0

@@ -334,3 +334,19 @@ def test_a_store_above_the_byte_cap_is_not_chosen_nor_counted(monkeypatch):
     assert memory.account(Config(hidden=(16,)), 40, 5000, data=data)["neighbours"] == plain
     given = memory.account(Config(hidden=(16,), hidden_knn=5), 40, 5000, data=data)["neighbours"]
     assert given - plain == memory.hidden_bytes(2000, 16, Y.nnz)
+
+
+def test_unit_rows_divides_in_float64_a_block_at_a_time_and_in_place_when_asked(monkeypatch):
+    monkeypatch.setattr(HK, "UNIT_BLOCK", 7)
+    rng = np.random.default_rng(2)
+    H = rng.standard_normal((40, 5)).astype(np.float32)
+    H[3] = 0.0
+    want = (H / np.maximum(np.linalg.norm(H.astype(np.float64), axis=1), 1e-30)[:, None]).astype(np.float32)
+    got = HK.unit_rows(H)
+    np.testing.assert_array_equal(got, want)
+    assert got is not H and not np.shares_memory(got, H)
+    mine = H.copy()
+    store = HK.HiddenNeighbours.build(mine, sp.csr_matrix((40, 3), dtype=np.float32), inplace=True)
+    assert np.shares_memory(store.arrays["H"], mine)
+    np.testing.assert_array_equal(mine, want)
+    np.testing.assert_array_equal(HK.unit_rows(H.astype(np.float64), inplace=True), want)  # a copy: not float32
