@@ -129,20 +129,16 @@ def _contributions(b_ids, b_p, nn_ids, nn_sims, y_ptr, y_idx, power):
 @njit(cache=True, inline="always")
 def _rank(slab, ssrc, sval, c, weight, wsum, best_ids, best):
     """The top k (best_ids, best: [k], written) of the labels' summed scores
-    (1 - weight) base + weight vote / wsum, larger first, ties to the lower label."""
+    (1 - weight) base + weight vote / wsum, larger first, ties to the lower label: each label's
+    run of contributions summed in order, offered at its last."""
     best_ids[:] = -1
     best[:] = -np.inf
-    t = 0
-    while t < c:
-        j = slab[t]
-        s = 0.0
-        while t < c and slab[t] == j:
-            if ssrc[t] == 0:
-                s += (1.0 - weight) * sval[t]
-            elif wsum > 0:
-                s += weight * sval[t] / wsum
-            t += 1
-        _offer_sum(best, best_ids, s, j)
+    s = 0.0
+    for t in range(c):
+        s += (1.0 - weight) * sval[t] if ssrc[t] == 0 else weight * sval[t] / wsum  # a vote: wsum > 0
+        if t + 1 == c or slab[t + 1] != slab[t]:
+            _offer_sum(best, best_ids, s, slab[t])
+            s = 0.0
 
 
 @njit(cache=True, parallel=True)
