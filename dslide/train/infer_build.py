@@ -257,8 +257,9 @@ def build_hidden_neighbours(model, train, val=None, fit_data=None, base=None) ->
     HIDDEN_POWERS, the weight from HIDDEN_WEIGHTS) is chosen on the validation points `val`
     (validation.choose_hidden) with a store of the gradient's points `fit_data`, against `base`,
     the validation points' scores before this stage (`build_neighbours`' return); weight 0, none,
-    is always a candidate. Without a hidden layer, or with something to choose and no validation
-    points or base, or a store above HIDDEN_STORE_MAX_BYTES, none. model.index_info gets the choice ("hidden_choice") and its figures."""
+    is always a candidate. Without a hidden layer, with a weight of 0 given, or with something to
+    choose and no validation points or base, or a store above HIDDEN_STORE_MAX_BYTES, none.
+    model.index_info gets the choice ("hidden_choice") and its figures."""
     t0 = time.perf_counter()
     cfg, net = model.config, model.network
     model.hidden_neighbours = None
@@ -269,6 +270,8 @@ def build_hidden_neighbours(model, train, val=None, fit_data=None, base=None) ->
         info["hidden_choice"] = {"chosen": "off", "why": "the network has no hidden layer"}
         return
     given = (cfg.hidden_knn, cfg.hidden_knn_power, cfg.hidden_knn_weight)
+    if cfg.hidden_knn_weight == 0:  # the votes count for nothing: no store
+        return
     if None in given:
         size = 4 * train.n_points * net.layers[-1].d_in
         if size > HIDDEN_STORE_MAX_BYTES:

@@ -240,6 +240,11 @@ def test_no_split_no_hidden_layer_or_zero_keeps_no_store():
     assert model.index_info["hidden_choice"]["why"] == "no validation split to check it on"
     model, _, _ = _fit_small(hidden_knn=0)
     assert model.hidden_neighbours is None and "hidden_choice" not in model.index_info
+    model, _, _ = _fit_small(hidden_knn=5, hidden_knn_power=4.0, hidden_knn_weight=0.0)
+    assert model.hidden_neighbours is None and "hidden_choice" not in model.index_info
+    model, _, _ = _fit_small(hidden_knn=5, hidden_knn_power=4.0, hidden_knn_weight=0.2)  # given: kept, no choice
+    assert model.hidden_neighbours.k == 5 and model.hidden_neighbours.n_points == 2000
+    assert "hidden_choice" not in model.index_info
 
 
 def test_the_store_survives_the_run_directory_and_a_crafted_one_is_refused(tmp_path):
