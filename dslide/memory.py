@@ -30,7 +30,7 @@ of their peak resident memory divided by the model's parameters.
 from __future__ import annotations
 
 from dslide.config import Config
-from dslide.config.rules import HIDDEN_STORE_MAX_BYTES
+from dslide.config.rules import hidden_store_fits
 from dslide.infer.index import InferenceIndex
 from dslide.model.sharding import shard_bounds
 
@@ -83,9 +83,8 @@ def account(config: Config, n_features: int, n_labels: int, world_size: int = 1,
         out["neighbours"] = (neighbour_bytes(n_features, n_points, nnz_x, nnz_y, n_labels if protos else 0,
                                              nnz_xy if protos else 0) + search_bytes(n_features, n_points, nnz_x))
     if data is not None and config.hidden_knn != 0 and config.hidden:  # None: kept where the split chooses it
-        size = hidden_bytes(data[0], config.hidden[-1], data[2])
-        if config.hidden_knn is not None or 4 * data[0] * config.hidden[-1] <= HIDDEN_STORE_MAX_BYTES:
-            out["neighbours"] += size
+        if config.hidden_knn is not None or hidden_store_fits(data[0], config.hidden[-1]):
+            out["neighbours"] += hidden_bytes(data[0], config.hidden[-1], data[2])
     out["total"] = sum(out[k] for k in ("weights", "moments", "tables", "index", "scratch", "neighbours", "step"))
     resident = out["total"] - out["step"]
     out["peak"] = max(out["total"], resident + out["index_build"])

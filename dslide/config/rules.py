@@ -133,6 +133,7 @@ APPROX_CANDIDATES = 64
 APPROX_HIDDEN_PROBES = 32
 #: the hidden neighbours are left to the validation split only while their store (every training
 #: point's last hidden vector, float32, whole on every rank) would hold at most this many bytes
+#: (`hidden_store_fits`)
 HIDDEN_STORE_MAX_BYTES = 2 << 30
 #: the validation probe (dslide.train.validation.FusionProbe) finds its points' neighbours and
 #: prototypes by the exact search while that reads at most this many posting entries, else by
@@ -289,3 +290,10 @@ def output_rows(config, n_labels: int) -> bool:
             raise ValueError(f"output_split = 'rows' cannot apply: {why}; use 'auto' or 'columns'")
         return True
     return why is None and n_labels < hidden[-1]
+
+
+def hidden_store_fits(n_points: int, width: int) -> bool:
+    """Whether the hidden neighbours' vectors of n_points training points (float32 [n_points,
+    width], every rank's whole) stay within HIDDEN_STORE_MAX_BYTES: else they are not left to
+    the validation split."""
+    return 4 * int(n_points) * int(width) <= HIDDEN_STORE_MAX_BYTES

@@ -52,6 +52,7 @@ from dslide import _numba_cache  # noqa: F401  (before any kernel: the cache is 
 from dslide.infer.fusion import _holds, _offer_sum
 from dslide.lsh._topk import push_top
 from dslide.lsh.kmeans import kmeans, nearest
+from dslide.lsh.neighbors import unit_rows
 from dslide.model.topk import blocked_topk
 
 #: the arrays of a store as saved in checkpoints (every rank holds them whole): the unit hidden
@@ -64,23 +65,6 @@ QUERY_BLOCK = 256
 #: the cells of --lsh's search: k-means of at most this many points a cell (a sample), by this seed
 CELL_SAMPLE_PER_CELL = 64
 CELL_SEED = 0x41D
-
-
-#: rows scaled at a time by `unit_rows` (its float64 temporary)
-UNIT_BLOCK = 4096
-
-
-def unit_rows(H, inplace: bool = False) -> np.ndarray:
-    """float32 [n, h], C order: the rows of H scaled to unit length (zero rows stay zero), each
-    divided in float64 and rounded once. inplace: into H itself where it is float32 and C-ordered
-    (else a copy); a float64 temporary of UNIT_BLOCK rows at a time, not of H."""
-    H = np.asarray(H)
-    out = H if inplace and H.dtype == np.float32 and H.flags.c_contiguous else np.array(H, np.float32, order="C")
-    norms = np.maximum(np.sqrt(np.einsum("ij,ij->i", out, out, dtype=np.float64)), 1e-30)
-    for s in range(0, out.shape[0], UNIT_BLOCK):
-        out[s:s + UNIT_BLOCK] = out[s:s + UNIT_BLOCK] / norms[s:s + UNIT_BLOCK, None]
-    return out
-
 
 @njit(cache=True, inline="always")
 def _weight_sum(nn_ids, nn_sims, power):
@@ -191,10 +175,11 @@ def push_rows(top_s, top_i, S, rows, ids):
 
 def cell_search(Q, Hc, C, ptr, pts, probes: int, out_ids, out_sims) -> None:
     """Each query's (unit rows Q float32 [n, h]) k best stored points among those of its `probes`
-    nearest cells (squared distance to the centres C [A, h], as `cells` assigned the points; cell j holds the rows ptr[j]:ptr[j + 1] of Hc, the store's
-    vectors in cell order, standing for the points pts[ptr[j]:ptr[j + 1]]), into out_ids int64 /
-    out_sims float64 [n, k] (prefilled -1 / -inf), best first, ties to the lower id. The queries
-    of a cell are scored together, one matrix product a cell."""
+    nearest cells (by squared distance to the centres C [A, h], as `cells` assigned the points;
+    cell j holds the rows ptr[j]:ptr[j + 1] of Hc, the store's vectors in cell order, standing
+    for the points pts[ptr[j]:ptr[j + 1]]), into out_ids int64 / out_sims float64 [n, k]
+    (prefilled -1 / -inf), best first, ties to the lower id. The queries of a cell are scored
+    together, one matrix product a cell."""
     qcells = nearest(Q, C, min(int(probes), C.shape[0]))  # as the points were assigned: by distance
     flat_c = qcells.ravel()
     order = np.argsort(flat_c, kind="stable")
@@ -230,10 +215,10 @@ class HiddenNeighbours:
     def __init__(self, arrays: dict, k: int | None = None, power: float | None = None, weight: float | None = None):
         self.arrays = {name: np.ascontiguousarray(arrays[name], dtype) for name, dtype in
                        zip(KEYS[:3], (np.float32, np.int64, np.int32))}
-        self.k = int(np.asarray(arrays["k"]).reshape(-1)[0]) if k is None and "k" in arrays else k
-        self.power = float(np.asarray(arrays["power"]).reshape(-1)[0]) if power is None and "power" in arrays else power
-        self.weight = (float(np.asarray(arrays["weight"]).reshape(-1)[0]) if weight is None and "weight" in arrays
-                       else weight)
+        saved = {name: np.asarray(arrays[name]).reshape(-1)[0] for name in KEYS[3:] if name in arrays}
+        self.k = int(saved["k"]) if k is None and "k" in saved else k
+        self.power = float(saved["power"]) if power is None and "power" in saved else power
+        self.weight = float(saved["weight"]) if weight is None and "weight" in saved else weight
         self._cells = None  # `cells`
 
     @classmethod
@@ -246,7 +231,8 @@ class HiddenNeighbours:
                     "y_idx": Y.indices.astype(np.int32)})
 
     @classmethod
-    def from_state(cls, arrays: dict, n_labels: int, width: int, where: str = "hidden neighbours") -> "HiddenNeighbours":
+    def from_state(cls, arrays: dict, n_labels: int, width: int,
+                   where: str = "hidden neighbours") -> "HiddenNeighbours":
         """The store of `state_arrays()` output (a checkpoint's), checked first (dslide.validate)."""
         from dslide import validate
 

@@ -51,11 +51,20 @@ from .kmeans import nearest
 # Kernels
 # ----------------------------------------------------------------------------
 
-def unit_rows(X) -> np.ndarray:
-    """float32 [n, d]: the rows of X scaled to unit length (zero rows stay zero)."""
-    X = np.asarray(X, dtype=np.float32)
-    norms = np.sqrt(np.einsum("ij,ij->i", X, X, dtype=np.float64))
-    return np.ascontiguousarray(X / np.maximum(norms, 1e-30)[:, None], dtype=np.float32)
+#: rows scaled at a time by `unit_rows` (its float64 temporary)
+UNIT_BLOCK = 4096
+
+
+def unit_rows(X, inplace: bool = False) -> np.ndarray:
+    """float32 [n, d], C order: the rows of X scaled to unit length (zero rows stay zero), each
+    divided in float64 and rounded once. inplace: into X itself where it is float32 and C-ordered
+    (else a copy); a float64 temporary of UNIT_BLOCK rows at a time, not of X."""
+    X = np.asarray(X)
+    out = X if inplace and X.dtype == np.float32 and X.flags.c_contiguous else np.array(X, np.float32, order="C")
+    norms = np.maximum(np.sqrt(np.einsum("ij,ij->i", out, out, dtype=np.float64)), 1e-30)
+    for s in range(0, out.shape[0], UNIT_BLOCK):
+        out[s:s + UNIT_BLOCK] = out[s:s + UNIT_BLOCK] / norms[s:s + UNIT_BLOCK, None]
+    return out
 
 
 def quantize(X) -> np.ndarray:
@@ -444,7 +453,7 @@ class NeighborIndex:
         codes = np.asarray(codes, dtype=np.int64).ravel()
         perm = np.argsort(codes, kind="stable")
         codes = codes[perm]
-        P = unit_rows(np.asarray(H)[perm])
+        P = unit_rows(np.asarray(H)[perm], inplace=True)  # the gathered copy is its own
         label_ptr, label_ids = _csr_rows(np.asarray(label_ptr, dtype=np.int64), np.asarray(label_ids), perm)
         n = P.shape[0]
         M = check_int("M (graph degree)", M, 1)

@@ -22,7 +22,7 @@ import scipy.sparse as sp
 
 from dslide import metrics
 from dslide.config import PRIOR_SHIFTS, Config, knn_default, points_per_label
-from dslide.config.rules import HIDDEN_STORE_MAX_BYTES
+from dslide.config.rules import hidden_store_fits
 from dslide.infer.approx import Bound
 from dslide.infer.fusion import NeighbourLabels, tempered
 from dslide.infer.hidden_knn import HiddenNeighbours, softmax_rows
@@ -236,17 +236,20 @@ def _network_candidates(model, val):
     return predict_topk_scores(model, val.X, max(5, model.config.knn_candidates), exact=True, fused=False)
 
 
-def hidden_vectors(model, X) -> np.ndarray:
-    """float32 [n, h]: the network's last hidden vectors of the rows of X (inference: no
-    dropout), every rank with all of them; collective."""
+def hidden_vectors(model, X, rows=None, progress=None) -> np.ndarray:
+    """float32 [m, h]: the network's last hidden vectors of the rows `rows` of X (int64, default
+    all), inference (no dropout), every rank with all of them, 4,096 rows at a time; collective.
+    progress(m): called with the rows of each block done."""
     net = model.network
     X = sp.csr_matrix(X)
+    rows = np.arange(X.shape[0], dtype=np.int64) if rows is None else rows
     parts = csr_parts(X, net.dtype)
     norms = input_norms(X, model.config.input_norm)
-    H = np.empty((X.shape[0], net.layers[-1].d_in), np.float32)
-    for s in range(0, X.shape[0], 4096):
-        rows = np.arange(s, min(X.shape[0], s + 4096))
-        H[s:s + rows.size] = net.hidden(make_batch(parts, None, rows, net.step, norms=norms)).dense()
+    H = np.empty((rows.size, net.layers[-1].d_in), np.float32)  # filled in place: no blocks to concatenate
+    for s in range(0, rows.size, 4096):
+        H[s:s + 4096] = net.hidden(make_batch(parts, None, rows[s:s + 4096], net.step, norms=norms)).dense()
+        if progress is not None:
+            progress(min(rows.size, s + 4096) - s)
     return H
 
 
@@ -273,8 +276,8 @@ def build_hidden_neighbours(model, train, val=None, fit_data=None, base=None) ->
     if cfg.hidden_knn_weight == 0:  # the votes count for nothing: no store
         return
     if None in given:
-        size = 4 * train.n_points * net.layers[-1].d_in
-        if size > HIDDEN_STORE_MAX_BYTES:
+        if not hidden_store_fits(train.n_points, net.layers[-1].d_in):
+            size = 4 * train.n_points * net.layers[-1].d_in
             info["hidden_choice"] = {"chosen": "off", "why": f"their store would hold {size / 2**30:.1f} GiB a rank, "
                                      f"above rules.HIDDEN_STORE_MAX_BYTES (give hidden_knn, hidden_knn_power and "
                                      f"hidden_knn_weight to keep it anyway)"}
@@ -362,20 +365,13 @@ def build_index(model, train, progress: bool = False) -> dict:
         return {}
     t0 = time.perf_counter()
     rows = np.sort(np.random.default_rng([model.config.seed, 0x1DE]).choice(n, m, replace=False))
-    parts = csr_parts(train.X, net.dtype)
-    norms = input_norms(train.X, model.config.input_norm)
-    H = np.empty((m, out.d_in), np.float32)  # filled in place: no list of blocks to concatenate
     bar = None
     if progress:
         from tqdm import tqdm
 
         # the second stage, anchors, buckets and the neighbour graph, counted as much as the first
         bar = tqdm(total=2 * m, unit="point", desc="inference index", dynamic_ncols=True, leave=False)
-    for s in range(0, m, 4096):
-        batch = make_batch(parts, None, rows[s:s + 4096], net.step, norms=norms)
-        H[s:s + 4096] = net.hidden(batch).dense()
-        if bar is not None:
-            bar.update(min(m, s + 4096) - s)
+    H = hidden_vectors(model, train.X, rows, None if bar is None else bar.update)
     Y = sp.csr_matrix(train.Y)[rows]
     labels = (Y.indptr.astype(np.int64), Y.indices.astype(np.int32))
     if bar is not None:

@@ -213,23 +213,42 @@ def choose_fusion(store, truth: sp.csr_matrix, m_ids, m_logits, nn_ids, nn_sims,
     grid = [(int(c), float(a), float(w), t) for c in counts for t in temps
             for a in (shares if pr_ids is not None else (0.0,))
             for w in (weights if t == 1.0 or tempered_weights is None else tempered_weights) if w != 0]
-    size, rank = (1, 0) if comm is None else (comm.size, comm.rank)
-    per = -(-len(grid) // size)
-    mine = np.full((per, 2), np.nan)
-    own = grid[rank::size]
     labels = metrics._binary_labels(truth)  # the true labels as evaluate reads them
-    for c, t in dict.fromkeys((key[0], key[3]) for key in own):  # one kernel pass per (count, temperature)
-        at = [j for j, key in enumerate(own) if key[0] == c and key[3] == t]
-        hits = store.fuse_grid_hits(m_ids, tempered(m_logits, t), nn_ids[:, :c], nn_sims[:, :c], power, pr_ids,
-                                    pr_sims, pr_power, np.array([own[j][1:3] for j in at], np.float64), labels, 5)
-        for j, h in zip(at, hits):
-            p = metrics.precision_from_hits(h.astype(np.float64))  # evaluate's P@k of these hits
-            mine[j] = float(p[0]), float(p[4])
-    every = mine[None] if size == 1 else comm.allgather_rows(mine, kind="evaluation")
-    for i, key in enumerate(grid):
-        figures[key] = (float(every[i % size, i // size, 0]), float(every[i % size, i // size, 1]))
+
+    def score(own):
+        mine = np.empty((len(own), 2))
+        for c, t in dict.fromkeys((key[0], key[3]) for key in own):  # one kernel pass per (count, temperature)
+            at = [j for j, key in enumerate(own) if key[0] == c and key[3] == t]
+            hits = store.fuse_grid_hits(m_ids, tempered(m_logits, t), nn_ids[:, :c], nn_sims[:, :c], power, pr_ids,
+                                        pr_sims, pr_power, np.array([own[j][1:3] for j in at], np.float64), labels, 5)
+            for j, h in zip(at, hits):
+                mine[j] = _p1_p5(h)
+        return mine
+
+    for key, v in zip(grid, share_cells(grid, score, comm, (2,))):
+        figures[key] = (float(v[0]), float(v[1]))
     best = pick_tempered({key: sum(v) for key, v in figures.items()}, noop)
     return best, figures
+
+
+def share_cells(cells: list, score, comm, shape: tuple) -> np.ndarray:
+    """Every cell's figures, float64 [len(cells), *shape], the cells shared over comm's ranks (cell
+    i scored by rank i mod P, the figures all gathered): score(own) -> [len(own), *shape] for this
+    rank's cells, cells[rank::P]. Ranks that hold the same arrays get the figures one rank would."""
+    size, rank = (1, 0) if comm is None else (comm.size, comm.rank)
+    per = -(-len(cells) // size)
+    mine = np.full((per, *shape), np.nan)
+    own = cells[rank::size]
+    if own:
+        mine[:len(own)] = score(own)
+    every = mine[None] if size == 1 else comm.allgather_rows(mine, kind="evaluation")
+    return np.array([every[i % size, i // size] for i in range(len(cells))]).reshape(len(cells), *shape)
+
+
+def _p1_p5(hits) -> tuple[float, float]:
+    """(P@1, P@5) of a cell's hits uint8 [n, 5], as dslide.metrics.evaluate computes them."""
+    p = metrics.precision_from_hits(hits.astype(np.float64))
+    return float(p[0]), float(p[4])
 
 
 def choose_hidden(store, truth: sp.csr_matrix, b_ids, b_p, nn_ids, nn_sims, *, counts, powers, weights,
@@ -248,19 +267,16 @@ def choose_hidden(store, truth: sp.csr_matrix, b_ids, b_p, nn_ids, nn_sims, *, c
     figures = {noop: (float(r["p@1"]), float(r["p@5"]))}
     pairs = [(int(c), float(a)) for c in counts for a in powers]
     ws = [float(w) for w in weights if w != 0]
-    size, rank = (1, 0) if comm is None else (comm.size, comm.rank)
-    per = -(-len(pairs) // size)
-    mine = np.full((per, max(1, len(ws)), 2), np.nan)
     labels = metrics._binary_labels(truth)
-    for j, (c, a) in enumerate(pairs[rank::size]):
-        hits = store.grid_hits(b_ids, b_p, nn_ids[:, :c], nn_sims[:, :c], a, ws, labels, 5)
-        for g, h in enumerate(hits):
-            p = metrics.precision_from_hits(h.astype(np.float64))
-            mine[j, g] = float(p[0]), float(p[4])
-    every = mine[None] if size == 1 else comm.allgather_rows(mine, kind="evaluation")
-    for i, (c, a) in enumerate(pairs):
-        for g, w in enumerate(ws):
-            figures[(c, a, w)] = (float(every[i % size, i // size, g, 0]), float(every[i % size, i // size, g, 1]))
+
+    def score(own):  # one kernel pass per (count, power) for all its weights
+        return [[_p1_p5(h) for h in store.grid_hits(b_ids, b_p, nn_ids[:, :c], nn_sims[:, :c], a, ws, labels, 5)]
+                for c, a in own]
+
+    if ws:
+        for (c, a), v in zip(pairs, share_cells(pairs, score, comm, (len(ws), 2))):
+            for w, (p1, p5) in zip(ws, v):
+                figures[(c, a, w)] = (float(p1), float(p5))
     return pick({key: sum(v) for key, v in figures.items()}, noop), figures
 
 

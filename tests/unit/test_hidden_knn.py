@@ -320,29 +320,34 @@ def test_a_store_above_the_byte_cap_is_not_chosen_nor_counted(monkeypatch):
     from dslide import memory
     from dslide.config import Config
     from dslide.io.data import XMCData
+    from dslide.config import rules
     from dslide.train import infer_build
 
     model, _, _ = _fit_small()
-    monkeypatch.setattr(infer_build, "HIDDEN_STORE_MAX_BYTES", 4 * 2000 * 4 - 1)  # one byte short
+    cap = rules.HIDDEN_STORE_MAX_BYTES
+    monkeypatch.setattr(rules, "HIDDEN_STORE_MAX_BYTES", 4 * 2000 * 4 - 1)  # one byte short
     infer_build.build_hidden_neighbours(model, XMCData(*_fit_data()), val=XMCData(*_fit_data()), base=(None, None))
     assert model.hidden_neighbours is None
     assert "0.0 GiB a rank, above rules.HIDDEN_STORE_MAX_BYTES" in model.index_info["hidden_choice"]["why"]
     model.config = model.config.replace(hidden_knn=3, hidden_knn_power=4.0, hidden_knn_weight=0.1)
     infer_build.build_hidden_neighbours(model, XMCData(*_fit_data()))
     assert model.hidden_neighbours is not None and model.hidden_neighbours.n_points == 2000
+    monkeypatch.setattr(rules, "HIDDEN_STORE_MAX_BYTES", cap)
     X, Y = _fit_data()
     data = memory.data_shape(X, Y)
     plain = memory.account(Config(hidden=(16,), hidden_knn=0), 40, 5000, data=data)["neighbours"]
     left = memory.account(Config(hidden=(16,)), 40, 5000, data=data)["neighbours"]
     assert left - plain == memory.hidden_bytes(2000, 16, Y.nnz)
-    monkeypatch.setattr(memory, "HIDDEN_STORE_MAX_BYTES", 4 * 2000 * 16 - 1)
+    monkeypatch.setattr(rules, "HIDDEN_STORE_MAX_BYTES", 4 * 2000 * 16 - 1)
     assert memory.account(Config(hidden=(16,)), 40, 5000, data=data)["neighbours"] == plain
     given = memory.account(Config(hidden=(16,), hidden_knn=5), 40, 5000, data=data)["neighbours"]
     assert given - plain == memory.hidden_bytes(2000, 16, Y.nnz)
 
 
 def test_unit_rows_divides_in_float64_a_block_at_a_time_and_in_place_when_asked(monkeypatch):
-    monkeypatch.setattr(HK, "UNIT_BLOCK", 7)
+    from dslide.lsh import neighbors
+
+    monkeypatch.setattr(neighbors, "UNIT_BLOCK", 7)
     rng = np.random.default_rng(2)
     H = rng.standard_normal((40, 5)).astype(np.float32)
     H[3] = 0.0
