@@ -72,7 +72,22 @@ def topk_of_buckets(X, W, b, codes, buckets, fill, k, marks, xptr, xids, out_sco
                 mark[xids[r]] = 0
 
 
-@njit(parallel=True, fastmath=True, cache=True)
+#: the floating-point liberties of `topk_by_anchor`: fused multiply-adds, but no reassociation,
+#: so that every score is summed in the order written, feature 0 to d - 1
+EXACT_ORDER = {"contract", "nsz", "arcp"}
+
+
+@njit(inline="always")
+def _dot(w, x, d):
+    """w[:d] . x[:d] summed feature 0 to d - 1 (under EXACT_ORDER: the same bits as `topk_by_anchor`'s
+    grouped sums, which vectorise over queries instead of features)."""
+    acc = np.float32(0.0)
+    for f in range(d):
+        acc += w[f] * x[f]
+    return acc
+
+
+@njit(parallel=True, fastmath=EXACT_ORDER, cache=True)
 def topk_by_anchor(X, W, b, order, gptr, ganchor, buckets, fill, k, n_chunks, xptr, xids,
                    out_scores, out_ids, n_scored):
     """Exact re-ranking with one bucket per query (1 table, 1 probe), the queries of one anchor together,
@@ -82,9 +97,12 @@ def topk_by_anchor(X, W, b, order, gptr, ganchor, buckets, fill, k, n_chunks, xp
     W[j] of that bucket is read once for the whole group and scored against every
     query of the group while it sits in cache, so a bucket's rows cross memory
     once per anchor rather than once per query (many queries share an anchor).
-    Scores are computed 4 items x 2 queries at a time: eight independent sums,
-    where one dot product at a time waits on its own additions (same ids either
-    way).
+    The group's queries are held transposed and four items are scored at a time
+    against all of them, the vector lanes running over queries; each score is
+    summed feature 0 to d - 1 without reassociation (EXACT_ORDER), as `_dot`
+    sums the extras: an item's score is the same bits whatever its place in a
+    bucket or path, the machine's vector width, or the number of ranks that
+    share the layer.
     Groups are dealt round-robin to n_chunks parallel chunks (pass them largest
     first for even work).
 
@@ -92,8 +110,8 @@ def topk_by_anchor(X, W, b, order, gptr, ganchor, buckets, fill, k, n_chunks, xp
     fill int32 [1, A], each bucket's first fill ids in increasing order (extras are
     looked up in it by bisection). Writes out_scores float64 [n, k] (-inf where fewer than k),
     out_ids int64 [n, k] (-1 there), n_scored int64 [n]. Ties go to the lower id.
-    Dot products accumulate in float32 (vector width; the re-ranked scores agree
-    with a float64 product to ~1e-6 relative).
+    Dot products accumulate in float32 (the re-ranked scores agree with a float64
+    product to ~1e-6 relative).
     """
     n, d = X.shape
     G = ganchor.shape[0]
@@ -101,7 +119,8 @@ def topk_by_anchor(X, W, b, order, gptr, ganchor, buckets, fill, k, n_chunks, xp
     for g in range(G):
         big = max(big, gptr[g + 1] - gptr[g])
     for c in prange(n_chunks):
-        Q = np.empty((big, d), np.float32)
+        QT = np.empty((d, big), np.float32)
+        acc = np.empty((4, big), np.float32)
         top_s = np.empty((big, k), np.float32)
         top_i = np.empty((big, k), np.int64)
         for g in range(c, G, n_chunks):
@@ -111,77 +130,44 @@ def topk_by_anchor(X, W, b, order, gptr, ganchor, buckets, fill, k, n_chunks, xp
             for qi in range(ng):
                 q = order[g0 + qi]
                 for f in range(d):
-                    Q[qi, f] = X[q, f]
+                    QT[f, qi] = X[q, f]
                 for t in range(k):
                     top_s[qi, t] = -np.inf
                     top_i[qi, t] = -1
             F = fill[0, a]
-            F4 = F - F % 4
-            for s in range(0, F4, 4):
+            for s in range(0, F, 4):
+                m = min(4, F - s)
                 j0 = buckets[0, a, s]
-                j1 = buckets[0, a, s + 1]
-                j2 = buckets[0, a, s + 2]
-                j3 = buckets[0, a, s + 3]
-                w0 = W[j0]
-                w1 = W[j1]
-                w2 = W[j2]
-                w3 = W[j3]
-                for qi in range(0, ng - 1, 2):
-                    x = Q[qi]
-                    y = Q[qi + 1]
-                    c0 = np.float32(0.0)
-                    c1 = np.float32(0.0)
-                    c2 = np.float32(0.0)
-                    c3 = np.float32(0.0)
-                    e0 = np.float32(0.0)
-                    e1 = np.float32(0.0)
-                    e2 = np.float32(0.0)
-                    e3 = np.float32(0.0)
-                    for f in range(d):
-                        xf = x[f]
-                        yf = y[f]
-                        c0 += w0[f] * xf
-                        c1 += w1[f] * xf
-                        c2 += w2[f] * xf
-                        c3 += w3[f] * xf
-                        e0 += w0[f] * yf
-                        e1 += w1[f] * yf
-                        e2 += w2[f] * yf
-                        e3 += w3[f] * yf
-                    push_top(top_s, top_i, qi, k, k, c0 + b[j0], j0)
-                    push_top(top_s, top_i, qi, k, k, c1 + b[j1], j1)
-                    push_top(top_s, top_i, qi, k, k, c2 + b[j2], j2)
-                    push_top(top_s, top_i, qi, k, k, c3 + b[j3], j3)
-                    push_top(top_s, top_i, qi + 1, k, k, e0 + b[j0], j0)
-                    push_top(top_s, top_i, qi + 1, k, k, e1 + b[j1], j1)
-                    push_top(top_s, top_i, qi + 1, k, k, e2 + b[j2], j2)
-                    push_top(top_s, top_i, qi + 1, k, k, e3 + b[j3], j3)
-                if ng % 2:  # the odd query out: 4 items at a time
-                    qi = ng - 1
-                    x = Q[qi]
-                    c0 = np.float32(0.0)
-                    c1 = np.float32(0.0)
-                    c2 = np.float32(0.0)
-                    c3 = np.float32(0.0)
-                    for f in range(d):
-                        xf = x[f]
-                        c0 += w0[f] * xf
-                        c1 += w1[f] * xf
-                        c2 += w2[f] * xf
-                        c3 += w3[f] * xf
-                    push_top(top_s, top_i, qi, k, k, c0 + b[j0], j0)
-                    push_top(top_s, top_i, qi, k, k, c1 + b[j1], j1)
-                    push_top(top_s, top_i, qi, k, k, c2 + b[j2], j2)
-                    push_top(top_s, top_i, qi, k, k, c3 + b[j3], j3)
-            for s in range(F4, F):  # the last F % 4 items one at a time
-                j = buckets[0, a, s]
+                j1 = buckets[0, a, s + min(1, m - 1)]
+                j2 = buckets[0, a, s + min(2, m - 1)]
+                j3 = buckets[0, a, s + min(3, m - 1)]
                 for qi in range(ng):
-                    acc = np.float32(0.0)
-                    for f in range(d):
-                        acc += W[j, f] * Q[qi, f]
-                    push_top(top_s, top_i, qi, k, k, acc + b[j], j)
+                    acc[0, qi] = 0.0
+                    acc[1, qi] = 0.0
+                    acc[2, qi] = 0.0
+                    acc[3, qi] = 0.0
+                for f in range(d):
+                    v0 = W[j0, f]
+                    v1 = W[j1, f]
+                    v2 = W[j2, f]
+                    v3 = W[j3, f]
+                    for qi in range(ng):
+                        x = QT[f, qi]
+                        acc[0, qi] += v0 * x
+                        acc[1, qi] += v1 * x
+                        acc[2, qi] += v2 * x
+                        acc[3, qi] += v3 * x
+                for qi in range(ng):
+                    push_top(top_s, top_i, qi, k, k, acc[0, qi] + b[j0], j0)
+                    if m > 1:
+                        push_top(top_s, top_i, qi, k, k, acc[1, qi] + b[j1], j1)
+                    if m > 2:
+                        push_top(top_s, top_i, qi, k, k, acc[2, qi] + b[j2], j2)
+                    if m > 3:
+                        push_top(top_s, top_i, qi, k, k, acc[3, qi] + b[j3], j3)
             for qi in range(ng):
                 q = order[g0 + qi]
+                x = X[q]
                 extra = 0
                 for r in range(xptr[q], xptr[q + 1]):
                     j = xids[r]
@@ -195,10 +181,7 @@ def topk_by_anchor(X, W, b, order, gptr, ganchor, buckets, fill, k, n_chunks, xp
                             hi = mid
                     if lo < F and buckets[0, a, lo] == j:
                         continue
-                    acc = np.float32(0.0)
-                    for f in range(d):
-                        acc += W[j, f] * Q[qi, f]
-                    push_top(top_s, top_i, qi, k, k, acc + b[j], j)
+                    push_top(top_s, top_i, qi, k, k, _dot(W[j], x, d) + b[j], j)
                     extra += 1
                 for t in range(k):
                     out_scores[q, t] = top_s[qi, t]

@@ -187,11 +187,12 @@ def test_lsh_inference_index_gives_the_same_topk_and_share_at_p_ranks_as_at_one(
                                                                                  monkeypatch):
     """The inference index keeps, per anchor, the labels of the whole layer above one threshold
     agreed across ranks, and re-ranks exactly: P ranks retrieve and return what 1 rank does,
+    with the same scores bit for bit (a label sits elsewhere in another rank's bucket),
     whether the 16 anchors are filled at once or 5 at a time (chunks of 5, 5, 5, 1), and with
     the nearest training points' labels added (a graph whose rows the ranks share out: exact,
     cells 0, or from each point's 3 nearest cells and their neighbours' neighbours)."""
     from dslide import train as T
-    from dslide.infer.predict import predict_topk
+    from dslide.infer.predict import predict_topk, predict_topk_scores
     from dslide.train.infer_build import build_index
     from dslide.infer import index as I
 
@@ -217,12 +218,13 @@ def test_lsh_inference_index_gives_the_same_topk_and_share_at_p_ranks_as_at_one(
         model = T.Model(net, net.config, comm)
         info = build_index(model, data)
         stats = {}
-        ids = predict_topk(model, X, 5, exact=False, stats=stats)
+        ids, scores = predict_topk_scores(model, X, 5, exact=False, stats=stats)
         exact = predict_topk(model, X, 5, exact=True)
-        out[name] = (ids, stats["scored_share"], exact, info, model.index.neighbors)
-    ids_p, share_p, exact_p, info_p, nn_p = out["p"]
-    ids_1, share_1, exact_1, _, nn_1 = out["1"]
+        out[name] = (ids, stats["scored_share"], exact, info, model.index.neighbors, scores)
+    ids_p, share_p, exact_p, info_p, nn_p, scores_p = out["p"]
+    ids_1, share_1, exact_1, _, nn_1, scores_1 = out["1"]
     np.testing.assert_array_equal(ids_p, ids_1)
+    np.testing.assert_array_equal(scores_p, scores_1)  # the scores too, bit for bit
     assert share_p == pytest.approx(share_1, rel=1e-12)
     # about index_share of the labels (ties may add a few); the neighbours' labels are budgeted
     # at their count, and some of them are in the bucket already

@@ -229,6 +229,47 @@ def test_grouped_rescoring_equals_numpy_per_query_with_ties_and_short_buckets(th
     np.testing.assert_array_equal(n_scored, per_query[2])
 
 
+def test_grouped_rescoring_gives_an_item_the_same_bits_from_any_place_or_path():
+    """A label's score from topk_by_anchor must not depend on where it sat: in a full block of
+    four or the short last one, in a bucket or among a query's extras, beside an even or odd
+    number of queries (a layer split over P ranks puts its labels at other places in other
+    buckets: the scores must be the 1-rank ones bit for bit). Every pair's bits are compared
+    across five layouts, d = 100 (not a multiple of any vector width)."""
+    rs = np.random.default_rng(23)
+    m, d, n = 41, 100, 5
+    W = rs.normal(size=(m, d)).astype(np.float32)
+    b = rs.normal(size=m).astype(np.float32)
+    X = rs.normal(size=(n, d)).astype(np.float32)
+    every = np.arange(m, dtype=np.int32)
+
+    def scores(bucket, extras, groups):
+        """{(query, item): score} with one anchor's bucket, each query's extras, queries grouped."""
+        bucket = np.sort(np.asarray(bucket, np.int32))
+        buckets = np.full((1, len(groups), m), np.iinfo(np.int32).max, np.int32)
+        buckets[0, :, :bucket.size] = bucket
+        fill = np.full((1, len(groups)), bucket.size, np.int32)
+        order = np.concatenate(groups).astype(np.int64)
+        gptr = np.concatenate([[0], np.cumsum([len(g) for g in groups])]).astype(np.int64)
+        xptr = np.arange(n + 1, dtype=np.int64) * len(extras)
+        xids = np.tile(np.asarray(extras, np.int32), n)
+        S, I, N = np.empty((n, m)), np.empty((n, m), np.int64), np.empty(n, np.int64)
+        rerank.topk_by_anchor(X, W, b, order, gptr, np.arange(len(groups), dtype=np.int64), buckets, fill, m, 1,
+                              xptr, xids, S, I, N)
+        assert np.all(N == m) and np.all(np.sort(I, axis=1) == every)
+        return {(q, int(j)): S[q, t] for q in range(n) for t, j in enumerate(I[q])}
+
+    layouts = [scores(every, [], [[0, 1, 2, 3, 4]]),
+               scores(every[1::2], every[::2], [[0, 1], [2, 3, 4]]),
+               scores(every[5:], every[:5], [[4], [0, 2], [1, 3]]),
+               scores(every[:-3], every[-3:], [[3, 1, 4, 0, 2]]),
+               scores([], every, [[0], [1], [2], [3], [4]])]
+    for other in layouts[1:]:
+        assert all(other[key] == v for key, v in layouts[0].items())  # the same bits
+    S = X.astype(np.float64) @ W.T.astype(np.float64) + b
+    got = np.array([[layouts[0][(q, j)] for j in range(m)] for q in range(n)])
+    np.testing.assert_allclose(got, S, rtol=1e-5, atol=1e-5)
+
+
 def test_probes_union_their_buckets():
     W, b, Q = _planted(seed=5, n_items=600)
     tables = lsh.AnchorTables(W.shape[1], 2, 16, 20, seed=3)
