@@ -174,6 +174,7 @@ class Config:
         hidden              (512,)          (128,)
         dropout             0.6             0.0
         lr                  1e-2            5e-3
+        beta2               0.99            0.999
         batch_size          256 (at least   128
                             8 steps/epoch)
         epochs              12              up to 10, stopped early on the validation

@@ -18,10 +18,10 @@ from dslide.config.checks import Bool, Choice, Float, Int, Rule, _sequence, _sha
 from dslide.config.rules import (ADAM_DTYPES, APPROX_CANDIDATES, APPROX_HIDDEN_PROBES, APPROX_FEATURES, APPROX_POSTINGS, BIAS_INITS, CANDIDATES_MIN_WIDTH, DECAY_EVERY, DECAY_MIN_SAMPLED, DTYPES,
                                  EARLY_STOP_MAX_EPOCHS, MIDDLE_NEGATIVES,
                                  FAMILIES, FUSED_MAX_ACTIVE, INPUT_NORMS, KNN_MAX_POINTS_PER_LABEL, LAYER_KINDS,
-                                 LOSSES, LR_SCHEDULES, MAX_ACTIVE, NARROW_BATCH, NARROW_EPOCHS, NARROW_HIDDEN,
+                                 LOSSES, LR_SCHEDULES, MAX_ACTIVE, NARROW_BATCH, NARROW_BETA2, NARROW_EPOCHS, NARROW_HIDDEN,
                                  NARROW_LOSS, NARROW_MIN_STEPS, NARROW_OUTPUT, NARROW_PRIOR_SHIFT, OUTPUT_SPLITS, PARALLEL,
                                  POLICIES, PRIOR_SHIFTS,
-                                 PROPENSITY_PRESETS, SCOPES, SELECT_MODES, SYNC_MODES, WIDE_EPOCHS, WIDE_LR,
+                                 PROPENSITY_PRESETS, SCOPES, SELECT_MODES, SYNC_MODES, WIDE_BETA2, WIDE_EPOCHS, WIDE_LR,
                                  WIDE_LOSS, WIDE_WEIGHT_DECAY)
 
 #: "from the data": the settings Config.resolve takes from the data when left at None
@@ -96,7 +96,8 @@ CONFIG_FIELDS = (
           "cross-entropy per label, or a sum of the two", T, DATA,
           f"{NARROW_LOSS} for {NARROW}, else {WIDE_LOSS}"),
     Field("beta1", "float", 0.9, Float(0.0, 1.0, hi_open=True), "Adam's first-moment decay", T),
-    Field("beta2", "float", 0.999, Float(0.0, 1.0, hi_open=True), "Adam's second-moment decay", T),
+    Field("beta2", "float | None", None, Float(0.0, 1.0, hi_open=True), "Adam's second-moment decay", T, DATA,
+          f"{NARROW_BETA2:g} for {NARROW}, else {WIDE_BETA2:g}"),
     Field("eps", "float", 1e-8, Float(0.0, 1.0, lo_open=True), "Adam's epsilon", T),
     Field("weight_decay", "float | None", None, Float(0.0, 1.0),
           f"decoupled weight decay: every weight (not the biases) shrinks by lr x weight_decay a step, "

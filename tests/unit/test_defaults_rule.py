@@ -78,6 +78,27 @@ def test_the_loss_follows_the_output_width_and_an_explicit_one_wins():
         Config(loss="hinge")
 
 
+def test_adams_second_moment_decay_follows_the_output_width_and_an_explicit_one_wins():
+    """Narrow outputs, which train about a thousand steps, forget Adam's second moments faster
+    (NARROW_BETA2); wide ones keep 0.999. The network's Adam constants are the resolved ones:
+    its step size is lr sqrt(1 - beta2^t) / (1 - beta1^t)."""
+    from dslide.comm import Comm
+    from dslide.config.rules import NARROW_BETA2, WIDE_BETA2
+    from dslide.model.network import Network
+
+    assert (NARROW_BETA2, WIDE_BETA2) == (0.99, 0.999)
+    assert Config().beta2 is None and "beta2" in Config.FROM_DATA
+    assert Config().resolve(NARROW_OUTPUT).beta2 == 0.99
+    assert Config().resolve(NARROW_OUTPUT + 1).beta2 == 0.999
+    assert Config(beta2=0.9).resolve(159).beta2 == 0.9
+    assert Config(beta2=0.95).resolve(670_091).beta2 == 0.95
+    for n_labels, beta2 in ((40, 0.99), (NARROW_OUTPUT + 1, 0.999)):
+        net = Network(Config(hidden=(4,), exact=True, lr=0.01, lr_schedule="constant", threads=1), 6, n_labels, Comm())
+        hp = net.adam_params(3)
+        assert net.config.beta2 == beta2
+        assert hp[2] == pytest.approx(beta2) and hp[4] == pytest.approx(0.01 * np.sqrt(1 - beta2**3) / (1 - 0.9**3))
+
+
 def test_wide_outputs_of_one_replica_decay_their_weights_and_an_explicit_value_wins():
     """Weight decay is on (WIDE_WEIGHT_DECAY) for outputs wider than NARROW_OUTPUT trained by one
     replica whose rows a step samples often enough; off for narrow ones, with replicas and for
