@@ -105,8 +105,8 @@ DECAY_EVERY = 50
 #: beta2 left at None: Adam's second-moment decay. A narrow output trains about a thousand steps
 #: (12 epochs of 256 points), as long as 0.999's memory of a thousand steps: the moments
 #: still weigh the first steps' large gradients at the end. 0.99 gained on all three narrow
-#: real members (debian_tags +0.9 points of P@1 at two seeds) and lost on both wide ones, which
-#: train several thousand steps (docs/accuracy.md, item 19)
+#: real members and lost on both wide ones, which train several thousand steps
+#: (docs/accuracy.md, item 19)
 NARROW_BETA2 = 0.99
 WIDE_BETA2 = 0.999
 NARROW_HIDDEN = 512
