@@ -8,8 +8,8 @@ has no bfloat16, so moments are stored as uint16 [same shape] and every
 Adam kernel widens them to float32, updates in float32 and narrows back.
 
 Narrowing: m rounds to nearest (ties to even). v rounds stochastically:
-with beta2 = 0.999 (wide outputs' default) one step changes v by 0.1%, under half a bfloat16 unit
-(2^-8 = 0.4%), so rounded to nearest v would never decay and would grow
+with beta2 = 0.999 (the wide outputs' default) one step changes v by 0.1%,
+under half a bfloat16 unit (2^-8 = 0.4%), so rounded to nearest v would never decay and would grow
 only for gradients 3x its size; stochastically rounded it follows float32's
 v (tests/unit/test_adam_bfloat16.py compares both with float32 Adam over
 shrinking gradients). The random bits are a function of (key, step, the
