@@ -591,7 +591,7 @@ def test_sigmoid_softplus_matches_numpy_in_float64_with_padding_and_huge_logits(
 def test_learning_rate_decays_linearly_over_the_run(schedule, step, moved):
     X, Y = _tiny_problem(seed=2)
     cfg = Config(hidden=(6,), exact=True, lr=0.01, lr_schedule=schedule, dtype="float64", input_norm="none",
-                 seed=1, dropout=0.0, eps=1e-14)
+                 seed=1, dropout=0.0, eps=1e-14, beta2=0.999)
     net = Network(cfg, X.shape[1], Y.shape[1])
     net.set_total_steps(4)
     before = [layer.W.copy() for layer in net.layers]
