@@ -98,7 +98,8 @@ def topk_by_anchor(X, W, b, order, gptr, ganchor, buckets, fill, k, n_chunks, xp
     query of the group while it sits in cache, so a bucket's rows cross memory
     once per anchor rather than once per query (many queries share an anchor).
     The group's queries are held transposed and four items are scored at a time
-    against all of them, the vector lanes running over queries; each score is
+    against all of them, the vector lanes running over queries and four features
+    added a pass (one load and store of a partial sum per four); each score is
     summed feature 0 to d - 1 without reassociation (EXACT_ORDER), as `_dot`
     sums the extras: an item's score is the same bits whatever its place in a
     bucket or path, the machine's vector width, or the number of ranks that
@@ -146,7 +147,34 @@ def topk_by_anchor(X, W, b, order, gptr, ganchor, buckets, fill, k, n_chunks, xp
                     acc[1, qi] = 0.0
                     acc[2, qi] = 0.0
                     acc[3, qi] = 0.0
-                for f in range(d):
+                d2 = d - d % 4
+                for f in range(0, d2, 4):  # four features a pass, still added in feature order
+                    v0 = W[j0, f]
+                    v1 = W[j1, f]
+                    v2 = W[j2, f]
+                    v3 = W[j3, f]
+                    u0 = W[j0, f + 1]
+                    u1 = W[j1, f + 1]
+                    u2 = W[j2, f + 1]
+                    u3 = W[j3, f + 1]
+                    t0 = W[j0, f + 2]
+                    t1 = W[j1, f + 2]
+                    t2 = W[j2, f + 2]
+                    t3 = W[j3, f + 2]
+                    r0 = W[j0, f + 3]
+                    r1 = W[j1, f + 3]
+                    r2 = W[j2, f + 3]
+                    r3 = W[j3, f + 3]
+                    for qi in range(ng):
+                        x = QT[f, qi]
+                        y = QT[f + 1, qi]
+                        z = QT[f + 2, qi]
+                        w = QT[f + 3, qi]
+                        acc[0, qi] = (((acc[0, qi] + v0 * x) + u0 * y) + t0 * z) + r0 * w
+                        acc[1, qi] = (((acc[1, qi] + v1 * x) + u1 * y) + t1 * z) + r1 * w
+                        acc[2, qi] = (((acc[2, qi] + v2 * x) + u2 * y) + t2 * z) + r2 * w
+                        acc[3, qi] = (((acc[3, qi] + v3 * x) + u3 * y) + t3 * z) + r3 * w
+                for f in range(d2, d):
                     v0 = W[j0, f]
                     v1 = W[j1, f]
                     v2 = W[j2, f]
