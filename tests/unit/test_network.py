@@ -114,8 +114,8 @@ def test_adam_step_matches_numpy_reference_with_lazy_rows():
     W = rs.normal(size=(R, d))
     M = rs.normal(size=(R, d)) * 0.1
     V = rs.random((R, d)) * 0.01
-    rows = np.array([2, 5, 2, 7], dtype=np.int32)  # row 2 receives two contributions
-    samples = np.array([0, 1, 1, 0], dtype=np.int32)
+    rows = np.array([5, 2, 7, 2], dtype=np.int32)  # row 2 receives two contributions; 5 comes first
+    samples = np.array([1, 0, 0, 1], dtype=np.int32)
     coefs = rs.normal(size=4)
     X = rs.normal(size=(2, d))
     b1, b2, lr, eps, t = 0.9, 0.999, 0.01, 1e-8, 5
@@ -132,7 +132,8 @@ def test_adam_step_matches_numpy_reference_with_lazy_rows():
     count = np.zeros(R, dtype=np.int32)
     order = np.empty(rows.size, dtype=np.int64)
     touched, start = K.group_by_row(rows, R, count, order)
-    assert sorted(touched.tolist()) == [2, 5, 7] and not count.any()
+    assert touched.tolist() == [2, 5, 7] and not count.any()  # ascending, not in order of first appearance
+    assert order[start[0]:start[1]].tolist() == [1, 3] and start.tolist() == [0, 2, 3, 4]  # entry order kept
     hp = K.adam_params(lr, b1, b2, eps, t, np.float64)
     W2, M2, V2 = W.copy(), M.copy(), V.copy()
     empty = np.empty(0)
