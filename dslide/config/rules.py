@@ -105,7 +105,7 @@ DECAY_EVERY = 50
 #: beta2 left at None: Adam's second-moment decay. A narrow output trains about a thousand steps
 #: (12 epochs of 256 points), as long as 0.999's memory of a thousand steps: the moments
 #: still weigh the first steps' large gradients at the end. 0.99 gained on all three narrow
-#: real members and lost on both wide ones, which train several thousand steps
+#: real members and lost on both wide ones, which train about three thousand steps
 #: (docs/accuracy.md, item 19)
 NARROW_BETA2 = 0.99
 WIDE_BETA2 = 0.999
