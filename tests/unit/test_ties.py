@@ -134,6 +134,46 @@ def test_the_top_k_of_a_block_with_ties_and_fewer_columns_than_k_matches_a_full_
         numba.set_num_threads(old)
 
 
+def _offered_one_by_one(S, k, first):
+    """Per row: every score offered to the sorted buffer in column order through push_top, called
+    from Python one score at a time (no run of columns passed over): the kernel's semantics."""
+    from dslide.lsh._topk import push_top
+
+    top_s, top_i = np.full((S.shape[0], k), -np.inf), np.full((S.shape[0], k), -1, dtype=np.int64)
+    for r in range(S.shape[0]):
+        for c in range(S.shape[1]):
+            push_top(top_s, top_i, r, k, k, np.float64(S[r, c]), first + c)
+    return top_s, top_i
+
+
+@pytest.mark.parametrize("m", [15, 16, 17, 48, 61])
+def test_passing_over_runs_of_low_scores_keeps_what_one_by_one_offers_keep(m):
+    """`_push_block` passes over runs of SCAN_RUN columns below the k-th score: widths around the
+    run, ties on the k-th score inside and across runs, -inf, and NaN (let in, as push_top lets
+    it) give the buffer a score-by-score push gives."""
+    from dslide.model.topk import SCAN_RUN
+
+    assert 15 <= SCAN_RUN <= 16  # the widths above straddle one run and end inside a run
+    rng = np.random.default_rng(m)
+    S = np.round(rng.standard_normal((30, m)) * 1.5).astype(np.float32)
+    S[rng.random(S.shape) < 0.1] = -np.inf
+    S[rng.random(S.shape) < 0.03] = np.nan
+    S[3] = 1.0  # one row all tied
+    for k in (1, 5, 20):
+        s, ids = scores_topk(S, k, 7)
+        want_s, want_i = _offered_one_by_one(S, k, 7)
+        np.testing.assert_array_equal(ids, want_i)
+        np.testing.assert_array_equal(s, want_s)
+    # blocked: the buffer carried from block to block (here 2 and 3 blocks of columns)
+    X = np.eye(30, dtype=np.float32)
+    finite = np.nan_to_num(S, nan=0.5, neginf=-9.0)
+    for block in (m // 2 + 1, m // 3 + 1):
+        s, ids = blocked_topk(X, np.ascontiguousarray(finite.T), np.zeros(m, np.float32), 20, 4, block=block)
+        want_s, want_i = _offered_one_by_one(finite, 20, 4)
+        np.testing.assert_array_equal(ids, want_i)
+        np.testing.assert_array_equal(s, want_s)
+
+
 def _merge_reference(S, I, k):
     """Per row: every rank's candidates in one Python sort by (score desc, id asc, missing last)."""
     P, B, kk = S.shape
