@@ -132,28 +132,27 @@ def flush_sum_rows(e, out):
 
     Each row sums in SUM_LANES float64 partial sums, column a into lane a % SUM_LANES,
     added together in lane order, then its tail: a fixed order whatever the CPU's vector width
-    (strict float semantics, no fastmath), which LLVM can still vectorise lane by lane.
+    (strict float semantics, no fastmath), which LLVM can still vectorise lane by lane. The
+    flush is a pass of its own before the sums: as one loop the two did not vectorise.
     """
     tiny = e.dtype.type(TINY)
     zero = e.dtype.type(0.0)
     n = e.shape[1]
     body = n - n % SUM_LANES
     for i in prange(e.shape[0]):
+        row = e[i]
+        for a in range(n):
+            v = row[a]
+            row[a] = v if v >= tiny else zero
         acc = np.zeros(SUM_LANES)
         for a in range(0, body, SUM_LANES):
             for l in range(SUM_LANES):
-                v = e[i, a + l]
-                v = v if v >= tiny else zero
-                e[i, a + l] = v
-                acc[l] += v
+                acc[l] += np.float64(row[a + l])
         s = 0.0
         for l in range(SUM_LANES):
             s += acc[l]
         for a in range(body, n):
-            v = e[i, a]
-            v = v if v >= tiny else zero
-            e[i, a] = v
-            s += v
+            s += row[a]
         out[i] += s
 
 
