@@ -130,7 +130,7 @@ class Model:
         """
         from dslide import propensity
         from dslide import train as T
-        from dslide.config import points_per_label
+        from dslide.config import resolve_shape
         from dslide.io.data import XMCData
 
         X = _features(X)
@@ -146,7 +146,7 @@ class Model:
             if Xv.shape[1] != X.shape[1]:
                 raise ValueError(f"X_val has {Xv.shape[1]} features, X has {X.shape[1]}")
             test = XMCData(Xv, labels_matrix(Y_val, Xv.shape[0], train.n_labels))
-        config = self.config.resolve(train.n_labels, points_per_label(train.Y), train.n_points)
+        config = self.config.resolve(*resolve_shape(train))
         notice_threads(self.comm, config)
         model = T.build_network((train.n_features, train.n_labels), config, self.comm)
         T.init_from_data(model, train)

@@ -26,12 +26,14 @@ def rows() -> list[tuple[str, object]]:
 
 
 def table(config: Config, n_features: int | None = None, n_labels: int | None = None,
-          points_per_label: float | None = None, n_points: int | None = None) -> list[tuple]:
+          points_per_label: float | None = None, n_points: int | None = None,
+          labels_per_point: float | None = None) -> list[tuple]:
     """Rows (key, default, valid range, value): value is what `config` holds, resolved for
     data of n_features features, n_labels labels and n_points points when given ("-" for from-the-data
     settings without data)."""
     base = Config()
-    resolved = config.resolve(n_labels, points_per_label, n_points) if n_labels is not None else config
+    resolved = (config.resolve(n_labels, points_per_label, n_points, labels_per_point) if n_labels is not None
+                else config)
     out_lc = resolved.layer_lsh(len(resolved.hidden)) if resolved.hidden is not None else resolved.lsh
     out = []
     for key, f in rows():

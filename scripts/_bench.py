@@ -184,7 +184,7 @@ def child(case_path: str) -> None:
     from dslide import train as T
     from dslide.infer.predict import predict_topk
     from dslide.comm import Comm
-    from dslide.config import Config, points_per_label
+    from dslide.config import Config, resolve_shape
     from dslide.io.data import XMCData
     from dslide.metrics import evaluate, inverse_propensity
 
@@ -196,7 +196,7 @@ def child(case_path: str) -> None:
     if "hidden" in cfg:
         cfg["hidden"] = tuple(cfg["hidden"])
     config = Config.from_dict({**cfg, "threads": int(case.get("threads", 1))}).resolve(
-        train.n_labels, points_per_label(train.Y), train.n_points)  # as T.fit resolves it
+        *resolve_shape(train))  # as T.fit resolves it
     # compile the kernels on a few points first: the timings below are of training, not of numba
     warm = XMCData(train.X[:300], train.Y[:300])
     warm_model, _ = T.fit(warm, config.replace(epochs=1.0, eval_every=0, checkpoint_every=0), comm=comm, index=False)

@@ -35,12 +35,13 @@ def run(args, comm) -> int:
             print(settings.markdown(), end="")
         return 0
     config = common.make_config(args.config, args.set)
-    shape = (None, None, None, None)
+    shape = (None, None, None, None, None)
     if args.data:
-        from dslide.config import points_per_label
+        from dslide.config import resolve_shape
 
         data = common.read(args.data, "--data", args.format, comm=comm)
-        shape = (data.n_features, data.n_labels, points_per_label(data.Y), data.n_points)
+        n_labels, ppl, n_points, lpp = resolve_shape(data)
+        shape = (data.n_features, n_labels, ppl, n_points, lpp)
     if comm.rank == 0:
         if args.data:
             print(f"{args.data}: {shape[0]:,} features, {shape[1]:,} labels, "

@@ -96,7 +96,7 @@ def run(args, comm) -> int:
 
 def _run(args, comm, held) -> int:
     from dslide import train as T
-    from dslide.config import points_per_label
+    from dslide.config import resolve_shape
     from dslide.io import checkpoint as ck
     from dslide.io.data import checksum as data_checksum
     from dslide.io.data import write_caches
@@ -140,7 +140,7 @@ def _run(args, comm, held) -> int:
             raise UsageError(f"--train {args.train} has {train.n_features:,} features and {train.n_labels:,} "
                              f"labels; the run in {args.resume} was trained on {saved['n_features']:,} and "
                              f"{saved['n_labels']:,}")
-    config = config.resolve(train.n_labels, points_per_label(train.Y), train.n_points)
+    config = config.resolve(*resolve_shape(train))
     train_checksum = comm.bcast_object(data_checksum(train) if comm.rank == 0 else None)
     if args.resume:
         _resume_plan(comm, args, saved, {k: (getattr(base, k), getattr(config, k)) for k in changes},

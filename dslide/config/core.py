@@ -393,7 +393,7 @@ class Config:
     FROM_DATA = FROM_DATA
 
     def resolve(self, n_labels: int, points_per_label: float | None = None,
-                n_points: int | None = None) -> "Config":
+                n_points: int | None = None, labels_per_point: float | None = None) -> "Config":
         """This configuration with every setting left at None taken from the data
         (`rules.from_data`, the class docstring's table); settings given explicitly are kept.
 
@@ -402,8 +402,11 @@ class Config:
         stays None: training chooses the count from its data (KNN_CHOICES), and a model
         whose store has no count uses KNN.
         n_points: the training points; a narrow output's batch_size takes them into account
-        (`narrow_batch`), and whether they leave a validation split decides early stopping."""
-        changes = rules.from_data(self, n_labels, points_per_label, n_points)
+        (`narrow_batch`), and whether they leave a validation split decides early stopping.
+        labels_per_point: the training points' labels on average (`labels_per_point`); a
+        narrow output's prior_shift follows it (`narrow_prior_shift`), and stays None without it.
+        `rules.resolve_shape(train)` gives all four as `fit` reads them."""
+        changes = rules.from_data(self, n_labels, points_per_label, n_points, labels_per_point)
         return dataclasses.replace(self, **changes) if changes else self
 
     def neighbours(self, chosen: int | None = None) -> int:

@@ -19,7 +19,7 @@ from dslide.config.rules import (ADAM_DTYPES, APPROX_CANDIDATES, APPROX_HIDDEN_P
                                  EARLY_STOP_MAX_EPOCHS, MIDDLE_NEGATIVES,
                                  FAMILIES, FUSED_MAX_ACTIVE, INPUT_NORMS, KNN_MAX_POINTS_PER_LABEL, LAYER_KINDS,
                                  LOSSES, LR_SCHEDULES, MAX_ACTIVE, NARROW_BATCH, NARROW_BETA2, NARROW_EPOCHS, NARROW_HIDDEN,
-                                 NARROW_LOSS, NARROW_MIN_STEPS, NARROW_OUTPUT, NARROW_PRIOR_SHIFT, OUTPUT_SPLITS, PARALLEL,
+                                 NARROW_LOSS, NARROW_MIN_STEPS, NARROW_OUTPUT, NARROW_PRIOR_SHIFT, FEW_LABELS, FEW_LABELS_PRIOR_SHIFT, OUTPUT_SPLITS, PARALLEL,
                                  POLICIES, PRIOR_SHIFTS,
                                  PROPENSITY_PRESETS, SCOPES, SELECT_MODES, SYNC_MODES, WIDE_BETA2, WIDE_EPOCHS, WIDE_LR,
                                  WIDE_LOSS, WIDE_WEIGHT_DECAY)
@@ -115,7 +115,8 @@ CONFIG_FIELDS = (
     Field("prior_shift", "float | None", None, Float(0.0, 2.0),
           "at the end of training the output biases are lowered by this x the log of each label's "
           "smoothed training frequency (0: off)", M, DATA,
-          f"{NARROW_PRIOR_SHIFT:g} for {NARROW}; else chosen on the validation split from "
+          f"for {NARROW}: {FEW_LABELS_PRIOR_SHIFT:g} where the training points carry fewer than "
+          f"{FEW_LABELS:g} labels on average, else {NARROW_PRIOR_SHIFT:g}; else chosen on the validation split from "
           f"{', '.join(f'{t:g}' for t in PRIOR_SHIFTS)} (0 without one)"),
     Field("seed", "int", 0, Int(0, 2**63 - 1),
           "every random draw derives from it (weights, batches, hashes, the validation split)", T),

@@ -59,9 +59,14 @@ WIDE_LOSS = "label-softmax"
 #: prior_shift left at None: at the end of training the output biases are lowered by this
 #: times the log of each label's training frequency (logit adjustment: the network's bias
 #: towards frequent labels undone in part). Narrow outputs, which have no validation split,
-#: take NARROW_PRIOR_SHIFT; wide ones choose from PRIOR_SHIFTS on their split (0, the no-op,
-#: unless another gains; 0 without a split). docs/accuracy.md has the measurements.
+#: take FEW_LABELS_PRIOR_SHIFT where their training points carry fewer than FEW_LABELS labels
+#: on average (the slots of P@5 a point's own labels cannot fill go to rarer labels instead of
+#: wrong frequent ones), else NARROW_PRIOR_SHIFT (many labels a point: the frequent ones are
+#: mostly right); wide ones choose from PRIOR_SHIFTS on their split (0, the no-op, unless
+#: another gains; 0 without a split). docs/accuracy.md has the measurements.
 NARROW_PRIOR_SHIFT = 0.2
+FEW_LABELS_PRIOR_SHIFT = 0.4
+FEW_LABELS = 5.0
 PRIOR_SHIFTS = (0.0, 0.1, 0.2, 0.3)
 #: knn left at None: this many neighbours' labels fused at inference in outputs wider than
 #: NARROW_OUTPUT whose training data has fewer than KNN_MAX_POINTS_PER_LABEL points per label
@@ -197,6 +202,26 @@ def points_per_label(Y) -> float:
     return label_points(np.unique(Y.indices, return_counts=True)[1])
 
 
+def labels_per_point(Y) -> float:
+    """A label matrix Y's (csr [n, L]) labels per point, on average (0.0 for no points)."""
+    import scipy.sparse as sp
+
+    Y = sp.csr_matrix(Y)
+    return float(Y.nnz) / Y.shape[0] if Y.shape[0] else 0.0
+
+
+def narrow_prior_shift(labels_per_point: float) -> float:
+    """The prior_shift of a narrow output left at None: FEW_LABELS_PRIOR_SHIFT where its training
+    points carry fewer than FEW_LABELS labels on average, else NARROW_PRIOR_SHIFT."""
+    return FEW_LABELS_PRIOR_SHIFT if labels_per_point < FEW_LABELS else NARROW_PRIOR_SHIFT
+
+
+def resolve_shape(data) -> tuple:
+    """What `Config.resolve` reads of a training set (XMCData): (n_labels, points_per_label,
+    n_points, labels_per_point), so that every caller resolves a configuration as `fit` does."""
+    return data.n_labels, points_per_label(data.Y), data.n_points, labels_per_point(data.Y)
+
+
 def validation_size(n_points: int) -> int:
     """The points the validation split of n_points training points holds (0: no split)."""
     n = int(n_points)
@@ -205,7 +230,8 @@ def validation_size(n_points: int) -> int:
     return int(min(max(round(VALIDATION_SHARE * n), VALIDATION_MIN), int(VALIDATION_MAX_SHARE * n), VALIDATION_MAX))
 
 
-def from_data(config, n_labels: int, points_per_label: float | None = None, n_points: int | None = None) -> dict:
+def from_data(config, n_labels: int, points_per_label: float | None = None, n_points: int | None = None,
+              labels_per_point: float | None = None) -> dict:
     """The settings `config` left at None, taken from the data (`Config.resolve`): {name: value}.
 
     Narrow outputs (at most NARROW_OUTPUT labels) train a wide, dropout-regularised hidden
@@ -220,7 +246,7 @@ def from_data(config, n_labels: int, points_per_label: float | None = None, n_po
             "loss": NARROW_LOSS if narrow else WIDE_LOSS,
             "batch_size": narrow_batch(n_points) if narrow else 128,
             "epochs": NARROW_EPOCHS if narrow else WIDE_EPOCHS, "init_input_scale": 0.1 if narrow else 0.3,
-            "knn": knn_default(n_labels, points_per_label), "prior_shift": NARROW_PRIOR_SHIFT if narrow else 0.0,
+            "knn": knn_default(n_labels, points_per_label), "prior_shift": 0.0 if not narrow else None if labels_per_point is None else narrow_prior_shift(labels_per_point),
             "weight_decay": WIDE_WEIGHT_DECAY if not narrow and config.replicas == 1
             and config.lsh.random_count(n_labels) >= DECAY_MIN_SAMPLED * n_labels else 0.0}
     has_split = n_points is not None and validation_size(n_points) > 0
@@ -231,8 +257,8 @@ def from_data(config, n_labels: int, points_per_label: float | None = None, n_po
     stopping = config.early_stop if config.early_stop is not None else auto["early_stop"]
     # without early stopping no decay ends the middle epochs: every negative throughout
     auto["middle_negatives"] = MIDDLE_NEGATIVES if stopping and has_split and config.replicas == 1 else 1.0
-    if not narrow and (n_points is None or has_split):
-        del auto["prior_shift"]  # chosen on the validation split where training draws one
+    if (not narrow and (n_points is None or has_split)) or auto["prior_shift"] is None:
+        del auto["prior_shift"]  # chosen on the validation split where training draws one, or undecided
     if n_points is not None and not has_split:
         auto["knn"] = 0  # no held-out points to check the neighbours' labels on: the no-op
     elif points_per_label is None or auto["knn"]:

@@ -34,7 +34,7 @@ from threadpoolctl import threadpool_limits
 
 import dslide
 from dslide.comm import Comm, allreduce_bytes, default_threads
-from dslide.config import Config, points_per_label
+from dslide.config import Config, resolve_shape
 from dslide.io.data import XMCData
 from dslide.train import validation
 from dslide.train.infer_build import (EpochScorer, apply_prior_shift, build_hidden_neighbours, build_index,
@@ -207,7 +207,7 @@ def fit(train: XMCData, config: Config | None = None, test: XMCData | None = Non
     index_progress: a progress bar (tqdm, stderr) for the index build.
     """
     if model is None:
-        config = (config or Config()).resolve(train.n_labels, points_per_label(train.Y), train.n_points)
+        config = (config or Config()).resolve(*resolve_shape(train))
         model = build_network((train.n_features, train.n_labels), config, comm)
         init_from_data(model, train)
     config = model.config  # resolved: every setting has its value

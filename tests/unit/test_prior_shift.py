@@ -9,7 +9,7 @@ import scipy.sparse as sp
 
 from dslide import train as T
 from dslide.comm import Comm
-from dslide.config import Config, points_per_label
+from dslide.config import Config, labels_per_point, narrow_prior_shift, points_per_label, resolve_shape
 from dslide.io import checkpoint as ck
 from dslide.io.checkpoint_files import CheckpointError, check_manifest
 from dslide.io.data import XMCData
@@ -64,8 +64,44 @@ def test_a_fit_with_a_shift_is_the_fit_without_it_and_the_shift_at_the_end():
     np.testing.assert_array_equal(on.network.layers[-1].b, b_off - (0.25 * _log_prior(data)).astype(b_off.dtype))
     np.testing.assert_array_equal(on.network.layers[0].W, off.network.layers[0].W)
     assert on.index_info["prior_shift"]["chosen"] == 0.25 and on.network.prior_shift == 0.25
-    # narrow outputs take the rule's shift when it is left to the data
-    assert Config().resolve(data.n_labels, points_per_label(data.Y), data.n_points).prior_shift == 0.2
+    # narrow outputs take the rule's shift when it is left to the data (one label a point: 0.4)
+    assert Config().resolve(*resolve_shape(data)).prior_shift == 0.4
+
+
+def _with_labels(data, per_point: int, seed=2):
+    """data's points, each with `per_point` distinct labels (its own first, the others drawn)."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for own in data.Y.indices:
+        others = rng.choice(np.delete(np.arange(data.n_labels), own), per_point - 1, replace=False)
+        rows.append(np.sort(np.concatenate([[own], others])))
+    ind = np.concatenate(rows).astype(np.int32)
+    Y = sp.csr_matrix((np.ones(ind.size, np.float32), ind, np.arange(0, ind.size + 1, per_point)),
+                      shape=data.Y.shape)
+    return XMCData(data.X, Y)
+
+
+@pytest.mark.parametrize("per_point, shift", [(1, 0.4), (4, 0.4), (5, 0.2), (8, 0.2)])
+def test_a_narrow_output_shifts_more_where_its_points_carry_fewer_than_five_labels(per_point, shift):
+    """The narrow outputs' rule: 0.4 under 5 labels a point on average, 0.2 from 5 on; left
+    undecided where the labels per point are not known (a configuration resolved so is still
+    decided by fit); a given value wins, and a fit applies the rule's shift."""
+    data = _with_labels(_data(), per_point)
+    assert labels_per_point(data.Y) == per_point
+    shape = resolve_shape(data)
+    assert shape == (data.n_labels, points_per_label(data.Y), data.n_points, per_point)
+    assert Config().resolve(*shape).prior_shift == shift
+    assert Config().resolve(*shape[:3]).prior_shift is None  # labels per point unknown
+    assert Config(prior_shift=0.1).resolve(*shape).prior_shift == 0.1
+    assert narrow_prior_shift(4.99) == 0.4 and narrow_prior_shift(5.0) == 0.2
+    early = Config(hidden=(16,), epochs=1, batch_size=100, threads=1).resolve(*shape[:3])
+    model, _ = T.fit(data, early, index=False)
+    assert model.config.prior_shift == shift and model.network.prior_shift == shift
+    assert model.index_info["prior_shift"]["chosen"] == shift
+    b = model.network.layers[-1].b.copy()
+    counts = np.bincount(data.Y.indices, minlength=data.n_labels).astype(np.float64)
+    model.network.shift_output_prior(0.0, counts, data.n_points)  # the trained biases, shifted by the rule's tau
+    np.testing.assert_allclose(b, model.network.layers[-1].b - shift * _log_prior(data), rtol=1e-6, atol=1e-6)
 
 
 def test_a_run_stopped_before_its_end_is_not_shifted():
