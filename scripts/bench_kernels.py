@@ -1,0 +1,128 @@
+"""Single kernels of the training step and of exact scoring, timed alone on one thread.
+
+    python -m scripts.bench_kernels [--repo DIR=LABEL ...] [--reps N] [--no-record]
+
+- `scores_topk`: the exact top k (k = 5, as `predict` keeps, and 100, as the validation
+  checks keep for the fusion) of a block of 1,024 rows x 20,472 labels (wordnet_hypernyms'
+  width) of scores x . w_j + b_j, x and w_j Gaussian and b_j the log of a Zipf prior, so that
+  a few labels score high in every row, as trained biases make them.
+- `flush_sum_rows`: the softmax's row sums with the flush of tiny values, on blocks of 128
+  samples x 2,175 and x 640 columns (a wide output's step with every uniform negative, and
+  with a quarter of them), values exp(-|N(0, 9)|).
+
+Each figure is the fastest of --reps calls after one warm call, in a fresh process per
+checkout (1 thread). --repo DIR=LABEL measures another checkout of dslide with this venv
+(DIR first on PYTHONPATH), say the code before a change; every checkout scores the same
+arrays (a fixed seed), and the table says whether its results equal this checkout's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROWS, LABELS, DIM = 1024, 20_472, 128
+FLUSH_SHAPES = ((128, 2175), (128, 640))
+
+
+def _scores() -> np.ndarray:
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((ROWS, DIM)).astype(np.float32)
+    W = (rng.standard_normal((LABELS, DIM)) * 0.3).astype(np.float32)
+    prior = 1.0 / np.arange(1, LABELS + 1) ** 1.1
+    b = np.log(prior / prior.sum()).astype(np.float32)[rng.permutation(LABELS)]
+    return x @ W.T + b
+
+
+def _best(f, reps: int) -> float:
+    f()
+    best = float("inf")
+    for _ in range(reps):
+        t = time.perf_counter()
+        f()
+        best = min(best, time.perf_counter() - t)
+    return best
+
+
+def worker(reps: int) -> list[dict]:
+    """This process's checkout (the first `dslide` on the path): [{kernel, shape, ms, digest}]."""
+    from dslide.model import kernels
+    from dslide.model.topk import scores_topk
+
+    out = []
+    S = _scores()
+    for k in (5, 100):
+        res = {}
+
+        def run():
+            res["r"] = scores_topk(S, k, 0)
+
+        sec = _best(run, reps)
+        digest = hashlib.sha1(res["r"][0].tobytes() + res["r"][1].tobytes()).hexdigest()[:12]
+        out.append({"kernel": f"scores_topk, k = {k}", "shape": f"{ROWS:,} x {LABELS:,}", "ms": sec * 1e3,
+                    "digest": digest})
+    rng = np.random.default_rng(1)
+    for shape in FLUSH_SHAPES:
+        base = np.exp(-np.abs(rng.standard_normal(shape) * 3)).astype(np.float32)
+        copies = [base.copy() for _ in range(reps + 1)]
+        sums = np.zeros(shape[0])
+        it = iter(copies)
+        sec = _best(lambda: kernels.flush_sum_rows(next(it), sums), reps)
+        e, s = base.copy(), np.zeros(shape[0])
+        kernels.flush_sum_rows(e, s)
+        out.append({"kernel": "flush_sum_rows", "shape": f"{shape[0]:,} x {shape[1]:,}", "ms": sec * 1e3,
+                    "digest": hashlib.sha1(e.tobytes() + s.tobytes()).hexdigest()[:12]})
+    return out
+
+
+def measure(repo: Path, reps: int) -> list[dict]:
+    """`worker` in a fresh process that imports dslide from `repo` (this file loaded by its path:
+    an older checkout has no copy of it)."""
+    from . import measure as M
+
+    code = (f"import importlib.util, json, sys; sys.path.insert(0, {str(repo)!r}); "
+            f"spec = importlib.util.spec_from_file_location('bench_kernels_worker', {str(Path(__file__).resolve())!r}); "
+            f"m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m); print(json.dumps(m.worker({reps})))")
+    env = M.thread_env(1, PYTHONPATH=str(repo))
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=repo)
+    if p.returncode:
+        raise SystemExit(f"the kernels failed in {repo}:\n{p.stderr[-3000:]}")
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--repo", action="append", default=[], metavar="DIR=LABEL",
+                   help="another checkout of dslide to measure with this venv (repeatable)")
+    p.add_argument("--reps", type=int, default=5, help="calls timed per figure (the fastest is kept)")
+    p.add_argument("--no-record", action="store_true", help="do not update docs/benchmarks.md")
+    a = p.parse_args(argv)
+    if a.reps < 1:
+        raise SystemExit(f"--reps must be at least 1, not {a.reps}")
+    from . import measure as M
+
+    repos = [(Path(r.split("=", 1)[0]).resolve(), r.split("=", 1)[1] if "=" in r else r) for r in a.repo]
+    repos.append((M.ROOT, "this checkout"))
+    results = [(label, measure(repo, a.reps)) for repo, label in repos]
+    mine = {(r["kernel"], r["shape"]): r for r in results[-1][1]}
+    rows = []
+    for label, rs in results:
+        for r in rs:
+            ref = mine.get((r["kernel"], r["shape"]))
+            rows.append({"code": label, "kernel": r["kernel"], "shape": r["shape"], "ms": f"{r['ms']:.3f}",
+                         "vs this checkout": f"{r['ms'] / ref['ms']:.2f}x" if ref else "-",
+                         "same results": "yes" if ref and ref["digest"] == r["digest"] else "no"})
+    cols = [(c, c) for c in ("code", "kernel", "shape", "ms", "vs this checkout", "same results")]
+    M.report("bench_kernels", argv if argv is not None else sys.argv[1:], rows, cols, None, not a.no_record)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
