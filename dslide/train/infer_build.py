@@ -21,7 +21,8 @@ import numpy as np
 import scipy.sparse as sp
 
 from dslide import metrics
-from dslide.config import PRIOR_SHIFTS, Config, knn_default, points_per_label
+from dslide.config import (NARROW_OUTPUT, PRIOR_SHIFTS, Config, knn_default, labels_per_point, narrow_prior_shift,
+                           points_per_label)
 from dslide.config.rules import hidden_store_fits
 from dslide.infer.approx import Bound
 from dslide.infer.fusion import NeighbourLabels, tempered
@@ -56,12 +57,14 @@ def label_counts(train) -> np.ndarray:
 
 def apply_prior_shift(model, train, val, probe=None, scorer=None, kept=None):
     """Shift the output biases by `prior_shift` (Network.shift_output_prior, the prior of the
-    training labels `train`): the configured value, else chosen on the validation points `val`
+    training labels `train`): the configured value; else chosen on the validation points `val`
     (the epoch checks' rows, `validation.check_rows`) from rules.PRIOR_SHIFTS by the model's
     P@1 + P@5 as the epoch checks score it (`EpochScorer`: the network alone, or with a
     fusion probe the best of its small fusion grid, so that the shift suits the model as it
-    will be used; validation.choose_prior_shift, 0, the no-op, unless another gains), else 0
-    without validation points. model.index_info gets the choice ("prior_shift") and its figures.
+    will be used; validation.choose_prior_shift, 0, the no-op, unless another gains); without
+    validation points, the narrow outputs' rule on `train`'s labels for a narrow output
+    (rules.narrow_prior_shift: a configuration resolved without them, as `build_network`
+    resolves one, leaves the shift to this), else 0. model.index_info gets the choice ("prior_shift") and its figures.
 
     scorer: the epoch checks' EpochScorer (None: a new one); kept: what they found for the
     weights as they are, unshifted ((P@1, P@5), the network's candidates or None: `kept_scoring`),
@@ -74,6 +77,11 @@ def apply_prior_shift(model, train, val, probe=None, scorer=None, kept=None):
         net.shift_output_prior(cfg.prior_shift, counts, train.n_points)
         model.index_info["prior_shift"] = {"chosen": float(cfg.prior_shift),
                                            "why": "fixed by the setting or the narrow outputs' rule"}
+        return None
+    if val is None and train.n_labels <= NARROW_OUTPUT:  # resolved without the training labels
+        tau = narrow_prior_shift(labels_per_point(train.Y))
+        net.shift_output_prior(tau, counts, train.n_points)
+        model.index_info["prior_shift"] = {"chosen": tau, "why": "the narrow outputs' rule"}
         return None
     if val is None:
         model.index_info["prior_shift"] = {"chosen": 0.0, "why": "no validation split to check it on"}

@@ -102,6 +102,13 @@ def test_a_narrow_output_shifts_more_where_its_points_carry_fewer_than_five_labe
     counts = np.bincount(data.Y.indices, minlength=data.n_labels).astype(np.float64)
     model.network.shift_output_prior(0.0, counts, data.n_points)  # the trained biases, shifted by the rule's tau
     np.testing.assert_allclose(b, model.network.layers[-1].b - shift * _log_prior(data), rtol=1e-6, atol=1e-6)
+    # a model built without the data (as a resumed run's is) and trained on it: the same rule
+    built = T.build_network((data.n_features, data.n_labels), Config(hidden=(16,), epochs=1, batch_size=100, threads=1))
+    assert built.config.prior_shift is None
+    T.init_from_data(built, data)
+    T.fit(data, built.config, model=built, index=False)
+    assert built.network.prior_shift == shift and built.index_info["prior_shift"]["why"] == "the narrow outputs' rule"
+    np.testing.assert_array_equal(built.network.layers[-1].b, b)  # the same run, the same shifted biases
 
 
 def test_a_run_stopped_before_its_end_is_not_shifted():
