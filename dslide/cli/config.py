@@ -45,7 +45,7 @@ def run(args, comm) -> int:
     if comm.rank == 0:
         if args.data:
             print(f"{args.data}: {shape[0]:,} features, {shape[1]:,} labels, "
-                  f"{shape[2]:.2f} training points per label")
+                  f"{shape[2]:.2f} training points per label, {shape[4]:.2f} labels per point")
         print(settings.format_table(settings.table(config, *shape), with_value=bool(args.data or args.set
                                                                                      or args.config)))
     return 0

@@ -70,6 +70,12 @@ def test_config_show_lists_every_setting_with_default_range_and_resolved_value(c
     assert "an integer in [1, 60]" in rows["replicas"]
     assert rows["propensity_b"].split()[-1] == "1.5"
     assert rows["output_split"].endswith("auto (rows)")  # 500 labels under 512 hidden units
+    # the narrow outputs' prior shift follows the training points' labels a point
+    from dslide.config import labels_per_point, narrow_prior_shift
+    from dslide.io.data import read_xmc
+
+    lpp = labels_per_point(read_xmc(str(tmp_path / "t_train.txt")).Y)
+    assert rows["prior_shift"].split()[-1] == f"{narrow_prior_shift(lpp)}"
 
 
 def test_k_and_lsh_are_checked_with_a_message(capsys, tmp_path):
