@@ -87,9 +87,11 @@ def measure(repo: Path, reps: int) -> list[dict]:
     an older checkout has no copy of it)."""
     from . import measure as M
 
+    here = str(Path(__file__).resolve())
     code = (f"import importlib.util, json, sys; sys.path.insert(0, {str(repo)!r}); "
-            f"spec = importlib.util.spec_from_file_location('bench_kernels_worker', {str(Path(__file__).resolve())!r}); "
-            f"m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m); print(json.dumps(m.worker({reps})))")
+            f"spec = importlib.util.spec_from_file_location('bench_kernels_worker', {here!r}); "
+            f"m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m); "
+            f"print(json.dumps(m.worker({reps})))")
     env = M.thread_env(1, PYTHONPATH=str(repo))
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=repo)
     if p.returncode:

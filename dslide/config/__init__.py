@@ -18,8 +18,8 @@ from dslide.config.rules import (ADAM_DTYPES, BIAS_INITS, CANDIDATES_MIN_WIDTH, 
                                  NARROW_MIN_STEPS, NARROW_OUTPUT, OUTPUT_SPLITS, PARALLEL, POLICIES,
                                  PROPENSITY_PRESETS, PROTO_CHOICES, PROTO_P1_TOLERANCE, PROTO_WEIGHT, SCOPES,
                                  SELECT_MODES, SYNC_MODES, WIDE_EPOCHS, WIDE_LR, WIDE_WEIGHT_DECAY, knn_default, label_points,
-                                 resolve_shape, labels_per_point, narrow_batch, narrow_prior_shift, points_per_label,
-                                 validation_size)
+                                 labels_per_point, narrow_batch, narrow_prior_shift, points_per_label,
+                                 resolve_shape, validation_size)
 
 __all__ = ["Config", "LSHConfig", "ADAM_DTYPES", "BIAS_INITS", "CANDIDATES_MIN_WIDTH", "DECAY_EVERY", "DTYPES",
            "EARLY_STOP_MAX_EPOCHS", "FAMILIES", "FUSED_MAX_ACTIVE", "INPUT_NORMS", "KNN",
@@ -29,4 +29,4 @@ __all__ = ["Config", "LSHConfig", "ADAM_DTYPES", "BIAS_INITS", "CANDIDATES_MIN_W
            "NARROW_MIN_STEPS", "NARROW_OUTPUT", "OUTPUT_SPLITS", "PARALLEL", "POLICIES", "PROPENSITY_PRESETS",
            "PROTO_CHOICES", "PROTO_P1_TOLERANCE", "PROTO_WEIGHT", "SCOPES", "SELECT_MODES", "SYNC_MODES",
            "WIDE_EPOCHS", "WIDE_LR", "WIDE_WEIGHT_DECAY", "knn_default", "label_points", "narrow_batch", "points_per_label",
-           "resolve_shape", "labels_per_point", "narrow_prior_shift", "validation_size"]
+           "labels_per_point", "narrow_prior_shift", "resolve_shape", "validation_size"]

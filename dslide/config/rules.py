@@ -241,12 +241,13 @@ def from_data(config, n_labels: int, points_per_label: float | None = None, n_po
     else left at None for training to choose on that split; where the neighbours' labels are
     fused, the LSH layers take no candidates (FUSED_MAX_ACTIVE)."""
     narrow = n_labels <= NARROW_OUTPUT
+    narrow_shift = None if labels_per_point is None else narrow_prior_shift(labels_per_point)
     auto = {"hidden": (NARROW_HIDDEN,) if narrow else (128,), "dropout": 0.6 if narrow else 0.0,
             "lr": 1e-2 if narrow else WIDE_LR, "beta2": NARROW_BETA2 if narrow else WIDE_BETA2,
             "loss": NARROW_LOSS if narrow else WIDE_LOSS,
             "batch_size": narrow_batch(n_points) if narrow else 128,
             "epochs": NARROW_EPOCHS if narrow else WIDE_EPOCHS, "init_input_scale": 0.1 if narrow else 0.3,
-            "knn": knn_default(n_labels, points_per_label), "prior_shift": 0.0 if not narrow else None if labels_per_point is None else narrow_prior_shift(labels_per_point),
+            "knn": knn_default(n_labels, points_per_label), "prior_shift": narrow_shift if narrow else 0.0,
             "weight_decay": WIDE_WEIGHT_DECAY if not narrow and config.replicas == 1
             and config.lsh.random_count(n_labels) >= DECAY_MIN_SAMPLED * n_labels else 0.0}
     has_split = n_points is not None and validation_size(n_points) > 0
