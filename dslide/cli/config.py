@@ -40,8 +40,7 @@ def run(args, comm) -> int:
         from dslide.config import resolve_shape
 
         data = common.read(args.data, "--data", args.format, comm=comm)
-        n_labels, ppl, n_points, lpp = resolve_shape(data)
-        shape = (data.n_features, n_labels, ppl, n_points, lpp)
+        shape = (data.n_features, *resolve_shape(data))
     if comm.rank == 0:
         if args.data:
             print(f"{args.data}: {shape[0]:,} features, {shape[1]:,} labels, "

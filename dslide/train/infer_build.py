@@ -64,7 +64,8 @@ def apply_prior_shift(model, train, val, probe=None, scorer=None, kept=None):
     will be used; validation.choose_prior_shift, 0, the no-op, unless another gains); without
     validation points, the narrow outputs' rule on `train`'s labels for a narrow output
     (rules.narrow_prior_shift: a configuration resolved without them, as `build_network`
-    resolves one, leaves the shift to this), else 0. model.index_info gets the choice ("prior_shift") and its figures.
+    resolves one, leaves the shift to this), else 0. model.index_info gets the choice
+    ("prior_shift") and its figures.
 
     scorer: the epoch checks' EpochScorer (None: a new one); kept: what they found for the
     weights as they are, unshifted ((P@1, P@5), the network's candidates or None: `kept_scoring`),
