@@ -19,17 +19,18 @@ import numpy as np
 from numba import njit, prange
 
 from dslide.comm import Comm
-from dslide.lsh._topk import push_top
+from dslide.lsh._topk import better, push_top
 
-#: the most a column block of exact scoring may take: its scores (float32) and their
-#: argpartition (int64), 12 bytes an entry. Evaluation runs with every weight and moment
-#: resident, so the block stays small whatever the batch
+#: the most a tile of exact scoring may take, its scores. Evaluation runs with every weight
+#: and moment resident, so the tile stays small whatever the batch
 EXACT_BLOCK_BYTES = 32 << 20
+#: the rows of blocked_topk's tiles
+TILE_ROWS = 256
 
 
 def blocked_topk(x, Wn, b, k, lo, block=8192):
-    """Top k of x @ Wn^T + b per row, over column blocks of at most `block` columns and
-    EXACT_BLOCK_BYTES; (scores float64 [B, k], ids int64 [B, k]).
+    """Top k of x @ Wn^T + b per row, over tiles of rows and columns (`tile`); (scores
+    float64 [B, k], ids int64 [B, k]).
 
     x float [B, d] dense or a scipy CSR matrix; Wn float [n, d] neuron-major.
     Ties go to the lower id.
@@ -37,13 +38,31 @@ def blocked_topk(x, Wn, b, k, lo, block=8192):
     B = x.shape[0]
     n = Wn.shape[0]
     best = _none(B, k)
-    block = max(k, min(block, EXACT_BLOCK_BYTES // (12 * max(1, B))))
-    for c0 in range(0, n, block):
-        c1 = min(n, c0 + block)
-        s = np.asarray(x @ Wn[c0:c1].T)
-        s += b[c0:c1]
-        best = _merge_block(best, s, k, c0 + lo)
+    rows, cols = tile(B, n, k, np.dtype(Wn.dtype).itemsize, block)
+    for r0 in range(0, B, rows):
+        r1 = min(B, r0 + rows)
+        xr = x[r0:r1]
+        part = (best[0][r0:r1], best[1][r0:r1])
+        for c0 in range(0, n, cols):
+            c1 = min(n, c0 + cols)
+            s = np.asarray(xr @ Wn[c0:c1].T)
+            s += b[c0:c1]
+            part = _merge_block(part, s, k, c0 + lo)
+        best[0][r0:r1], best[1][r0:r1] = part
     return best
+
+
+def tile(B: int, n: int, k: int, item: int, block: int = 8192) -> tuple[int, int]:
+    """(rows, columns) of blocked_topk's tiles of B x n scores of `item` bytes. A top k of at
+    least FLOOR_MIN_K goes through `_push_floor`, which wants long rows: tiles of TILE_ROWS rows
+    (a block of the weights serves them all while it is in cache) by at most `block` columns.
+    A smaller one through `_push_block`: every row by at most `block` columns, within
+    EXACT_BLOCK_BYTES counted at 12 bytes an entry (the layout it was tuned on). At least k
+    columns either way."""
+    if k >= FLOOR_MIN_K:
+        rows = max(1, min(B, TILE_ROWS))
+        return rows, max(1, min(n, max(k, min(block, EXACT_BLOCK_BYTES // (rows * item)))))
+    return max(1, B), max(1, min(n, max(k, min(block, EXACT_BLOCK_BYTES // (12 * max(1, B))))))
 
 
 def scores_topk(s, k, lo):
@@ -89,12 +108,160 @@ def _merge_block(best, s, k, first):
     ties to the lower id, also where a tie straddles the k-th place."""
     top_s = np.array(best[0], dtype=np.float64, order="C")
     top_i = np.array(best[1], dtype=np.int64, order="C")
-    _push_block(top_s, top_i, np.ascontiguousarray(s), int(first))
+    s = np.ascontiguousarray(s)
+    g = min(FLOOR_GROUP, s.shape[1] // max(1, k))
+    if k >= FLOOR_MIN_K and g >= FLOOR_MIN_GROUP:
+        _push_floor(top_s, top_i, s, int(first), g)
+    else:
+        _push_block(top_s, top_i, s, int(first))
     return top_s, top_i
 
 
 #: columns `_push_block` tests at once against a row's k-th score before it looks at them one by one
 SCAN_RUN = 16
+#: `_push_floor` splits a row's c columns into FLOOR_GROUP groups of every (c // FLOOR_GROUP)-th
+#: column; it serves a top k of at least FLOOR_MIN_K over blocks of at least FLOOR_MIN_GROUP * k
+#: columns (fewer groups than that hardly bound the k-th score), `_push_block` the rest: for a
+#: small k its one-by-one offers are already few, and its pass over the scores cheaper
+FLOOR_GROUP = 16
+FLOOR_MIN_GROUP = 4
+FLOOR_MIN_K = 32
+#: the histogram of the group maxima that places the floor
+FLOOR_BINS = 64
+#: rows a thread takes at once (its scratch arrays made once for them)
+FLOOR_ROWS = 16
+
+
+@njit(cache=True)
+def _floor(mx, k, cnt, bmin):
+    """A score of mx [m] (group maxima, no NaN, m >= k) at most the k-th largest of them: the
+    least maximum in the highest histogram bin where the bins from the top hold k maxima.
+    The bins are monotone in the score, so every maximum of a higher bin is larger than it:
+    k maxima, each the score of a distinct column, are at least as large. cnt int64, bmin
+    float64 [FLOOR_BINS]: scratch."""
+    m = mx.shape[0]
+    lo = np.float64(mx[0])
+    hi = lo
+    for j in range(m):
+        v = np.float64(mx[j])
+        lo = v if v < lo else lo
+        hi = v if v > hi else hi
+    span = hi - lo
+    if not (span < np.inf) or span == 0.0:  # an infinite maximum, or every maximum equal
+        return lo
+    scale = (FLOOR_BINS - 1) / span
+    for b in range(FLOOR_BINS):
+        cnt[b] = 0
+        bmin[b] = np.inf
+    for j in range(m):
+        v = np.float64(mx[j])
+        b = min(int((v - lo) * scale), FLOOR_BINS - 1)
+        cnt[b] += 1
+        bmin[b] = v if v < bmin[b] else bmin[b]
+    total = 0
+    for b in range(FLOOR_BINS - 1, -1, -1):
+        total += cnt[b]
+        if total >= k:
+            return bmin[b]
+    return lo
+
+
+@njit(cache=True)
+def _merge_sorted(top_s, top_i, r, cs, ci, n, out_s, out_i):
+    """Row r of (top_s, top_i) [., k], sorted: the k best of itself and the n candidates
+    (cs float64, ci int64; ids ascending, no NaN), in the buffer's order. out_s, out_i [k]: scratch."""
+    k = top_s.shape[1]
+    order = np.argsort(-cs[:n], kind="mergesort")  # stable: equal scores keep the lower id first
+    a = 0
+    b = 0
+    for t in range(k):
+        if b < n and (a == k or not better(top_s[r, a], top_i[r, a], cs[order[b]], ci[order[b]])):
+            out_s[t] = cs[order[b]]
+            out_i[t] = ci[order[b]]
+            b += 1
+        else:
+            out_s[t] = top_s[r, a]
+            out_i[t] = top_i[r, a]
+            a += 1
+    for t in range(k):
+        top_s[r, t] = out_s[t]
+        top_i[r, t] = out_i[t]
+
+
+@njit(parallel=True, cache=True)
+def _push_floor(top_s, top_i, s, first, g):
+    """`_push_block`'s result (every score of the block s [B, c] offered to row r's sorted top-k
+    buffer) from fewer looks: the c columns fall in g groups of every (c // g)-th column (the
+    last c % g columns in none); the k-th largest group maximum is at most the k-th score, so
+    only groups whose maximum reaches it can hold a top-k score, and only their scores that
+    reach it are sorted and merged with the buffer. The top k of a set in the buffer's order
+    does not depend on the order its scores come in; a row with a NaN (in the block or the
+    buffer), whose place does, is offered score by score as push_top takes them. Rows split
+    over threads: the result does not depend on the thread count. g * k <= c."""
+    B, k = top_s.shape
+    c_end = s.shape[1]
+    m = c_end // g
+    body = g * m
+    chunks = (B + FLOOR_ROWS - 1) // FLOOR_ROWS
+    for q in prange(chunks):
+        mx = np.empty(m, s.dtype)
+        pick = np.empty(m, np.int64)
+        cs = np.empty(c_end)
+        ci = np.empty(c_end, np.int64)
+        out_s = np.empty(k)
+        out_i = np.empty(k, np.int64)
+        cnt = np.empty(FLOOR_BINS, np.int64)
+        bmin = np.empty(FLOOR_BINS)
+        for r in range(q * FLOOR_ROWS, min(B, (q + 1) * FLOOR_ROWS)):
+            row = s[r]
+            for j in range(m):
+                mx[j] = row[j]
+            for i in range(1, g):
+                base = i * m
+                for j in range(m):
+                    a = row[base + j]
+                    mx[j] = a if (a > mx[j] or a != a) else mx[j]  # a NaN stays
+            nan = False
+            for t in range(k):
+                nan |= top_s[r, t] != top_s[r, t]
+            for j in range(m):
+                nan |= mx[j] != mx[j]
+            for c in range(body, c_end):
+                nan |= row[c] != row[c]
+            if nan:
+                size = k
+                for c in range(c_end):
+                    v = np.float64(row[c])
+                    if v < top_s[r, k - 1]:
+                        continue
+                    size = push_top(top_s, top_i, r, size, k, v, first + c)
+                continue
+            floor = _floor(mx, k, cnt, bmin)
+            tk = top_s[r, k - 1]
+            last = floor if tk < floor else tk
+            n_pick = 0
+            for j in range(m):
+                if not (np.float64(mx[j]) < last):
+                    pick[n_pick] = j
+                    n_pick += 1
+            n = 0
+            for i in range(g):  # ids ascending: column i * m + j
+                base = i * m
+                for t in range(n_pick):
+                    c = base + pick[t]
+                    v = np.float64(row[c])
+                    if not (v < last):
+                        cs[n] = v
+                        ci[n] = first + c
+                        n += 1
+            for c in range(body, c_end):
+                v = np.float64(row[c])
+                if not (v < last):
+                    cs[n] = v
+                    ci[n] = first + c
+                    n += 1
+            if n:
+                _merge_sorted(top_s, top_i, r, cs, ci, n, out_s, out_i)
 
 
 @njit(parallel=True, cache=True)

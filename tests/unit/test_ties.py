@@ -174,6 +174,51 @@ def test_passing_over_runs_of_low_scores_keeps_what_one_by_one_offers_keep(m):
         np.testing.assert_array_equal(s, want_s)
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_the_floor_of_group_maxima_keeps_what_one_by_one_offers_keep(seed, monkeypatch):
+    """`_push_floor` (a top k of FLOOR_MIN_K or more over a block of FLOOR_MIN_GROUP * k columns or
+    more) sorts only the scores that reach the k-th largest group maximum: ties at that floor and at
+    the k-th place, -inf, +inf, -0.0 beside 0.0, columns in no group, a NaN (its row offered score
+    by score) and a buffer carried from block to block give the buffer a score-by-score push gives."""
+    from dslide.model import topk
+
+    def narrow_kernel(*args):
+        raise AssertionError("a block this wide goes through _push_floor")
+
+    monkeypatch.setattr(topk, "_push_block", narrow_kernel)
+    rng = np.random.default_rng(seed)
+    k = topk.FLOOR_MIN_K + 5 * seed
+    m = topk.FLOOR_GROUP * k + 9 * seed + 5  # the last m % FLOOR_GROUP columns in no group
+    S = np.round(rng.standard_normal((14, m)) * 2).astype(np.float32)  # few values: ties everywhere
+    S[1] = rng.standard_normal(m)
+    S[2, ::3] = -np.inf
+    S[3, [5, m - 1]] = np.inf
+    S[4] = 0.0
+    S[4, ::2] = -0.0
+    S[5, m // 2] = np.nan
+    S[6, m - 2] = np.nan  # in the columns of no group
+    S[7] = -np.inf  # every score ranks after the padding
+    S[8] = 1.0
+    S[9, :m // 2] = -np.inf  # half the groups' maxima -inf
+    S[10, rng.integers(0, m, 3 * k)] = 50.0  # more than k scores tie at the top
+    S[11] = rng.random(m)
+    S[11, :k - 1] = 100.0 + np.arange(k - 1)  # k - 1 groups far above the rest: the floor below them
+    want_s, want_i = _offered_one_by_one(S, k, 7)
+    for got_s, got_i in (scores_topk(S, k, 7),  # one block; then the buffer carried over two
+                         topk._merge_block(topk._merge_block(topk._none(14, k), S[:, :m // 2], k, 7), S[:, m // 2:], k,
+                                           7 + m // 2)):
+        np.testing.assert_array_equal(got_i, want_i)
+        np.testing.assert_array_equal(got_s, want_s)
+    # blocked_topk over tiles of rows and of columns (x the identity: the scores are Wn's columns)
+    B = topk.TILE_ROWS + 20
+    F = np.round(rng.standard_normal((B, m)) * 2).astype(np.float32)
+    s, ids = blocked_topk(np.eye(B, dtype=np.float32), np.ascontiguousarray(F.T), np.zeros(m, np.float32), k, 3,
+                          block=m // 2 + 1)
+    want_s, want_i = _offered_one_by_one(F, k, 3)
+    np.testing.assert_array_equal(ids, want_i)
+    np.testing.assert_array_equal(s, want_s)
+
+
 def _merge_reference(S, I, k):
     """Per row: every rank's candidates in one Python sort by (score desc, id asc, missing last)."""
     P, B, kk = S.shape
