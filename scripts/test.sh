@@ -13,8 +13,9 @@ status=0
 
 echo "== unit tests"
 # an empty numba cache (a fresh install): `dslide warm` fills it on the second core while the
-# tests start on the first, so that most kernels they reach are loaded rather than compiled
-"$PY" -m dslide warm >/dev/null 2>&1 &
+# tests start on the first, so that most kernels they reach are loaded rather than compiled;
+# niced, so that a test that wants both cores (several ranks, a timeout) comes first
+nice -n 10 "$PY" -m dslide warm >/dev/null 2>&1 &
 warm=$!
 "$PY" -m pytest tests/unit -q "$@" || status=1
 wait "$warm" || true
