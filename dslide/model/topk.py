@@ -229,12 +229,7 @@ def _push_floor(top_s, top_i, s, first, g):
             for c in range(body, c_end):
                 nan |= row[c] != row[c]
             if nan:
-                size = k
-                for c in range(c_end):
-                    v = np.float64(row[c])
-                    if v < top_s[r, k - 1]:
-                        continue
-                    size = push_top(top_s, top_i, r, size, k, v, first + c)
+                _offer_row(top_s, top_i, r, row, first)
                 continue
             floor = _floor(mx, k, cnt, bmin)
             tk = top_s[r, k - 1]
@@ -268,34 +263,41 @@ def _push_floor(top_s, top_i, s, first, g):
 def _push_block(top_s, top_i, s, first):
     """Offer every score of the block s [B, c] (neuron first + column) to row r's sorted top-k
     buffer (top_s, top_i) [B, k] (dslide.lsh._topk order: larger first, ties to the lower id).
-    One row per thread, columns in order: the result does not depend on the thread count.
+    One row per thread (`_offer_row`), columns in order: the result does not depend on the
+    thread count."""
+    for r in prange(top_s.shape[0]):
+        _offer_row(top_s, top_i, r, s[r], first)
 
-    The common case is a score below the k-th, which push_top refuses: runs of SCAN_RUN columns
-    all below it are passed over after one vectorised test (a NaN fails it, and is offered as
-    always); a run with any other score is offered column by column, as a lone column would be."""
-    B, k = top_s.shape
-    c_end = s.shape[1]
+
+@njit(cache=True, inline="always")
+def _offer_row(top_s, top_i, r, row, first):
+    """Offer every score of row [c] (neuron first + column), in column order, to row r of the
+    sorted top-k buffer (top_s, top_i). The common case is a score below the k-th, which push_top
+    refuses: runs of SCAN_RUN columns all below it are passed over after one vectorised test (a
+    NaN fails it, and is offered as always); a run with any other score is offered column by
+    column, as a lone column would be."""
+    k = top_s.shape[1]
+    c_end = row.shape[0]
     body = c_end - c_end % SCAN_RUN
-    for r in prange(B):
-        size = k
-        last = top_s[r, k - 1]
-        for c0 in range(0, c_end, SCAN_RUN):
-            c1 = c0 + SCAN_RUN
-            if c1 <= body:
-                below = True
-                for c in range(c0, c1):
-                    below &= np.float64(s[r, c]) < last
-                if below:
-                    continue
-            else:
-                c1 = c_end
+    size = k
+    last = top_s[r, k - 1]
+    for c0 in range(0, c_end, SCAN_RUN):
+        c1 = c0 + SCAN_RUN
+        if c1 <= body:
+            below = True
             for c in range(c0, c1):
-                v = np.float64(s[r, c])
-                # one comparison (a tie with the k-th at a higher id is refused by push_top too)
-                if v < last:
-                    continue
-                size = push_top(top_s, top_i, r, size, k, v, first + c)
-                last = top_s[r, k - 1]
+                below &= np.float64(row[c]) < last
+            if below:
+                continue
+        else:
+            c1 = c_end
+        for c in range(c0, c1):
+            v = np.float64(row[c])
+            # one comparison (a tie with the k-th at a higher id is refused by push_top too)
+            if v < last:
+                continue
+            size = push_top(top_s, top_i, r, size, k, v, first + c)
+            last = top_s[r, k - 1]
 
 
 def merge_topk(all_scores, all_ids, k):
