@@ -429,6 +429,61 @@ def _holds(idx, lo, hi, j):
     return pos < hi and idx[pos] == j
 
 
+#: the largest fusion weight under which `fuse_grid_hits` drops model candidates that cannot reach
+#: a top k (`_drop_outranked`): the model's share 1 - weight stays far above the subnormals
+PRUNE_MAX_WEIGHT = 1.0 - 1e-6
+#: a model-only candidate whose base is below (1 - this) x the k-th largest such base scores below
+#: it under any weight: the rounding of a product and a quotient moves a score by far less
+PRUNE_MARGIN = 1e-14
+#: bases below this are left in: their products could be subnormal, where rounding is not relative
+PRUNE_MIN_BASE = 1e-290
+
+
+@njit(cache=True, inline="always")
+def _drop_outranked(slab, ssrc, sbase, c, k, top):
+    """Drop from the first c sorted contributions the labels that no cell of `fuse_grid_hits` can
+    rank in its top k; the new count. A label held by one model candidate alone ("model-only")
+    scores (1 - weight) base / z in every cell, rounded, so never above another such label of a
+    larger base: one whose base is below the k-th largest of them by more than rounding can move
+    (PRUNE_MARGIN) has k labels scoring strictly more in every cell, and goes. The order of what
+    stays is kept, so each cell's sums and offers are those of the whole list. top: float64 [k]
+    scratch."""
+    top[:] = -np.inf
+    n_only = 0
+    t = 0
+    while t < c:
+        u = t + 1
+        while u < c and slab[u] == slab[t]:
+            u += 1
+        if u == t + 1 and ssrc[t] == 0:
+            n_only += 1
+            b = sbase[t]
+            if b > top[k - 1]:
+                r = k - 1
+                while r > 0 and top[r - 1] < b:
+                    top[r] = top[r - 1]
+                    r -= 1
+                top[r] = b
+        t = u
+    if n_only <= k or not top[k - 1] >= PRUNE_MIN_BASE:
+        return c
+    floor = top[k - 1] * (1.0 - PRUNE_MARGIN)
+    kept = 0
+    t = 0
+    while t < c:
+        u = t + 1
+        while u < c and slab[u] == slab[t]:
+            u += 1
+        if not (u == t + 1 and ssrc[t] == 0 and sbase[t] < floor):
+            for a in range(t, u):
+                slab[kept] = slab[a]
+                ssrc[kept] = ssrc[a]
+                sbase[kept] = sbase[a]
+                kept += 1
+        t = u
+    return kept
+
+
 @njit(cache=True, parallel=True)
 def fuse_grid_hits(m_ids, m_logits, nn_ids, nn_sims, y_ptr, y_idx, power, pr_ids, pr_sims, pr_power, cells, t_ptr,
                    t_idx, out_hits, out_scores):
@@ -441,13 +496,19 @@ def fuse_grid_hits(m_ids, m_logits, nn_ids, nn_sims, y_ptr, y_idx, power, pr_ids
     top-k scores (`fuse`'s out_scores), or [0, 0, 0] for none. Per query the softmax normaliser, the
     weight sums, the contributions' labels and one stable sort by label are computed once; each
     cell's contributions are `fuse`'s float expressions summed in `fuse`'s order (by label, then
-    model, neighbours, prototypes) and ranked by its rule, so each cell's top k is `fuse`'s.
+    model, neighbours, prototypes) and ranked by its rule, so each cell's top k is `fuse`'s. Where
+    every cell's weight is at most PRUNE_MAX_WEIGHT, the labels only the model holds that no cell
+    can rank in its top k are dropped before the cells (`_drop_outranked`).
     """
     n, K = m_ids.shape
     kn = nn_ids.shape[1]
     kp = pr_ids.shape[1]
     m = cells.shape[0]
     k = out_hits.shape[2]
+    prune = k > 0
+    for g in range(m):
+        if not cells[g, 1] <= PRUNE_MAX_WEIGHT:
+            prune = False
     for q in prange(n):
         mx, z, wsum, n_lab, psum = _query_sums(m_ids[q], m_logits[q], nn_ids[q], nn_sims[q], y_ptr, pr_ids[q],
                                                pr_sims[q], power, pr_power)
@@ -486,6 +547,8 @@ def fuse_grid_hits(m_ids, m_logits, nn_ids, nn_sims, y_ptr, y_idx, power, pr_ids
         sbase = base[order]
         best_ids = np.empty(k, np.int64)
         best = np.empty(k, np.float64)
+        if prune:
+            c = _drop_outranked(slab, ssrc, sbase, c, k, best)
         for g in range(m):
             share = cells[g, 0]
             weight = cells[g, 1]

@@ -161,3 +161,84 @@ def test_choose_fusion_gives_the_figures_and_choice_of_the_per_cell_loop(seed, p
     for t in temperatures[1:]:  # the temperature moves the figures: a cell scored at another would show
         assert any(got[1][(c, a, w, t)] != got[1][(c, a, w, 1.0)] for c, a, w, tt in got[1]
                    if tt == t and (c, a, w, 1.0) in got[1])
+
+
+def _wide_inputs(seed, n=200, n_points=30, n_labels=400, K=60, kn=3, kp=4):
+    """Queries with many more model candidates than neighbours' labels, so that most candidates are
+    held by the model alone and the grid kernel drops the ones no cell can rank (`_drop_outranked`).
+    Their logits sit on levels 1e-16 apart around the top, on bases one ulp apart (whose fused
+    scores tie or not depending on the weight), at -745 (a base that rounds to a subnormal or zero) and
+    at a few far levels; each query's candidates are distinct labels."""
+    rng = np.random.default_rng(seed)
+    X = sp.random(n_points, 8, density=0.5, format="csr", random_state=rng, dtype=np.float32)
+    store = fusion.NeighbourLabels.build(X, _labels(rng, n_points, n_labels, 2))
+    m_ids = np.stack([rng.permutation(n_labels)[:K] for _ in range(n)]).astype(np.int64)
+    m_ids[rng.random(m_ids.shape) < 0.1] = -1
+    m_ids[20:30, 0] = np.arange(20, 30)  # held: the one base of 1 in the rows of tiny ones below
+    m_ids[20:30, 1:][np.isin(m_ids[20:30, 1:], np.arange(20, 30))] = -1
+    levels = [0.0, -1e-16, -2e-16, -3e-16, -0.5, -0.5 - 1e-16, -3.0, -745.0, -746.0]
+    m_logits = rng.choice(levels, m_ids.shape).astype(np.float64)
+    m_logits[:20, :8] = 0.0  # more than k candidates tied at the top
+    # more than k bases tied below the top and bases one ulp under them, whose fused scores tie
+    # with theirs after rounding under some weights: were those dropped, a lower id would show
+    below = np.nextafter(np.exp(-0.3 - 0.5), 0.0)
+    under = next(v for v in -0.3 - np.arange(1, 200) * 1e-17 if np.exp(v - 0.5) == below)
+    m_logits[30:130, 0], m_logits[30:130, 1:9], m_logits[30:130, 9:15] = 0.5, -0.3, under
+    m_logits[30:130, 15:] = rng.choice([-3.0, -745.0], (100, K - 15))
+    # every base but one tiny (5e-324 or 0): their products round to 0 and tie, so nothing may go
+    m_logits[20:30] = rng.choice([-745.0, -746.0], (10, K))
+    m_logits[20:30, 0] = 0.0
+    nn_ids = rng.integers(0, n_points, (n, kn)).astype(np.int32)
+    nn_sims = rng.choice([0.3, 0.6, 1.0], (n, kn)).astype(np.float32)
+    pr_ids = rng.integers(0, n_labels, (n, kp)).astype(np.int32)
+    nn_ids[20:30] = pr_ids[20:30] = -1  # the tiny ones fill the top 5
+    pr_sims = rng.choice([0.4, 0.7, 1.0], (n, kp)).astype(np.float32)
+    truth = _labels(rng, n, n_labels, 3).tolil()
+    for q in range(20, 30):  # the true labels are the zero bases: the hits tell which of the tied went in
+        truth[q, :] = 0
+        truth[q, m_ids[q][(m_logits[q] == -746.0) & (m_ids[q] >= 0)]] = 1
+    return store, sp.csr_matrix(truth), m_ids, m_logits, nn_ids, nn_sims, pr_ids, pr_sims
+
+
+def _model_only_dropped(store, m_ids, m_logits, nn_ids, pr_ids, k=5):
+    """Per query, how many candidates held by the model alone lie below the k-th largest such base by
+    more than PRUNE_MARGIN (what the kernel may drop), computed here in numpy."""
+    y_ptr, y_idx = store.arrays["y_ptr"], store.arrays["y_idx"]
+    out = np.zeros(len(m_ids), np.int64)
+    for q in range(len(m_ids)):
+        ok = m_ids[q] >= 0
+        if not ok.any():
+            continue
+        base = np.full(ok.size, -np.inf)
+        base[ok] = np.exp(m_logits[q][ok] - m_logits[q][ok].max())
+        others = set(pr_ids[q][pr_ids[q] >= 0].tolist())
+        for p in nn_ids[q][nn_ids[q] >= 0]:
+            others.update(y_idx[y_ptr[p]:y_ptr[p + 1]].tolist())
+        only = np.array([b for j, b in zip(m_ids[q][ok], base[ok]) if j not in others])
+        if only.size > k and np.sort(only)[-k] >= fusion.PRUNE_MIN_BASE:
+            out[q] = int((only < np.sort(only)[-k] * (1 - fusion.PRUNE_MARGIN)).sum())
+    return out
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_candidates_no_cell_can_rank_are_dropped_without_changing_a_cell(seed):
+    """Every cell of a grid under PRUNE_MAX_WEIGHT, where the kernel drops model-only candidates, is
+    still `fuse`'s top 5 bit for bit, its ties at the 5th place broken by the label id as there."""
+    store, truth, m_ids, m_logits, nn_ids, nn_sims, pr_ids, pr_sims = _wide_inputs(seed)
+    dropped = _model_only_dropped(store, m_ids, m_logits, nn_ids, pr_ids)
+    assert (dropped > 10).sum() > 100  # the pruning is at work on most queries
+    assert (dropped[20:30] == 0).all()  # not where every base but one is tiny
+    cells = np.array([(a, w) for a in (0.0, 0.5, 1.0) for w in (0.1, 0.3, 0.5, 0.7, 0.9, fusion.PRUNE_MAX_WEIGHT)])
+    for power, temperature in ((2.0, 1.0), (4.0, 1e-16)):  # a temperature of 1e-16: bases 1/e apart
+        logits = m_logits / temperature
+        hits = store.fuse_grid_hits(m_ids, logits, nn_ids, nn_sims, power, pr_ids, pr_sims, 3.0, cells, truth, 5)
+        scores = _kernel_scores(store, truth, m_ids, logits, nn_ids, nn_sims, pr_ids, pr_sims, power, 3.0, cells)
+        ties = 0
+        for g, (a, w) in enumerate(cells):
+            where = f"power {power}, share {a}, weight {w}"
+            ids, fused, expected = _cell_hits(store, truth, m_ids, logits, nn_ids, nn_sims, pr_ids, pr_sims, a, w,
+                                              power, 3.0)
+            np.testing.assert_array_equal(scores[g], fused, err_msg=where)
+            np.testing.assert_array_equal(hits[g], expected, err_msg=where)
+            ties += int((fused[:, 4] == fused[:, 5 - 2]).sum())
+        assert ties > 50  # ties at the 5th place, where a label dropped too eagerly would show
