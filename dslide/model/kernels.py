@@ -342,6 +342,11 @@ def rows_grad(touched, start, order, samples, coefs, V, G):
                     G[r, k] += c * V[s, k]
 
 
+#: `shared_sample` reads its draws back in order from the markers (a pass over n bytes) rather
+#: than sorting them where n is at most this many times the draws
+SAMPLE_SCAN = 32
+
+
 @njit(cache=True)
 def shared_sample(k, n, size, mark):
     """`size` distinct integers of [0, n), sorted, from stream k.
@@ -363,6 +368,15 @@ def shared_sample(k, n, size, mark):
                 out[c] = j
                 c += 1
     if take == size:
+          if n <= SAMPLE_SCAN * take:  # read back in order from the markers: no sort
+                c = 0
+                for j in range(n):
+                      out[c] = j  # written past the last one only while c < take
+                      c += np.int64(mark[j])
+                      mark[j] = 0
+                      if c == take:
+                            break
+                return out
           for a in range(take):
                 mark[out[a]] = 0
           out.sort()

@@ -489,6 +489,30 @@ def test_shared_sample_draws_distinct_sorted_uniform(n, size):
         assert np.abs(hits - trials * p).max() < 5 * sd
 
 
+@pytest.mark.parametrize("n, size", [(1000, 10), (1000, 31), (1000, 32), (1000, 400), (100000, 3000), (64, 64)])
+def test_shared_sample_is_the_streams_first_distinct_draws_sorted(n, size):
+    """Read back from the markers (n at most SAMPLE_SCAN x the draws) or sorted: the same ids, the
+    first min(size, n) distinct values of the stream (below half of n), replayed here in Python."""
+    from dslide import rng
+
+    assert (n <= K.SAMPLE_SCAN * size) == (size >= 32 and n < 100000)  # both ways are taken
+    mark = np.zeros(n, dtype=np.uint8)
+    for t in range(5):
+        k = rng.stream_key(11, t)
+        got = K.shared_sample(k, n, size, mark)
+        assert not mark.any() and got.dtype == np.int32
+        if 2 * size > n:  # the complement of a few drawn: every id but them
+            assert got.size == size
+            continue
+        seen, draw = [], 0
+        while len(seen) < size:
+            j = int(rng.randbelow(k, draw, n))
+            draw += 1
+            if j not in seen:
+                seen.append(j)
+        np.testing.assert_array_equal(got, np.sort(seen))
+
+
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_shift_rows_keeps_minus_inf_slots_and_assumes_no_value_is_infinite(dtype):
     """The LSH output pads unused slots with -inf before the softmax (network.py); shift_rows
