@@ -165,6 +165,24 @@ def test_the_choice_keeps_off_unless_a_shift_gains_more_than_the_margin():
     assert tau == 0.2 and figures == helps
 
 
+def test_the_walk_over_the_shifts_stops_where_they_fall_past_the_margin():
+    """A shift more than the margin below the best before it ends the walk (those after it are not
+    scored); a dip within the margin does not, and the shifts after it still win."""
+    falls = {0.0: (0.50, 0.30), 0.1: (0.499, 0.2985), 0.2: (0.496, 0.2985), 0.3: (0.60, 0.40)}  # 0, -0.25, -0.55
+    calls = []
+    tau, figures = V.choose_prior_shift(lambda t: calls.append(t) or falls[t], (0.0, 0.1, 0.2, 0.3))
+    assert tau == 0.0 and calls == [0.0, 0.1, 0.2] and list(figures) == [0.0, 0.1, 0.2]
+    # past a peak: 0.2 is the best, 0.3 falls more than the margin below it (not below 0)
+    peak = {0.0: (0.50, 0.30), 0.1: (0.505, 0.302), 0.2: (0.52, 0.31), 0.3: (0.512, 0.31), 0.4: (0.9, 0.9)}
+    calls = []
+    tau, _ = V.choose_prior_shift(lambda t: calls.append(t) or peak[t], (0.0, 0.1, 0.2, 0.3, 0.4))
+    assert tau == 0.2 and calls == [0.0, 0.1, 0.2, 0.3]
+    dips = {0.0: (0.50, 0.30), 0.1: (0.499, 0.2985), 0.2: (0.51, 0.30)}  # -0.25 points, then +1
+    calls = []
+    assert V.choose_prior_shift(lambda t: calls.append(t) or dips[t], (0.0, 0.1, 0.2))[0] == 0.2
+    assert calls == [0.0, 0.1, 0.2]
+
+
 def test_a_wide_output_chooses_its_shift_on_the_validation_points_and_keeps_off_on_independent_labels():
     """Labels independent of the features: the prior is the best a model can do, and lowering it
     only loses; the choice is scored on the epoch checks' validation rows."""
@@ -254,7 +272,8 @@ def test_fit_scores_the_kept_weights_and_the_chosen_shift_once(monkeypatch):
     fresh_zero = shift["chosen"] == 0.0 and early["kept_step"] != early["curve"][-1][0]
     n_val = V.validation_size(n)
     # every scoring covers every validation point: the checks, the shifts but 0, no other
-    assert calls == [n_val] * (len(early["curve"]) + len(PRIOR_SHIFTS) - 1 + fresh_zero)
+    assert 2 <= len(shift["p@1/p@5"]) <= len(PRIOR_SHIFTS)  # the walk may stop before the last
+    assert calls == [n_val] * (len(early["curve"]) + len(shift["p@1/p@5"]) - 1 + fresh_zero)
     fit_data, val, _ = V.split(data, cfg.seed)
     probe = IB.fusion_probe(model, fit_data, val)
     scorer, counts = IB.EpochScorer(model, val, probe), IB.label_counts(data)
