@@ -12,6 +12,11 @@
 - `blocked_topk`: a whole exact scoring as the validation checks run it, the products
   included: the top 100 of 3,813 points (wordnet_hypernyms' validation split) against
   10,236 labels (one of two ranks' slices), x ReLU of a Gaussian and the weights as above.
+- `shared_sample`: a training step's uniform negatives, 2,047 of a rank's 10,236 labels (a wide
+  output's step with every one of them, wordnet_hypernyms at 2 ranks) and 512 (a quarter).
+- `fuse_grid_hits`: the fusion choice's kernel over 45 (share, weight) cells for 3,813 points
+  with 100 model candidates (Gaussian logits over the Zipf prior above), 10 neighbours among
+  72,000 training points of one or two labels each and 20 label prototypes.
 
 Each figure is the fastest of --reps calls after one warm call, in a fresh process per
 checkout (1 thread). --repo DIR=LABEL measures another checkout of dslide with this venv
@@ -34,6 +39,8 @@ import numpy as np
 ROWS, LABELS, DIM = 1024, 20_472, 128
 FLUSH_SHAPES = ((128, 2175), (128, 640))
 SCORING = (3813, 10_236)  # blocked_topk's points and labels
+SAMPLES = ((10_236, 2047), (10_236, 512))  # shared_sample's (labels, draws)
+GRID = (3813, 100, 10, 20, 72_000)  # fuse_grid_hits' points, candidates, neighbours, prototypes, store
 
 
 def _weights(n_labels: int, rng) -> tuple[np.ndarray, np.ndarray]:
@@ -66,6 +73,7 @@ def _best(f, reps: int) -> float:
 
 def worker(reps: int) -> list[dict]:
     """This process's checkout (the first `dslide` on the path): [{kernel, shape, ms, digest}]."""
+    from dslide.infer import fusion
     from dslide.model import kernels
     from dslide.model.topk import blocked_topk, scores_topk
 
@@ -103,7 +111,42 @@ def worker(reps: int) -> list[dict]:
     sec = _best(scoring, reps)
     out.append({"kernel": "blocked_topk, k = 100", "shape": f"{SCORING[0]:,} x {SCORING[1]:,}", "ms": sec * 1e3,
                 "digest": _digest(*res["r"])})
+    for n, size in SAMPLES:
+        mark = np.zeros(n, np.uint8)
+        keys = iter(range(10**9))
+        sec = _best(lambda: kernels.shared_sample(np.uint64(next(keys)), n, size, mark), reps)
+        drawn = [kernels.shared_sample(np.uint64(t), n, size, mark) for t in range(50)]
+        out.append({"kernel": "shared_sample", "shape": f"{size:,} of {n:,}", "ms": sec * 1e3,
+                    "digest": _digest(*drawn)})
+    args, cells, truth, outs = _grid_arrays()
+    sec = _best(lambda: fusion.fuse_grid_hits(*args, cells, *truth, *outs), reps)
+    out.append({"kernel": "fuse_grid_hits", "shape": f"{GRID[0]:,} x {len(cells)} cells", "ms": sec * 1e3,
+                "digest": _digest(*outs)})
     return out
+
+
+def _grid_arrays():
+    """fuse_grid_hits' arguments (`GRID`) up to its cells, the cells, the true labels (CSR ptr and
+    ids) and its outputs (hits uint8, scores float64)."""
+    n, K, kn, kp, points = GRID
+    rng = np.random.default_rng(3)
+    W, b = _weights(LABELS, rng)
+    per = rng.integers(1, 3, points)
+    y_ptr = np.r_[0, np.cumsum(per)].astype(np.int64)
+    y_idx = rng.integers(0, LABELS, int(y_ptr[-1])).astype(np.int32)
+    x = rng.standard_normal((n, DIM)).astype(np.float32)
+    m_logits = np.sort((x @ W[:4096].T + b[:4096]).astype(np.float64), axis=1)[:, ::-1][:, :K].copy()
+    m_ids = np.stack([rng.choice(LABELS, K, replace=False) for _ in range(n)]).astype(np.int64)
+    nn_ids = rng.integers(0, points, (n, kn)).astype(np.int32)
+    nn_sims = np.sort(rng.uniform(0.2, 0.9, (n, kn)), axis=1)[:, ::-1].astype(np.float32)
+    pr_ids = np.stack([rng.choice(LABELS, kp, replace=False) for _ in range(n)]).astype(np.int32)
+    pr_sims = np.sort(rng.uniform(0.2, 0.9, (n, kp)), axis=1)[:, ::-1].astype(np.float32)
+    t_ptr = np.arange(n + 1, dtype=np.int64)
+    t_idx = m_ids[:, 0].astype(np.int32)  # one true label a point: the model's first
+    cells = np.array([(a, w) for a in (0.0, 0.25, 0.5, 0.75, 1.0) for w in np.arange(1, 10) / 10])
+    args = (m_ids, m_logits / 4.0, nn_ids, nn_sims, y_ptr, y_idx, 4.0, pr_ids, pr_sims, 16.0)
+    outs = (np.empty((len(cells), n, 5), np.uint8), np.empty((len(cells), n, 5)))
+    return args, cells, (t_ptr, t_idx), outs
 
 
 def measure(repo: Path, reps: int) -> list[dict]:
