@@ -440,6 +440,15 @@ PRUNE_MIN_BASE = 1e-290
 
 
 @njit(cache=True, inline="always")
+def _label_end(slab, t, c):
+    """The end of the run of contributions to label slab[t] in the sorted slab[:c]."""
+    u = t + 1
+    while u < c and slab[u] == slab[t]:
+        u += 1
+    return u
+
+
+@njit(cache=True, inline="always")
 def _drop_outranked(slab, ssrc, sbase, c, k, top):
     """Drop from the first c sorted contributions the labels that no cell of `fuse_grid_hits` can
     rank in its top k; the new count. A label held by one model candidate alone ("model-only")
@@ -452,9 +461,7 @@ def _drop_outranked(slab, ssrc, sbase, c, k, top):
     n_only = 0
     t = 0
     while t < c:
-        u = t + 1
-        while u < c and slab[u] == slab[t]:
-            u += 1
+        u = _label_end(slab, t, c)
         if u == t + 1 and ssrc[t] == 0:
             n_only += 1
             b = sbase[t]
@@ -471,9 +478,7 @@ def _drop_outranked(slab, ssrc, sbase, c, k, top):
     kept = 0
     t = 0
     while t < c:
-        u = t + 1
-        while u < c and slab[u] == slab[t]:
-            u += 1
+        u = _label_end(slab, t, c)
         if not (u == t + 1 and ssrc[t] == 0 and sbase[t] < floor):
             for a in range(t, u):
                 slab[kept] = slab[a]
