@@ -386,11 +386,23 @@ def test_the_validation_choices_at_p_ranks_are_the_one_rank_choices():
     # the prior shift, chosen on the same points before the fusion
     sa, sb = model_p.index_info["prior_shift"], model_1.index_info["prior_shift"]
     assert sa["validation_points"] == sb["validation_points"] == 600
-    assert sa["p@1/p@5"].keys() == sb["p@1/p@5"].keys() == {"0", "0.1", "0.2", "0.3"}
-    for key, v in sa["p@1/p@5"].items():
-        np.testing.assert_allclose(v, sb["p@1/p@5"][key], atol=2.5 / 600)
+    from dslide.train import validation as V
+
+    # the walk over the shifts stops where they fall past the margin: each run scores 0 and the
+    # shifts in order up to where its own figures stop it (a float tie may stop one a shift later)
+    walk = ["0", "0.1", "0.2", "0.3"]
+    for s in (sa, sb):
+        keys = list(s["p@1/p@5"])
+        assert keys == walk[:len(keys)] and len(keys) >= 2, keys
+        last = sum(s["p@1/p@5"][keys[-1]])
+        best = max(sum(s["p@1/p@5"][t]) for t in keys[:-1])
+        assert len(keys) == len(walk) or last < best - V.CHOICE_MARGIN, (keys, s["p@1/p@5"])
+    for key in set(sa["p@1/p@5"]) & set(sb["p@1/p@5"]):
+        np.testing.assert_allclose(sa["p@1/p@5"][key], sb["p@1/p@5"][key], atol=2.5 / 600)
     if sa["chosen"] != sb["chosen"]:
-        assert sum(sb["p@1/p@5"][f"{sa['chosen']:g}"]) >= sum(sb["p@1/p@5"][f"{sb['chosen']:g}"]) - 2.5 / 600
+        ka, kb = f"{sa['chosen']:g}", f"{sb['chosen']:g}"
+        table = sb if ka in sb["p@1/p@5"] else sa  # the 1-rank run's, unless it stopped before ka
+        assert sum(table["p@1/p@5"][ka]) >= sum(table["p@1/p@5"][kb]) - 2.5 / 600
     assert len(set(world.allgather_object(json.dumps(sa, sort_keys=True)))) == 1
     # the hidden neighbours, chosen on the same points after the fusion: against the fused scores at
     # the fusion chosen (their no-op's figures are that cell's), so alike where the fusion is
