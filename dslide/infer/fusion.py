@@ -339,6 +339,24 @@ def _offer_sum(best, best_ids, s, j):
 
 
 @njit(cache=True, inline="always")
+def _vote_sums(nn_ids, nn_sims, y_ptr, pr_ids, pr_sims, power, pr_power):
+    """One query's sums behind its votes: (the neighbours' weight sum, the labels they hold, the
+    prototypes' weight sum)."""
+    wsum = 0.0
+    n_lab = 0
+    for i in range(nn_ids.shape[0]):
+        p = nn_ids[i]
+        if p >= 0 and nn_sims[i] > 0:
+            wsum += float(nn_sims[i]) ** power
+            n_lab += y_ptr[p + 1] - y_ptr[p]
+    psum = 0.0
+    for i in range(pr_ids.shape[0]):
+        if pr_ids[i] >= 0 and pr_sims[i] > 0:
+            psum += float(pr_sims[i]) ** pr_power
+    return wsum, n_lab, psum
+
+
+@njit(cache=True, inline="always")
 def _query_sums(m_ids, m_logits, nn_ids, nn_sims, y_ptr, pr_ids, pr_sims, power, pr_power):
     """One query's sums behind its fused scores: (the largest model logit, the softmax's
     normaliser over the model's candidates, the neighbours' weight sum, the labels they hold,
@@ -351,17 +369,7 @@ def _query_sums(m_ids, m_logits, nn_ids, nn_sims, y_ptr, pr_ids, pr_sims, power,
     for j in range(m_ids.shape[0]):
         if m_ids[j] >= 0:
             z += np.exp(m_logits[j] - mx)
-    wsum = 0.0
-    n_lab = 0
-    for i in range(nn_ids.shape[0]):
-        p = nn_ids[i]
-        if p >= 0 and nn_sims[i] > 0:
-            wsum += float(nn_sims[i]) ** power
-            n_lab += y_ptr[p + 1] - y_ptr[p]
-    psum = 0.0
-    for i in range(pr_ids.shape[0]):
-        if pr_ids[i] >= 0 and pr_sims[i] > 0:
-            psum += float(pr_sims[i]) ** pr_power
+    wsum, n_lab, psum = _vote_sums(nn_ids, nn_sims, y_ptr, pr_ids, pr_sims, power, pr_power)
     return mx, z, wsum, n_lab, psum
 
 
@@ -430,7 +438,7 @@ def _holds(idx, lo, hi, j):
 
 
 #: the largest fusion weight under which `fuse_grid_hits` drops model candidates that cannot reach
-#: a top k (`_drop_outranked`): the model's share 1 - weight stays far above the subnormals
+#: a top k (`_outranked_floor`): the model's share 1 - weight stays far above the subnormals
 PRUNE_MAX_WEIGHT = 1.0 - 1e-6
 #: a model-only candidate whose base is below (1 - this) x the k-th largest such base scores below
 #: it under any weight: the rounding of a product and a quotient moves a score by far less
@@ -439,54 +447,73 @@ PRUNE_MARGIN = 1e-14
 PRUNE_MIN_BASE = 1e-290
 
 
-@njit(cache=True, inline="always")
-def _label_end(slab, t, c):
-    """The end of the run of contributions to label slab[t] in the sorted slab[:c]."""
-    u = t + 1
-    while u < c and slab[u] == slab[t]:
-        u += 1
-    return u
+#: `fuse_grid_hits` splits its queries into at most GRID_CHUNKS chunks of at least GRID_ROWS (the
+#: threads' shares), each with its scratch arrays (a marker per label among them) made once
+GRID_ROWS = 32
+GRID_CHUNKS = 64
 
 
 @njit(cache=True, inline="always")
-def _drop_outranked(slab, ssrc, sbase, c, k, top):
-    """Drop from the first c sorted contributions the labels that no cell of `fuse_grid_hits` can
-    rank in its top k; the new count. A label held by one model candidate alone ("model-only")
-    scores (1 - weight) base / z in every cell, rounded, so never above another such label of a
-    larger base: one whose base is below the k-th largest of them by more than rounding can move
-    (PRUNE_MARGIN) has k labels scoring strictly more in every cell, and goes. The order of what
-    stays is kept, so each cell's sums and offers are those of the whole list. top: float64 [k]
-    scratch."""
+def _model_bases(m_ids, m_logits, bases):
+    """The model candidates' factors exp(logit - max) into bases (in candidate order, ids >= 0
+    only), and their count and sum z: `_query_sums`' normaliser, the same terms summed in the
+    same order."""
+    mx = -np.inf
+    for j in range(m_ids.shape[0]):
+        if m_ids[j] >= 0 and m_logits[j] > mx:
+            mx = m_logits[j]
+    z = 0.0
+    c = 0
+    for j in range(m_ids.shape[0]):
+        if m_ids[j] >= 0:
+            e = np.exp(m_logits[j] - mx)
+            z += e
+            bases[c] = e
+            c += 1
+    return c, z
+
+
+@njit(cache=True, inline="always")
+def _outranked_floor(m_ids, bases, mark, k, top):
+    """The base under which a model candidate that no other contribution's label holds (its
+    label marked once, mark == 1: "model-only") can rank in no cell's top k: such a label scores
+    (1 - weight) base / z in every cell, rounded, so never above another of a larger base, and one
+    whose base is below the k-th largest of them by more than rounding can move (PRUNE_MARGIN) has
+    k labels scoring strictly more in every cell. -inf (drop nothing) where at most k are
+    model-only or the k-th base is under PRUNE_MIN_BASE. top: float64 [k] scratch."""
     top[:] = -np.inf
     n_only = 0
-    t = 0
-    while t < c:
-        u = _label_end(slab, t, c)
-        if u == t + 1 and ssrc[t] == 0:
-            n_only += 1
-            b = sbase[t]
-            if b > top[k - 1]:
-                r = k - 1
-                while r > 0 and top[r - 1] < b:
-                    top[r] = top[r - 1]
-                    r -= 1
-                top[r] = b
-        t = u
+    c = 0
+    for j in range(m_ids.shape[0]):
+        if m_ids[j] < 0:
+            continue
+        b = bases[c]
+        c += 1
+        if mark[m_ids[j]] != 1:
+            continue
+        n_only += 1
+        if b > top[k - 1]:
+            r = k - 1
+            while r > 0 and top[r - 1] < b:
+                top[r] = top[r - 1]
+                r -= 1
+            top[r] = b
     if n_only <= k or not top[k - 1] >= PRUNE_MIN_BASE:
-        return c
-    floor = top[k - 1] * (1.0 - PRUNE_MARGIN)
-    kept = 0
-    t = 0
-    while t < c:
-        u = _label_end(slab, t, c)
-        if not (u == t + 1 and ssrc[t] == 0 and sbase[t] < floor):
-            for a in range(t, u):
-                slab[kept] = slab[a]
-                ssrc[kept] = ssrc[a]
-                sbase[kept] = sbase[a]
-                kept += 1
-        t = u
-    return kept
+        return -np.inf
+    return top[k - 1] * (1.0 - PRUNE_MARGIN)
+
+
+@njit(cache=True)
+def _max_label(m_ids, y_idx, pr_ids) -> int:
+    """The largest label id among the model's candidates, the training labels and the prototypes."""
+    top = -1
+    for v in m_ids.ravel():
+        top = v if v > top else top
+    for v in y_idx:
+        top = v if v > top else top
+    for v in pr_ids.ravel():
+        top = v if v > top else top
+    return top
 
 
 @njit(cache=True, parallel=True)
@@ -501,9 +528,11 @@ def fuse_grid_hits(m_ids, m_logits, nn_ids, nn_sims, y_ptr, y_idx, power, pr_ids
     top-k scores (`fuse`'s out_scores), or [0, 0, 0] for none. Per query the softmax normaliser, the
     weight sums, the contributions' labels and one stable sort by label are computed once; each
     cell's contributions are `fuse`'s float expressions summed in `fuse`'s order (by label, then
-    model, neighbours, prototypes) and ranked by its rule, so each cell's top k is `fuse`'s. Where
-    every cell's weight is at most PRUNE_MAX_WEIGHT, the labels only the model holds that no cell
-    can rank in its top k are dropped before the cells (`_drop_outranked`).
+    model, neighbours, prototypes) and ranked by its rule, so each cell's top k is `fuse`'s. The
+    cells run side by side over each label's contributions. Where every cell's weight is at most
+    PRUNE_MAX_WEIGHT, the labels only the model holds that no cell can rank in its top k are
+    dropped before the sort (`_outranked_floor`); the order of what stays is kept, so each cell's
+    sums and offers are those of the whole list.
     """
     n, K = m_ids.shape
     kn = nn_ids.shape[1]
@@ -514,76 +543,120 @@ def fuse_grid_hits(m_ids, m_logits, nn_ids, nn_sims, y_ptr, y_idx, power, pr_ids
     for g in range(m):
         if not cells[g, 1] <= PRUNE_MAX_WEIGHT:
             prune = False
-    for q in prange(n):
-        mx, z, wsum, n_lab, psum = _query_sums(m_ids[q], m_logits[q], nn_ids[q], nn_sims[q], y_ptr, pr_ids[q],
-                                               pr_sims[q], power, pr_power)
-        # each contribution's label, source (0 model, 1 neighbour, 2 prototype) and the factor
-        # of its value that does not depend on the cell
-        lab = np.empty(K + n_lab + kp, np.int64)
-        src = np.empty(K + n_lab + kp, np.uint8)
-        base = np.empty(K + n_lab + kp, np.float64)
-        c = 0
-        for j in range(K):
-            if m_ids[q, j] >= 0:
-                lab[c] = m_ids[q, j]
-                src[c] = 0
-                base[c] = np.exp(m_logits[q, j] - mx)
-                c += 1
-        if wsum > 0:
+    n_marks = _max_label(m_ids, y_idx, pr_ids) + 1 if prune else 0
+    chunks = max(1, min((n + GRID_ROWS - 1) // GRID_ROWS, GRID_CHUNKS))
+    per = (n + chunks - 1) // chunks
+    for ch in prange(chunks):
+        q0 = ch * per
+        q1 = min(n, q0 + per)
+        cap = 0
+        for q in range(q0, q1):
+            n_lab = 0
             for i in range(kn):
                 p = nn_ids[q, i]
-                if p >= 0 and nn_sims[q, i] > 0:
-                    b = float(nn_sims[q, i]) ** power
-                    for a in range(y_ptr[p], y_ptr[p + 1]):
-                        lab[c] = y_idx[a]
-                        src[c] = 1
-                        base[c] = b
-                        c += 1
-        if psum > 0:
-            for i in range(kp):
-                if pr_ids[q, i] >= 0 and pr_sims[q, i] > 0:
-                    lab[c] = pr_ids[q, i]
-                    src[c] = 2
-                    base[c] = float(pr_sims[q, i]) ** pr_power
-                    c += 1
-        order = np.argsort(lab[:c], kind="mergesort")
-        slab = lab[order]
-        ssrc = src[order]
-        sbase = base[order]
-        best_ids = np.empty(k, np.int64)
+                if p >= 0:
+                    n_lab += y_ptr[p + 1] - y_ptr[p]
+            cap = max(cap, n_lab)
+        cap += K + kp
+        lab = np.empty(cap, np.int64)
+        src = np.empty(cap, np.uint8)
+        base = np.empty(cap, np.float64)
+        slab = np.empty(cap, np.int64)
+        ssrc = np.empty(cap, np.uint8)
+        sbase = np.empty(cap, np.float64)
+        bases = np.empty(K, np.float64)
+        mark = np.zeros(n_marks, np.int32)  # per label: model candidates + 2 x other contributions
+        top = np.empty(max(k, 1), np.float64)
         best = np.empty(k, np.float64)
-        if prune:
-            c = _drop_outranked(slab, ssrc, sbase, c, k, best)
-        for g in range(m):
-            share = cells[g, 0]
-            weight = cells[g, 1]
-            protos = share > 0 and psum > 0
-            points_w = weight * (1.0 - share) if protos else weight
-            best_ids[:] = -1
-            best[:] = -np.inf
-            t = 0
-            while t < c:
-                j = slab[t]
-                s = 0.0
-                held = False  # a label only the prototypes hold has no score where they are left out
-                while t < c and slab[t] == j:
-                    if ssrc[t] == 0:
-                        s += (1.0 - weight) * sbase[t] / z
-                        held = True
-                    elif ssrc[t] == 1:
-                        s += points_w * sbase[t] / wsum
-                        held = True
-                    elif protos:
-                        s += weight * share * sbase[t] / psum
-                        held = True
-                    t += 1
-                if held:
-                    _offer_sum(best, best_ids, s, j)
-            for r in range(k):
-                j = best_ids[r]
-                out_hits[g, q, r] = 1 if j >= 0 and _holds(t_idx, t_ptr[q], t_ptr[q + 1], j) else 0
-            if out_scores.shape[0] > 0:
-                out_scores[g, q] = best
+        best_ids = np.empty(k, np.int64)
+        for q in range(q0, q1):
+            n_model, z = _model_bases(m_ids[q], m_logits[q], bases)
+            wsum, _, psum = _vote_sums(nn_ids[q], nn_sims[q], y_ptr, pr_ids[q], pr_sims[q], power, pr_power)
+            # the other sources' contributions after the model's: label, source (1 neighbour,
+            # 2 prototype) and the factor of their value that does not depend on the cell
+            c = K
+            if wsum > 0:
+                for i in range(kn):
+                    p = nn_ids[q, i]
+                    if p >= 0 and nn_sims[q, i] > 0:
+                        b = float(nn_sims[q, i]) ** power
+                        for a in range(y_ptr[p], y_ptr[p + 1]):
+                            lab[c] = y_idx[a]
+                            src[c] = 1
+                            base[c] = b
+                            c += 1
+            if psum > 0:
+                for i in range(kp):
+                    if pr_ids[q, i] >= 0 and pr_sims[q, i] > 0:
+                        lab[c] = pr_ids[q, i]
+                        src[c] = 2
+                        base[c] = float(pr_sims[q, i]) ** pr_power
+                        c += 1
+            floor = -np.inf
+            if prune:
+                for j in range(K):
+                    if m_ids[q, j] >= 0:
+                        mark[m_ids[q, j]] += 1
+                for a in range(K, c):
+                    mark[lab[a]] += 2
+                floor = _outranked_floor(m_ids[q], bases, mark, k, top)
+            # the model's contributions that stay, in their order, just before the others
+            first = K
+            t = n_model
+            for j in range(K - 1, -1, -1):
+                if m_ids[q, j] < 0:
+                    continue
+                t -= 1
+                b = bases[t]
+                if prune:
+                    only = mark[m_ids[q, j]] == 1
+                    mark[m_ids[q, j]] = 0
+                    if only and b < floor:
+                        continue
+                first -= 1
+                lab[first] = m_ids[q, j]
+                src[first] = 0
+                base[first] = b
+            if prune:
+                for a in range(K, c):
+                    mark[lab[a]] = 0
+            order = np.argsort(lab[first:c], kind="mergesort")
+            nc = order.shape[0]
+            for t in range(nc):
+                e = order[t] + first
+                slab[t] = lab[e]
+                ssrc[t] = src[e]
+                sbase[t] = base[e]
+            for g in range(m):
+                share = cells[g, 0]
+                weight = cells[g, 1]
+                use_protos = share > 0 and psum > 0
+                points_w = weight * (1.0 - share) if use_protos else weight
+                best_ids[:] = -1
+                best[:] = -np.inf
+                t = 0
+                while t < nc:
+                    j = slab[t]
+                    v = 0.0
+                    held = False  # a label only the prototypes hold has no score where they are left out
+                    while t < nc and slab[t] == j:
+                        if ssrc[t] == 0:
+                            v += (1.0 - weight) * sbase[t] / z
+                            held = True
+                        elif ssrc[t] == 1:
+                            v += points_w * sbase[t] / wsum
+                            held = True
+                        elif use_protos:
+                            v += weight * share * sbase[t] / psum
+                            held = True
+                        t += 1
+                    if held:
+                        _offer_sum(best, best_ids, v, j)
+                for r in range(k):
+                    j = best_ids[r]
+                    out_hits[g, q, r] = 1 if j >= 0 and _holds(t_idx, t_ptr[q], t_ptr[q + 1], j) else 0
+                if out_scores.shape[0] > 0:
+                    out_scores[g, q] = best
 
 
 def _shared_search(Xq, k: int, comm, ptr, pt, val, n_items: int, perm=_NO_PERM,

@@ -165,7 +165,7 @@ def test_choose_fusion_gives_the_figures_and_choice_of_the_per_cell_loop(seed, p
 
 def _wide_inputs(seed, n=200, n_points=30, n_labels=400, K=60, kn=3, kp=4):
     """Queries with many more model candidates than neighbours' labels, so that most candidates are
-    held by the model alone and the grid kernel drops the ones no cell can rank (`_drop_outranked`).
+    held by the model alone and the grid kernel drops the ones no cell can rank (`_outranked_floor`).
     Their logits sit on levels 1e-16 apart around the top, on bases one ulp apart (whose fused
     scores tie or not depending on the weight), at -745 (a base that rounds to a subnormal or zero) and
     at a few far levels; each query's candidates are distinct labels."""
