@@ -245,6 +245,46 @@ def adam_dense(W, M, V, G, hp, rk=NO_ROUNDING):
           _adam_row(w[r], m[r], v[r], g[r], hp, rk, r)
 
 
+#: the bits of a digit in `sort_ids`' passes (a pass counts 2^SORT_DIGIT_BITS buckets)
+SORT_DIGIT_BITS = 11
+
+
+@njit(cache=True)
+def sort_ids(a, tmp):
+    """Sort the non-negative int32 a in place, ascending: least significant digit first, one
+    stable counting pass per SORT_DIGIT_BITS bits of the largest value (at most three), O(len(a))
+    where a comparison sort takes O(len(a) log len(a)). tmp int32 [len(a)]: scratch."""
+    n = a.shape[0]
+    top = 0
+    for i in range(n):
+        top = a[i] if a[i] > top else top
+    size = 1 << SORT_DIGIT_BITS
+    mask = size - 1
+    cnt = np.empty(size, np.int64)
+    src, dst = a, tmp
+    shift = 0
+    passes = 0
+    while passes == 0 or (top >> shift) > 0:
+        cnt[:] = 0
+        for i in range(n):
+            cnt[(src[i] >> shift) & mask] += 1
+        total = 0
+        for b in range(size):
+            c = cnt[b]
+            cnt[b] = total
+            total += c
+        for i in range(n):
+            d = (src[i] >> shift) & mask
+            dst[cnt[d]] = src[i]
+            cnt[d] += 1
+        src, dst = dst, src
+        shift += SORT_DIGIT_BITS
+        passes += 1
+    if passes % 2 == 1:  # the last pass wrote tmp
+        for i in range(n):
+            a[i] = tmp[i]
+
+
 @njit(cache=True)
 def group_by_row(rows, n_rows, count, order):
     """Counting sort of entry indices by their row, stable in entry order.
@@ -266,7 +306,7 @@ def group_by_row(rows, n_rows, count, order):
                 touched[T] = r
                 T += 1
           count[r] += 1
-    touched[:T].sort()
+    sort_ids(touched[:T], np.empty(T, dtype=np.int32))
     start = np.empty(T + 1, dtype=np.int64)
     start[0] = 0
     for t in range(T):

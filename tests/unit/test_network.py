@@ -153,6 +153,36 @@ def test_adam_step_matches_numpy_reference_with_lazy_rows():
     np.testing.assert_allclose(Wd, W - lr * (m_all / (1 - b1**t)) / (np.sqrt(v_all / (1 - b2**t)) + eps), rtol=1e-12)
 
 
+@pytest.mark.parametrize("top", [0, 1, 2047, 2048, 2**22 - 1, 2**22, 2**31 - 1])
+@pytest.mark.parametrize("n", [0, 1, 2, 777])
+def test_sort_ids_is_numpys_sort_for_every_count_of_digit_passes(n, top):
+    """One, two and three passes of the radix sort (values below 2^11, 2^22, 2^31), an odd count
+    leaving the result in the scratch array first, duplicates, the extreme values."""
+    rs = np.random.default_rng(n * 7 + top % 1000)
+    a = rs.integers(0, top + 1, size=n, dtype=np.int64).astype(np.int32)
+    if n > 2:
+        a[:2] = (0, top)
+        a[-1] = a[n // 2]  # a duplicate
+    got = a.copy()
+    K.sort_ids(got, np.empty(n, np.int32))
+    assert got.tolist() == np.sort(a).tolist()
+
+
+@pytest.mark.parametrize("n_rows", [5, 3000, 5_000_000])
+def test_group_by_row_is_a_stable_grouping_by_ascending_row(n_rows):
+    """touched: the distinct rows ascending; each row's entries in entry order (numpy's stable
+    argsort), count zero again afterwards."""
+    rs = np.random.default_rng(n_rows)
+    rows = rs.integers(0, n_rows, size=4000).astype(np.int32)
+    count = np.zeros(n_rows, np.int32)
+    order = np.empty(rows.size, np.int64)
+    touched, start = K.group_by_row(rows, n_rows, count, order)
+    assert touched.tolist() == np.unique(rows).tolist()
+    assert order.tolist() == np.argsort(rows, kind="stable").tolist()
+    assert np.diff(start).tolist() == np.bincount(rows)[np.unique(rows)].tolist()
+    assert not count.any()
+
+
 def test_init_does_not_depend_on_layout():
     """Neuron j's weights depend on (seed, layer, j) only: input- and neuron-major agree."""
     from dslide import rng
