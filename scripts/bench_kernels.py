@@ -14,6 +14,9 @@
   10,236 labels (one of two ranks' slices), x ReLU of a Gaussian and the weights as above.
 - `shared_sample`: a training step's uniform negatives, 2,047 of a rank's 10,236 labels (a wide
   output's step with every one of them, wordnet_hypernyms at 2 ranks) and 512 (a quarter).
+- `group_by_row`: a step's grouping of a batch's feature entries by feature (the first layer's
+  sparse update): 12,000 entries over 29,225 features (a debian_tags batch of 256 points) and
+  1,642 over 49,604 (wordnet_hypernyms, 128 points), drawn from a power law of the features.
 - `fuse_grid_hits`: the fusion choice's kernel over 45 (share, weight) cells for 3,813 points
   with 100 model candidates (Gaussian logits over the Zipf prior above), 10 neighbours among
   72,000 training points of one or two labels each and 20 label prototypes.
@@ -40,6 +43,7 @@ ROWS, LABELS, DIM = 1024, 20_472, 128
 FLUSH_SHAPES = ((128, 2175), (128, 640))
 SCORING = (3813, 10_236)  # blocked_topk's points and labels
 SAMPLES = ((10_236, 2047), (10_236, 512))  # shared_sample's (labels, draws)
+GROUPS = ((12_000, 29_225), (1_642, 49_604))  # group_by_row's (entries, rows)
 GRID = (3813, 100, 10, 20, 72_000)  # fuse_grid_hits' points, candidates, neighbours, prototypes, store
 
 
@@ -118,6 +122,20 @@ def worker(reps: int) -> list[dict]:
         drawn = [kernels.shared_sample(np.uint64(t), n, size, mark) for t in range(50)]
         out.append({"kernel": "shared_sample", "shape": f"{size:,} of {n:,}", "ms": sec * 1e3,
                     "digest": _digest(*drawn)})
+    rng = np.random.default_rng(4)
+    for E, n_rows in GROUPS:
+        weights = 1.0 / np.arange(1, n_rows + 1) ** 1.1
+        rows = rng.choice(n_rows, E, p=weights / weights.sum()).astype(np.int32)
+        count = np.zeros(n_rows, np.int32)
+        order = np.empty(E, np.int64)
+        res = {}
+
+        def group():
+            res["r"] = kernels.group_by_row(rows, n_rows, count, order)
+
+        sec = _best(group, reps)
+        out.append({"kernel": "group_by_row", "shape": f"{E:,} entries of {n_rows:,} rows", "ms": sec * 1e3,
+                    "digest": _digest(*res["r"], order)})
     args, cells, truth, outs = _grid_arrays()
     sec = _best(lambda: fusion.fuse_grid_hits(*args, cells, *truth, *outs), reps)
     out.append({"kernel": "fuse_grid_hits", "shape": f"{GRID[0]:,} x {len(cells)} cells", "ms": sec * 1e3,
