@@ -365,6 +365,45 @@ def rows_grad_adam(touched, start, order, samples, coefs, V, W, M, Vm, bias, bM,
 # ----------------------------------------------------------------------------
 
 
+@njit(cache=True)
+def batch_labels(y, lo, hi, mark):
+    """The distinct ids of y (int32) in [lo, hi), less lo, ascending (int32): the labels a rank's
+    slice of an output owns in a batch. mark uint8 [hi - lo]: all zero on entry (scratch, zero
+    again on return)."""
+    out = np.empty(y.shape[0], np.int32)
+    n = 0
+    for e in range(y.shape[0]):
+        j = y[e]
+        if j >= lo and j < hi:
+            loc = j - lo
+            if mark[loc] == 0:
+                mark[loc] = 1
+                out[n] = loc
+                n += 1
+    for t in range(n):
+        mark[out[t]] = 0
+    labels = out[:n]
+    sort_ids(labels, np.empty(n, np.int32))
+    return labels
+
+
+@njit(cache=True)
+def drop_taken(drawn, taken, mark):
+    """drawn's ids that are not in taken, in drawn's order. mark uint8 [n]: all zero on entry
+    (scratch, zero again on return)."""
+    for t in range(taken.shape[0]):
+        mark[taken[t]] = 1
+    out = np.empty(drawn.shape[0], drawn.dtype)
+    n = 0
+    for t in range(drawn.shape[0]):
+        if mark[drawn[t]] == 0:
+            out[n] = drawn[t]
+            n += 1
+    for t in range(taken.shape[0]):
+        mark[taken[t]] = 0
+    return out[:n]
+
+
 @njit(parallel=True, fastmath=True, cache=True)
 def rows_grad(touched, start, order, samples, coefs, V, G):
     """G[r, :] = sum_{e: rows[e] = r} coefs[e] * V[samples[e], :] for the touched rows

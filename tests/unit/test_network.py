@@ -183,6 +183,23 @@ def test_group_by_row_is_a_stable_grouping_by_ascending_row(n_rows):
     assert not count.any()
 
 
+@pytest.mark.parametrize("lo, hi", [(0, 50), (20, 35), (49, 50), (60, 90)])
+def test_batch_labels_and_drop_taken_are_their_numpy_expressions(lo, hi):
+    """A rank's labels of a batch: numpy's unique of the ids in [lo, hi), less lo (duplicates, ids
+    outside the slice, none inside); the draws not taken: a mask over them, their order kept.
+    The marker array is zero again after each."""
+    rs = np.random.default_rng(lo * 100 + hi)
+    y = rs.integers(0, 60, size=300).astype(np.int32)
+    mark = np.zeros(hi - lo, np.uint8)
+    got = K.batch_labels(y, lo, hi, mark)
+    assert got.dtype == np.int32 and not mark.any()
+    assert got.tolist() == (np.unique(y[(y >= lo) & (y < hi)]) - lo).tolist()
+    drawn = rs.permutation(hi - lo)[: (hi - lo) // 2].astype(np.int32)
+    kept = K.drop_taken(drawn, got, mark)
+    assert not mark.any()
+    assert kept.tolist() == drawn[~np.isin(drawn, got)].tolist()
+
+
 def test_init_does_not_depend_on_layout():
     """Neuron j's weights depend on (seed, layer, j) only: input- and neuron-major agree."""
     from dslide import rng

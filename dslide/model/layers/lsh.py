@@ -129,8 +129,7 @@ class LSHLayer(Layer):
         training step; own: None, or (own_ids int32 [B, k] each sample's own candidates, -1 past
         its count; corr float [B] added to the random neurons' logits instead of `corr`)."""
         if self.is_output:
-            g = batch.Y[1]
-            labels = np.unique(g[(g >= self.lo) & (g < self.hi)]).astype(np.int32) - self.lo
+            labels = kernels.batch_labels(batch.Y[1], self.lo, self.hi, self._mark)
         else:
             labels = np.empty(0, dtype=np.int32)
         with self.timings.time("lsh_query"):
@@ -142,9 +141,7 @@ class LSHLayer(Layer):
         if self.n_random and exact.size < self.n_local:
             drawn = kernels.shared_sample(rng.stream_key(self.neg_key, batch.step), self.n_local, self.n_random,
                                           self._mark)
-            self._mark[exact] = 1
-            rand = drawn[self._mark[drawn] == 0]
-            self._mark[exact] = 0
+            rand = kernels.drop_taken(drawn, exact, self._mark)
         C = np.concatenate([exact, rand])
         corr = np.zeros(C.size, dtype=self.dtype)
         own, n_cand = None, cand.size
