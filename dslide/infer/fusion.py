@@ -373,6 +373,33 @@ def _query_sums(m_ids, m_logits, nn_ids, nn_sims, y_ptr, pr_ids, pr_sims, power,
     return mx, z, wsum, n_lab, psum
 
 
+@njit(cache=True, inline="always")
+def _vote_contributions(nn_ids, nn_sims, y_ptr, y_idx, power, pr_ids, pr_sims, pr_power, wsum, psum, lab, src, base,
+                        c):
+    """Append one query's votes from position c on: each neighbour's labels (source 1, base its
+    similarity ** power) where wsum > 0, then its prototypes (source 2, base similarity **
+    pr_power) where psum > 0; the new count. A vote's value is its base times its cell's factor
+    over wsum or psum (`fuse`)."""
+    if wsum > 0:
+        for i in range(nn_ids.shape[0]):
+            p = nn_ids[i]
+            if p >= 0 and nn_sims[i] > 0:
+                b = float(nn_sims[i]) ** power
+                for a in range(y_ptr[p], y_ptr[p + 1]):
+                    lab[c] = y_idx[a]
+                    src[c] = 1
+                    base[c] = b
+                    c += 1
+    if psum > 0:
+        for i in range(pr_ids.shape[0]):
+            if pr_ids[i] >= 0 and pr_sims[i] > 0:
+                lab[c] = pr_ids[i]
+                src[c] = 2
+                base[c] = float(pr_sims[i]) ** pr_power
+                c += 1
+    return c
+
+
 @njit(cache=True, parallel=True)
 def fuse(m_ids, m_logits, nn_ids, nn_sims, y_ptr, y_idx, weight, power, pr_ids, pr_sims, share, pr_power,
          k, out_ids, out_scores):
@@ -385,13 +412,13 @@ def fuse(m_ids, m_logits, nn_ids, nn_sims, y_ptr, y_idx, weight, power, pr_ids, 
     out_ids int64 [n, k] (-1 where fewer than k labels have a score), out_scores float64 [n, k].
     """
     n, K = m_ids.shape
-    kn = nn_ids.shape[1]
     kp = pr_ids.shape[1]
     for q in prange(n):
         mx, z, wsum, n_lab, psum = _query_sums(m_ids[q], m_logits[q], nn_ids[q], nn_sims[q], y_ptr, pr_ids[q],
                                                pr_sims[q], power, pr_power)
         points_w = weight * (1.0 - share) if psum > 0 else weight
         lab = np.empty(K + n_lab + kp, np.int64)
+        src = np.empty(K + n_lab + kp, np.uint8)
         val = np.empty(K + n_lab + kp, np.float64)
         c = 0
         for j in range(K):
@@ -399,21 +426,14 @@ def fuse(m_ids, m_logits, nn_ids, nn_sims, y_ptr, y_idx, weight, power, pr_ids, 
                 lab[c] = m_ids[q, j]
                 val[c] = (1.0 - weight) * np.exp(m_logits[q, j] - mx) / z
                 c += 1
-        if wsum > 0:
-            for i in range(kn):
-                p = nn_ids[q, i]
-                if p >= 0 and nn_sims[q, i] > 0:
-                    w = points_w * float(nn_sims[q, i]) ** power / wsum
-                    for a in range(y_ptr[p], y_ptr[p + 1]):
-                        lab[c] = y_idx[a]
-                        val[c] = w
-                        c += 1
-        if psum > 0:
-            for i in range(kp):
-                if pr_ids[q, i] >= 0 and pr_sims[q, i] > 0:
-                    lab[c] = pr_ids[q, i]
-                    val[c] = weight * share * float(pr_sims[q, i]) ** pr_power / psum
-                    c += 1
+        votes = c
+        c = _vote_contributions(nn_ids[q], nn_sims[q], y_ptr, y_idx, power, pr_ids[q], pr_sims[q], pr_power, wsum,
+                                psum, lab, src, val, c)
+        for a in range(votes, c):  # the bases times the weights of their sources
+            if src[a] == 1:
+                val[a] = points_w * val[a] / wsum
+            else:
+                val[a] = weight * share * val[a] / psum
         # sum the contributions of each label (sorted by label id), then take the k best
         order = np.argsort(lab[:c], kind="mergesort")
         best_ids = out_ids[q]
@@ -572,26 +592,10 @@ def fuse_grid_hits(m_ids, m_logits, nn_ids, nn_sims, y_ptr, y_idx, power, pr_ids
         for q in range(q0, q1):
             n_model, z = _model_bases(m_ids[q], m_logits[q], bases)
             wsum, _, psum = _vote_sums(nn_ids[q], nn_sims[q], y_ptr, pr_ids[q], pr_sims[q], power, pr_power)
-            # the other sources' contributions after the model's: label, source (1 neighbour,
-            # 2 prototype) and the factor of their value that does not depend on the cell
-            c = K
-            if wsum > 0:
-                for i in range(kn):
-                    p = nn_ids[q, i]
-                    if p >= 0 and nn_sims[q, i] > 0:
-                        b = float(nn_sims[q, i]) ** power
-                        for a in range(y_ptr[p], y_ptr[p + 1]):
-                            lab[c] = y_idx[a]
-                            src[c] = 1
-                            base[c] = b
-                            c += 1
-            if psum > 0:
-                for i in range(kp):
-                    if pr_ids[q, i] >= 0 and pr_sims[q, i] > 0:
-                        lab[c] = pr_ids[q, i]
-                        src[c] = 2
-                        base[c] = float(pr_sims[q, i]) ** pr_power
-                        c += 1
+            # the votes after the model's place: label, source and the factor of their value that
+            # does not depend on the cell
+            c = _vote_contributions(nn_ids[q], nn_sims[q], y_ptr, y_idx, power, pr_ids[q], pr_sims[q], pr_power,
+                                    wsum, psum, lab, src, base, K)
             floor = -np.inf
             if prune:
                 for j in range(K):

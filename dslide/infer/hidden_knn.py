@@ -49,7 +49,7 @@ import scipy.sparse as sp
 from numba import njit, prange
 
 from dslide import _numba_cache  # noqa: F401  (before any kernel: the cache is keyed by module name)
-from dslide.infer.fusion import _holds, _offer_sum
+from dslide.infer.fusion import _holds, _offer_sum, _vote_contributions
 from dslide.lsh._topk import push_top
 from dslide.lsh.kmeans import kmeans, nearest
 from dslide.lsh.neighbors import unit_rows
@@ -97,15 +97,9 @@ def _contributions(b_ids, b_p, nn_ids, nn_sims, y_ptr, y_idx, power):
             src[c] = 0
             val[c] = b_p[j]
             c += 1
-    for i in range(nn_ids.shape[0]):
-        p = nn_ids[i]
-        if p >= 0 and nn_sims[i] > 0:
-            f = float(nn_sims[i]) ** power
-            for a in range(y_ptr[p], y_ptr[p + 1]):
-                lab[c] = y_idx[a]
-                src[c] = 1
-                val[c] = f
-                c += 1
+    # every neighbour's labels votes (a weight sum given as 1: even one that underflows to 0)
+    c = _vote_contributions(nn_ids, nn_sims, y_ptr, y_idx, power, np.empty(0, np.int32), np.empty(0, np.float32), 1.0,
+                            1.0, 0.0, lab, src, val, c)
     order = np.argsort(lab[:c], kind="mergesort")
     return lab[order], src[order], val[order], c
 
