@@ -97,7 +97,8 @@ def _contributions(b_ids, b_p, nn_ids, nn_sims, y_ptr, y_idx, power):
             src[c] = 0
             val[c] = b_p[j]
             c += 1
-    # every neighbour's labels votes (a weight sum given as 1: even one that underflows to 0)
+    # each neighbour's labels vote; the weight sum is passed as 1 so that a neighbour whose
+    # similarity ** power underflows to 0 still adds its labels
     c = _vote_contributions(nn_ids, nn_sims, y_ptr, y_idx, power, np.empty(0, np.int32), np.empty(0, np.float32), 1.0,
                             1.0, 0.0, lab, src, val, c)
     order = np.argsort(lab[:c], kind="mergesort")
