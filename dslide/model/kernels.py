@@ -23,9 +23,13 @@ disk (cache=True), the parallel ones too, so only a process's first run after
 a change compiles. numba 0.68 loads a cached parallel kernel at any thread
 count (tests/unit/test_numba_cache.py; older numba versions crashed). numba keys
 its cache by the file that defines a kernel: after editing dslide/rng.py,
-dslide/model/bfloat16.py, dslide/lsh/_common.py or dslide/lsh/_topk.py, whose functions other
-files' kernels inline, delete the __pycache__/*.nbi and *.nbc files (or touch
-those files).
+dslide/model/bfloat16.py, dslide/model/prefetch.py, dslide/lsh/_common.py or dslide/lsh/_topk.py,
+whose functions other files' kernels inline, delete the __pycache__/*.nbi and *.nbc files (or
+touch those files).
+
+Memory: a lazy Adam's rows, and a step's block of output rows, lie scattered over arrays far
+larger than the caches; the kernels that walk them ask for the rows ROWS_AHEAD iterations on
+(dslide.model.prefetch), so that their loads from memory overlap.
 """
 
 from __future__ import annotations
@@ -37,9 +41,13 @@ from numba import get_thread_id, njit, prange
 from dslide import rng
 from dslide.lsh.anchors import union_per_query
 from dslide.model.bfloat16 import load, row_seed, store_nearest, store_stochastic
+from dslide.model.prefetch import prefetch_row
 
 EXP_FLOOR = -80.0  # exp(-80) = 1.8e-35: still a normal float32
 TINY = 1e-30
+#: rows ahead of the one a kernel reads whose cache lines it asks for (dslide.model.prefetch:
+#: rows scattered over arrays larger than the caches then load side by side; the same results)
+ROWS_AHEAD = 4
 
 
 # ----------------------------------------------------------------------------
@@ -77,6 +85,20 @@ def row_norms(indptr, data, out):
             v = np.float64(data[e])  # (numba's float() of a float32 stays float32)
             s += v * v
         out[i] = np.sqrt(s) if s > 0.0 else 1.0
+
+
+@njit(cache=True)
+def take_rows(W, rows, out):
+    """out[t] = W[rows[t]] (W[rows] without numpy's fancy indexing: the rows ahead are asked
+    of the caches while one is copied). W, out C-contiguous [., d]; rows int [m] in range."""
+    m = rows.shape[0]
+    for t in range(m):
+        if t + ROWS_AHEAD < m:
+            prefetch_row(W, rows[t + ROWS_AHEAD])
+        r = rows[t]
+        for k in range(W.shape[1]):
+            out[t, k] = W[r, k]
+    return out
 
 
 # ----------------------------------------------------------------------------
@@ -192,6 +214,14 @@ def _adam_elem(w, m, v, g, hp):
     m = m if abs(m) >= hp[6] else hp[7]
     v = v if v >= hp[6] else hp[7]
     return w - hp[4] * m / (np.sqrt(v) + hp[5]), m, v
+
+
+@njit(cache=True, inline="always")
+def _prefetch_rows(W, M, Vm, r):
+    """Hint: row r of the weights and of both moments will be read and written soon."""
+    prefetch_row(W, r)
+    prefetch_row(M, r)
+    prefetch_row(Vm, r)
 
 
 @njit(cache=True, inline="always")
@@ -341,7 +371,10 @@ def rows_grad_adam(touched, start, order, samples, coefs, V, W, M, Vm, bias, bM,
     """
     d = W.shape[1]
     has_bias = bias.shape[0] > 0
-    for t in prange(touched.shape[0]):
+    T = touched.shape[0]
+    for t in prange(T):
+          if t + ROWS_AHEAD < T:
+                _prefetch_rows(W, M, Vm, touched[t + ROWS_AHEAD])
           r = touched[t]
           g = gbuf[get_thread_id()]
           for k in range(d):
@@ -476,7 +509,10 @@ def shared_sample(k, n, size, mark):
 def adam_rows(rows, G, gb, W, M, Vm, bias, bM, bV, hp, dirty, rk=NO_ROUNDING, rkb=NO_ROUNDING):
     """Adam on rows `rows` of W (and bias) with their gradients G [len(rows), d], gb [len(rows)]
     (moments float or bfloat16 bits; rk, rkb: `rounding_key` of W and of the bias)."""
-    for t in prange(rows.shape[0]):
+    n = rows.shape[0]
+    for t in prange(n):
+          if t + ROWS_AHEAD < n:
+                _prefetch_rows(W, M, Vm, rows[t + ROWS_AHEAD])
           r = rows[t]
           _adam_row(W[r], M[r], Vm[r], G[t], hp, rk, r)
           _adam_one(bias, bM, bV, r, gb[t], hp, rkb)
@@ -486,7 +522,10 @@ def adam_rows(rows, G, gb, W, M, Vm, bias, bM, bV, hp, dirty, rk=NO_ROUNDING, rk
 @njit(parallel=True, fastmath=True, cache=True)
 def adam_rows_nobias(rows, G, W, M, Vm, hp, rk=NO_ROUNDING):
     """Adam on rows `rows` of W with their gradients G [len(rows), d] (distinct rows)."""
-    for t in prange(rows.shape[0]):
+    n = rows.shape[0]
+    for t in prange(n):
+          if t + ROWS_AHEAD < n:
+                _prefetch_rows(W, M, Vm, rows[t + ROWS_AHEAD])
           r = rows[t]
           _adam_row(W[r], M[r], Vm[r], G[t], hp, rk, r)
 

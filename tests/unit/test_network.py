@@ -153,6 +153,62 @@ def test_adam_step_matches_numpy_reference_with_lazy_rows():
     np.testing.assert_allclose(Wd, W - lr * (m_all / (1 - b1**t)) / (np.sqrt(v_all / (1 - b2**t)) + eps), rtol=1e-12)
 
 
+def _adam_ref(W, M, V, G, rows, b1, b2, lr, eps, t):
+    """numpy's lazy Adam: rows `rows` (distinct) of W, M, V updated with gradient rows G."""
+    W, M, V = W.copy(), M.copy(), V.copy()
+    m = b1 * M[rows] + (1 - b1) * G
+    v = b2 * V[rows] + (1 - b2) * G * G
+    W[rows] = W[rows] - lr * (m / (1 - b1**t)) / (np.sqrt(v / (1 - b2**t)) + eps)
+    M[rows], V[rows] = m, v
+    return W, M, V
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("n", [0, 1, K.ROWS_AHEAD, K.ROWS_AHEAD + 1, 37])
+def test_row_kernels_that_ask_for_rows_ahead_match_numpy(n, dtype):
+    """take_rows, adam_rows, adam_rows_nobias and rows_grad_adam read rows ROWS_AHEAD ahead of
+    the one they work on: every row, up to the last few, equals numpy's (W[rows], the lazy
+    Adam update), rows in a random order and ascending."""
+    rs = np.random.default_rng(n)
+    R, d = 64, 24
+    W = rs.normal(size=(R, d)).astype(dtype)
+    M = (rs.normal(size=(R, d)) * 0.1).astype(dtype)
+    V = (rs.random((R, d)) * 0.01).astype(dtype)
+    rows = rs.permutation(R)[:n].astype(np.int32)
+    G = rs.normal(size=(n, d)).astype(dtype)
+    b1, b2, lr, eps, t = 0.9, 0.999, 0.01, 1e-8, 7
+    hp = K.adam_params(lr, b1, b2, eps, t, dtype)
+    tol = dict(rtol=2e-6, atol=1e-7) if dtype == np.float32 else dict(rtol=1e-12, atol=1e-15)
+
+    assert np.array_equal(K.take_rows(W, rows, np.empty((n, d), dtype)), W[rows])
+    w_ref, m_ref, v_ref = _adam_ref(W, M, V, G, rows, b1, b2, lr, eps, t)
+    W2, M2, V2 = W.copy(), M.copy(), V.copy()
+    K.adam_rows_nobias(rows, G, W2, M2, V2, hp, K.NO_ROUNDING)
+    for got, ref in ((W2, w_ref), (M2, m_ref), (V2, v_ref)):
+        np.testing.assert_allclose(got, ref, **tol)
+    # with biases: the same rows of the weights, and the bias of each row
+    bias = rs.normal(size=R).astype(dtype)
+    gb = rs.normal(size=n).astype(dtype)
+    W3, M3, V3 = W.copy(), M.copy(), V.copy()
+    b3, bM, bV = bias.copy(), np.zeros(R, dtype), np.zeros(R, dtype)
+    dirty = np.zeros(R, np.uint8)
+    K.adam_rows(rows, G, gb, W3, M3, V3, b3, bM, bV, hp, dirty, K.NO_ROUNDING, K.NO_ROUNDING)
+    assert np.array_equal(W3, W2) and np.array_equal(M3, M2) and np.array_equal(V3, V2)
+    b_ref = _adam_ref(bias[:, None], np.zeros((R, 1)), np.zeros((R, 1)), gb[:, None], rows, b1, b2, lr, eps, t)[0]
+    np.testing.assert_allclose(b3, b_ref[:, 0], **tol)
+    assert sorted(np.flatnonzero(dirty).tolist()) == sorted(rows.tolist())
+    # the first layer's update: one entry per row (coefficient 1 times a sample's vector G[i])
+    touched = np.sort(rows)
+    start = np.arange(n + 1, dtype=np.int64)
+    order = np.argsort(rows).astype(np.int64)
+    samples = np.arange(n, dtype=np.int32)
+    W4, M4, V4 = W.copy(), M.copy(), V.copy()
+    empty = np.empty(0, dtype)
+    K.rows_grad_adam(touched, start, order, samples, np.ones(n, dtype), G, W4, M4, V4, empty, empty, empty,
+                     hp, K.thread_scratch(d, dtype), np.zeros(R, np.uint8))
+    assert np.array_equal(W4, W2) and np.array_equal(M4, M2) and np.array_equal(V4, V2)
+
+
 @pytest.mark.parametrize("top", [0, 1, 2047, 2048, 2**22 - 1, 2**22, 2**31 - 1])
 @pytest.mark.parametrize("n", [0, 1, 2, 777])
 def test_sort_ids_is_numpys_sort_for_every_count_of_digit_passes(n, top):

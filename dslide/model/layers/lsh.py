@@ -177,7 +177,8 @@ class LSHLayer(Layer):
                 np.maximum(z, 0, out=z)
             return Out(z, None), (x, xd, None, self.W, None if self.is_output else z)
         C, corr, n_labels, own = self.block(xd, batch)
-        WC = self.W[C]  # a copy: the backward pass needs the weights before the update
+        # a copy: the backward pass needs the weights before the update
+        WC = kernels.take_rows(self.W, C, np.empty((C.size, self.d_in), dtype=self.W.dtype))
         z = xd @ WC.T
         bc = self.b[C]
         bc += corr
