@@ -17,6 +17,13 @@
 - `group_by_row`: a step's grouping of a batch's feature entries by feature (the first layer's
   sparse update): 12,000 entries over 29,225 features (a debian_tags batch of 256 points) and
   1,642 over 49,604 (wordnet_hypernyms, 128 points), drawn from a power law of the features.
+- `adam_rows`: a wide output's lazy Adam over a step's block of rows, 2,111 and 576 of a rank's
+  10,236 rows of 128 (wordnet_hypernyms at 2 ranks, every uniform negative and a quarter of them),
+  drawn afresh for each call, after a 16 MiB read that leaves them out of the core's own caches
+  (in a step, the rest of its work evicts them likewise; a larger read, past the shared cache, makes
+  every call wait for memory, which a training step does not).
+- `rows_grad_adam`: the first layer's sparse update, 1,642 entries over 49,604 features of 64
+  (a wordnet_hypernyms batch of 128 points at 2 ranks), after the same read.
 - `fuse_grid_hits`: the fusion choice's kernel over 45 (share, weight) cells for 3,813 points
   with 100 model candidates (Gaussian logits over the Zipf prior above), 10 neighbours among
   72,000 training points of one or two labels each and 20 label prototypes.
@@ -44,6 +51,9 @@ FLUSH_SHAPES = ((128, 2175), (128, 640))
 SCORING = (3813, 10_236)  # blocked_topk's points and labels
 SAMPLES = ((10_236, 2047), (10_236, 512))  # shared_sample's (labels, draws)
 GROUPS = ((12_000, 29_225), (1_642, 49_604))  # group_by_row's (entries, rows)
+ADAM_ROWS = (10_236, 128, (2_111, 576))  # adam_rows' slice (rows, width) and its blocks
+FIRST_LAYER = (1_642, 49_604, 64)  # rows_grad_adam's (entries, features, width)
+COLD_BYTES = 16 << 20  # read before each call of the two above: their rows out of the core's caches
 GRID = (3813, 100, 10, 20, 72_000)  # fuse_grid_hits' points, candidates, neighbours, prototypes, store
 
 
@@ -73,6 +83,73 @@ def _best(f, reps: int) -> float:
         f()
         best = min(best, time.perf_counter() - t)
     return best
+
+
+def _best_cold(f, reps: int, setup) -> float:
+    """`_best` of f() with setup() (untimed: new arguments, a read of other memory) before each call."""
+    setup()
+    f()
+    best = float("inf")
+    for _ in range(reps):
+        setup()
+        t = time.perf_counter()
+        f()
+        best = min(best, time.perf_counter() - t)
+    return best
+
+
+def _adam_rows(reps: int) -> list[dict]:
+    """`adam_rows` and `rows_grad_adam` rows (ADAM_ROWS, FIRST_LAYER), COLD_BYTES read before each
+    call; the digest is of the weights and moments after the calls of a fixed sequence."""
+    from dslide.model import kernels
+
+    out = []
+    junk = np.ones(COLD_BYTES // 4, np.float32)
+    hp = kernels.adam_params(5e-3, 0.9, 0.999, 1e-8, 10, np.float32)
+    R, d, blocks = ADAM_ROWS
+    for m in blocks:
+        rng = np.random.default_rng(5)
+        W = (rng.standard_normal((R, d)) * 0.1).astype(np.float32)
+        M, V = np.zeros_like(W), np.zeros_like(W)
+        b, bM, bV = np.zeros(R, np.float32), np.zeros(R, np.float32), np.zeros(R, np.float32)
+        G = (rng.standard_normal((m, d)) * 1e-3).astype(np.float32)
+        gb = (rng.standard_normal(m) * 1e-3).astype(np.float32)
+        dirty = np.zeros(R, np.uint8)
+        arg = {}
+
+        def setup():
+            arg["rows"] = np.sort(rng.choice(R, m, replace=False)).astype(np.int32)
+            junk.sum()
+
+        sec = _best_cold(lambda: kernels.adam_rows(arg["rows"], G, gb, W, M, V, b, bM, bV, hp, dirty,
+                                                   kernels.NO_ROUNDING, kernels.NO_ROUNDING), reps, setup)
+        out.append({"kernel": "adam_rows", "shape": f"{m:,} of {R:,} rows x {d}", "ms": sec * 1e3,
+                    "digest": _digest(W, M, V, b, bM, bV)})
+    E, F, d = FIRST_LAYER
+    rng = np.random.default_rng(6)
+    weights = 1.0 / np.arange(1, F + 1) ** 1.1
+    W = (rng.standard_normal((F, d)) * 0.1).astype(np.float32)
+    M, V = np.zeros_like(W), np.zeros_like(W)
+    g = (rng.standard_normal((128, d)) * 1e-3).astype(np.float32)
+    empty = np.empty(0, np.float32)
+    gbuf = kernels.thread_scratch(d, np.float32)
+    dirty = np.zeros(F, np.uint8)
+    count = np.zeros(F, np.int32)
+    arg = {}
+
+    def setup():
+        rows = rng.choice(F, E, p=weights / weights.sum()).astype(np.int32)
+        order = np.empty(E, np.int64)
+        touched, start = kernels.group_by_row(rows, F, count, order)
+        arg["a"] = (touched, start, order, rng.integers(0, 128, E).astype(np.int32),
+                    rng.standard_normal(E).astype(np.float32))
+        junk.sum()
+
+    sec = _best_cold(lambda: kernels.rows_grad_adam(*arg["a"], g, W, M, V, empty, empty, empty, hp, gbuf, dirty,
+                                                    kernels.NO_ROUNDING, kernels.NO_ROUNDING), reps, setup)
+    out.append({"kernel": "rows_grad_adam", "shape": f"{E:,} entries of {F:,} rows x {d}", "ms": sec * 1e3,
+                "digest": _digest(W, M, V)})
+    return out
 
 
 def worker(reps: int) -> list[dict]:
@@ -136,6 +213,7 @@ def worker(reps: int) -> list[dict]:
         sec = _best(group, reps)
         out.append({"kernel": "group_by_row", "shape": f"{E:,} entries of {n_rows:,} rows", "ms": sec * 1e3,
                     "digest": _digest(*res["r"], order)})
+    out += _adam_rows(reps)
     args, cells, truth, outs = _grid_arrays()
     sec = _best(lambda: fusion.fuse_grid_hits(*args, cells, *truth, *outs), reps)
     out.append({"kernel": "fuse_grid_hits", "shape": f"{GRID[0]:,} x {len(cells)} cells", "ms": sec * 1e3,
