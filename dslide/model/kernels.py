@@ -27,9 +27,10 @@ dslide/model/bfloat16.py, dslide/model/prefetch.py, dslide/lsh/_common.py or dsl
 whose functions other files' kernels inline, delete the __pycache__/*.nbi and *.nbc files (or
 touch those files).
 
-Memory: a lazy Adam's rows, and a step's block of output rows, lie scattered over arrays far
-larger than the caches; the kernels that walk them ask for the rows ROWS_AHEAD iterations on
-(dslide.model.prefetch), so that their loads from memory overlap.
+Memory: a lazy Adam's rows, a step's block of output rows and the first layer's rows of a
+batch's features lie scattered over arrays far larger than the core's caches; the kernels that
+walk them ask for the rows ROWS_AHEAD iterations on (dslide.model.prefetch), so that their loads
+overlap.
 """
 
 from __future__ import annotations
@@ -115,10 +116,13 @@ def csr_times_rows(indptr, indices, data, W, b, out):
     """
     B = indptr.shape[0] - 1
     n = W.shape[1]
+    end = indptr[B]
     for i in prange(B):
         for k in range(n):
             out[i, k] = b[k]
         for e in range(indptr[i], indptr[i + 1]):
+            if e + ROWS_AHEAD < end:
+                prefetch_row(W, indices[e + ROWS_AHEAD])
             f = indices[e]
             x = data[e]
             for k in range(n):

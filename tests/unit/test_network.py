@@ -166,9 +166,9 @@ def _adam_ref(W, M, V, G, rows, b1, b2, lr, eps, t):
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("n", [0, 1, K.ROWS_AHEAD, K.ROWS_AHEAD + 1, 37])
 def test_row_kernels_that_ask_for_rows_ahead_match_numpy(n, dtype):
-    """take_rows, adam_rows, adam_rows_nobias and rows_grad_adam read rows ROWS_AHEAD ahead of
-    the one they work on: every row, up to the last few, equals numpy's (W[rows], the lazy
-    Adam update), rows in a random order and ascending."""
+    """take_rows, csr_times_rows, adam_rows, adam_rows_nobias and rows_grad_adam read rows
+    ROWS_AHEAD ahead of the one they work on: every row, up to the last few, equals numpy's
+    (W[rows], the sparse product, the lazy Adam update), rows in a random order and ascending."""
     rs = np.random.default_rng(n)
     R, d = 64, 24
     W = rs.normal(size=(R, d)).astype(dtype)
@@ -181,6 +181,13 @@ def test_row_kernels_that_ask_for_rows_ahead_match_numpy(n, dtype):
     tol = dict(rtol=2e-6, atol=1e-7) if dtype == np.float32 else dict(rtol=1e-12, atol=1e-15)
 
     assert np.array_equal(K.take_rows(W, rows, np.empty((n, d), dtype)), W[rows])
+    # a batch of 3 points whose n entries (features `rows`) split 1 : the rest : none
+    X = sp.csr_matrix((rs.normal(size=n).astype(dtype), rows, [0, min(n, 1), n, n]), shape=(3, R))
+    z = np.empty((3, d), dtype)
+    bias_in = rs.normal(size=d).astype(dtype)
+    K.csr_times_rows(X.indptr.astype(np.int64), X.indices.astype(np.int32), X.data, W, bias_in, z)
+    ref = X.astype(np.float64) @ W.astype(np.float64) + bias_in  # (float32 sums round in their own order)
+    np.testing.assert_allclose(z, ref, **(tol if dtype == np.float64 else dict(rtol=1e-5, atol=1e-5)))
     w_ref, m_ref, v_ref = _adam_ref(W, M, V, G, rows, b1, b2, lr, eps, t)
     W2, M2, V2 = W.copy(), M.copy(), V.copy()
     K.adam_rows_nobias(rows, G, W2, M2, V2, hp, K.NO_ROUNDING)
