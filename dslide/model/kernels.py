@@ -135,6 +135,46 @@ def csr_times_rows(indptr, indices, data, W, b, out):
 # ----------------------------------------------------------------------------
 
 
+@njit(cache=True)
+def label_columns(cols, labels, pos):
+    """The targets' local label ids `cols` as their columns in a step's block, whose first entries
+    are `labels` (distinct local ids, every target's among them): int64 [len(cols)]. pos int32
+    [n_local]: scratch, every entry -1 on entry and again on return."""
+    for j in range(labels.shape[0]):
+        pos[labels[j]] = j
+    out = np.empty(cols.shape[0], np.int64)
+    for t in range(cols.shape[0]):
+        out[t] = pos[cols[t]]
+    for j in range(labels.shape[0]):
+        pos[labels[j]] = -1
+    return out
+
+
+@njit(cache=True)
+def label_targets(yp, yi, lo, hi):
+    """The batch's labels (CSR yp int64 [B + 1], yi int [nnz]) in columns [lo, hi): (rows int64,
+    local cols int64, weights float64), in the labels' order; a sample's labels share its unit of
+    target mass, weight 1 / |its labels|."""
+    B = yp.shape[0] - 1
+    n = 0
+    for e in range(yp[0], yp[B]):
+        n += 1 if (yi[e] >= lo and yi[e] < hi) else 0
+    rows = np.empty(n, np.int64)
+    cols = np.empty(n, np.int64)
+    w = np.empty(n, np.float64)
+    t = 0
+    for i in range(B):
+        c = yp[i + 1] - yp[i]
+        for e in range(yp[i], yp[i + 1]):
+            y = np.int64(yi[e])
+            if y >= lo and y < hi:
+                rows[t] = i
+                cols[t] = y - lo
+                w[t] = 1.0 / c
+                t += 1
+    return rows, cols, w
+
+
 @njit(parallel=True, cache=True)
 def shift_rows(z, m):
     """In place: z[i, :] -= m[i] (m float64 [B]; rows of -inf stay -inf).

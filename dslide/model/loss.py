@@ -33,11 +33,7 @@ def label_targets(Y, lo: int, hi: int):
     Each sample's labels share its unit of target mass: weight 1 / |labels|.
     """
     yp, yi = Y
-    per = np.diff(yp)
-    rows = np.repeat(np.arange(per.shape[0]), per)
-    w = 1.0 / per[rows]
-    sel = (yi >= lo) & (yi < hi)
-    return rows[sel], yi[sel].astype(np.int64) - lo, w[sel]
+    return kernels.label_targets(np.asarray(yp, np.int64), yi, int(lo), int(hi))
 
 
 def softmax_stats(z, exclude=None):
@@ -83,21 +79,22 @@ def softmax_finish(e, m, gmax, gsum, targets, y_logit, lab_ptr, mean_over: int) 
 
 
 def label_softmax_weights(gmax, gneg, targets, y_logit, B: int):
-    """(r float64 [B], den float64 [targets]): per sample, this rank's share of r_i = sum over
-    its labels y of w_y / den_y, den_y = e_y + S_i, where e_y = exp(z_y - M_i), S_i = the sum of
-    exp(z_ij - M_i) over the sample's negatives and (M, S) = (gmax, gneg) their merged
-    statistics. Summed over ranks, r_i e_ij is a negative's gradient; den goes on to
+    """(r float64 [B], den float64 [targets], e float64 [targets]): per sample, this rank's share
+    of r_i = sum over its labels y of w_y / den_y, den_y = e_y + S_i, where e_y = exp(z_y - M_i),
+    S_i = the sum of exp(z_ij - M_i) over the sample's negatives and (M, S) = (gmax, gneg) their
+    merged statistics. Summed over ranks, r_i e_ij is a negative's gradient; den and e go on to
     `label_softmax_finish`."""
     rows, _, w = targets
-    den = np.exp(y_logit - gmax[rows]) + gneg[rows]
+    ey = np.exp(y_logit - gmax[rows])
+    den = ey + gneg[rows]
     r = np.bincount(rows, weights=np.divide(w, den, out=np.zeros_like(den), where=den > 0), minlength=B)
-    return r, den
+    return r, den, ey
 
 
-def label_softmax_finish(e, m, gmax, r, den, targets, y_logit, mean_over: int) -> float:
+def label_softmax_finish(e, m, gmax, r, den, ey, targets, y_logit, mean_over: int) -> float:
     """One softmax per label: the loss of sample i is sum_y w_y (log(e_y + S_i) - log e_y), each
     label y against the negatives alone (e_y, S_i, den_y = e_y + S_i as in
-    `label_softmax_weights`, w_y = 1 / |labels|). In place of e = exp(z - m) with the targets
+    `label_softmax_weights`, ey its e_y, w_y = 1 / |labels|). In place of e = exp(z - m) with the targets
     zeroed (`softmax_stats(z, targets)`): dz = r_i e_ij exp(m_i - M_i) / N at the negatives (r
     summed over ranks) and w_y (e_y / den_y - 1) / N at the labels; returns this rank's share of
     the batch's mean loss (N = mean_over). A sample without labels gets dz = 0."""
@@ -110,7 +107,7 @@ def label_softmax_finish(e, m, gmax, r, den, targets, y_logit, mean_over: int) -
     kernels.scale_flush_rows(e, scale)
     rows, cols, w = targets
     ok = den > 0
-    q = np.divide(np.exp(y_logit - gmax[rows]), den, out=np.ones_like(den), where=ok)
+    q = np.divide(ey, den, out=np.ones_like(den), where=ok)
     e[rows, cols] = (w * (q - 1.0) / N).astype(e.dtype)
     return float(np.sum(w[ok] * (np.log(den[ok]) + gmax[rows][ok] - y_logit[ok]))) / N
 

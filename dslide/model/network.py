@@ -295,10 +295,10 @@ class Network:
         else:
             gmax, gsum = self.comm.allreduce_logsumexp(m, se)
         if per_label:
-            r, den = label_softmax_weights(gmax, gsum, out.targets, y_logit, z.shape[0])
+            r, den, ey = label_softmax_weights(gmax, gsum, out.targets, y_logit, z.shape[0])
             if not self.output_rows:
                 r = self.comm.allreduce_sum(r, kind="softmax_stats")
-            loss = label_softmax_finish(z, m, gmax, r, den, out.targets, y_logit, batch.mean_over)
+            loss = label_softmax_finish(z, m, gmax, r, den, ey, out.targets, y_logit, batch.mean_over)
         else:
             loss = softmax_finish(z, m, gmax, gsum, out.targets, y_logit, batch.Y[0], batch.mean_over)
         if self.output_rows:

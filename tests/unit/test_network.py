@@ -19,6 +19,7 @@ from dslide.model import kernels as K
 from dslide.model.batch import Batch
 from dslide.model.inputs import csr_parts, make_batch
 from dslide.model.layers import DenseLayer, LSHLayer
+from dslide.model.loss import label_targets
 from dslide.model.network import Network
 
 
@@ -644,6 +645,28 @@ def test_shift_rows_keeps_minus_inf_slots_and_assumes_no_value_is_infinite(dtype
     assert flagged and not [i for i in flagged if re.search(r"\b(fast|ninf|nnan)\b", i)], flagged[:3]
 
 
+@pytest.mark.parametrize("lo,hi", [(0, 50), (10, 30), (30, 30), (45, 50)])
+def test_label_targets_are_the_labels_in_the_slice_with_a_samples_unit_mass(lo, hi):
+    """kernels.label_targets against numpy: rows, local columns and weights 1 / |labels| of the
+    batch's labels in [lo, hi), in their order; samples without labels, or with none in the slice."""
+    rs = np.random.default_rng(lo + hi)
+    per = rs.integers(0, 5, size=40)
+    per[:3] = (0, 1, 4)
+    yp = np.r_[0, np.cumsum(per)].astype(np.int64)
+    yi = rs.integers(0, 50, size=int(yp[-1])).astype(np.int32)
+    rows = np.repeat(np.arange(per.size), per)
+    sel = (yi >= lo) & (yi < hi)
+    r, c, w = label_targets((yp, yi), lo, hi)
+    assert r.dtype == c.dtype == np.int64 and w.dtype == np.float64
+    assert r.tolist() == rows[sel].tolist() and c.tolist() == (yi[sel].astype(np.int64) - lo).tolist()
+    assert np.array_equal(w, 1.0 / per[rows][sel])
+    # their columns in a block led by the slice's labels of the batch (in another order)
+    labels = rs.permutation(np.unique(c)).astype(np.int32)
+    pos = np.full(max(hi - lo, 1), -1, np.int32)
+    got = K.label_columns(c, labels, pos)
+    assert got.dtype == np.int64 and (labels[got] == c).all() and (pos == -1).all()
+
+
 def _lane_sums(t):
     """Each row of float64 t summed as the kernels do: SUM_LANES partial sums, then the tail."""
     L = K.SUM_LANES
@@ -692,7 +715,7 @@ def test_sigmoid_softplus_matches_numpy_in_float64_with_padding_and_huge_logits(
     """The binary loss's kernel: sigmoid in place (below TINY flushed to 0) and each row's sum of
     softplus, against numpy's float64 logaddexp; -inf slots give 0 and add 0; logits of +-1e4
     neither overflow nor lose the sum; the sums follow the documented lane order exactly."""
-    from dslide.model.loss import _sigmoid_softplus
+    from dslide.model.loss import _sigmoid_softplus, label_targets
 
     rs = np.random.default_rng(width)
     z = (rs.standard_normal((5, width)) * 30).astype(dtype)

@@ -196,10 +196,8 @@ class LSHLayer(Layer):
         targets = None
         if self.is_output:
             rows, cols, w = label_targets(batch.Y, self.lo, self.hi)
-            self._pos[C[:n_labels]] = np.arange(n_labels, dtype=np.int32)
-            cols = self._pos[cols].astype(np.int64)  # every label of the batch leads the block
-            self._pos[C[:n_labels]] = -1
-            targets = (rows, cols, w)
+            # every label of the batch leads the block
+            targets = (rows, kernels.label_columns(cols, C[:n_labels], self._pos), w)
         else:
             np.maximum(z, 0, out=z)
         tape = (x, xd, C, WC, None if self.is_output else z, None if own is None else own[0])
