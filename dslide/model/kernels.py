@@ -192,6 +192,41 @@ SUM_LANES = 8
 """Partial sums of a row in `flush_sum_rows` and in the binary loss's sums (dslide.model.loss)."""
 
 
+#: rows a thread of `flush_sum_rows` takes at once (one float64 scratch row serves them)
+FLUSH_ROWS = 16
+
+
+@njit(cache=True)
+def _flush_sum_chunk(e, out, lo, hi):
+    """`flush_sum_rows` of rows lo..hi-1: each row flushed, copied to float64 and summed in lanes.
+    A function of its own, not the body of the prange loop: LLVM vectorises its loops here, and
+    did not in the loop's outlined body."""
+    tiny = e.dtype.type(TINY)
+    zero = e.dtype.type(0.0)
+    n = e.shape[1]
+    body = n - n % SUM_LANES
+    buf = np.empty(n)
+    acc = np.empty(SUM_LANES)
+    for i in range(lo, hi):
+        row = e[i]
+        for a in range(n):
+            v = row[a]
+            row[a] = v if v >= tiny else zero
+        for a in range(n):
+            buf[a] = np.float64(row[a])
+        for l in range(SUM_LANES):
+            acc[l] = 0.0
+        for a in range(0, body, SUM_LANES):
+            for l in range(SUM_LANES):
+                acc[l] += buf[a + l]
+        s = 0.0
+        for l in range(SUM_LANES):
+            s += acc[l]
+        for a in range(body, n):
+            s += buf[a]
+        out[i] += s
+
+
 @njit(parallel=True, cache=True)
 def flush_sum_rows(e, out):
     """In place: e[i, a] = 0 where e < TINY (no subnormal leaves); out[i] += sum_a e[i, a] (float64).
@@ -199,27 +234,13 @@ def flush_sum_rows(e, out):
     Each row sums in SUM_LANES float64 partial sums, column a into lane a % SUM_LANES,
     added together in lane order, then its tail: a fixed order whatever the CPU's vector width
     (strict float semantics, no fastmath), which LLVM can still vectorise lane by lane. The
-    flush is a pass of its own before the sums: as one loop the two did not vectorise.
+    flush is a pass of its own before the sums: as one loop the two did not vectorise. Threads
+    take FLUSH_ROWS rows at a time (`_flush_sum_chunk`); a row's result does not depend on which.
     """
-    tiny = e.dtype.type(TINY)
-    zero = e.dtype.type(0.0)
-    n = e.shape[1]
-    body = n - n % SUM_LANES
-    for i in prange(e.shape[0]):
-        row = e[i]
-        for a in range(n):
-            v = row[a]
-            row[a] = v if v >= tiny else zero
-        acc = np.zeros(SUM_LANES)
-        for a in range(0, body, SUM_LANES):
-            for l in range(SUM_LANES):
-                acc[l] += np.float64(row[a + l])
-        s = 0.0
-        for l in range(SUM_LANES):
-            s += acc[l]
-        for a in range(body, n):
-            s += row[a]
-        out[i] += s
+    B = e.shape[0]
+    chunks = (B + FLUSH_ROWS - 1) // FLUSH_ROWS
+    for q in prange(chunks):
+        _flush_sum_chunk(e, out, q * FLUSH_ROWS, min(B, (q + 1) * FLUSH_ROWS))
 
 
 @njit(parallel=True, cache=True)

@@ -685,26 +685,28 @@ def _lane_sums(t):
     return out
 
 
+@pytest.mark.parametrize("rows", [6, 2 * K.FLUSH_ROWS + 5])
 @pytest.mark.parametrize("width", [0, 5, 8, 13, 1003])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_flush_sum_rows_flushes_tiny_values_and_sums_in_its_documented_lane_order(width, dtype):
+def test_flush_sum_rows_flushes_tiny_values_and_sums_in_its_documented_lane_order(width, dtype, rows):
     """The softmax's sums: entries below TINY become 0, and each row's sum is its SUM_LANES
     partial sums (column a in lane a % SUM_LANES) added in lane order, then the tail: the same
-    bits on any CPU, checked against that order written out in Python, and against numpy's sum."""
+    bits on any CPU, checked against that order written out in Python, and against numpy's sum;
+    one chunk of rows or several (FLUSH_ROWS a chunk, the last one short)."""
     rs = np.random.default_rng(width)
-    e = np.exp(rs.uniform(-120, 0, (6, width))).astype(dtype)
+    e = np.exp(rs.uniform(-120, 0, (rows, width))).astype(dtype)
     e[:, ::7] = 0.0
     e[1] = 1e-40 if dtype == np.float32 else 1e-300  # a row of values below TINY only
     want_e = np.where(e < K.TINY, 0, e).astype(dtype)
     want = _lane_sums(want_e.astype(np.float64))
     again = e.copy()
-    got = np.zeros(6)
+    got = np.zeros(rows)
     K.flush_sum_rows(e, got)
     np.testing.assert_array_equal(e, want_e)
     np.testing.assert_array_equal(got, want)
     np.testing.assert_allclose(got, want_e.astype(np.float64).sum(axis=1), rtol=1e-12, atol=0)
     assert got[1] == 0.0 and (width < 8 or (want_e > 0).sum() > width)
-    onto = np.full(6, 0.5)  # it adds to what `out` holds
+    onto = np.full(rows, 0.5)  # it adds to what `out` holds
     K.flush_sum_rows(again, onto)
     np.testing.assert_array_equal(onto, 0.5 + want)
 
