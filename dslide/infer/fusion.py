@@ -548,11 +548,10 @@ def fuse_grid_hits(m_ids, m_logits, nn_ids, nn_sims, y_ptr, y_idx, power, pr_ids
     top-k scores (`fuse`'s out_scores), or [0, 0, 0] for none. Per query the softmax normaliser, the
     weight sums, the contributions' labels and one stable sort by label are computed once; each
     cell's contributions are `fuse`'s float expressions summed in `fuse`'s order (by label, then
-    model, neighbours, prototypes) and ranked by its rule, so each cell's top k is `fuse`'s. The
-    cells run side by side over each label's contributions. Where every cell's weight is at most
-    PRUNE_MAX_WEIGHT, the labels only the model holds that no cell can rank in its top k are
-    dropped before the sort (`_outranked_floor`); the order of what stays is kept, so each cell's
-    sums and offers are those of the whole list.
+    model, neighbours, prototypes) and ranked by its rule, so each cell's top k is `fuse`'s. Where
+    every cell's weight is at most PRUNE_MAX_WEIGHT, the labels only the model holds that no cell
+    can rank in its top k are dropped before the sort (`_outranked_floor`); the order of what stays
+    is kept, so each cell's sums and offers are those of the whole list.
     """
     n, K = m_ids.shape
     kn = nn_ids.shape[1]
