@@ -138,7 +138,7 @@ def test_early_stopping_stops_after_patience_and_puts_back_the_best_weights():
     # the validation score rises, peaks at the second epoch, then falls
     script = iter([(0.30, 0.10), (0.40, 0.15), (0.35, 0.12), (0.20, 0.05)])
     model = _Model()
-    early = V.EarlyStop(lambda m: next(script), steps_per_epoch=10, patience=1, decays=0)
+    early = V.EarlyStop(lambda m: next(script), steps_per_epoch=10, patience=1, decays=0, first_plateau=1)
     cb = early.callback()
     stopped_at = None
     for step in range(1, 100):
@@ -155,9 +155,11 @@ def test_early_stopping_stops_after_patience_and_puts_back_the_best_weights():
 
 def _run_early(scores, **kw):
     """Run EarlyStop over the scripted (P@1, P@5) of each epoch (10 steps, weights = the step):
-    (the step it stopped at, {step: (lr_scale, W after the check)}, finish's record, model)."""
+    (the step it stopped at, {step: (lr_scale, W after the check)}, finish's record, model).
+    A plateau may come at any check unless `first_plateau` is given."""
     script = iter(scores)
     model = _Model()
+    kw = {"first_plateau": 1, **kw}
     early = V.EarlyStop(lambda m: next(script), steps_per_epoch=10, patience=1, decay=0.25, decays=1, **kw)
     cb = early.callback()
     seen = {}
@@ -193,6 +195,45 @@ def test_a_plateau_within_the_margin_does_not_replace_the_best_weights():
     assert step == 40  # one epoch after the decay, though it lost
     assert info["kept_step"] == 20 and np.all(model.network.layers[0].W == 20)
     assert [c[0] for c in info["curve"]] == [10, 20, 30, 40]
+
+
+def _default_early(scores):
+    """EarlyStop with fit's defaults over scripted scores (10 steps an epoch, weights = the step):
+    (the step it stopped at, {step: (lr_scale, W after the check)}, the EarlyStop)."""
+    script = iter(scores)
+    model = _Model()
+    early = V.EarlyStop(lambda m: next(script), steps_per_epoch=10)
+    cb, seen = early.callback(), {}
+    for step in range(1, 10 * len(scores) + 1):
+        model.network.step = step
+        model.network.layers[0].W[:] = step
+        out = cb("step", model, step)
+        seen[step] = (model.network.lr_scale, model.network.layers[0].W[0, 0])
+        if out == "stop":
+            break
+    return step, seen, early
+
+
+def test_a_young_networks_small_gain_is_no_plateau_but_a_loss_is():
+    """By default (EARLY_STOP_FIRST_PLATEAU = 4) a check before the 4th that scores above the best by
+    less than the margin keeps training at its rate from the weights it reached (the best not
+    replaced); from the 4th on the same small gain is the plateau (the best epoch's weights back at
+    a quarter of the rate). A check that loses is a plateau at any time. With first_plateau 1 the
+    small gain at check 2 is already the plateau."""
+    assert V.EARLY_STOP_FIRST_PLATEAU == 4
+    small = V.EARLY_STOP_MIN_GAIN / 2
+    scores = [(0.40, 0.15), (0.40 + small, 0.15), (0.40 + 1.5 * small, 0.15), (0.40 + small, 0.15),
+              (0.50, 0.20), (0.55, 0.20)]
+    step, seen, early = _default_early(scores)
+    assert seen[20] == (1.0, 20) and seen[30] == (1.0, 30)  # no plateau: on from the weights reached
+    assert seen[40] == (0.25, 10) and early.decayed_at == [40]  # the 4th check: epoch 1's weights back
+    assert step == 50  # one epoch after the decay
+    assert early.best_step == 50
+    step, seen, info, _ = _run_early(scores)  # first_plateau 1
+    assert seen[20] == (0.25, 10) and step == 30 and info["lr_lowered_at"] == [20]
+    # a loss at the second check is the plateau by default too
+    step, seen, early = _default_early([(0.40, 0.15), (0.39, 0.15), (0.45, 0.16), (0.30, 0.10)])
+    assert seen[20] == (0.25, 10) and early.decayed_at == [20] and step == 30
 
 
 def test_the_default_stops_one_epoch_after_the_decay():
@@ -392,7 +433,8 @@ def test_the_middle_epochs_draw_a_share_of_the_negatives_until_the_decay():
 
     script = iter([(0.30, 0.10), (0.40, 0.15), (0.35, 0.12), (0.45, 0.16), (0.50, 0.20)])
     model = _Model()
-    early = V.EarlyStop(lambda m: next(script), steps_per_epoch=10, patience=1, decay=0.25, decays=1)
+    early = V.EarlyStop(lambda m: next(script), steps_per_epoch=10, patience=1, decay=0.25, decays=1,
+                        first_plateau=1)
     share, cb = negative_share(0.25, 10, early), early.callback()
     seen = {}
     for step in range(1, 51):
