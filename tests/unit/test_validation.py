@@ -153,16 +153,13 @@ def test_early_stopping_stops_after_patience_and_puts_back_the_best_weights():
     assert np.all(model.network.layers[0].W == 20)  # epoch 2's weights are back
 
 
-def _run_early(scores, **kw):
-    """Run EarlyStop over the scripted (P@1, P@5) of each epoch (10 steps, weights = the step):
-    (the step it stopped at, {step: (lr_scale, W after the check)}, finish's record, model).
-    A plateau may come at any check unless `first_plateau` is given."""
+def _drive(early, scores):
+    """Run `early` over the scripted (P@1, P@5) `scores` of each epoch (10 steps, weights = the
+    step): (the step it stopped at, {step: (lr_scale, W after the check)}, the model)."""
     script = iter(scores)
+    early.scorer = lambda m: next(script)
     model = _Model()
-    kw = {"first_plateau": 1, **kw}
-    early = V.EarlyStop(lambda m: next(script), steps_per_epoch=10, patience=1, decay=0.25, decays=1, **kw)
-    cb = early.callback()
-    seen = {}
+    cb, seen = early.callback(), {}
     for step in range(1, 10 * len(scores) + 1):
         model.network.step = step
         model.network.layers[0].W[:] = step
@@ -170,6 +167,15 @@ def _run_early(scores, **kw):
         seen[step] = (model.network.lr_scale, model.network.layers[0].W[0, 0])
         if out == "stop":
             break
+    return step, seen, model
+
+
+def _run_early(scores, **kw):
+    """EarlyStop (patience 1, one decay to a quarter) over scripted scores (`_drive`): (the step it
+    stopped at, {step: (lr_scale, W after the check)}, finish's record, model). A plateau may
+    come at any check unless `first_plateau` is given."""
+    early = V.EarlyStop(None, steps_per_epoch=10, patience=1, decay=0.25, decays=1, **{"first_plateau": 1, **kw})
+    step, seen, model = _drive(early, scores)
     return step, seen, early.finish(model), model
 
 
@@ -198,19 +204,10 @@ def test_a_plateau_within_the_margin_does_not_replace_the_best_weights():
 
 
 def _default_early(scores):
-    """EarlyStop with fit's defaults over scripted scores (10 steps an epoch, weights = the step):
-    (the step it stopped at, {step: (lr_scale, W after the check)}, the EarlyStop)."""
-    script = iter(scores)
-    model = _Model()
-    early = V.EarlyStop(lambda m: next(script), steps_per_epoch=10)
-    cb, seen = early.callback(), {}
-    for step in range(1, 10 * len(scores) + 1):
-        model.network.step = step
-        model.network.layers[0].W[:] = step
-        out = cb("step", model, step)
-        seen[step] = (model.network.lr_scale, model.network.layers[0].W[0, 0])
-        if out == "stop":
-            break
+    """EarlyStop with fit's defaults over scripted scores (`_drive`): (the step it stopped at,
+    {step: (lr_scale, W after the check)}, the EarlyStop)."""
+    early = V.EarlyStop(None, steps_per_epoch=10)
+    step, seen, _ = _drive(early, scores)
     return step, seen, early
 
 
