@@ -79,10 +79,9 @@ EARLY_STOP_AFTER_DECAY = 1
 #: the first epoch check at which a gain smaller than the margin counts as a plateau: before it, a
 #: check that scores above the best, by however little, keeps training at the same rate from the
 #: weights it reached (the best ones still kept); a check that scores below the best is a plateau
-#: at any time. A young network's gain from one epoch to the next moves by more than the margin
-#: with the rounding of its products: debian_depends, seed 0, gained 0.36 points at its third check
-#: on one CPU and 0.41 on another, and its test figures after 4 and 8 epochs differ by 0.7 points of
-#: P@5 and 2 of PSP@5 (docs/accuracy.md, item 21)
+#: at any time. A young network's gain from one epoch to the next can cross the margin with no
+#: more than another CPU's rounding of its products, and a decay that early cost a wide real member
+#: half its epochs and points of P@5 and PSP@5 (docs/accuracy.md, item 21)
 EARLY_STOP_FIRST_PLATEAU = 4
 #: the epoch checks score at most this many (point, label) pairs: clip(it / n_labels,
 #: EARLY_STOP_MIN_POINTS, the split) of the validation points, the same ones every check
