@@ -211,15 +211,43 @@ def time_to(curve: list[dict], target: float) -> float | None:
 
 
 def machine() -> str:
-    """Cores, memory, processor, and the versions of Python, numpy and numba."""
+    """Cores, memory, processor (with its CPU and widest vector instructions where /proc/cpuinfo
+    tells), and the versions of Python, numpy and numba."""
     import platform
 
     import numba
     import numpy
 
     mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
-    return (f"{os.cpu_count()} cores, {mem:.0f} GiB, {platform.processor() or platform.machine()}, "
+    cpu = cpu_model()
+    return (f"{os.cpu_count()} cores, {mem:.0f} GiB, {platform.processor() or platform.machine()}"
+            f"{f' ({cpu})' if cpu else ''}, "
             f"Python {platform.python_version()}, numpy {numpy.__version__}, numba {numba.__version__}")
+
+
+def cpu_model(cpuinfo: str | None = None) -> str:
+    """The CPU's model name and its widest vector instructions ("AMD EPYC, AVX2"; "..., AVX-512, AMX"):
+    a float32 product's speed, and its rounding (OpenBLAS picks its kernel by them), differ between
+    them. From /proc/cpuinfo's first processor (`cpuinfo`: its text instead); "" where unreadable."""
+    if cpuinfo is None:
+        try:
+            with open("/proc/cpuinfo") as f:
+                cpuinfo = f.read()
+        except OSError:
+            return ""
+    name, flags = "", set()
+    for line in cpuinfo.splitlines():
+        key, _, value = line.partition(":")
+        key = key.strip()
+        if key == "model name" and not name:
+            name = " ".join(value.split())
+        elif key == "flags" and not flags:
+            flags = set(value.split())
+    vector = "AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else "AVX" if "avx" in flags else ""
+    extras = [vector] if vector else []
+    if "amx_tile" in flags:
+        extras.append("AMX")
+    return ", ".join(filter(None, [name, *extras]))
 
 
 def code_version() -> str:

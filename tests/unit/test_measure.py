@@ -85,3 +85,15 @@ def test_record_puts_a_new_section_above_the_history_list(tmp_path, monkeypatch)
 def test_table_formats_keys_and_callables():
     text = M.table([{"a": 1.23456, "b": "x"}], [("A", "a"), ("B", lambda r: r["b"] * 2)])
     assert text.splitlines() == ["| A | B |", "|---|---|", "| 1.235 | xx |"]
+
+
+def test_cpu_model_names_the_cpu_and_its_widest_vector_instructions():
+    from scripts.measure import cpu_model
+
+    def info(name, flags):
+        return f"processor\t: 0\nmodel name\t: {name}\nflags\t\t: {flags}\n\nprocessor\t: 1\nmodel name\t: other\n"
+
+    assert cpu_model(info("AMD  EPYC", "fpu sse2 avx avx2 fma")) == "AMD EPYC, AVX2"
+    assert cpu_model(info("Intel Xeon", "avx avx2 avx512f avx512bw amx_tile amx_bf16")) == "Intel Xeon, AVX-512, AMX"
+    assert cpu_model(info("Old", "sse2")) == "Old"
+    assert cpu_model("") == ""
