@@ -189,7 +189,8 @@ def shift_rows(z, m):
 
 
 SUM_LANES = 8
-"""Partial sums of a row in `flush_sum_rows` and in the binary loss's sums (dslide.model.loss)."""
+"""Partial sums of a row in `flush_sum_rows` and in the binary loss's sums (dslide.model.loss).
+`_flush_sum_chunk` spells its 8 lanes out as scalars: change both together."""
 
 
 #: rows a thread of `flush_sum_rows` takes at once (one float64 scratch row serves them)
@@ -198,30 +199,43 @@ FLUSH_ROWS = 16
 
 @njit(cache=True)
 def _flush_sum_chunk(e, out, lo, hi):
-    """`flush_sum_rows` of rows lo..hi-1: each row flushed, copied to float64 and summed in lanes.
-    A function of its own, not the body of the prange loop: LLVM vectorises its loops here, and
-    did not in the loop's outlined body."""
+    """`flush_sum_rows` of rows lo..hi-1: each row flushed into a float64 copy, written back, and
+    the copy summed in lanes. A function of its own, not the body of the prange loop: LLVM
+    vectorises its loops here, and did not in the loop's outlined body. Every store is
+    unconditional: a flush in place (`row[a] = v if v >= tiny else zero`) compiles to masked
+    stores, microcoded on some CPUs (AMD's), and lanes kept in an array stay in memory."""
     tiny = e.dtype.type(TINY)
     zero = e.dtype.type(0.0)
     n = e.shape[1]
     body = n - n % SUM_LANES
     buf = np.empty(n)
-    acc = np.empty(SUM_LANES)
     for i in range(lo, hi):
         row = e[i]
         for a in range(n):
             v = row[a]
-            row[a] = v if v >= tiny else zero
+            buf[a] = np.float64(v if v >= tiny else zero)
         for a in range(n):
-            buf[a] = np.float64(row[a])
-        for l in range(SUM_LANES):
-            acc[l] = 0.0
+            row[a] = e.dtype.type(buf[a])  # exact: buf holds e's own values
+        # the SUM_LANES (8) lanes as scalars, column a into lane a % 8, added in lane order
+        l0 = l1 = l2 = l3 = l4 = l5 = l6 = l7 = 0.0
         for a in range(0, body, SUM_LANES):
-            for l in range(SUM_LANES):
-                acc[l] += buf[a + l]
+            l0 += buf[a]
+            l1 += buf[a + 1]
+            l2 += buf[a + 2]
+            l3 += buf[a + 3]
+            l4 += buf[a + 4]
+            l5 += buf[a + 5]
+            l6 += buf[a + 6]
+            l7 += buf[a + 7]
         s = 0.0
-        for l in range(SUM_LANES):
-            s += acc[l]
+        s += l0
+        s += l1
+        s += l2
+        s += l3
+        s += l4
+        s += l5
+        s += l6
+        s += l7
         for a in range(body, n):
             s += buf[a]
         out[i] += s

@@ -214,13 +214,14 @@ def _push_floor(top_s, top_i, s, first, g):
         bmin = np.empty(FLOOR_BINS)
         for r in range(q * FLOOR_ROWS, min(B, (q + 1) * FLOOR_ROWS)):
             row = s[r]
-            for j in range(m):
-                mx[j] = row[j]
+            mx[:] = row[:m]
             for i in range(1, g):
-                base = i * m
+                seg = row[i * m:(i + 1) * m]
                 for j in range(m):
-                    a = row[base + j]
-                    mx[j] = a if (a > mx[j] or a != a) else mx[j]  # a NaN stays
+                    # np.maximum keeps a NaN and stores every entry: a conditional store (`a if a >
+                    # v else v`) compiles to masked stores, microcoded on some CPUs (several times
+                    # slower on AMD's)
+                    mx[j] = np.maximum(seg[j], mx[j])
             nan = False
             for t in range(k):
                 nan |= top_s[r, t] != top_s[r, t]
@@ -243,12 +244,12 @@ def _push_floor(top_s, top_i, s, first, g):
             for i in range(g):  # ids ascending: column i * m + j
                 base = i * m
                 for t in range(n_pick):
+                    # written whether it is taken or not (n < c_end), no branch to mispredict
                     c = base + pick[t]
                     v = np.float64(row[c])
-                    if not (v < last):
-                        cs[n] = v
-                        ci[n] = first + c
-                        n += 1
+                    cs[n] = v
+                    ci[n] = first + c
+                    n += 0 if v < last else 1
             for c in range(body, c_end):
                 v = np.float64(row[c])
                 if not (v < last):
