@@ -257,6 +257,98 @@ def flush_sum_rows(e, out):
         _flush_sum_chunk(e, out, q * FLUSH_ROWS, min(B, (q + 1) * FLUSH_ROWS))
 
 
+# exp in float32 for `exp_flush_sum_rows` (Cephes' expf: x = k ln2 + r, |r| <= ln2 / 2, exp(r) a
+# polynomial, 2^k from its exponent bits); within 1 ulp of the float64 exp rounded for x <= 88
+EXP32_LOG2E = np.float32(1.44269504088896341)
+EXP32_LN2_HI = np.float32(0.693359375)  # ln 2 = HI + LO; k * HI is exact for |k| <= 128
+EXP32_LN2_LO = np.float32(-2.12194440e-4)
+EXP32_P = (np.float32(1.9875691500e-4), np.float32(1.3981999507e-3), np.float32(8.3334519073e-3),
+           np.float32(4.1665795894e-2), np.float32(1.6666665459e-1), np.float32(5.0000001201e-1))
+#: below it exp is under TINY (flushed): the argument is clamped there (and a NaN with it), so 2^k
+#: stays a normal float
+EXP32_MIN_X = np.float32(-87.0)
+#: x + 1.5 * 2^23 - 1.5 * 2^23 rounds x to an integer (|x| < 2^22)
+EXP32_ROUND = np.float32(12582912.0)
+
+
+@njit(cache=True)
+def _exp_flush_sum_chunk(z, m, out, lo, hi):
+    """`exp_flush_sum_rows` of rows lo..hi-1: the exponentials' mantissa parts written over the row
+    and their 2^k (as floats, then as exponent bits) into a scratch row, their product flushed into
+    a float64 copy, written back and the copy summed in `flush_sum_rows`'s lanes. Each loop
+    vectorises; every store is unconditional (`_flush_sum_chunk`)."""
+    P0, P1, P2, P3, P4, P5 = EXP32_P
+    tiny = np.float32(TINY)
+    n = z.shape[1]
+    body = n - n % SUM_LANES
+    two_k = np.empty(n, np.float32)
+    two_k_bits = two_k.view(np.int32)
+    buf = np.empty(n)
+    for i in range(lo, hi):
+        row = z[i]
+        mi = np.float32(m[i])
+        for a in range(n):
+            x = row[a] - mi  # shift_rows' subtraction
+            x = x if x > EXP32_MIN_X else EXP32_MIN_X
+            k = x * EXP32_LOG2E + EXP32_ROUND - EXP32_ROUND
+            k = k if k < np.float32(127.0) else np.float32(127.0)  # exp(x >= 88.72) overflows to inf
+            r = x - k * EXP32_LN2_HI
+            r = r - k * EXP32_LN2_LO
+            p = P0 * r + P1
+            p = p * r + P2
+            p = p * r + P3
+            p = p * r + P4
+            p = p * r + P5
+            row[a] = p * (r * r) + r + np.float32(1.0)
+            two_k[a] = k + np.float32(127.0)
+        for a in range(n):
+            two_k_bits[a] = np.int32(two_k[a]) << 23
+        for a in range(n):
+            v = row[a] * two_k[a]
+            buf[a] = np.float64(v if v >= tiny else np.float32(0.0))
+        for a in range(n):
+            row[a] = np.float32(buf[a])
+        l0 = l1 = l2 = l3 = l4 = l5 = l6 = l7 = 0.0
+        for a in range(0, body, SUM_LANES):
+            l0 += buf[a]
+            l1 += buf[a + 1]
+            l2 += buf[a + 2]
+            l3 += buf[a + 3]
+            l4 += buf[a + 4]
+            l5 += buf[a + 5]
+            l6 += buf[a + 6]
+            l7 += buf[a + 7]
+        s = 0.0
+        s += l0
+        s += l1
+        s += l2
+        s += l3
+        s += l4
+        s += l5
+        s += l6
+        s += l7
+        for a in range(body, n):
+            s += buf[a]
+        out[i] += s
+
+
+@njit(parallel=True, cache=True)
+def exp_flush_sum_rows(z, m, out):
+    """In place on float32 z [B, n]: z[i, a] = exp(z[i, a] - m[i]) (the difference in float32, as
+    `shift_rows`), 0 where that is below TINY or NaN; out[i] += the row's sum in float64, in
+    `flush_sum_rows`'s lanes: `shift_rows`, an exp and `flush_sum_rows` in one pass.
+
+    The exp is this module's own (EXP32_*, within 1 ulp of the float64 exp rounded for x <= 88;
+    numpy's float32 exp differs from CPU to CPU, and on some is a scalar call per element), in
+    strict float arithmetic: the same bits on any CPU, vectorised or not. An argument of -inf
+    gives 0, +inf gives inf. m float64 [B] (no NaN; rows of -inf pass m = 0). Threads take
+    FLUSH_ROWS rows at a time; a row's result does not depend on which."""
+    B = z.shape[0]
+    chunks = (B + FLUSH_ROWS - 1) // FLUSH_ROWS
+    for q in prange(chunks):
+        _exp_flush_sum_chunk(z, m, out, q * FLUSH_ROWS, min(B, (q + 1) * FLUSH_ROWS))
+
+
 @njit(parallel=True, cache=True)
 def scale_flush_rows(e, scale):
     """In place: e[i, :] *= scale[i], flushing results below TINY to zero."""

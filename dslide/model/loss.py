@@ -40,7 +40,8 @@ def softmax_stats(z, exclude=None):
     """Per sample, this rank's (m_i = max_j z_ij, s_i = sum_j exp(z_ij - m_i)) as float64 [B] each.
 
     In place, z becomes exp(z - m) (rows of -inf: m = -inf, s = 0, z = 0);
-    values below kernels.TINY are flushed to zero (no subnormal leaves).
+    values below kernels.TINY are flushed to zero (no subnormal leaves). float32 z takes
+    kernels.exp_flush_sum_rows' exp (the same bits on any CPU), float64 z numpy's.
     exclude: None, or (rows, cols) entries set to 0 before the sums (s_i then sums the
     sample's other columns; m_i is still the max over all of them).
     """
@@ -49,11 +50,16 @@ def softmax_stats(z, exclude=None):
     if z.shape[1]:
         np.maximum(m, z.max(axis=1), out=m)
     m_safe = np.where(np.isfinite(m), m, 0.0)
+    se = np.zeros(B)
+    if z.dtype == np.float32:  # the exp of kernels' own, in the pass that flushes and sums
+        if exclude is not None:
+            z[exclude] = -np.inf
+        kernels.exp_flush_sum_rows(z, m_safe, se)
+        return m, se
     kernels.shift_rows(z, m_safe)
     np.exp(z, out=z)
     if exclude is not None:
         z[exclude] = 0
-    se = np.zeros(B)
     kernels.flush_sum_rows(z, se)
     return m, se
 

@@ -19,7 +19,7 @@ from dslide.model import kernels as K
 from dslide.model.batch import Batch
 from dslide.model.inputs import csr_parts, make_batch
 from dslide.model.layers import DenseLayer, LSHLayer
-from dslide.model.loss import label_targets
+from dslide.model.loss import label_targets, softmax_stats
 from dslide.model.network import Network
 
 
@@ -709,6 +709,66 @@ def test_flush_sum_rows_flushes_tiny_values_and_sums_in_its_documented_lane_orde
     onto = np.full(rows, 0.5)  # it adds to what `out` holds
     K.flush_sum_rows(again, onto)
     np.testing.assert_array_equal(onto, 0.5 + want)
+
+
+def _ulps(a, b):
+    """|a - b| in float32 units in the last place (both finite, the same sign)."""
+    return np.abs(a.view(np.int32).astype(np.int64) - b.view(np.int32).astype(np.int64))
+
+
+@pytest.mark.parametrize("rows", [5, 2 * K.FLUSH_ROWS + 3])
+@pytest.mark.parametrize("width", [0, 7, 8, 1003])
+def test_exp_flush_sum_rows_is_the_exp_within_an_ulp_flushed_and_summed_in_lane_order(width, rows):
+    """The float32 softmax's exponentials: exp(z - m) with the difference in float32 (as
+    shift_rows), within 1 ulp of numpy's float64 exp rounded to float32, below TINY (and a NaN) 0,
+    -inf 0, +inf inf; the sums those values' lane sums (flush_sum_rows' order). A row's values are
+    the same bits wherever they sit in it (the vectorised body and the scalar tail agree)."""
+    rs = np.random.default_rng(width + rows)
+    z = rs.uniform(-75, 5, (rows, width)).astype(np.float32)
+    m = rs.uniform(-3, 3, rows)
+    if width:
+        z[0, ::3] = -np.inf
+        z[1, 0] = np.nan
+        z[2, -1] = np.inf
+        z[3, :] = -np.inf  # a row with nothing: m 0, as softmax_stats passes it
+        m[3] = 0.0
+    x = (z - m[:, None].astype(np.float32)).astype(np.float32)
+    with np.errstate(over="ignore", invalid="ignore"):
+        ref = np.exp(x.astype(np.float64)).astype(np.float32)
+    ref = np.where(ref >= np.float32(K.TINY), ref, np.float32(0)).astype(np.float32)  # NaN too
+    got, sums = z.copy(), np.full(rows, 0.25)
+    K.exp_flush_sum_rows(got, m, sums)
+    both = (ref > 0) & np.isfinite(ref)
+    assert _ulps(got[both], ref[both]).max(initial=0) <= 1
+    np.testing.assert_array_equal(got[~both], ref[~both])
+    assert not np.isnan(got).any() and (width == 0 or (got > 0).sum() > width)
+    np.testing.assert_array_equal(sums, 0.25 + _lane_sums(got.astype(np.float64)))
+    # position: the same values one column on give the same bits
+    if width > 1:
+        moved = np.concatenate([np.zeros((rows, 1), np.float32), z[:, :-1]], axis=1)
+        K.exp_flush_sum_rows(moved, m, np.zeros(rows))
+        np.testing.assert_array_equal(moved[:, 1:], got[:, :-1])
+
+
+def test_the_float32_softmax_statistics_match_float64_numpy_with_excluded_targets():
+    """softmax_stats on float32 logits (kernels.exp_flush_sum_rows) against numpy's exp in float64:
+    the max over every column, the excluded entries 0 and out of the sums, the rest within an ulp."""
+    rs = np.random.default_rng(3)
+    z = (rs.standard_normal((9, 301)) * 4).astype(np.float32)
+    z[4] = -np.inf
+    rows, cols = np.array([0, 0, 2, 8]), np.array([5, 7, 300, 0])
+    z[0, 5] = 40.0  # the excluded target is the row's max: m keeps it
+    want_m = z.max(axis=1).astype(np.float64)
+    # the difference in float32, as shift_rows takes it; the exp in float64
+    x = z - np.where(np.isfinite(want_m), want_m, 0).astype(np.float32)[:, None]
+    e = np.exp(x.astype(np.float64))
+    e[rows, cols] = 0
+    got = z.copy()
+    m, s = softmax_stats(got, (rows, cols))
+    np.testing.assert_array_equal(m, want_m)
+    np.testing.assert_allclose(got, e, rtol=1.2e-7, atol=1e-30)  # an ulp
+    np.testing.assert_allclose(s, e.sum(axis=1), rtol=1e-6)
+    assert (got[rows, cols] == 0).all() and s[4] == 0 and (got[4] == 0).all()
 
 
 @pytest.mark.parametrize("width", [3, 16, 597])
