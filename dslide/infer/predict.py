@@ -126,15 +126,20 @@ def scores_every_label(model, exact: bool) -> bool:
     return exact or not out.indexable or (model.index is None and out.too_narrow_for_index())
 
 
-def output_topk(model, batch, k: int, exact: bool):
+def output_topk(model, batch, k: int, exact: bool, biases=None):
     """This rank's best k output labels of a batch: (scores float64 [B, k], global ids int64
     [B, k], labels scored int64 [B]); exact: every label of the slice, otherwise what the
     model's inference index retrieves (an output kind without one, or an LSH output too narrow
-    for one, lsh.index_min_width, scores every label)."""
+    for one, lsh.index_min_width, scores every label). biases: None, or a list of output bias
+    vectors (this rank's, as the layer's `b`) scored in place of the layer's, every label scored:
+    a list of those triples, one per vector."""
     net = model.network
     out = net.layers[-1]
     with model.timings.time("predict_hidden"):
         x = net.hidden(batch, own=True)
+    if biases is not None:
+        with model.timings.time("predict_output"):
+            return out.topk(x, k, biases)
     if scores_every_label(model, exact):
         with model.timings.time("predict_output"):
             return out.topk(x, k)
@@ -146,7 +151,7 @@ def output_topk(model, batch, k: int, exact: bool):
 
 
 def predict_topk_scores(model, X: sp.csr_matrix, k: int, exact: bool = True, batch_size: int | None = None,
-                        stats: dict | None = None, progress=None, fused: bool = True):
+                        stats: dict | None = None, progress=None, fused: bool = True, biases=None):
     """Top k labels per point and their scores (logits): (ids int64 [n, k], scores float64 [n, k]).
 
     exact: every output neuron scored; otherwise an LSH output layer scores
@@ -159,7 +164,14 @@ def predict_topk_scores(model, X: sp.csr_matrix, k: int, exact: bool = True, bat
     point's `knn` nearest training points and, where the store holds them, with its
     `proto_candidates` nearest label prototypes (`proto_weight`). progress(n): called
     with the points of each batch done.
+
+    biases: None, or a list of output bias vectors (this rank's slice, as the output layer's
+    `b`) to score in place of the layer's, every label scored and unfused, each batch's products
+    made once for all of them: a list of (ids, scores), the j-th what the network with biases[j]
+    gives (dslide.train.infer_build.apply_prior_shift scores its shifts so).
     """
+    if biases is not None:
+        return _topk_under_biases(model, X, k, biases, batch_size)
     net = model.network
     if X.shape[1] != net.n_features:
         raise ValueError(f"data has {X.shape[1]} features but the model was trained on {net.n_features}")
@@ -199,6 +211,26 @@ def predict_topk_scores(model, X: sp.csr_matrix, k: int, exact: bool = True, bat
         total = float(net.comm.allreduce_sum(np.array([scored], dtype=np.float64))[0])
         stats["scored_share"] = total / max(1, n) / net.n_labels
     return ids, scores
+
+
+def _topk_under_biases(model, X, k: int, biases, batch_size: int | None):
+    """predict_topk_scores' `biases` case: the exact, unfused top k of X under each bias vector."""
+    net = model.network
+    if X.shape[1] != net.n_features:
+        raise ValueError(f"data has {X.shape[1]} features but the model was trained on {net.n_features}")
+    X = sp.csr_matrix(X)
+    parts = csr_parts(X, net.dtype)
+    norms = input_norms(X, model.config.input_norm)
+    n = X.shape[0]
+    out = [(np.empty((n, k), dtype=np.int64), np.empty((n, k), dtype=np.float64)) for _ in biases]
+    batch_size = PREDICT_BATCH["exact"] if batch_size is None else batch_size
+    for s in range(0, n, batch_size):
+        rows = np.arange(s, min(n, s + batch_size))
+        batch = make_batch(parts, None, rows, net.step, norms=norms)
+        for (ids, scores), (ls, li, _) in zip(out, output_topk(model, batch, k, True, biases)):
+            with model.timings.time("predict_merge"):
+                scores[rows], ids[rows] = merge_topk(net.comm.allgather_rows(ls), net.comm.allgather_rows(li), k)
+    return out
 
 
 def predict_topk(model, X: sp.csr_matrix, k: int, exact: bool = True, stats: dict | None = None) -> np.ndarray:

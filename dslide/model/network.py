@@ -203,6 +203,16 @@ class Network:
         self.prior_shift = tau
         out.maintain(0)  # tables that rank by score see the new biases
 
+    def shifted_output_biases(self, taus, label_counts: np.ndarray, n_points: int):
+        """The output biases `shift_output_prior(tau, ...)` would leave, for each tau of taus
+        (this rank's, as the layer's `b`; the same bits), the layer untouched; None where they
+        carry a shift read from a checkpoint, whose biases only the shifts themselves give."""
+        if self.prior_shift != 0.0 and self._trained_b is None:
+            return None
+        base = self.layers[-1].b if self.prior_shift == 0.0 else self._trained_b
+        log_prior = self._log_prior(label_counts, n_points)
+        return [base - (float(tau) * log_prior).astype(self.dtype) for tau in taus]
+
     #: a multiplier of the schedule's learning rate that training may lower on a plateau of the
     #: validation score (dslide.train.validation.EarlyStop)
     lr_scale = 1.0

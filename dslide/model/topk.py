@@ -6,6 +6,8 @@ ranking is by score descending and, on equal scores, by label id ascending:
 
     best_columns   the k best columns of each row of a score block, in that order
     blocked_topk   exact: every neuron of a rank's slice scored, column block by block
+    blocked_topk_biases
+                   the same under several bias vectors, the products made once
     merge_topk     the ranks' candidates merged into the global top k
     order_keys, kth_largest
                    a k-th largest score agreed across ranks (bisection over integer
@@ -29,26 +31,36 @@ TILE_ROWS = 256
 
 
 def blocked_topk(x, Wn, b, k, lo, block=8192):
-    """Top k of x @ Wn^T + b per row, over tiles of rows and columns (`tile`); (scores
-    float64 [B, k], ids int64 [B, k]).
+    """Top k of x @ Wn^T + b per row, over tiles of rows and columns (`tile`); (scores float64
+    [B, k], ids int64 [B, k]).
 
     x float [B, d] dense or a scipy CSR matrix; Wn float [n, d] neuron-major.
     Ties go to the lower id.
     """
+    return blocked_topk_biases(x, Wn, [b], k, lo, block)[0]
+
+
+def blocked_topk_biases(x, Wn, biases, k, lo, block=8192):
+    """`blocked_topk` under each bias vector of `biases` (float [n] each), a tile's products made
+    once for all of them: a list of (scores, ids), the j-th what blocked_topk(x, Wn, biases[j], k,
+    lo, block) gives, bit for bit (the same products, the same additions)."""
     B = x.shape[0]
     n = Wn.shape[0]
-    best = _none(B, k)
+    best = [_none(B, k) for _ in biases]
     rows, cols = tile(B, n, k, np.dtype(Wn.dtype).itemsize, block)
     for r0 in range(0, B, rows):
         r1 = min(B, r0 + rows)
         xr = x[r0:r1]
-        part = (best[0][r0:r1], best[1][r0:r1])
+        parts = [(bs[0][r0:r1], bs[1][r0:r1]) for bs in best]
         for c0 in range(0, n, cols):
             c1 = min(n, c0 + cols)
-            s = np.asarray(xr @ Wn[c0:c1].T)
-            s += b[c0:c1]
-            part = _merge_block(part, s, k, c0 + lo)
-        best[0][r0:r1], best[1][r0:r1] = part
+            p = np.asarray(xr @ Wn[c0:c1].T)
+            for j, b in enumerate(biases):
+                s = p if j == len(biases) - 1 else p.copy()  # the last one takes the products' own
+                s += b[c0:c1]
+                parts[j] = _merge_block(parts[j], s, k, c0 + lo)
+        for bs, part in zip(best, parts):
+            bs[0][r0:r1], bs[1][r0:r1] = part
     return best
 
 

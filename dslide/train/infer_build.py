@@ -90,11 +90,19 @@ def apply_prior_shift(model, train, val, probe=None, scorer=None, kept=None):
     if scorer is None:
         scorer = EpochScorer(model, val, probe)
     scored = {}
+    # the network's candidates at every shift the walk may score, from one pass of products
+    shifts = [float(t) for t in PRIOR_SHIFTS if float(t) != 0.0]
+    biases = net.shifted_output_biases(shifts, counts, train.n_points)
+    ready = dict(zip(shifts, scorer.candidates(model, biases))) if biases is not None else {}
 
     def score(tau: float) -> tuple[float, float]:
         if tau == 0.0 and kept is not None and net.prior_shift == 0.0:
             scored[tau] = kept[1]
             return kept[0]
+        if tau in ready:
+            ids, logits = ready[tau]
+            scored[tau] = (ids, logits) if scorer.every and scorer.probe is not None else None
+            return scorer.figures(model, ids, logits)
         net.shift_output_prior(tau, counts, train.n_points)
         figures = scorer(model)
         scored[tau] = scorer.last
@@ -125,12 +133,28 @@ class EpochScorer:
         self.last = None
 
     def __call__(self, m) -> tuple[float, float]:
+        ids, logits = predict_topk_scores(m, self.X, self.scored_k, exact=True, fused=False)
+        if self.probe is not None:
+            self.last = (ids, logits) if self.every else None
+        return self.figures(m, ids, logits)
+
+    @property
+    def scored_k(self) -> int:
+        """The network's labels a check scores per point: the probe's candidates, else 5."""
+        return 5 if self.probe is None else self.k
+
+    def candidates(self, m, biases) -> list:
+        """The network's (ids, logits) on the check rows under each output bias vector of
+        `biases` (Network.shifted_output_biases), the products made once for all of them."""
+        return predict_topk_scores(m, self.X, self.scored_k, biases=biases, fused=False)
+
+    def figures(self, m, ids, logits) -> tuple[float, float]:
+        """(P@1, P@5) of the network's candidates (ids, logits) on the check rows, as a check
+        scores them."""
         cfg = m.config
         if self.probe is None:
-            r = metrics.evaluate(self.truth, predict_topk_scores(m, self.X, 5, fused=False)[0], k=5)
+            r = metrics.evaluate(self.truth, ids[:, :5], k=5)
             return float(r["p@1"]), float(r["p@5"])
-        ids, logits = predict_topk_scores(m, self.X, self.k, exact=True, fused=False)
-        self.last = (ids, logits) if self.every else None
         return self.probe.best(ids, logits, self.rows, cfg.knn_power, cfg.proto_power)
 
 

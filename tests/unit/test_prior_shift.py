@@ -37,6 +37,31 @@ def _fit(data, **kw):
     return model
 
 
+@pytest.mark.parametrize("kind", ["dense", "lsh"])
+def test_scoring_under_several_biases_at_once_is_scoring_with_each_as_the_outputs_own(kind):
+    """predict_topk_scores(biases=...) (the products made once for every vector) gives, for each
+    bias vector, what the network scores with that vector as its output's biases, bit for bit:
+    a dense output and an LSH one, several batches."""
+    from dslide.infer.predict import predict_topk_scores
+
+    data = _data(L=40)
+    model = _fit(data, kinds=("dense", kind))
+    out = model.network.layers[-1]
+    assert type(out).__name__ == ("DenseLayer" if kind == "dense" else "LSHLayer")
+    rng = np.random.default_rng(0)
+    trained = out.b.copy()
+    biases = [trained - np.float32(0.3) * _log_prior(data).astype(np.float32)[:out.b.size],
+              rng.standard_normal(out.b.size).astype(out.b.dtype), trained]
+    got = predict_topk_scores(model, data.X, 7, biases=biases, batch_size=256, fused=False)
+    assert len(got) == 3
+    for b, (ids, scores) in zip(biases, got):
+        out.b[:] = b
+        want_ids, want_scores = predict_topk_scores(model, data.X, 7, batch_size=256, fused=False)
+        np.testing.assert_array_equal(ids, want_ids)
+        np.testing.assert_array_equal(scores, want_scores)
+    out.b[:] = trained
+
+
 def test_the_shift_lowers_each_bias_by_tau_times_its_log_prior_and_zero_gives_the_trained_biases_back():
     data = _data()
     model = _fit(data, prior_shift=0.0)
@@ -271,9 +296,9 @@ def test_fit_scores_the_kept_weights_and_the_chosen_shift_once(monkeypatch):
     early, shift, fusion = (model.index_info[k] for k in ("early_stop", "prior_shift", "fusion_choice"))
     fresh_zero = shift["chosen"] == 0.0 and early["kept_step"] != early["curve"][-1][0]
     n_val = V.validation_size(n)
-    # every scoring covers every validation point: the checks, the shifts but 0, no other
+    # every scoring covers every validation point: the checks, one pass for the shifts but 0, no other
     assert 2 <= len(shift["p@1/p@5"]) <= len(PRIOR_SHIFTS)  # the walk may stop before the last
-    assert calls == [n_val] * (len(early["curve"]) + len(shift["p@1/p@5"]) - 1 + fresh_zero)
+    assert calls == [n_val] * (len(early["curve"]) + 1 + fresh_zero)
     fit_data, val, _ = V.split(data, cfg.seed)
     probe = IB.fusion_probe(model, fit_data, val)
     scorer, counts = IB.EpochScorer(model, val, probe), IB.label_counts(data)
@@ -287,9 +312,10 @@ def test_fit_scores_the_kept_weights_and_the_chosen_shift_once(monkeypatch):
 
 @pytest.mark.parametrize("chosen", [0.0, 0.2])
 def test_the_shift_chosen_hands_on_its_candidates_and_the_shift_0_takes_what_was_kept(monkeypatch, chosen):
-    """apply_prior_shift given the kept weights' scoring does not score the shift 0 again, and
-    returns the network's candidates at the shift it chose: those of the kept scoring at 0,
-    else those of a fresh exact scoring of every validation point at that shift."""
+    """apply_prior_shift given the kept weights' scoring does not score the shift 0 again, scores
+    the other shifts in one pass, and returns the network's candidates at the shift it chose:
+    those of the kept scoring at 0, else those of a fresh exact scoring of every validation point
+    with the biases shifted."""
     from dslide.train import infer_build as IB
 
     data, cfg = _wide_fused_data()
@@ -304,7 +330,8 @@ def test_the_shift_chosen_hands_on_its_candidates_and_the_shift_0_takes_what_was
     monkeypatch.setattr(IB.validation, "choose_prior_shift", lambda score, shifts: (chosen, {t: score(t) for t in shifts}))
     calls = _counting(monkeypatch, IB)
     got = IB.apply_prior_shift(model, data, val, probe, scorer, kept)
-    assert calls == [val.n_points] * 3 and model.network.prior_shift == chosen
+    # the three shifts but 0 in one pass of products; 0 from what was kept
+    assert calls == [val.n_points] and model.network.prior_shift == chosen
     assert model.index_info["prior_shift"]["p@1/p@5"]["0"] == list(kept[0])
     want = IB.predict_topk_scores(model, val.X, scorer.k, exact=True, fused=False)
     if chosen == 0.0:

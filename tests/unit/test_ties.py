@@ -219,6 +219,31 @@ def test_the_floor_of_group_maxima_keeps_what_one_by_one_offers_keep(seed, monke
     np.testing.assert_array_equal(s, want_s)
 
 
+@pytest.mark.parametrize("kind", ["dense", "csr"])
+def test_the_products_made_once_under_several_biases_give_each_biases_own_top_k(kind):
+    """blocked_topk_biases over tiles of rows and columns (ties, a column block narrower than k,
+    the floor's blocks and the one-by-one ones) gives for each bias vector what blocked_topk with
+    that vector gives, bit for bit, and the dense output layer's topk under biases what it gives
+    with each as its `b`."""
+    from dslide.model import topk
+
+    rng = np.random.default_rng(5)
+    B, d, n, k = topk.TILE_ROWS + 9, 6, 3 * topk.FLOOR_GROUP * topk.FLOOR_MIN_K + 17, topk.FLOOR_MIN_K
+    x = np.round(rng.standard_normal((B, d)) * 2).astype(np.float32)
+    x = sp.csr_matrix(x) if kind == "csr" else x
+    Wn = np.round(rng.standard_normal((n, d)) * 2).astype(np.float32)
+    biases = [np.zeros(n, np.float32), np.round(rng.standard_normal(n)).astype(np.float32),
+              -np.log(np.arange(1, n + 1, dtype=np.float32))]
+    for kk, block in ((k, n // 2 + 1), (5, 700)):
+        got = topk.blocked_topk_biases(x, Wn, biases, kk, 11, block=block)
+        assert len(got) == len(biases)
+        for b, (s, ids) in zip(biases, got):
+            want_s, want_i = blocked_topk(x, Wn, b, kk, 11, block=block)
+            np.testing.assert_array_equal(ids, want_i)
+            np.testing.assert_array_equal(s, want_s)
+            assert (np.diff(s, axis=1) <= 0).all()
+
+
 def _merge_reference(S, I, k):
     """Per row: every rank's candidates in one Python sort by (score desc, id asc, missing last)."""
     P, B, kk = S.shape

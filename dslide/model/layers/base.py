@@ -17,7 +17,7 @@ from dslide.model import kernels
 from dslide.model.batch import Act
 from dslide.model.optim import Adam
 from dslide.model.sharding import shard_bounds
-from dslide.model.topk import blocked_topk
+from dslide.model.topk import blocked_topk, blocked_topk_biases
 from dslide.timings import Timings
 
 
@@ -115,17 +115,22 @@ class Layer:
 
     # -- inference ------------------------------------------------------------------------
 
-    def topk(self, x, k: int):
+    def topk(self, x, k: int, biases=None):
         """This rank's best k neurons per input, every neuron of the slice scored (blocked
         matrix products): (scores float64 [B, k], global ids int64 [B, k], n_scored int64 [B]).
         x: an Act, or the CSR features (indptr, indices, data) when there is no hidden layer.
-        Missing entries (fewer than k neurons) have score -inf and id -1."""
+        Missing entries (fewer than k neurons) have score -inf and id -1. biases: None, or a list
+        of bias vectors of the slice scored in place of `b`, the products made once: a list of
+        those triples, one per vector."""
         if isinstance(x, Act):
             x = x.dense()
         else:
             x = sp.csr_matrix((x[2], x[1], x[0]), shape=(x[0].shape[0] - 1, self.d_in))
-        s, i = blocked_topk(x, self.neuron_major(), self.b, k, self.lo)
-        return s, i, np.full(x.shape[0], self.n_local, dtype=np.int64)
+        n = np.full(x.shape[0], self.n_local, dtype=np.int64)
+        if biases is None:
+            s, i = blocked_topk(x, self.neuron_major(), self.b, k, self.lo)
+            return s, i, n
+        return [(s, i, n) for s, i in blocked_topk_biases(x, self.neuron_major(), biases, k, self.lo)]
 
     def index_points(self) -> int:
         return 0

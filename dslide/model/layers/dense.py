@@ -156,22 +156,28 @@ class RowDenseLayer(DenseLayer):
         (a,) = tape
         return g @ self.W.T, Grads(None, a.T @ g, g.sum(axis=0))
 
-    def topk(self, x, k: int):
+    def topk(self, x, k: int, biases=None):
         """This rank's best k of its label slice `label_bounds` (every rank has every logit
-        after the all-reduce; the slices keep the ranks' candidates disjoint for the merge)."""
+        after the all-reduce; the slices keep the ranks' candidates disjoint for the merge).
+        biases: None, or a list of bias vectors [n] scored in place of `b`, the products made
+        once: a list of the triples, one per vector (LayerBase.topk)."""
         a = self._own(x)
         llo, lhi = int(self.label_bounds[self.comm.rank]), int(self.label_bounds[self.comm.rank + 1])
         B = a.shape[0]
-        best_s = np.empty((B, k))
-        best_i = np.empty((B, k), dtype=np.int64)
+        each = [self.b] if biases is None else list(biases)
+        best = [(np.empty((B, k)), np.empty((B, k), dtype=np.int64)) for _ in each]
         # the [rows, n] logits in row blocks of at most EXACT_BLOCK_BYTES (the same on every rank)
         step = max(1, EXACT_BLOCK_BYTES // (4 * self.n))
         for r0 in range(0, B, step):
-            z = np.ascontiguousarray(a[r0:r0 + step]) @ self.W
-            self.comm.allreduce_sum_inplace(z, kind="evaluation")
-            z += self.b
-            best_s[r0:r0 + step], best_i[r0:r0 + step] = scores_topk(z[:, llo:lhi], k, llo)
-        return best_s, best_i, np.full(B, lhi - llo, dtype=np.int64)
+            p = np.ascontiguousarray(a[r0:r0 + step]) @ self.W
+            self.comm.allreduce_sum_inplace(p, kind="evaluation")
+            for j, b in enumerate(each):
+                z = p if j == len(each) - 1 else p.copy()  # the last one takes the products' own
+                z += b
+                best[j][0][r0:r0 + step], best[j][1][r0:r0 + step] = scores_topk(z[:, llo:lhi], k, llo)
+        n = np.full(B, lhi - llo, dtype=np.int64)
+        out = [(s, i, n) for s, i in best]
+        return out[0] if biases is None else out
 
     def neuron_major(self):
         raise ValueError("a row-split output layer holds rows of W, not neurons: full_parameters gathers it")
