@@ -12,6 +12,13 @@
 - `blocked_topk`: a whole exact scoring as the validation checks run it, the products
   included: the top 100 of 3,813 points (wordnet_hypernyms' validation split) against
   10,236 labels (one of two ranks' slices), x ReLU of a Gaussian and the weights as above.
+- the prior shifts' scorings: `blocked_topk`'s scoring under three bias vectors, b - tau x a
+  log prior for tau 0.1, 0.2, 0.3 (the shifts a prior-shift choice scores beside 0), from one
+  pass of products where the checkout has `blocked_topk_biases`, else three scorings.
+- `softmax_stats (float32)`: a step's softmax statistics on FLUSH_SHAPES' blocks of logits
+  N(0, 9), each sample's label column left out of the sums (the label softmax's): the max,
+  the exponentials (numpy's before `kernels.exp_flush_sum_rows`, its own since), the flush and
+  the sums.
 - `shared_sample`: a training step's uniform negatives, 2,047 of a rank's 10,236 labels (a wide
   output's step with every one of them, wordnet_hypernyms at 2 ranks) and 512 (a quarter).
 - `group_by_row`: a step's grouping of a batch's feature entries by feature (the first layer's
@@ -55,6 +62,7 @@ ADAM_ROWS = (10_236, 128, (2_111, 576))  # adam_rows' slice (rows, width) and it
 FIRST_LAYER = (1_642, 49_604, 64)  # rows_grad_adam's (entries, features, width)
 COLD_BYTES = 16 << 20  # read before each call of the two above: their rows out of the core's caches
 GRID = (3813, 100, 10, 20, 72_000)  # fuse_grid_hits' points, candidates, neighbours, prototypes, store
+PRIOR_SHIFT_TAUS = (0.1, 0.2, 0.3)  # the shifts but 0 a prior-shift choice scores (rules.PRIOR_SHIFTS)
 
 
 def _weights(n_labels: int, rng) -> tuple[np.ndarray, np.ndarray]:
@@ -192,6 +200,8 @@ def worker(reps: int) -> list[dict]:
     sec = _best(scoring, reps)
     out.append({"kernel": "blocked_topk, k = 100", "shape": f"{SCORING[0]:,} x {SCORING[1]:,}", "ms": sec * 1e3,
                 "digest": _digest(*res["r"])})
+    out.append(_prior_shifts(x, W, b, reps))
+    out += _softmax_stats(reps)
     for n, size in SAMPLES:
         mark = np.zeros(n, np.uint8)
         keys = iter(range(10**9))
@@ -218,6 +228,46 @@ def worker(reps: int) -> list[dict]:
     sec = _best(lambda: fusion.fuse_grid_hits(*args, cells, *truth, *outs), reps)
     out.append({"kernel": "fuse_grid_hits", "shape": f"{GRID[0]:,} x {len(cells)} cells", "ms": sec * 1e3,
                 "digest": _digest(*outs)})
+    return out
+
+
+def _prior_shifts(x, W, b, reps: int) -> dict:
+    """The prior shift's scorings: `blocked_topk`'s scoring under the biases of PRIOR_SHIFT_TAUS
+    (b - tau x a log prior), all three from one pass of products where the checkout has
+    `blocked_topk_biases`, else one scoring each."""
+    from dslide.model import topk
+
+    log_prior = np.log(np.linspace(1.0, 1e-4, b.size)).astype(np.float32)
+    biases = [b - np.float32(tau) * log_prior for tau in PRIOR_SHIFT_TAUS]
+    res = {}
+
+    def run():
+        if hasattr(topk, "blocked_topk_biases"):
+            res["r"] = topk.blocked_topk_biases(x, W, biases, 100, 0)
+        else:
+            res["r"] = [topk.blocked_topk(x, W, bb, 100, 0) for bb in biases]
+
+    sec = _best(run, reps)
+    return {"kernel": f"the prior shifts' scorings, {len(biases)} x k = 100", "shape": f"{SCORING[0]:,} x {SCORING[1]:,}",
+            "ms": sec * 1e3, "digest": _digest(*[a for r in res["r"] for a in r])}
+
+
+def _softmax_stats(reps: int) -> list[dict]:
+    """A step's softmax statistics (`dslide.model.loss.softmax_stats`, the label softmax's: each
+    sample's label column left out of the sums) on float32 logits N(0, 9), FLUSH_SHAPES."""
+    from dslide.model.loss import softmax_stats
+
+    rng = np.random.default_rng(5)
+    out = []
+    for B, m in FLUSH_SHAPES:
+        base = (rng.standard_normal((B, m)) * 3).astype(np.float32)
+        rows, cols = np.arange(B), rng.integers(0, min(m, 128), B)
+        copies = iter([base.copy() for _ in range(reps + 1)])
+        sec = _best(lambda: softmax_stats(next(copies), (rows, cols)), reps)
+        z = base.copy()
+        mx, se = softmax_stats(z, (rows, cols))
+        out.append({"kernel": "softmax_stats (float32)", "shape": f"{B:,} x {m:,}", "ms": sec * 1e3,
+                    "digest": _digest(z, mx, se)})
     return out
 
 

@@ -11,11 +11,13 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_two_runs_of_one_checkout_give_the_same_results_and_a_row_per_kernel(capsys):
     assert BK.main(["--repo", f"{ROOT}=again", "--reps", "1", "--no-record"]) == 0
     rows = [l for l in capsys.readouterr().out.splitlines() if l.startswith("| again") or l.startswith("| this")]
-    assert len(rows) == 26  # 13 kernels x 2 checkouts
+    assert len(rows) == 32  # 16 kernels x 2 checkouts
     assert all(r.rstrip(" |").endswith("yes") for r in rows)
     assert {r.split("|")[2].strip() for r in rows} == {"scores_topk, k = 5", "scores_topk, k = 100", "flush_sum_rows",
                                                        "blocked_topk, k = 100", "shared_sample", "group_by_row",
-                                                       "adam_rows", "rows_grad_adam", "fuse_grid_hits"}
+                                                       "adam_rows", "rows_grad_adam", "fuse_grid_hits",
+                                                       "the prior shifts' scorings, 3 x k = 100",
+                                                       "softmax_stats (float32)"}
 
 
 def test_a_different_result_is_flagged(monkeypatch):
