@@ -173,25 +173,20 @@ def predict_topk_scores(model, X: sp.csr_matrix, k: int, exact: bool = True, bat
     if biases is not None:
         return _topk_under_biases(model, X, k, biases, batch_size)
     net = model.network
-    if X.shape[1] != net.n_features:
-        raise ValueError(f"data has {X.shape[1]} features but the model was trained on {net.n_features}")
-    X = sp.csr_matrix(X)
-    parts = csr_parts(X, net.dtype)
-    norms = input_norms(X, model.config.input_norm)
+    if batch_size is None:
+        # (scoring every label, a batch's block of scores grows with the batch: the smaller batch)
+        batch_size = PREDICT_BATCH["exact" if scores_every_label(model, exact) else "index"]
+    X, batches = _batches(model, X, batch_size)
     n = X.shape[0]
     ids = np.empty((n, k), dtype=np.int64)
     scores = np.empty((n, k), dtype=np.float64)
     scored = 0
-    if batch_size is None:
-        # (scoring every label, a batch's block of scores grows with the batch: the smaller batch)
-        batch_size = PREDICT_BATCH["exact" if scores_every_label(model, exact) else "index"]
     fusion = Fusion.of(model) if fused else None
     hidden = HiddenVotes.of(model) if fused else None
     kb = max(k, hidden.candidates) if hidden is not None else k  # the labels the hidden stage rescores
     kk = max(kb, fusion.candidates) if fusion is not None else kb
-    for s in range(0, n, batch_size):
-        rows = np.arange(s, min(n, s + batch_size))
-        batch = make_batch(parts, None, rows, net.step, norms=norms)
+    for rows, batch in batches:
+        s = int(rows[0])
         ls, li, ln = output_topk(model, batch, kk, exact)
         # the layers' communicator: a stand-in in data-parallel mode, where every rank has it all
         with model.timings.time("predict_merge"):
@@ -213,20 +208,30 @@ def predict_topk_scores(model, X: sp.csr_matrix, k: int, exact: bool = True, bat
     return ids, scores
 
 
-def _topk_under_biases(model, X, k: int, biases, batch_size: int | None):
-    """predict_topk_scores' `biases` case: the exact, unfused top k of X under each bias vector."""
+def _batches(model, X, batch_size: int):
+    """(X as CSR, its batches: (rows, Batch) of at most batch_size points each, in order), X's
+    width checked against the model's."""
     net = model.network
     if X.shape[1] != net.n_features:
         raise ValueError(f"data has {X.shape[1]} features but the model was trained on {net.n_features}")
     X = sp.csr_matrix(X)
     parts = csr_parts(X, net.dtype)
     norms = input_norms(X, model.config.input_norm)
-    n = X.shape[0]
-    out = [(np.empty((n, k), dtype=np.int64), np.empty((n, k), dtype=np.float64)) for _ in biases]
-    batch_size = PREDICT_BATCH["exact"] if batch_size is None else batch_size
-    for s in range(0, n, batch_size):
-        rows = np.arange(s, min(n, s + batch_size))
-        batch = make_batch(parts, None, rows, net.step, norms=norms)
+
+    def each():
+        for s in range(0, X.shape[0], batch_size):
+            rows = np.arange(s, min(X.shape[0], s + batch_size))
+            yield rows, make_batch(parts, None, rows, net.step, norms=norms)
+
+    return X, each()
+
+
+def _topk_under_biases(model, X, k: int, biases, batch_size: int | None):
+    """predict_topk_scores' `biases` case: the exact, unfused top k of X under each bias vector."""
+    net = model.network
+    X, batches = _batches(model, X, PREDICT_BATCH["exact"] if batch_size is None else batch_size)
+    out = [(np.empty((X.shape[0], k), dtype=np.int64), np.empty((X.shape[0], k), dtype=np.float64)) for _ in biases]
+    for rows, batch in batches:
         for (ids, scores), (ls, li, _) in zip(out, output_topk(model, batch, k, True, biases)):
             with model.timings.time("predict_merge"):
                 scores[rows], ids[rows] = merge_topk(net.comm.allgather_rows(ls), net.comm.allgather_rows(li), k)

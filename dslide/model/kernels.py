@@ -190,11 +190,41 @@ def shift_rows(z, m):
 
 SUM_LANES = 8
 """Partial sums of a row in `flush_sum_rows` and in the binary loss's sums (dslide.model.loss).
-`_flush_sum_chunk` spells its 8 lanes out as scalars: change both together."""
+`_lane_sum` spells its 8 lanes out as scalars: change both together."""
 
 
 #: rows a thread of `flush_sum_rows` takes at once (one float64 scratch row serves them)
 FLUSH_ROWS = 16
+
+
+@njit(cache=True, inline="always")
+def _lane_sum(buf, n):
+    """The sum of buf[:n] (float64) in SUM_LANES partial sums, column a into lane a % SUM_LANES,
+    added in lane order, then the tail: the 8 lanes as scalars (an array of lanes stays in
+    memory), so LLVM keeps them in registers and vectorises them."""
+    body = n - n % SUM_LANES
+    l0 = l1 = l2 = l3 = l4 = l5 = l6 = l7 = 0.0
+    for a in range(0, body, SUM_LANES):
+        l0 += buf[a]
+        l1 += buf[a + 1]
+        l2 += buf[a + 2]
+        l3 += buf[a + 3]
+        l4 += buf[a + 4]
+        l5 += buf[a + 5]
+        l6 += buf[a + 6]
+        l7 += buf[a + 7]
+    s = 0.0
+    s += l0
+    s += l1
+    s += l2
+    s += l3
+    s += l4
+    s += l5
+    s += l6
+    s += l7
+    for a in range(body, n):
+        s += buf[a]
+    return s
 
 
 @njit(cache=True)
@@ -203,11 +233,10 @@ def _flush_sum_chunk(e, out, lo, hi):
     the copy summed in lanes. A function of its own, not the body of the prange loop: LLVM
     vectorises its loops here, and did not in the loop's outlined body. Every store is
     unconditional: a flush in place (`row[a] = v if v >= tiny else zero`) compiles to masked
-    stores, microcoded on some CPUs (AMD's), and lanes kept in an array stay in memory."""
+    stores, microcoded on some CPUs (AMD's)."""
     tiny = e.dtype.type(TINY)
     zero = e.dtype.type(0.0)
     n = e.shape[1]
-    body = n - n % SUM_LANES
     buf = np.empty(n)
     for i in range(lo, hi):
         row = e[i]
@@ -216,29 +245,7 @@ def _flush_sum_chunk(e, out, lo, hi):
             buf[a] = np.float64(v if v >= tiny else zero)
         for a in range(n):
             row[a] = e.dtype.type(buf[a])  # exact: buf holds e's own values
-        # the SUM_LANES (8) lanes as scalars, column a into lane a % 8, added in lane order
-        l0 = l1 = l2 = l3 = l4 = l5 = l6 = l7 = 0.0
-        for a in range(0, body, SUM_LANES):
-            l0 += buf[a]
-            l1 += buf[a + 1]
-            l2 += buf[a + 2]
-            l3 += buf[a + 3]
-            l4 += buf[a + 4]
-            l5 += buf[a + 5]
-            l6 += buf[a + 6]
-            l7 += buf[a + 7]
-        s = 0.0
-        s += l0
-        s += l1
-        s += l2
-        s += l3
-        s += l4
-        s += l5
-        s += l6
-        s += l7
-        for a in range(body, n):
-            s += buf[a]
-        out[i] += s
+        out[i] += _lane_sum(buf, n)
 
 
 @njit(parallel=True, cache=True)
@@ -280,7 +287,6 @@ def _exp_flush_sum_chunk(z, m, out, lo, hi):
     P0, P1, P2, P3, P4, P5 = EXP32_P
     tiny = np.float32(TINY)
     n = z.shape[1]
-    body = n - n % SUM_LANES
     two_k = np.empty(n, np.float32)
     two_k_bits = two_k.view(np.int32)
     buf = np.empty(n)
@@ -308,28 +314,7 @@ def _exp_flush_sum_chunk(z, m, out, lo, hi):
             buf[a] = np.float64(v if v >= tiny else np.float32(0.0))
         for a in range(n):
             row[a] = np.float32(buf[a])
-        l0 = l1 = l2 = l3 = l4 = l5 = l6 = l7 = 0.0
-        for a in range(0, body, SUM_LANES):
-            l0 += buf[a]
-            l1 += buf[a + 1]
-            l2 += buf[a + 2]
-            l3 += buf[a + 3]
-            l4 += buf[a + 4]
-            l5 += buf[a + 5]
-            l6 += buf[a + 6]
-            l7 += buf[a + 7]
-        s = 0.0
-        s += l0
-        s += l1
-        s += l2
-        s += l3
-        s += l4
-        s += l5
-        s += l6
-        s += l7
-        for a in range(body, n):
-            s += buf[a]
-        out[i] += s
+        out[i] += _lane_sum(buf, n)
 
 
 @njit(parallel=True, cache=True)
