@@ -248,8 +248,9 @@ def _prior_shifts(x, W, b, reps: int) -> dict:
             res["r"] = [topk.blocked_topk(x, W, bb, 100, 0) for bb in biases]
 
     sec = _best(run, reps)
-    return {"kernel": f"the prior shifts' scorings, {len(biases)} x k = 100", "shape": f"{SCORING[0]:,} x {SCORING[1]:,}",
-            "ms": sec * 1e3, "digest": _digest(*[a for r in res["r"] for a in r])}
+    return {"kernel": f"the prior shifts' scorings, {len(biases)} x k = 100",
+            "shape": f"{SCORING[0]:,} x {SCORING[1]:,}", "ms": sec * 1e3,
+            "digest": _digest(*[a for r in res["r"] for a in r])}
 
 
 def _softmax_stats(reps: int) -> list[dict]:

@@ -7,8 +7,9 @@ in the float type, they allocate nothing of their own in hot loops.
 
 Denormals: a float32 softmax over many neurons produces exp() values and
 squared gradients below 1e-38 that make every later multiply slow (x86
-handles subnormals in microcode). Exponents below -80 are flushed to zero
-and Adam moments below 1e-30 likewise, so no subnormal ever enters a loop.
+handles subnormals in microcode). exp() values below TINY are flushed to zero
+(the float32 softmax's own exp clamps its argument at EXP32_MIN_X, so none is
+ever subnormal) and Adam moments below TINY likewise: no subnormal enters a loop.
 
 Determinism: every sum runs in sample order inside one thread, and the
 threads split the rows of an array, never a row, so each element takes the
@@ -44,7 +45,6 @@ from dslide.lsh.anchors import union_per_query
 from dslide.model.bfloat16 import load, row_seed, store_nearest, store_stochastic
 from dslide.model.prefetch import prefetch_row
 
-EXP_FLOOR = -80.0  # exp(-80) = 1.8e-35: still a normal float32
 TINY = 1e-30
 #: rows ahead of the one a kernel reads whose cache lines it asks for (dslide.model.prefetch:
 #: rows scattered over arrays larger than the caches then load side by side; the same results)
