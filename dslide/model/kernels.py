@@ -324,7 +324,7 @@ def exp_flush_sum_rows(z, m, out):
     `flush_sum_rows`'s lanes: `shift_rows`, an exp and `flush_sum_rows` in one pass.
 
     The exp is this module's own (EXP32_*, within 1 ulp of the float64 exp rounded for x <= 88;
-    numpy's float32 exp differs from CPU to CPU, and on some is a scalar call per element), in
+    numpy's float32 exp is a scalar call per element on some CPUs, an AVX2 one among them), in
     strict float arithmetic: the same bits on any CPU, vectorised or not. An argument of -inf
     gives 0, +inf gives inf. m float64 [B] (no NaN; rows of -inf pass m = 0). Threads take
     FLUSH_ROWS rows at a time; a row's result does not depend on which."""

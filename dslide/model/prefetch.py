@@ -5,8 +5,8 @@ The lazy Adam updates (dslide.model.kernels `rows_grad_adam`, `adam_rows`, `adam
 read and write rows of the weights and both moments scattered over arrays far larger than the
 caches, and `take_rows` (a step's block of output rows) and `csr_times_rows` (the first layer's
 rows of a batch's features) read such rows: each row's first load waits for memory, one row
-after another. Asking for the rows a few iterations ahead lets those waits overlap. A hint changes no value: the kernels compute the
-same bits with or without it.
+after another. Asking for the rows a few iterations ahead lets those waits overlap. A hint
+changes no value: the kernels compute the same bits with or without it.
 
 It is LLVM's `llvm.prefetch` (read-write, high locality, data cache), which every target numba
 supports lowers to its prefetch instruction (or to nothing).
