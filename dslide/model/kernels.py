@@ -280,15 +280,18 @@ EXP32_ROUND = np.float32(12582912.0)
 
 @njit(cache=True)
 def _exp_flush_sum_chunk(z, m, out, lo, hi):
-    """`exp_flush_sum_rows` of rows lo..hi-1: the exponentials' mantissa parts written over the row
-    and their 2^k (as floats, then as exponent bits) into a scratch row, their product flushed into
-    a float64 copy, written back and the copy summed in `flush_sum_rows`'s lanes. Each loop
-    vectorises; every store is unconditional (`_flush_sum_chunk`)."""
+    """`exp_flush_sum_rows` of rows lo..hi-1: each argument's reduced r and its 2^k (as a float,
+    then as exponent bits) into scratch rows, the polynomial of r written over the row, the
+    product flushed into a float64 copy, written back and the copy summed in `flush_sum_rows`'s
+    lanes. Each loop vectorises; every store is unconditional (`_flush_sum_chunk`). The reduction
+    and the polynomial are loops of their own: as one, its chain of dependent operations was
+    longer than the CPU could overlap from one element to the next."""
     P0, P1, P2, P3, P4, P5 = EXP32_P
     tiny = np.float32(TINY)
     n = z.shape[1]
     two_k = np.empty(n, np.float32)
     two_k_bits = two_k.view(np.int32)
+    rr = np.empty(n, np.float32)
     buf = np.empty(n)
     for i in range(lo, hi):
         row = z[i]
@@ -299,14 +302,16 @@ def _exp_flush_sum_chunk(z, m, out, lo, hi):
             k = x * EXP32_LOG2E + EXP32_ROUND - EXP32_ROUND
             k = k if k < np.float32(127.0) else np.float32(127.0)  # exp(x >= 88.72) overflows to inf
             r = x - k * EXP32_LN2_HI
-            r = r - k * EXP32_LN2_LO
+            rr[a] = r - k * EXP32_LN2_LO
+            two_k[a] = k + np.float32(127.0)
+        for a in range(n):
+            r = rr[a]
             p = P0 * r + P1
             p = p * r + P2
             p = p * r + P3
             p = p * r + P4
             p = p * r + P5
             row[a] = p * (r * r) + r + np.float32(1.0)
-            two_k[a] = k + np.float32(127.0)
         for a in range(n):
             two_k_bits[a] = np.int32(two_k[a]) << 23
         for a in range(n):
