@@ -46,8 +46,9 @@ class Act:
     a float [B, m]: the values of m columns; ids int32 [m]: their global
     neuron ids (None: every neuron of the layer, in order, m = n); bounds
     int64 [P + 1]: rank r computed columns bounds[r]:bounds[r+1]; n: the
-    layer's width; mask float [B, m] or None: the dropout applied to `a`
-    (its backward applies it to the gradient too); own: `a` holds this rank's
+    layer's width; mask float [B, n_r] or None: the dropout of this rank's
+    columns bounds[r]:bounds[r+1], applied to them before the all-gather (its
+    backward applies it to their summed gradient); own: `a` holds this rank's
     columns bounds[r]:bounds[r+1] only, not gathered (the input of an output
     layer split by rows).
     """

@@ -344,26 +344,28 @@ class Network:
         """All ranks' output slices as the next layer's input (forward partner of `_scatter`);
         own: this rank's slice alone (act.own), for an output layer split by rows."""
         if out.ids is None:
-            a = out.a if own else self.comm.allgather_columns(out.a, layer.bounds)
-            act = Act(a, None, layer.bounds, layer.n, own=own)
-            c = self.config
-            if train and c.dropout > 0:
+            a, mask, c = out.a, None, self.config
+            if train and c.dropout > 0:  # this rank's columns of the layer's mask, before the gather
                 mask = np.empty_like(a)
                 kernels.dropout_mask(rng.stream_key(c.seed, rng.DROPOUT, layer.index, batch.step),
-                                     batch.sample_ids, layer.lo if own else 0, a.shape[1], c.dropout, mask)
-                act.a, act.mask = a * mask, mask
-            return act
+                                     batch.sample_ids, layer.lo, a.shape[1], c.dropout, mask)
+                a = a * mask
+            if not own:
+                a = self.comm.allgather_columns(a, layer.bounds)
+            return Act(a, None, layer.bounds, layer.n, mask=mask, own=own)
         a, ids, bounds = self.comm.allgather_block(out.a, out.ids)
         return Act(a, ids, bounds, layer.n)
 
     def _scatter(self, act: Act, partial):
         """Backward partner of `_gather`: the ranks' partial gradients of act's columns summed,
-        each rank keeping its own."""
-        if act.mask is not None:
-            partial *= act.mask
+        each rank keeping its own, times its columns' dropout mask."""
         if act.own:  # already this rank's columns' whole gradient (a row-split output's)
-            return np.ascontiguousarray(partial, dtype=self.dtype)
-        return self.comm.reduce_scatter_columns(np.ascontiguousarray(partial, dtype=self.dtype), act.bounds)
+            g = np.ascontiguousarray(partial, dtype=self.dtype)
+        else:
+            g = self.comm.reduce_scatter_columns(np.ascontiguousarray(partial, dtype=self.dtype), act.bounds)
+        if act.mask is not None:
+            g *= act.mask
+        return g
 
     # -- inference ----------------------------------------------------------------------------
 
