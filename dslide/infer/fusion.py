@@ -539,21 +539,25 @@ def _max_label(m_ids, y_idx, pr_ids) -> int:
 @njit(cache=True, parallel=True)
 def fuse_grid_hits(m_ids, m_logits, nn_ids, nn_sims, y_ptr, y_idx, power, pr_ids, pr_sims, pr_power, cells, t_ptr,
                    t_idx, out_hits, out_scores):
-    """`fuse`'s top k under every (share, weight) of a grid, looked up in the queries' true labels:
-    out_hits[g, q, r] = 1 where the r-th label of query q fused with cells[g] is one of q's, else 0.
+    """`fuse`'s top k under every (share, weight, temperature) of a grid, looked up in the queries'
+    true labels: out_hits[g, q, r] = 1 where the r-th label of query q fused with cells[g] is one of
+    q's, else 0.
 
-    The arrays as in `fuse`; cells float64 [m, 2]: (share, weight), a share of 0 leaving the
-    prototypes out (`fuse` given kp = 0); t_ptr int64 [n + 1], t_idx int32: the true labels (CSR,
-    ascending within a row); out_hits uint8 [m, n, k]; out_scores float64 [m, n, k]: the cells'
-    top-k scores (`fuse`'s out_scores), or [0, 0, 0] for none. Per query the softmax normaliser, the
-    weight sums, the contributions' labels and one stable sort by label are computed once; each
-    cell's contributions are `fuse`'s float expressions summed in `fuse`'s order (by label, then
-    model, neighbours, prototypes) and ranked by its rule, so each cell's top k is `fuse`'s. Where
-    every cell's weight is at most PRUNE_MAX_WEIGHT, the labels only the model holds that no cell
-    can rank in its top k are dropped before the sort (`_outranked_floor`); the order of what stays
-    is kept, so each cell's sums and offers are those of the whole list.
+    The arrays as in `fuse`, but m_logits float64 [T, n, K]: the model's logits at each of T
+    temperatures (divided by it: `tempered`); cells float64 [m, 3]: (share, weight, the index of
+    its temperature in m_logits), a share of 0 leaving the prototypes out (`fuse` given kp = 0);
+    t_ptr int64 [n + 1], t_idx int32: the true labels (CSR, ascending within a row); out_hits
+    uint8 [m, n, k]; out_scores float64 [m, n, k]: the cells' top-k scores (`fuse`'s out_scores),
+    or [0, 0, 0] for none. Per query the softmax normaliser of each temperature, the weight sums,
+    the contributions' labels and one stable sort by label are computed once; each cell's
+    contributions are `fuse`'s float expressions summed in `fuse`'s order (by label, then model,
+    neighbours, prototypes) and ranked by its rule, so each cell's top k is `fuse`'s. Where every
+    cell's weight is at most PRUNE_MAX_WEIGHT, the labels only the model holds that no cell can
+    rank in its top k at any of the temperatures are dropped before the sort (`_outranked_floor`);
+    the order of what stays is kept, so each cell's sums and offers are those of the whole list.
     """
     n, K = m_ids.shape
+    T = m_logits.shape[0]
     kn = nn_ids.shape[1]
     kp = pr_ids.shape[1]
     m = cells.shape[0]
@@ -579,30 +583,35 @@ def fuse_grid_hits(m_ids, m_logits, nn_ids, nn_sims, y_ptr, y_idx, power, pr_ids
         cap += K + kp
         lab = np.empty(cap, np.int64)
         src = np.empty(cap, np.uint8)
-        base = np.empty(cap, np.float64)
+        base = np.empty(cap, np.float64)  # a vote's factor; a model candidate's place in `bases`
         slab = np.empty(cap, np.int64)
         ssrc = np.empty(cap, np.uint8)
         sbase = np.empty(cap, np.float64)
-        bases = np.empty(K, np.float64)
+        smodel = np.empty((T, cap), np.float64)  # the model's factors in the sorted order, by temperature
+        bases = np.empty((T, K), np.float64)
+        zs = np.empty(T, np.float64)
+        floors = np.empty(T, np.float64)
         mark = np.zeros(n_marks, np.int32)  # per label: model candidates + 2 x other contributions
         top = np.empty(max(k, 1), np.float64)
         best = np.empty(k, np.float64)
         best_ids = np.empty(k, np.int64)
         for q in range(q0, q1):
-            n_model, z = _model_bases(m_ids[q], m_logits[q], bases)
+            n_model = 0
+            for ti in range(T):
+                n_model, zs[ti] = _model_bases(m_ids[q], m_logits[ti, q], bases[ti])
             wsum, _, psum = _vote_sums(nn_ids[q], nn_sims[q], y_ptr, pr_ids[q], pr_sims[q], power, pr_power)
             # the votes after the model's place: label, source and the factor of their value that
             # does not depend on the cell
             c = _vote_contributions(nn_ids[q], nn_sims[q], y_ptr, y_idx, power, pr_ids[q], pr_sims[q], pr_power,
                                     wsum, psum, lab, src, base, K)
-            floor = -np.inf
             if prune:
                 for j in range(K):
                     if m_ids[q, j] >= 0:
                         mark[m_ids[q, j]] += 1
                 for a in range(K, c):
                     mark[lab[a]] += 2
-                floor = _outranked_floor(m_ids[q], bases, mark, k, top)
+                for ti in range(T):
+                    floors[ti] = _outranked_floor(m_ids[q], bases[ti], mark, k, top)
             # the model's contributions that stay, in their order, just before the others
             first = K
             t = n_model
@@ -610,16 +619,19 @@ def fuse_grid_hits(m_ids, m_logits, nn_ids, nn_sims, y_ptr, y_idx, power, pr_ids
                 if m_ids[q, j] < 0:
                     continue
                 t -= 1
-                b = bases[t]
                 if prune:
                     only = mark[m_ids[q, j]] == 1
                     mark[m_ids[q, j]] = 0
-                    if only and b < floor:
-                        continue
+                    if only:
+                        out = True  # outranked at every temperature
+                        for ti in range(T):
+                            out &= bases[ti, t] < floors[ti]
+                        if out:
+                            continue
                 first -= 1
                 lab[first] = m_ids[q, j]
                 src[first] = 0
-                base[first] = b
+                base[first] = t
             if prune:
                 for a in range(K, c):
                     mark[lab[a]] = 0
@@ -630,9 +642,14 @@ def fuse_grid_hits(m_ids, m_logits, nn_ids, nn_sims, y_ptr, y_idx, power, pr_ids
                 slab[t] = lab[e]
                 ssrc[t] = src[e]
                 sbase[t] = base[e]
+                if src[e] == 0:
+                    for ti in range(T):
+                        smodel[ti, t] = bases[ti, int(base[e])]
             for g in range(m):
                 share = cells[g, 0]
                 weight = cells[g, 1]
+                ti = int(cells[g, 2])
+                z = zs[ti]
                 use_protos = share > 0 and psum > 0
                 points_w = weight * (1.0 - share) if use_protos else weight
                 best_ids[:] = -1
@@ -644,7 +661,7 @@ def fuse_grid_hits(m_ids, m_logits, nn_ids, nn_sims, y_ptr, y_idx, power, pr_ids
                     held = False  # a label only the prototypes hold has no score where they are left out
                     while t < nc and slab[t] == j:
                         if ssrc[t] == 0:
-                            v += (1.0 - weight) * sbase[t] / z
+                            v += (1.0 - weight) * smodel[ti, t] / z
                             held = True
                         elif ssrc[t] == 1:
                             v += points_w * sbase[t] / wsum
@@ -965,21 +982,35 @@ class NeighbourLabels:
         """Which of the top k fused labels are true (truth: csr [n, L], sorted unique indices,
         no stored zeros) for every (share, weight) of cells (float64 [m, 2]): uint8 [m, n, k],
         1 where label r of query q under cell g, `fuse(..., weight, power, k, pr_ids, pr_sims,
-        share, pr_power)` (the prototypes left out where share is 0), is one of q's labels."""
+        share, pr_power)` (the prototypes left out where share is 0), is one of q's labels.
+        Several temperatures in one pass: m_logits float [T, n, K], the logits divided by each
+        (`tempered`), and cells [m, 3], (share, weight, the index of the temperature)."""
         n = m_ids.shape[0]
         if truth.shape[0] != n:
             raise ValueError(f"truth has {truth.shape[0]} rows but there are {n} queries")
         if not truth.has_canonical_format or (truth.data == 0).any():
             raise ValueError("truth must have sorted, unique indices and no stored zeros "
                              "(sum_duplicates(), then eliminate_zeros())")
+        m_logits = np.asarray(m_logits, np.float64)
+        cells = np.asarray(cells, np.float64).reshape(len(cells), -1)
+        if m_logits.ndim == 2:
+            m_logits = m_logits[None]
+        if cells.shape[1] == 2:
+            cells = np.concatenate([cells, np.zeros((cells.shape[0], 1))], axis=1)
+        if m_logits.shape[1:] != m_ids.shape or cells.shape[1] != 3:
+            raise ValueError(f"m_logits {m_logits.shape} and cells {cells.shape}: expected [T, n, K] with m_ids "
+                             f"{m_ids.shape} and [m, 3]")
+        if cells.shape[0] and not ((cells[:, 2] >= 0) & (cells[:, 2] < m_logits.shape[0])
+                                   & (cells[:, 2] == np.round(cells[:, 2]))).all():
+            raise ValueError(f"cells name temperatures outside 0..{m_logits.shape[0] - 1}")
         if pr_ids is None:
             pr_ids, pr_sims = np.empty((n, 0), np.int32), np.empty((n, 0), np.float32)
         out = np.empty((len(cells), n, k), np.uint8)
-        fuse_grid_hits(np.ascontiguousarray(m_ids, np.int64), np.ascontiguousarray(m_logits, np.float64),
+        fuse_grid_hits(np.ascontiguousarray(m_ids, np.int64), np.ascontiguousarray(m_logits),
                        np.ascontiguousarray(nn_ids, np.int32), np.ascontiguousarray(nn_sims, np.float32),
                        self.arrays["y_ptr"], self.arrays["y_idx"], float(power),
                        np.ascontiguousarray(pr_ids, np.int32), np.ascontiguousarray(pr_sims, np.float32),
-                       float(pr_power), np.ascontiguousarray(cells, np.float64).reshape(-1, 2),
+                       float(pr_power), np.ascontiguousarray(cells),
                        truth.indptr.astype(np.int64), truth.indices.astype(np.int32), out, np.empty((0, 0, 0)))
         return out
 

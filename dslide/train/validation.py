@@ -218,32 +218,45 @@ def choose_fusion(store, truth: sp.csr_matrix, m_ids, m_logits, nn_ids, nn_sims,
     (`pick_tempered`): ((count, share, weight, temperature), {(count, share, weight,
     temperature): (P@1, P@5)}), the no-op under the key (0, 0.0, 0.0, 1.0).
 
-    comm: ranks that hold the same arrays share the grid (candidate i is scored by rank
-    i mod P, the figures gathered): every rank gets the figures one rank would."""
+    comm: ranks that hold the same arrays share the points (each scores every cell on its block
+    of them, the hits gathered): every rank gets the figures one rank would."""
     figures = {}
     r = metrics.evaluate(truth, np.ascontiguousarray(m_ids[:, :5]), k=5)  # the network alone
     noop = (0, 0.0, 0.0, 1.0)
     figures[noop] = (float(r["p@1"]), float(r["p@5"]))
-    temps = tuple(dict.fromkeys(float(t) for t in temperatures))
+    temps = list(dict.fromkeys(float(t) for t in temperatures))
     grid = [(int(c), float(a), float(w), t) for c in counts for t in temps
             for a in (shares if pr_ids is not None else (0.0,))
             for w in (weights if t == 1.0 or tempered_weights is None else tempered_weights) if w != 0]
     labels = metrics._binary_labels(truth)  # the true labels as evaluate reads them
-
-    def score(own):
-        mine = np.empty((len(own), 2))
-        for c, t in dict.fromkeys((key[0], key[3]) for key in own):  # one kernel pass per (count, temperature)
-            at = [j for j, key in enumerate(own) if key[0] == c and key[3] == t]
-            hits = store.fuse_grid_hits(m_ids, tempered(m_logits, t), nn_ids[:, :c], nn_sims[:, :c], power, pr_ids,
-                                        pr_sims, pr_power, np.array([own[j][1:3] for j in at], np.float64), labels, 5)
-            for j, h in zip(at, hits):
-                mine[j] = _p1_p5(h)
-        return mine
-
-    for key, v in zip(grid, share_cells(grid, score, comm, (2,))):
-        figures[key] = (float(v[0]), float(v[1]))
+    # one kernel pass per count for every temperature, each rank on its share of the points
+    n = m_ids.shape[0]
+    size, rank = (1, 0) if comm is None else (comm.size, comm.rank)
+    per = -(-n // size) if n else 0
+    lo, hi = min(n, rank * per), min(n, (rank + 1) * per)
+    own_logits = np.stack([tempered(m_logits[lo:hi], t) for t in temps]).reshape(len(temps), hi - lo, m_ids.shape[1])
+    own_pr = (pr_ids[lo:hi], pr_sims[lo:hi]) if pr_ids is not None else (None, None)
+    for c in dict.fromkeys(key[0] for key in grid):
+        at = [key for key in grid if key[0] == c]
+        cells = np.array([(a, w, temps.index(t)) for _, a, w, t in at], np.float64).reshape(len(at), 3)
+        own = store.fuse_grid_hits(m_ids[lo:hi], own_logits, nn_ids[lo:hi, :c], nn_sims[lo:hi, :c], power, *own_pr,
+                                   pr_power, cells, labels[lo:hi], 5)
+        for key, h in zip(at, gather_points(own, per, n, comm)):
+            figures[key] = _p1_p5(h)
+    figures = {noop: figures[noop], **{key: figures[key] for key in grid}}  # the grid's order
     best = pick_tempered({key: sum(v) for key, v in figures.items()}, noop)
     return best, figures
+
+
+def gather_points(own: np.ndarray, per: int, n: int, comm) -> np.ndarray:
+    """[m, n, ...] from each rank's [m, n_r, ...] of its share of n points (rank r's rows r * per ..,
+    the last shares short or empty), all gathered."""
+    if comm is None or comm.size == 1:
+        return own
+    pad = np.zeros((own.shape[0], per) + own.shape[2:], own.dtype)
+    pad[:, :own.shape[1]] = own
+    every = comm.allgather_rows(pad, kind="evaluation")  # [P, m, per, ...]
+    return np.moveaxis(every, 0, 1).reshape((own.shape[0], comm.size * per) + own.shape[2:])[:, :n]
 
 
 def share_cells(cells: list, score, comm, shape: tuple) -> np.ndarray:

@@ -62,7 +62,8 @@ def _kernel_scores(store, truth, m_ids, m_logits, nn_ids, nn_sims, pr_ids, pr_si
     """The kernel's top-5 scores of every cell (what choose_fusion does not ask for): float64 [m, n, 5]."""
     n = len(m_ids)
     scores = np.empty((len(cells), n, 5))
-    fusion.fuse_grid_hits(m_ids, m_logits, nn_ids, nn_sims, store.arrays["y_ptr"], store.arrays["y_idx"], power,
+    cells = np.c_[cells, np.zeros(len(cells))]  # (share, weight, temperature 0: m_logits as given)
+    fusion.fuse_grid_hits(m_ids, m_logits[None], nn_ids, nn_sims, store.arrays["y_ptr"], store.arrays["y_idx"], power,
                           pr_ids, pr_sims, pr_power, cells, truth.indptr.astype(np.int64), truth.indices,
                           np.empty((len(cells), n, 5), np.uint8), scores)
     return scores
@@ -242,3 +243,29 @@ def test_candidates_no_cell_can_rank_are_dropped_without_changing_a_cell(seed):
             np.testing.assert_array_equal(hits[g], expected, err_msg=where)
             ties += int((fused[:, 4] == fused[:, 5 - 2]).sum())
         assert ties > 50  # ties at the 5th place, where a label dropped too eagerly would show
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_several_temperatures_in_one_pass_give_each_temperatures_own_pass(seed):
+    """The kernel given T temperatures' logits and cells naming them (one sort of the labels for all)
+    scores every cell bit for bit as a pass of that temperature alone, where the pruning at one
+    temperature would drop candidates another keeps."""
+    store, truth, m_ids, m_logits, nn_ids, nn_sims, pr_ids, pr_sims = _wide_inputs(seed)
+    temps = (1.0, 1e-16, 4.0)
+    cells = [(a, w) for a in (0.0, 0.5, 1.0) for w in (0.1, 0.5, 0.9, fusion.PRUNE_MAX_WEIGHT)]
+    stacked = np.stack([fusion.tempered(m_logits, t) for t in temps])
+    mixed = np.array([(a, w, i) for i in (2, 0, 1) for a, w in cells])  # the temperatures out of order
+    n = len(m_ids)
+    hits = np.empty((len(mixed), n, 5), np.uint8)
+    scores = np.empty((len(mixed), n, 5))
+    fusion.fuse_grid_hits(m_ids, stacked, nn_ids, nn_sims, store.arrays["y_ptr"], store.arrays["y_idx"], 2.0,
+                          pr_ids, pr_sims, 3.0, mixed, truth.indptr.astype(np.int64), truth.indices, hits, scores)
+    assert len({scores[g].tobytes() for g in range(len(mixed))}) == len(mixed)  # every cell its own
+    for g, (a, w, i) in enumerate(mixed):
+        logits = stacked[int(i)]
+        alone = _kernel_scores(store, truth, m_ids, logits, nn_ids, nn_sims, pr_ids, pr_sims, 2.0, 3.0,
+                               np.array([(a, w)]))[0]
+        np.testing.assert_array_equal(scores[g], alone, err_msg=f"temperature {temps[int(i)]}, share {a}, weight {w}")
+        np.testing.assert_array_equal(
+            hits[g], store.fuse_grid_hits(m_ids, logits, nn_ids, nn_sims, 2.0, pr_ids, pr_sims, 3.0,
+                                          np.array([(a, w)]), truth, 5)[0])
