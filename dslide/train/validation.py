@@ -234,7 +234,7 @@ def choose_fusion(store, truth: sp.csr_matrix, m_ids, m_logits, nn_ids, nn_sims,
     size, rank = (1, 0) if comm is None else (comm.size, comm.rank)
     per = -(-n // size) if n else 0
     lo, hi = min(n, rank * per), min(n, (rank + 1) * per)
-    own_logits = np.stack([tempered(m_logits[lo:hi], t) for t in temps]).reshape(len(temps), hi - lo, m_ids.shape[1])
+    own_logits = np.stack([tempered(m_logits[lo:hi], t) for t in temps])  # [T, hi - lo, K]
     own_pr = (pr_ids[lo:hi], pr_sims[lo:hi]) if pr_ids is not None else (None, None)
     for c in dict.fromkeys(key[0] for key in grid):
         at = [key for key in grid if key[0] == c]
@@ -243,7 +243,6 @@ def choose_fusion(store, truth: sp.csr_matrix, m_ids, m_logits, nn_ids, nn_sims,
                                    pr_power, cells, labels[lo:hi], 5)
         for key, h in zip(at, gather_points(own, per, n, comm)):
             figures[key] = _p1_p5(h)
-    figures = {noop: figures[noop], **{key: figures[key] for key in grid}}  # the grid's order
     best = pick_tempered({key: sum(v) for key, v in figures.items()}, noop)
     return best, figures
 
