@@ -91,6 +91,17 @@ def steps_per_epoch(config, train) -> int:
     return -(-(train.n_points - validation_size(config, train)) // config.batch_size)
 
 
+#: the seconds `train.fit` spends training outside the steps' clock, as it records them in
+#: Model.index_info: the validation probe, early stopping's end with the prior shift's choice,
+#: the neighbour store and the hidden neighbours with their choices
+OUTSIDE_STEPS = ("probe_s", "finish_s", "neighbours_s", "hidden_s")
+
+
+def train_outside_steps(info: dict) -> float:
+    """Seconds of training outside the steps' clock (OUTSIDE_STEPS) in a model's index_info."""
+    return sum(float(info.get(k) or 0.0) for k in OUTSIDE_STEPS)
+
+
 class Curve:
     """A run's test scores at given epochs, taken at the logging points of `fit` (outside its clock).
 
@@ -99,7 +110,8 @@ class Curve:
     as the end of training builds them (their settings chosen on the validation split), the fused
     model is scored, and they are dropped again (training goes on without them). A point's `train_s` is the training
     time to it plus that build and the validation probe's (built once, before training), as a
-    run ending there would count it. A point at the run's last
+    run ending there would count it, but for early stopping's end and the prior shift's choice,
+    which only the last point makes (its `finish_s`). A point at the run's last
     step (`last_step`) is not built or fused here: the end of training builds the model's own
     store, and `finish` gives that point the final model's scores and time. Every rank calls
     `at_log` at the same logging points (the scoring and the build are collective)."""
@@ -165,14 +177,16 @@ class Curve:
 
     def finish(self, model, scores: dict) -> None:
         """Give the point left pending at the last step the final model's `scores` (P@k on the
-        test points, as `at_log` takes them) and its training time, the store's build included."""
+        test points, as `at_log` takes them) and its training time, the store's build and the
+        end of training's choices included (the run's `train_s`)."""
+        info = model.index_info
         for point in self.points:
             if point.pop("pending", False):
-                build_s = model.index_info.get("neighbours_s", 0.0) + model.index_info.get("hidden_s", 0.0)
+                build_s = info.get("neighbours_s", 0.0) + info.get("hidden_s", 0.0)
                 point.update({k: scores[k] for k in ("p@1", "p@5", "psp@5") if k in scores},
-                             fusion=model.index_info.get("fusion_choice", {}).get("chosen"),
-                             hidden=model.index_info.get("hidden_choice", {}).get("chosen"),
-                             neighbours_s=build_s, train_s=point["wall_s"] + build_s + self.probe_s)
+                             fusion=info.get("fusion_choice", {}).get("chosen"),
+                             hidden=info.get("hidden_choice", {}).get("chosen"), neighbours_s=build_s,
+                             train_s=point["wall_s"] + build_s + info.get("finish_s", 0.0) + self.probe_s)
 
 
 def child(case_path: str) -> None:
@@ -247,10 +261,9 @@ def child(case_path: str) -> None:
         "kinds": [l.kind for l in net.layers],
         "config": {k: v for k, v in config.to_dict(flat=True).items() if k != "lsh_layers"},
         "steps": steps, "epochs": history[-1]["epoch"],
-        # training includes the validation probe, the neighbour store and its choice, the hidden
-        # neighbours and theirs (outside the steps' clock); the inference index, built after it where --lsh is measured, is index_s
-        "train_s": sum(r["wall_s_delta"] for r in history) + model.index_info.get("neighbours_s", 0.0)
-        + model.index_info.get("probe_s", 0.0) + model.index_info.get("hidden_s", 0.0),
+        # training includes what fit does outside the steps' clock (`train_outside_steps`); the
+        # inference index, built after it where --lsh is measured, is index_s
+        "train_s": sum(r["wall_s_delta"] for r in history) + train_outside_steps(model.index_info),
         "index_s": model.index_info.get("index_s") if lsh else None,
         "samples_per_s": T.throughput(history, config.batch_size),
         "p@1": final["p@1"], "p@3": final["p@3"], "p@5": final["p@5"],

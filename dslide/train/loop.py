@@ -205,6 +205,11 @@ def fit(train: XMCData, config: Config | None = None, test: XMCData | None = Non
     checkpoint(model, comm): called every `checkpoint_every` global steps (not
     at the last) on the ranks that write a checkpoint (see `save_model`).
     index_progress: a progress bar (tqdm, stderr) for the index build.
+
+    The seconds of training outside the steps' clock (history's wall_s) land in
+    model.index_info: probe_s (the validation probe, before the steps), finish_s (early
+    stopping's end and the prior shift's choice), neighbours_s and hidden_s (the neighbour
+    stores and their choices); the inference index's build is not training.
     """
     if model is None:
         config = (config or Config()).resolve(*resolve_shape(train))
@@ -236,12 +241,15 @@ def fit(train: XMCData, config: Config | None = None, test: XMCData | None = Non
         model, history = _fit(model, fit_data, test, callback, verbose, threads, stop_at, checkpoint,
                               negative_share(config.middle_negatives, per_epoch, early))
         model.network.set_negative_share(1.0)
+        t0 = time.perf_counter()
         if early is not None:
             model.index_info["early_stop"] = early.finish(model)
             kept = kept_scoring(model.index_info["early_stop"], scorer)  # the weights kept, already scored
         if stop_at is None or stop_at >= total_steps(config, fit_data.n_points) or model.network.step < stop_at:
             # the run is over: the biases as inference uses them
             scored = apply_prior_shift(model, train, val, probe, scorer, kept)
+        # training time outside the steps' clock, as probe_s, neighbours_s and hidden_s are
+        model.index_info["finish_s"] = time.perf_counter() - t0
     if index:
         with threadpool_limits(threads, user_api="blas"):
             build_index(model, train, progress=index_progress)
