@@ -364,11 +364,17 @@ def _busy(what: str, on: bool, every: float = 6.0):
         thread.join()
 
 
+def _bar_stays() -> bool:
+    """tqdm's `leave` for the build's bars: on a terminal the bar is cleared when done; elsewhere
+    (a log file, a pipe) its last state stays and ends its line, so what follows starts a line."""
+    return not sys.stderr.isatty()
+
+
 def _stage_bar(stages: list[str], desc: str):
     """A tqdm bar (stderr) of named stages, the current one's name beside it; `_advance` it."""
     from tqdm import tqdm
 
-    bar = tqdm(total=len(stages), unit="stage", desc=desc, dynamic_ncols=True, leave=False)
+    bar = tqdm(total=len(stages), unit="stage", desc=desc, dynamic_ncols=True, leave=_bar_stays())
     bar.stages = stages
     bar.set_postfix_str(stages[0])
     return bar
@@ -403,7 +409,7 @@ def build_index(model, train, progress: bool = False) -> dict:
         from tqdm import tqdm
 
         # the second stage, anchors, buckets and the neighbour graph, counted as much as the first
-        bar = tqdm(total=2 * m, unit="point", desc="inference index", dynamic_ncols=True, leave=False)
+        bar = tqdm(total=2 * m, unit="point", desc="inference index", dynamic_ncols=True, leave=_bar_stays())
     H = hidden_vectors(model, train.X, rows, None if bar is None else bar.update)
     Y = sp.csr_matrix(train.Y)[rows]
     labels = (Y.indptr.astype(np.int64), Y.indices.astype(np.int32))

@@ -184,6 +184,9 @@ def test_the_neighbour_store_shows_its_stages_and_chooses_alike_with_a_bar(capsy
     assert "neighbour labels" in err and "/3 " in err
     for stage in ("store", "validation choice", "store of every point"):
         assert stage in err
+    # stderr is no terminal here: the bar's last state stays and ends its line, so what is printed
+    # next (the end of training's summary) starts a line of its own
+    assert err.endswith("\n") and err.rstrip("\n").split("\r")[-1].strip().startswith("neighbour labels")
     assert quiet.index_info["fusion_choice"] == shown.index_info["fusion_choice"]
 
 
