@@ -84,6 +84,7 @@ from numba import get_num_threads, njit, prange
 
 from dslide import _numba_cache  # noqa: F401  (before any kernel: the cache is keyed by module name)
 from dslide.infer.lists import row_dot, transpose_lists, work_cuts
+from dslide.model.sharding import row_share
 
 #: the arrays of a store, as saved in checkpoints (every rank holds them whole); "k" (the
 #: neighbours a query takes, int64 [1]) is absent from stores saved before it was kept, the
@@ -691,8 +692,7 @@ def _shared_search(Xq, k: int, comm, ptr, pt, val, n_items: int, perm=_NO_PERM,
     Xq = l2_rows(Xq)
     n = Xq.shape[0]
     size = 1 if comm is None else comm.size
-    per = -(-n // size) if n else 0
-    lo, hi = (0, n) if size == 1 else (min(n, comm.rank * per), min(n, (comm.rank + 1) * per))
+    per, lo, hi = row_share(n, 0 if comm is None else comm.rank, size)
     ids = np.full((per if size > 1 else n, k), -1, np.int32)
     sims = np.full(ids.shape, -np.inf, np.float32)
     if hi > lo and approx is not None:

@@ -24,6 +24,7 @@ import numpy as np
 from dslide import lsh, validate
 from dslide.comm import Comm
 from dslide.config import LSHConfig
+from dslide.model.sharding import row_share
 from dslide.model.topk import kth_largest, order_keys
 
 #: anchors of the inference index filled at a time: their [chunk, T] ids, scores-turned-keys
@@ -240,8 +241,7 @@ def _rows_shared(n: int, width: int, comm: Comm, kind: str, rows) -> np.ndarray:
     gathered on every rank."""
     if comm.size == 1:
         return np.ascontiguousarray(rows(0, n), dtype=np.int32)
-    per = -(-n // comm.size)
-    lo, hi = min(n, comm.rank * per), min(n, (comm.rank + 1) * per)
+    per, lo, hi = row_share(n, comm.rank, comm.size)
     mine = np.full((per, width), -1, np.int32)
     if hi > lo:
         mine[:hi - lo] = rows(lo, hi)

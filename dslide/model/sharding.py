@@ -115,6 +115,14 @@ def shard_range(n: int, rank: int, world: int, weights=None) -> tuple[int, int]:
     return int(b[rank]), int(b[rank + 1])
 
 
+def row_share(n: int, rank: int, size: int) -> tuple[int, int, int]:
+    """(per, lo, hi): rank's contiguous share [lo, hi) of n rows (queries, points) shared over
+    `size` ranks in blocks of per = ceil(n / size) rows, the last shares short or empty (per = 0
+    for n = 0). Padded to per rows, the ranks' blocks all-gathered hold the n rows in order first."""
+    per = -(-n // size) if n else 0
+    return per, min(n, rank * per), min(n, (rank + 1) * per)
+
+
 def scaled_count(total: int, n_local: int, n: int) -> int:
     """A per-layer budget (active neurons, say) scaled to a shard of n_local of n neurons.
 

@@ -47,6 +47,7 @@ from dslide.config.rules import (EARLY_STOP_MAX_EPOCHS, PROBE_EXACT_READS, VALID
                                  VALIDATION_MIN, VALIDATION_MIN_POINTS, VALIDATION_SHARE, validation_size)
 from dslide.infer.approx import Bound
 from dslide.infer.fusion import NeighbourLabels, tempered
+from dslide.model.sharding import row_share
 
 #: a candidate replaces the no-op only when its P@1 + P@5 is higher by more than this
 CHOICE_MARGIN = 0.004
@@ -231,9 +232,7 @@ def choose_fusion(store, truth: sp.csr_matrix, m_ids, m_logits, nn_ids, nn_sims,
     labels = metrics._binary_labels(truth)  # the true labels as evaluate reads them
     # one kernel pass per count for every temperature, each rank on its share of the points
     n = m_ids.shape[0]
-    size, rank = (1, 0) if comm is None else (comm.size, comm.rank)
-    per = -(-n // size) if n else 0
-    lo, hi = min(n, rank * per), min(n, (rank + 1) * per)
+    per, lo, hi = row_share(n, *((0, 1) if comm is None else (comm.rank, comm.size)))
     own_logits = np.stack([tempered(m_logits[lo:hi], t) for t in temps])  # [T, hi - lo, K]
     own_pr = (pr_ids[lo:hi], pr_sims[lo:hi]) if pr_ids is not None else (None, None)
     for c in dict.fromkeys(key[0] for key in grid):

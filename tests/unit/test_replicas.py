@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from dslide.comm import Comm
 from dslide.config import Config
-from dslide.model.sharding import moves, replica_place, shard_bounds, shard_range, speed_weights
+from dslide.model.sharding import moves, replica_place, row_share, shard_bounds, shard_range, speed_weights
 from dslide.train.replicas import Replicas
 from dslide.train.replicas.board import STEP_BITS, pub_word
 from dslide.train.replicas.partial import fresh_partners, stale_limit
@@ -44,6 +44,20 @@ def test_weighted_shares_are_within_one_neuron_of_the_asked_proportion(P, extra,
 def test_equal_weights_give_the_even_split(P, extra, c):
     n = P + extra
     assert shard_bounds(n, P, [c] * P).tolist() == shard_bounds(n, P).tolist()
+
+
+@pytest.mark.parametrize("size", [1, 2, 3, 4])
+def test_row_shares_padded_and_gathered_hold_every_row_in_order(size):
+    # what the query searches and the fusion choice do with them: pad each share to `per` rows,
+    # all-gather, keep the first n
+    for n in range(0, 23):
+        blocks = []
+        for rank in range(size):
+            per, lo, hi = row_share(n, rank, size)
+            assert per == int(np.ceil(n / size)) and 0 <= lo <= hi <= n and hi - lo <= per
+            blocks.append(np.concatenate([np.arange(lo, hi), np.full(per - (hi - lo), -1)]))
+        gathered = np.concatenate(blocks) if blocks else np.empty(0)
+        np.testing.assert_array_equal(gathered[:n], np.arange(n))
 
 
 def test_shares_in_numbers():
