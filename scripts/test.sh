@@ -2,9 +2,26 @@
 # Install what is missing into .venv, then run the whole test suite:
 # the unit tests, then the MPI tests at 1, 2 and 3 ranks (3 gives uneven shards).
 # Exits non-zero on any failure; each MPI run is under a timeout so a hang fails.
+#
+# DSLIDE_TEST_CPU=sse or avx: the same suite as on an older CPU's vector width, on this one.
+# numba compiles for 128-bit SSE4.2 (sse) or 256-bit AVX without FMA (avx) and OpenBLAS takes
+# that CPU's kernels, so float sums run in other orders: a test that pins this CPU's bits fails.
+# (A wider CPU, AVX-512, cannot be imitated on a narrower one.) The kernels compile into their
+# own cache, $ROOT/.cache/numba-<cpu>, leaving this machine's untouched.
 set -uo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/_venv.sh"
 cd "$ROOT"
+
+case "${DSLIDE_TEST_CPU:-}" in
+    "") ;;
+    sse) export NUMBA_CPU_NAME=nehalem NUMBA_CPU_FEATURES="-avx,-avx2,-fma,-f16c" OPENBLAS_CORETYPE=Nehalem ;;
+    avx) export NUMBA_CPU_NAME=sandybridge NUMBA_CPU_FEATURES="-avx2,-fma,-f16c" OPENBLAS_CORETYPE=SandyBridge ;;
+    *) echo "DSLIDE_TEST_CPU=${DSLIDE_TEST_CPU}: expected sse or avx (or unset: this CPU)" >&2; exit 2 ;;
+esac
+if [ -n "${DSLIDE_TEST_CPU:-}" ]; then
+    export NUMBA_CACHE_DIR="$ROOT/.cache/numba-$DSLIDE_TEST_CPU"
+    echo "== as on a CPU with ${DSLIDE_TEST_CPU}: numba for $NUMBA_CPU_NAME ($NUMBA_CPU_FEATURES), OpenBLAS $OPENBLAS_CORETYPE"
+fi
 
 MPI_TIMEOUT="${DSLIDE_MPI_TIMEOUT:-300}"
 export NUMBA_NUM_THREADS="${NUMBA_NUM_THREADS:-2}"
