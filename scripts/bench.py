@@ -73,6 +73,8 @@ def parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     p = parser()
     a = p.parse_args(argv)
+    if a.repeat > 1 and a.suite not in ("shapes", "real"):
+        p.error(f"--repeat {a.repeat}: goes with --suite shapes and real (their rows run in rounds)")
     if a.suite in ("shapes", "real"):
         return shapes.run(a)
     if a.suite == "scale":

@@ -31,6 +31,8 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
+
 from .. import _bench as B
 from .. import measure as M
 from . import common as C
@@ -139,9 +141,62 @@ def shape_of(paths) -> str:
     return f"{tr.n_points:,} / {te.n_points:,} points, {tr.n_features:,} features, {tr.n_labels:,} labels"
 
 
+def train_cell(r: dict) -> str:
+    """'train s' of a row: the median of its rounds with their range where there were several."""
+    runs = r.get("train_s_runs")
+    if not runs or len(runs) < 2:
+        return fmt(r.get("train_s"), ".1f")
+    return f"{r['train_s']:.1f} ({min(runs):.1f}-{max(runs):.1f})"
+
+
+def merge_rounds(runs: list[dict]) -> tuple[dict, list[str]]:
+    """One system's rows on one member from its rounds (`--repeat`), in the order they ran: the
+    first round's row with each time (train_s, predict_s, index_s) the median of the rounds, and
+    the rounds' training times as train_s_runs; (row, notes). The first failed round's row where
+    one failed. A P@k that moved between rounds (a library's threads may change its sums) is noted."""
+    failed = [r for r in runs if "error" in r]
+    if failed:
+        return failed[0], []
+    row = dict(runs[0])
+    if len(runs) == 1:
+        return row, []
+    for key in ("train_s", "predict_s", "index_s"):
+        vals = [r.get(key) for r in runs]
+        if all(v is not None for v in vals):
+            row[key] = float(np.median(vals))
+    row["train_s_runs"] = [float(r["train_s"]) for r in runs]
+    notes = []
+    for key in ("p@1", "p@5", "psp@5"):
+        vals = [r.get(key) for r in runs]
+        if None not in vals and max(vals) != min(vals):
+            notes.append(f"{key} moved between rounds: {min(vals):.4f} to {max(vals):.4f} (the first round's shown)")
+    return row, notes
+
+
+def time_line(rows: list[dict], system: str = "dslide") -> str:
+    """`system`'s training time against the best library's (by P@1) on each member: the ratio of
+    the medians and, with several rounds, the range of the rounds' own ratios (each round runs
+    every system one after another, so a round's two times share the machine's state)."""
+    ref = best_library(rows)
+    parts = []
+    for r in rows:
+        o = ref.get(r["member"])
+        if r["system"] != system or o is None or not r.get("train_s") or not o.get("train_s"):
+            continue
+        text = f"{r['member']} {r['train_s'] / o['train_s']:.2f}x {o['system']}"
+        mine, theirs = r.get("train_s_runs") or [], o.get("train_s_runs") or []
+        if len(mine) > 1 and len(mine) == len(theirs):
+            ratios = [a / b for a, b in zip(mine, theirs)]
+            text += f" (rounds {min(ratios):.2f}x-{max(ratios):.2f}x)"
+        parts.append(text)
+    if not parts:
+        return f"{system}'s training time against the best library: not measured"
+    return f"{system}'s training time against the best library's: " + ", ".join(parts)
+
+
 def suite_table(rows: list[dict]) -> str:
     cols = [("member", "member"), ("shape", "shape"), ("system", "system"),
-            ("train s", lambda r: fmt(r.get("train_s"), ".1f")),
+            ("train s", train_cell),
             ("+ index s", lambda r: fmt(r.get("index_s"), ".1f")),
             ("predict s", lambda r: fmt(r.get("predict_s"), ".1f")),
             ("P@1", lambda r: fmt(r.get("p@1"))),
@@ -198,7 +253,7 @@ def tables(rows: list[dict]) -> str:
         part = [r for r in rows if (r["member"] in REAL) == real]
         if part:
             out.append(f"{title}:\n\n" + suite_table(part) + "\n\n" + worst_line(rows, real=real) + "\n"
-                       + worst_line(rows, "dslide-net", real=real) + "\n")
+                       + worst_line(rows, "dslide-net", real=real) + "\n" + time_line(part) + "\n")
     return "\n".join(out)
 
 
@@ -252,13 +307,19 @@ def run(a) -> int:
         lsh_out = output_is_lsh(paths)
         work = M.ROOT / "runs" / "bench_shapes" / name
         todo = [(s, None) for s in systems] + [(f"dslide {v}", cfg) for v, cfg in variants.items()]
-        for system, cfg in todo:
-            print(f"running: {name}: {system} ...", file=sys.stderr, flush=True)
-            if system in ("dslide", "dslide-net") or cfg is not None:
-                cfg = {"knn": 0} if system == "dslide-net" else cfg
-                r = dslide_row(system, paths, cfg or {}, lsh_inference=lsh_out and not a.no_lsh)
-            else:
-                r = tree_row(system, paths, work / system)
+        runs = {system: [] for system, _ in todo}
+        for round_ in range(a.repeat):  # each round runs every system, one after another
+            for system, cfg in todo:
+                of = f" (round {round_ + 1} of {a.repeat})" if a.repeat > 1 else ""
+                print(f"running: {name}: {system}{of} ...", file=sys.stderr, flush=True)
+                if system in ("dslide", "dslide-net") or cfg is not None:
+                    cfg = {"knn": 0} if system == "dslide-net" else cfg
+                    runs[system].append(dslide_row(system, paths, cfg or {}, lsh_inference=lsh_out and not a.no_lsh))
+                else:
+                    runs[system].append(tree_row(system, paths, work / system))
+        for system, _ in todo:
+            r, moved = merge_rounds(runs[system])
+            notes.extend(f"{name}: {system}: {m}" for m in moved)
             if C.keep_row(r, name, system, shape, rows, notes, out_json) and "hidden" in r:
                 notes.append(f"{name}: {system}: hidden neighbours {r['hidden'] or 'off'} (chosen in "
                              f"{r['hidden_s']:.1f} s, counted in its train s)")
@@ -266,12 +327,15 @@ def run(a) -> int:
     cmd = M.command("bench", [f"--suite {suite_name}"]) + "".join(
         f" --{k.replace('_', '-')} {v}" for k, v in (("members", a.members), ("systems", a.systems),
                                                       ("points", a.points), ("test_points", a.test_points)) if v)
-    cmd += variant_args(variants) + (" --no-lsh" if a.no_lsh else "")
+    cmd += variant_args(variants) + (" --no-lsh" if a.no_lsh else "") + (f" --repeat {a.repeat}" if a.repeat > 1 else "")
     text = (f"command: `{cmd}`\n\nmachine: {M.machine()}\n\ncode: {M.code_version()}\n\n"
             f"every system on {THREADS} cores (dslide 2 ranks x 1 thread) with its own defaults, one after "
             f"another; P@k and PSP@5 on all test points by dslide.metrics (propensities from the training "
             f"labels, A 0.55, B 1.5); 'train s' leaves out reading the data, compiling and predicting; "
-            f"'+ index s': dslide's inference index for --lsh, built after training\n\n"
+            f"'+ index s': dslide's inference index for --lsh, built after training"
+            + (f"; {a.repeat} rounds, each running every system one after another: the times are the "
+               f"rounds' medians, 'train s' with their range, P@k the first round's" if a.repeat > 1 else "")
+            + "\n\n"
             + tables(rows))
     kinds = sorted({r["member"] in REAL for r in rows}, reverse=True)  # real first, as the tables
     for v in variants:
@@ -289,3 +353,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="a dslide row with these settings on top of the defaults (repeatable)")
     p.add_argument("--no-lsh", action="store_true", help="skip the --lsh inference comparison")
     p.add_argument("--tag", default="", help="a name for this run's section in docs/benchmarks.md")
+    p.add_argument("--repeat", type=_rounds, default=1, metavar="N",
+                   help="run every system N times, in rounds of one after another; times are medians")
+
+
+def _rounds(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a whole number of rounds, 1 or more")
+    return n

@@ -129,3 +129,64 @@ def test_the_inference_comparison_of_a_model_without_an_index_is_exact_scoring()
     text = inference_table({"inference": rows, "index": model.index_info}, "t", test.n_points)
     title = text.splitlines()[0]
     assert "no index" in title and "nan" not in title
+
+
+def test_rounds_run_every_system_one_after_another_and_report_medians(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    from scripts import measure as M
+    from scripts.suites import common as C
+
+    paths, _, _ = _files(tmp_path)
+    order, times = [], {"dslide": iter([12.0, 9.0, 18.0]), "omikuji3": iter([5.0, 7.0, 4.0])}
+
+    def fake_dslide(system, paths_, cfg, lsh_inference):
+        order.append(system)
+        return {"system": system, "train_s": next(times[system]), "predict_s": 1.0, "p@1": 0.5, "p@5": 0.2,
+                "psp@5": 0.1}
+
+    p1 = iter([0.40, 0.41, 0.40])
+
+    def fake_tree(system, paths_, workdir):
+        order.append(system)
+        return {"system": system, "train_s": next(times[system]), "predict_s": 2.0, "p@1": next(p1), "p@5": 0.2,
+                "psp@5": 0.1}
+
+    monkeypatch.setattr(S, "member_files", lambda *a: paths)
+    monkeypatch.setattr(S, "shape_of", lambda p: "shape")
+    monkeypatch.setattr(S, "output_is_lsh", lambda p: False)
+    monkeypatch.setattr(S, "dslide_row", fake_dslide)
+    monkeypatch.setattr(S, "tree_row", fake_tree)
+    monkeypatch.setattr(C, "warm_kernels", lambda notes: None)
+    monkeypatch.setattr(M, "ROOT", tmp_path)
+    printed = []
+    monkeypatch.setattr(C, "finish", lambda a, key, text, notes, t0: printed.append((text, notes)) or 0)
+    a = SimpleNamespace(suite="real", members="bibtex", systems="dslide,omikuji3", variant=[], points=None,
+                        test_points=None, no_lsh=True, tag="", no_record=True, repeat=3)
+    assert S.run(a) == 0
+    assert order == ["dslide", "omikuji3"] * 3  # rounds, not one system's runs back to back
+    text, notes = printed[0]
+    # medians 12.0 and 5.0 (means 13.0 and 5.33); the rounds' own ratios 2.4, 1.29 and 4.5
+    assert "| bibtex | shape | dslide | 12.0 (9.0-18.0) |" in text
+    assert "| bibtex | shape | omikuji3 | 5.0 (4.0-7.0) |" in text
+    assert "dslide's training time against the best library's: bibtex 2.40x omikuji3 (rounds 1.29x-4.50x)" in text
+    assert "--repeat 3" in text and "3 rounds" in text
+    assert notes == ["bibtex: omikuji3: p@1 moved between rounds: 0.4000 to 0.4100 (the first round's shown)"]
+
+
+def test_one_round_keeps_the_row_and_a_failed_round_fails_the_row():
+    row, notes = S.merge_rounds([{"train_s": 3.0, "p@1": 0.5}])
+    assert row == {"train_s": 3.0, "p@1": 0.5} and notes == [] and S.train_cell(row) == "3.0"
+    row, _ = S.merge_rounds([{"train_s": 3.0, "p@1": 0.5}, {"error": "boom"}])
+    assert row == {"error": "boom"}
+    rows = [{"member": "m", "system": "pecos", "p@1": 0.6, "p@5": 0.3, "train_s": 2.0},
+            {"member": "m", "system": "dslide", "p@1": 0.6, "p@5": 0.3, "train_s": 5.0}]
+    assert S.time_line(rows) == "dslide's training time against the best library's: m 2.50x pecos"
+
+
+def test_repeat_wants_rounds_and_a_member_suite():
+    from scripts import bench
+
+    for bad in (["--repeat", "0"], ["--repeat", "two"], ["--suite", "quick", "--repeat", "2"]):
+        with pytest.raises(SystemExit):
+            bench.main(bad)
