@@ -168,7 +168,7 @@ def merge_rounds(runs: list[dict]) -> tuple[dict, list[str]]:
     notes = []
     for key in ("p@1", "p@5", "psp@5"):
         vals = [r.get(key) for r in runs]
-        if None not in vals and max(vals) != min(vals):
+        if all(v is not None and v == v for v in vals) and max(vals) != min(vals):  # NaN: not reported
             notes.append(f"{key} moved between rounds: {min(vals):.4f} to {max(vals):.4f} (the first round's shown)")
     return row, notes
 

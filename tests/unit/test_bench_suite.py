@@ -177,6 +177,8 @@ def test_rounds_run_every_system_one_after_another_and_report_medians(tmp_path, 
 def test_one_round_keeps_the_row_and_a_failed_round_fails_the_row():
     row, notes = S.merge_rounds([{"train_s": 3.0, "p@1": 0.5}])
     assert row == {"train_s": 3.0, "p@1": 0.5} and notes == [] and S.train_cell(row) == "3.0"
+    row, notes = S.merge_rounds([{"train_s": 3.0, "psp@5": float("nan")}, {"train_s": 5.0, "psp@5": float("nan")}])
+    assert row["train_s"] == 4.0 and notes == [] and S.train_cell(row) == "4.0 (3.0-5.0)"
     row, _ = S.merge_rounds([{"train_s": 3.0, "p@1": 0.5}, {"error": "boom"}])
     assert row == {"error": "boom"}
     rows = [{"member": "m", "system": "pecos", "p@1": 0.6, "p@5": 0.3, "train_s": 2.0},
