@@ -190,7 +190,7 @@ def time_line(rows: list[dict], system: str = "dslide") -> str:
             text += f" (rounds {min(ratios):.2f}x-{max(ratios):.2f}x)"
         parts.append(text)
     if not parts:
-        return f"{system}'s training time against the best library: not measured"
+        return f"{system}'s training time against the best library's: not measured"
     return f"{system}'s training time against the best library's: " + ", ".join(parts)
 
 
