@@ -693,7 +693,7 @@ def _shared_search(Xq, k: int, comm, ptr, pt, val, n_items: int, perm=_NO_PERM,
     n = Xq.shape[0]
     size = 1 if comm is None else comm.size
     per, lo, hi = row_share(n, 0 if comm is None else comm.rank, size)
-    ids = np.full((per if size > 1 else n, k), -1, np.int32)
+    ids = np.full((per, k), -1, np.int32)  # per = n on one rank
     sims = np.full(ids.shape, -np.inf, np.float32)
     if hi > lo and approx is not None:
         ids[:hi - lo], sims[:hi - lo] = approx(Xq[lo:hi], k)[:2]
